@@ -1,0 +1,28 @@
+//! ember: an always-on eBPF continuous profiler.
+//!
+//! Samples flow through one stage per module, each owning its state and
+//! passing owned batches to the next over bounded channels:
+//!
+//! `capture` (BPF → [`capture::Sample`]) → `aggregate` (per window, with the
+//! `process` table that normalizes addresses while processes live) →
+//! `symbolize` → `pprof` (encode) → `sink` (window files) — wired by `pipeline`.
+
+pub mod aggregate;
+pub mod capture;
+pub mod config;
+pub mod flamegraph;
+pub mod metrics;
+pub mod pipeline;
+pub mod pprof;
+pub mod privileges;
+pub mod process;
+pub mod procfs;
+pub mod server;
+pub mod sink;
+pub mod symbolize;
+
+/// The pprof protobuf types, generated from `proto/profile.proto`.
+#[allow(missing_docs, clippy::all)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
+}

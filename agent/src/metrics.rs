@@ -1,0 +1,180 @@
+//! Every metric ember exports about itself, defined in one place.
+//!
+//! Stages get a clone of [`Metrics`] (its handles are cheap `Arc`s) and update
+//! their own series; the HTTP server encodes the registry on scrape.
+
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+/// Label set with a single `reason`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Why the item was lost or dropped.
+    pub reason: String,
+}
+
+/// Label set with a single `result`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `named`, `unnamed` (and later `jit`).
+    pub result: String,
+}
+
+/// Label set naming a side of a stack.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SideLabel {
+    /// `kernel` or `user`.
+    pub side: String,
+}
+
+/// Label set naming a bounded cache or queue.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabel {
+    /// Which cache or queue.
+    pub cache: String,
+}
+
+/// Handles to all of ember's own metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    /// Samples that reached userspace with their stacks.
+    pub samples: Counter,
+    /// Samples lost, by where they were lost.
+    pub samples_lost: Family<ReasonLabel, Counter>,
+    /// Stacks the kernel could not walk (the sample is kept with the other side).
+    pub stack_errors: Family<SideLabel, Counter>,
+    /// Windows closed and written.
+    pub windows: Counter,
+    /// Frames written, by whether a name was found.
+    pub frames: Family<ResultLabel, Counter>,
+    /// Time to symbolize and encode one window.
+    pub window_encode_seconds: Histogram,
+    /// Resident memory of the agent, read on scrape.
+    pub resident_memory: Gauge<i64, AtomicI64>,
+    /// Processes the agent currently knows about.
+    pub processes: Gauge<i64, AtomicI64>,
+    /// Object files (executables and libraries) currently held open.
+    pub objects: Gauge<i64, AtomicI64>,
+    /// Entries dropped from a bounded cache or queue because it was full.
+    pub cache_dropped: Family<CacheLabel, Counter>,
+    /// Processes forgotten after they exited.
+    pub processes_evicted: Counter,
+    /// Online CPUs that have a sampling perf event attached.
+    pub cpus_sampled: Gauge<i64, AtomicI64>,
+    /// Problems reading /proc that were counted and skipped, by file.
+    pub proc_read_errors: Family<ReasonLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates the registry and registers every metric under the `ember_` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("ember");
+        let samples = Counter::default();
+        registry.register("samples", "Samples that reached userspace with their stacks", samples.clone());
+        let samples_lost = Family::<ReasonLabel, Counter>::default();
+        registry.register("samples_lost", "Samples lost, by reason", samples_lost.clone());
+        let stack_errors = Family::<SideLabel, Counter>::default();
+        registry.register(
+            "stack_errors",
+            "Stacks the kernel could not walk; the sample is kept with the other side",
+            stack_errors.clone(),
+        );
+        let windows = Counter::default();
+        registry.register("windows", "Profile windows written", windows.clone());
+        let frames = Family::<ResultLabel, Counter>::default();
+        registry.register("frames", "Frames written, by whether they were named", frames.clone());
+        let window_encode_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        registry.register_with_unit(
+            "window_encode",
+            "Time to symbolize and encode one window",
+            Unit::Seconds,
+            window_encode_seconds.clone(),
+        );
+        let resident_memory = Gauge::<i64, AtomicI64>::default();
+        registry.register_with_unit(
+            "process_resident_memory",
+            "Resident memory of the ember process",
+            Unit::Bytes,
+            resident_memory.clone(),
+        );
+        let processes = Gauge::<i64, AtomicI64>::default();
+        registry.register("processes_tracked", "Processes ember holds mappings for", processes.clone());
+        let objects = Gauge::<i64, AtomicI64>::default();
+        registry.register("objects_open", "Object files held open for symbolization", objects.clone());
+        let cache_dropped = Family::<CacheLabel, Counter>::default();
+        registry.register(
+            "cache_dropped",
+            "Entries dropped from a bounded cache or queue because it was full",
+            cache_dropped.clone(),
+        );
+        let processes_evicted = Counter::default();
+        registry.register("processes_evicted", "Processes forgotten after they exited", processes_evicted.clone());
+        let cpus_sampled = Gauge::<i64, AtomicI64>::default();
+        registry.register("cpus_sampled", "Online CPUs with a sampling perf event", cpus_sampled.clone());
+        let proc_read_errors = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "proc_read_errors",
+            "Unreadable or malformed /proc entries, counted and skipped",
+            proc_read_errors.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            samples,
+            samples_lost,
+            stack_errors,
+            windows,
+            frames,
+            window_encode_seconds,
+            resident_memory,
+            processes,
+            objects,
+            cache_dropped,
+            processes_evicted,
+            cpus_sampled,
+            proc_read_errors,
+        }
+    }
+
+    /// Counts `n` samples lost for `reason`.
+    pub fn lost(&self, reason: &str, n: u64) {
+        self.samples_lost
+            .get_or_create(&ReasonLabel { reason: reason.to_owned() })
+            .inc_by(n);
+    }
+
+    /// Counts `n` entries dropped from the cache or queue `cache`.
+    pub fn dropped(&self, cache: &str, n: u64) {
+        self.cache_dropped
+            .get_or_create(&CacheLabel { cache: cache.to_owned() })
+            .inc_by(n);
+    }
+
+    /// Encodes the registry in the OpenMetrics text format, refreshing the RSS gauge first.
+    pub fn encode(&self) -> String {
+        if let Some(rss) = crate::procfs::self_rss_bytes() {
+            self.resident_memory.set(rss as i64);
+        }
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Content type of [`Metrics::encode`]'s output.
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

@@ -1,0 +1,206 @@
+//! Small, strict parsers for the /proc and /sys files ember reads.
+//!
+//! Every parser takes text and returns `None` (or skips a line) on anything
+//! malformed: callers count the miss, nothing panics.
+
+use std::path::Path;
+
+/// One line of `/proc/PID/maps`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapsEntry {
+    /// First address of the range.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// Whether the range is executable.
+    pub exec: bool,
+    /// Offset of `start` in the mapped file.
+    pub offset: u64,
+    /// Device of the file (major, minor).
+    pub dev: (u32, u32),
+    /// Inode of the file; 0 for anonymous memory.
+    pub inode: u64,
+    /// The path column: a file path, `[vdso]`, `[heap]`, or empty.
+    pub path: String,
+}
+
+/// Parses `/proc/PID/maps` text; malformed lines are skipped and counted in the second value.
+pub fn parse_maps(text: &str) -> (Vec<MapsEntry>, usize) {
+    let mut out = Vec::new();
+    let mut bad = 0;
+    for line in text.lines() {
+        match parse_maps_line(line) {
+            Some(e) => out.push(e),
+            None => bad += 1,
+        }
+    }
+    (out, bad)
+}
+
+fn parse_maps_line(line: &str) -> Option<MapsEntry> {
+    let mut it = line.splitn(6, ' ');
+    let range = it.next()?;
+    let perms = it.next()?;
+    let offset = it.next()?;
+    let dev = it.next()?;
+    let inode = it.next()?;
+    let path = it.next().unwrap_or("").trim_start().to_owned();
+    let (start, end) = range.split_once('-')?;
+    let (major, minor) = dev.split_once(':')?;
+    let start = u64::from_str_radix(start, 16).ok()?;
+    let end = u64::from_str_radix(end, 16).ok()?;
+    if end < start || perms.len() != 4 {
+        return None;
+    }
+    Some(MapsEntry {
+        start,
+        end,
+        exec: perms.as_bytes()[2] == b'x',
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        dev: (u32::from_str_radix(major, 16).ok()?, u32::from_str_radix(minor, 16).ok()?),
+        inode: inode.parse().ok()?,
+        path,
+    })
+}
+
+/// The fields ember needs from `/proc/PID/stat`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    /// Process name (`comm`), at most 15 bytes.
+    pub comm: String,
+    /// User-mode CPU time in clock ticks.
+    pub utime: u64,
+    /// Kernel-mode CPU time in clock ticks.
+    pub stime: u64,
+    /// Start time since boot in clock ticks: with the pid, it names one process across pid reuse.
+    pub start_time: u64,
+}
+
+/// Parses `/proc/PID/stat`. The name may hold spaces and parentheses, so it ends at the last `)`.
+pub fn parse_stat(text: &str) -> Option<Stat> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    if close < open {
+        return None;
+    }
+    let comm = text[open + 1..close].to_owned();
+    // Fields after the name start at field 3 (state).
+    let rest: Vec<&str> = text[close + 1..].split_whitespace().collect();
+    let field = |n: usize| rest.get(n - 3).and_then(|s| s.parse::<u64>().ok());
+    Some(Stat {
+        comm,
+        utime: field(14)?,
+        stime: field(15)?,
+        start_time: field(22)?,
+    })
+}
+
+/// Parses a CPU list such as `0-3,8,10-11` (as in `/sys/devices/system/cpu/online`).
+pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
+                if b < a || b - a > 65_536 {
+                    return None;
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
+/// Online CPUs, from sysfs.
+pub fn online_cpus() -> Option<Vec<u32>> {
+    parse_cpu_list(&std::fs::read_to_string("/sys/devices/system/cpu/online").ok()?)
+}
+
+/// Value of a `Key:\tvalue` line of a `/proc/PID/status` file.
+pub fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
+    status.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k == key).then(|| v.trim())
+    })
+}
+
+/// Resident memory of this process in bytes (`VmRSS`).
+pub fn self_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    kib_field(&status, "VmRSS")
+}
+
+/// A `status` field given in kB, as bytes.
+pub fn kib_field(status: &str, key: &str) -> Option<u64> {
+    let v = status_field(status, key)?;
+    let kib: u64 = v.strip_suffix("kB").unwrap_or(v).trim().parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Reads a small /proc file as text, at most `cap` bytes (a hostile or huge file cannot blow memory).
+pub fn read_capped(path: &Path, cap: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut s = String::new();
+    std::fs::File::open(path)?.take(cap).read_to_string(&mut s)?;
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines() {
+        let text = "55d0c2a00000-55d0c2a28000 r--p 00000000 fd:01 1311 /usr/bin/cat\n\
+55d0c2a28000-55d0c2a3c000 r-xp 00028000 fd:01 1311 /usr/bin/cat\n\
+7ffd5b1f0000-7ffd5b1f2000 r-xp 00000000 00:00 0                          [vdso]\n\
+7f0000000000-7f0000001000 rw-p 00000000 00:00 0 \n\
+garbage line\n\
+7f00-7e00 r-xp 0 00:00 0\n\
+7f1000000000-7f1000001000 r-xp 00001000 103:02 42 /opt/my app/lib (deleted)\n";
+        let (maps, bad) = parse_maps(text);
+        assert_eq!(bad, 2);
+        assert_eq!(maps.len(), 5);
+        assert_eq!(maps[1].start, 0x55d0c2a28000);
+        assert!(maps[1].exec);
+        assert!(!maps[0].exec);
+        assert_eq!(maps[1].offset, 0x28000);
+        assert_eq!(maps[1].dev, (0xfd, 1));
+        assert_eq!(maps[1].inode, 1311);
+        assert_eq!(maps[1].path, "/usr/bin/cat");
+        assert_eq!(maps[2].path, "[vdso]");
+        assert_eq!(maps[3].path, "");
+        assert_eq!(maps[4].path, "/opt/my app/lib (deleted)");
+        assert_eq!(maps[4].dev, (0x103, 2));
+    }
+
+    #[test]
+    fn stat_with_hostile_name() {
+        let text = "1234 (a) b) (c) R 1 1234 1234 0 -1 4194304 100 0 0 0 250 30 0 0 20 0 1 0 98765 1000 200 18446744073709551615";
+        let s = parse_stat(text).expect("parses");
+        assert_eq!(s.comm, "a) b) (c");
+        assert_eq!((s.utime, s.stime, s.start_time), (250, 30, 98765));
+        assert_eq!(parse_stat("1234 (x"), None);
+        assert_eq!(parse_stat("1 (x) R 1 2"), None);
+        assert_eq!(parse_stat(""), None);
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-3,8,10-11\n"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("a"), None);
+    }
+
+    #[test]
+    fn status_fields() {
+        let s = "Name:\tcat\nVmRSS:\t    1234 kB\nCapEff:\t000001ffffffffff\n";
+        assert_eq!(status_field(s, "Name"), Some("cat"));
+        assert_eq!(kib_field(s, "VmRSS"), Some(1234 * 1024));
+        assert_eq!(status_field(s, "VmHWM"), None);
+        assert!(self_rss_bytes().is_some_and(|b| b > 0));
+    }
+}

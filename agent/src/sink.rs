@@ -1,0 +1,2 @@
+//! Where windows go.
+pub mod files;

@@ -1,0 +1,509 @@
+//! A directory of window files, one gzip'ed pprof profile per closed window,
+//! with retention by count and by total size.
+//!
+//! Files are named by the UTC start of their window,
+//! `20261122T031500.123Z.pb.gz`, so names sort by time; a second window with
+//! the same start gets `-1`, `-2`, … before `.pb.gz`. Only names of exactly
+//! that shape are listed, served or removed: anything else in the directory
+//! belongs to someone else and is left alone.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use time::macros::format_description;
+use time::OffsetDateTime;
+
+/// File name suffix of every window file.
+const SUFFIX: &str = ".pb.gz";
+/// Length of the timestamp part, `20261122T031500.123Z`.
+const STAMP_LEN: usize = 20;
+/// Most `-N` suffixes tried for windows that start in the same millisecond.
+const MAX_COLLISIONS: u32 = 999;
+/// Largest window file [`WindowDir::read`] returns; windows are far smaller,
+/// this only stops a replaced file from making us read without bound.
+const MAX_READ_BYTES: u64 = 512 * 1024 * 1024;
+
+/// Errors from the window directory.
+#[derive(Debug, thiserror::Error)]
+pub enum FilesError {
+    /// The directory could not be created.
+    #[error("cannot create window directory {dir}: {source}")]
+    CreateDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The window start cannot be written as a file name (before 1970 or
+    /// past year 9999).
+    #[error("window start time is out of range for a file name")]
+    Time,
+    /// Writing a window file failed.
+    #[error("cannot write window file {path}: {source}")]
+    Write {
+        /// The file being written.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// Too many windows with the same start time.
+    #[error("too many windows named {0}")]
+    Collisions(String),
+    /// The name is not one this module produces.
+    #[error("not a window file name: {0:?}")]
+    InvalidName(String),
+    /// No such window (it may have been removed by retention).
+    #[error("no window file named {0}")]
+    NotFound(String),
+    /// Reading a window file failed.
+    #[error("cannot read window file {name}: {source}")]
+    Read {
+        /// The window file.
+        name: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// The file is not a regular file or is larger than windows can be.
+    #[error("window file {0} is not a regular file of a sane size")]
+    NotAWindow(String),
+}
+
+/// One window file, as listed by [`WindowDir::list`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WindowFile {
+    /// File name inside the directory, e.g. `20261122T031500.123Z.pb.gz`.
+    pub name: String,
+    /// Size on disk in bytes.
+    pub bytes: u64,
+}
+
+/// The window directory: writes windows atomically, enforces retention and
+/// serves them back by name. Share it with `Arc`; writes are serialized
+/// internally.
+#[derive(Debug)]
+pub struct WindowDir {
+    dir: PathBuf,
+    keep_windows: usize,
+    keep_bytes: u64,
+    /// Held while writing and pruning so two writers cannot pick the same
+    /// name or prune each other's counts.
+    write_lock: Mutex<()>,
+}
+
+impl WindowDir {
+    /// Opens (creating it with mode 0750 if needed) a window directory
+    /// that keeps at most `keep_windows` files and `keep_bytes` bytes of
+    /// windows. The newest window is always kept, even if it alone is over
+    /// either cap. Temp files left by an earlier crash are removed.
+    pub fn open(dir: &Path, keep_windows: usize, keep_bytes: u64) -> Result<Self, FilesError> {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(dir)
+            .map_err(|source| FilesError::CreateDir {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
+        let windows = Self {
+            dir: dir.to_path_buf(),
+            keep_windows,
+            keep_bytes,
+            write_lock: Mutex::new(()),
+        };
+        windows.remove_stale_temps();
+        Ok(windows)
+    }
+
+    /// The directory holding the windows.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes the gzip'ed profile of the window that started at `start`
+    /// and returns its path, then removes the oldest windows beyond the
+    /// caps (logged). The file appears under its final name only once
+    /// complete, so readers never see half a window.
+    pub fn write(&self, start: SystemTime, gz: &[u8]) -> Result<PathBuf, FilesError> {
+        let stamp = stamp(start)?;
+        let _guard = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let name = self.free_name(&stamp)?;
+        let path = self.dir.join(&name);
+        let temp = self.dir.join(temp_name(&name));
+        let written = write_file(&temp, gz).and_then(|()| fs::rename(&temp, &path));
+        if let Err(source) = written {
+            // Best effort: the temp file is ours and useless now.
+            let _ = fs::remove_file(&temp);
+            return Err(FilesError::Write { path, source });
+        }
+        let removed = self.prune();
+        if !removed.is_empty() {
+            tracing::debug!(count = removed.len(), oldest = %removed[0], "removed old windows");
+        }
+        Ok(path)
+    }
+
+    /// Removes the oldest windows until both caps hold, keeping the newest
+    /// window regardless; returns the names removed. [`WindowDir::write`]
+    /// calls this; call it directly to apply the caps at start-up.
+    pub fn enforce_retention(&self) -> Vec<String> {
+        let _guard = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.prune()
+    }
+
+    /// The window files, newest first.
+    pub fn list(&self) -> Vec<WindowFile> {
+        let mut files = self.scan();
+        files.reverse();
+        files
+    }
+
+    /// The bytes of the window file `name`. Only names this module
+    /// produces are accepted (no paths), and symlinks are not followed.
+    pub fn read(&self, name: &str) -> Result<Vec<u8>, FilesError> {
+        if !is_window_name(name) {
+            return Err(FilesError::InvalidName(name.to_string()));
+        }
+        let read_err = |source: io::Error| {
+            if source.kind() == io::ErrorKind::NotFound {
+                FilesError::NotFound(name.to_string())
+            } else {
+                FilesError::Read {
+                    name: name.to_string(),
+                    source,
+                }
+            }
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(self.dir.join(name))
+            .map_err(read_err)?;
+        let meta = file.metadata().map_err(read_err)?;
+        if !meta.is_file() || meta.len() > MAX_READ_BYTES {
+            return Err(FilesError::NotAWindow(name.to_string()));
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+        // The cap also holds if the file grows after the check.
+        file.take(MAX_READ_BYTES)
+            .read_to_end(&mut bytes)
+            .map_err(read_err)?;
+        Ok(bytes)
+    }
+
+    /// The first of `<stamp>.pb.gz`, `<stamp>-1.pb.gz`, … not yet taken.
+    /// Called with the write lock held.
+    fn free_name(&self, stamp: &str) -> Result<String, FilesError> {
+        for n in 0..=MAX_COLLISIONS {
+            let name = if n == 0 {
+                format!("{stamp}{SUFFIX}")
+            } else {
+                format!("{stamp}-{n}{SUFFIX}")
+            };
+            // symlink_metadata so a dangling symlink also counts as taken.
+            if fs::symlink_metadata(self.dir.join(&name)).is_err() {
+                return Ok(name);
+            }
+        }
+        Err(FilesError::Collisions(format!("{stamp}{SUFFIX}")))
+    }
+
+    /// Removes the oldest windows beyond the caps. Called with the write
+    /// lock held.
+    fn prune(&self) -> Vec<String> {
+        let files = self.scan();
+        let mut count = files.len();
+        let mut bytes: u64 = files.iter().map(|f| f.bytes).sum();
+        let mut removed = Vec::new();
+        // Oldest first; never the last (newest) one.
+        for file in files.iter().take(files.len().saturating_sub(1)) {
+            if count <= self.keep_windows && bytes <= self.keep_bytes {
+                break;
+            }
+            match fs::remove_file(self.dir.join(&file.name)) {
+                Ok(()) => removed.push(file.name.clone()),
+                Err(e) => {
+                    tracing::warn!(file = %file.name, error = %e, "cannot remove old window");
+                }
+            }
+            // Count it as gone either way, so one stuck file does not make
+            // us delete every newer window to compensate.
+            count -= 1;
+            bytes = bytes.saturating_sub(file.bytes);
+        }
+        removed
+    }
+
+    /// The window files, oldest first. Errors are logged and give what
+    /// could be read, because listing is for humans and retention.
+    fn scan(&self) -> Vec<WindowFile> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "cannot list window directory");
+                return Vec::new();
+            }
+        };
+        let mut files: Vec<WindowFile> = entries
+            .filter_map(|entry| {
+                let entry = entry.ok()?;
+                let name = entry.file_name().into_string().ok()?;
+                if !is_window_name(&name) {
+                    return None;
+                }
+                // DirEntry::metadata does not follow symlinks.
+                let meta = entry.metadata().ok()?;
+                meta.is_file().then(|| WindowFile {
+                    name,
+                    bytes: meta.len(),
+                })
+            })
+            .collect();
+        files.sort_by_key(|f| sort_key(&f.name));
+        files
+    }
+
+    /// Removes `.<window name>.tmp` files: only a crash mid-write leaves them.
+    fn remove_stale_temps(&self) {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            let is_temp = name
+                .strip_prefix('.')
+                .and_then(|n| n.strip_suffix(".tmp"))
+                .is_some_and(is_window_name);
+            if is_temp {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+/// Writes `bytes` to a new file at `path` (mode 0640) and syncs it, so the
+/// rename that follows never publishes an empty file after a crash.
+fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut file: File = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}
+
+/// The hidden temp name a window is written under before its rename.
+fn temp_name(name: &str) -> String {
+    format!(".{name}.tmp")
+}
+
+/// `start` as `20261122T031500.123Z`.
+fn stamp(start: SystemTime) -> Result<String, FilesError> {
+    let since_epoch = start
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| FilesError::Time)?;
+    let nanos = i128::try_from(since_epoch.as_nanos()).map_err(|_| FilesError::Time)?;
+    let utc = OffsetDateTime::from_unix_timestamp_nanos(nanos).map_err(|_| FilesError::Time)?;
+    let format =
+        format_description!("[year][month][day]T[hour][minute][second].[subsecond digits:3]Z");
+    let text = utc.format(format).map_err(|_| FilesError::Time)?;
+    // Years past 9999 would break the fixed width the name check expects.
+    if text.len() == STAMP_LEN {
+        Ok(text)
+    } else {
+        Err(FilesError::Time)
+    }
+}
+
+/// Splits a window name into its timestamp and collision number, or `None`
+/// if it is not exactly `YYYYMMDDTHHMMSS.mmmZ[-N].pb.gz`.
+fn parse_name(name: &str) -> Option<(&str, u32)> {
+    let rest = name.strip_suffix(SUFFIX)?;
+    let (stamp, n) = match rest.split_once('-') {
+        Some((stamp, n)) => {
+            // 1..=999 without leading zeros, so each number has one name.
+            let ok = (1..=3).contains(&n.len())
+                && !n.starts_with('0')
+                && n.bytes().all(|b| b.is_ascii_digit());
+            (stamp, if ok { n.parse().ok()? } else { return None })
+        }
+        None => (rest, 0),
+    };
+    let b = stamp.as_bytes();
+    let shape_ok = b.len() == STAMP_LEN
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 => *c == b'T',
+            15 => *c == b'.',
+            19 => *c == b'Z',
+            _ => c.is_ascii_digit(),
+        });
+    shape_ok.then_some((stamp, n))
+}
+
+/// Whether `name` is a window file name this module could have produced.
+/// Such a name has no `/` and no `..`, so it is safe to join to the dir.
+pub fn is_window_name(name: &str) -> bool {
+    parse_name(name).is_some()
+}
+
+/// Sorts windows by start time, then collision number (plain string order
+/// would put `…Z-1.pb.gz` before `…Z.pb.gz`).
+fn sort_key(name: &str) -> (String, u32) {
+    parse_name(name).map_or_else(|| (name.to_string(), 0), |(s, n)| (s.to_string(), n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn at(ms: u64) -> SystemTime {
+        // 2026-11-22T03:15:00Z plus `ms`.
+        UNIX_EPOCH + Duration::from_secs(1_795_317_300) + Duration::from_millis(ms)
+    }
+
+    fn names(w: &WindowDir) -> Vec<String> {
+        w.list().into_iter().map(|f| f.name).collect()
+    }
+
+    #[test]
+    fn shareable() {
+        fn check<T: Send + Sync>() {}
+        check::<Arc<WindowDir>>();
+    }
+
+    #[test]
+    fn names_are_utc_stamps_with_collision_suffixes() -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("windows");
+        let w = WindowDir::open(&dir, 100, u64::MAX)?;
+        let mode = fs::metadata(&dir).map(|m| m.permissions().mode() & 0o777);
+        assert_eq!(mode.ok(), Some(0o750));
+
+        let p = w.write(at(123), b"one")?;
+        assert_eq!(p, dir.join("20261122T031500.123Z.pb.gz"));
+        w.write(at(123), b"two")?;
+        w.write(at(123), b"three")?;
+        w.write(at(1_000), b"four")?;
+        assert_eq!(
+            names(&w),
+            vec![
+                "20261122T031501.000Z.pb.gz",
+                "20261122T031500.123Z-2.pb.gz",
+                "20261122T031500.123Z-1.pb.gz",
+                "20261122T031500.123Z.pb.gz",
+            ]
+        );
+        assert_eq!(w.read("20261122T031500.123Z-1.pb.gz")?, b"two");
+        assert_eq!(w.list()[0].bytes, 4);
+        assert!(matches!(
+            w.write(UNIX_EPOCH - Duration::from_secs(1), b""),
+            Err(FilesError::Time)
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn retention_by_count() -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let w = WindowDir::open(tmp.path(), 3, u64::MAX)?;
+        for i in 0..5 {
+            w.write(at(i * 1000), b"x")?;
+        }
+        assert_eq!(
+            names(&w),
+            vec![
+                "20261122T031504.000Z.pb.gz",
+                "20261122T031503.000Z.pb.gz",
+                "20261122T031502.000Z.pb.gz",
+            ]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn retention_by_bytes_keeps_newest() -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let w = WindowDir::open(tmp.path(), 100, 25)?;
+        for i in 0..4 {
+            w.write(at(i * 1000), &[0u8; 10])?;
+        }
+        // 4 × 10 bytes > 25: the two oldest go.
+        assert_eq!(
+            names(&w),
+            vec!["20261122T031503.000Z.pb.gz", "20261122T031502.000Z.pb.gz"]
+        );
+        // A single window over the cap is still kept.
+        w.write(at(9_000), &[0u8; 100])?;
+        assert_eq!(names(&w), vec!["20261122T031509.000Z.pb.gz"]);
+        Ok(())
+    }
+
+    #[test]
+    fn other_files_are_untouched() -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let foreign = [
+            "notes.txt",
+            "20261122T031500.123Z.pb",
+            "20261122T031500.123Z-01.pb.gz",
+            "x20261122T031500.123Z.pb.gz",
+            ".20261122T031500.000Z.pb.gz.tmp.keep",
+        ];
+        for f in foreign {
+            fs::write(tmp.path().join(f), vec![0u8; 1000])?;
+        }
+        // Stale temp file from a crash: ours, removed on open.
+        let stale = tmp.path().join(".20261122T031500.000Z.pb.gz.tmp");
+        fs::write(&stale, b"half")?;
+        let w = WindowDir::open(tmp.path(), 1, 1)?;
+        assert!(!stale.exists());
+        w.write(at(0), b"a")?;
+        w.write(at(1000), b"b")?;
+        assert_eq!(names(&w), vec!["20261122T031501.000Z.pb.gz"]);
+        for f in foreign {
+            assert!(tmp.path().join(f).exists(), "{f} was removed");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn read_rejects_traversal_and_symlinks() -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let secret = tmp.path().join("secret");
+        fs::write(&secret, b"secret")?;
+        let w = WindowDir::open(&tmp.path().join("w"), 10, u64::MAX)?;
+        for bad in [
+            "../secret",
+            "/etc/passwd",
+            "..",
+            "",
+            "a/20261122T031500.123Z.pb.gz",
+            "20261122T031500.123Z.pb.gz/..",
+            "20261122T031500.123Z-0.pb.gz",
+        ] {
+            assert!(
+                matches!(w.read(bad), Err(FilesError::InvalidName(_))),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            w.read("20261122T031500.123Z.pb.gz"),
+            Err(FilesError::NotFound(_))
+        ));
+        // A symlink with a window name is neither listed nor followed.
+        symlink(&secret, w.dir().join("20261122T031500.999Z.pb.gz"))?;
+        assert!(w.list().is_empty());
+        assert!(w.read("20261122T031500.999Z.pb.gz").is_err());
+        Ok(())
+    }
+}
