@@ -3,7 +3,7 @@
 //! Stages get a clone of [`Metrics`] (its handles are cheap `Arc`s) and update
 //! their own series; the HTTP server encodes the registry on scrape.
 
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use prometheus_client::encoding::text::encode;
@@ -72,6 +72,7 @@ pub struct Metrics {
     pub cpus_sampled: Gauge<i64, AtomicI64>,
     /// Problems reading /proc that were counted and skipped, by file.
     pub proc_read_errors: Family<ReasonLabel, Counter>,
+    lost_sum: Arc<AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -147,6 +148,7 @@ impl Metrics {
             processes_evicted,
             cpus_sampled,
             proc_read_errors,
+            lost_sum: Arc::default(),
         }
     }
 
@@ -155,6 +157,12 @@ impl Metrics {
         self.samples_lost
             .get_or_create(&ReasonLabel { reason: reason.to_owned() })
             .inc_by(n);
+        self.lost_sum.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Samples lost so far, all reasons together.
+    pub fn lost_total(&self) -> u64 {
+        self.lost_sum.load(Ordering::Relaxed)
     }
 
     /// Counts `n` entries dropped from the cache or queue `cache`.

@@ -1,1 +1,497 @@
-//! TODO
+//! What ember knows about each sampled process, captured when the pid is first seen.
+//!
+//! A process may exit long before its window is symbolized, so at first sight ember
+//! reads its name and executable mappings and opens every mapped object file. The
+//! open file keeps the object readable after the process (or its container) is gone;
+//! objects are shared by `(device, inode)` across processes. Addresses are turned
+//! into `(object, file offset)` here, while the mapping is known ("normalized").
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::metrics::Metrics;
+use crate::procfs::{self, MapsEntry};
+
+/// Identity of a mapped file: device and inode, as `/proc/PID/maps` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    /// Device (major, minor).
+    pub dev: (u32, u32),
+    /// Inode number.
+    pub inode: u64,
+}
+
+/// An executable or library held open for symbolization.
+#[derive(Debug)]
+pub struct Object {
+    /// Identity.
+    pub key: ObjectKey,
+    /// Path as the process saw it (inside its mount namespace).
+    pub path: String,
+    /// GNU build id, when the file has one.
+    pub build_id: Option<Vec<u8>>,
+    file: File,
+}
+
+impl Object {
+    /// A path that opens this very file for as long as the object lives.
+    pub fn open_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    /// The file name shown for unnamed frames (`libc.so.6`).
+    pub fn base_name(&self) -> &str {
+        self.path.rsplit('/').next().unwrap_or(&self.path)
+    }
+
+    /// Opens `path` as an object (used by tests and benchmarks on local files).
+    pub fn open_local(path: &Path) -> std::io::Result<Self> {
+        let file = File::open(path)?;
+        let meta = std::os::unix::fs::MetadataExt::ino(&file.metadata()?);
+        let mut obj = Object {
+            key: ObjectKey { dev: (0, 0), inode: meta },
+            path: path.display().to_string(),
+            build_id: None,
+            file,
+        };
+        obj.build_id = read_build_id(&obj.open_path());
+        Ok(obj)
+    }
+}
+
+/// Where a user address points, after normalization.
+#[derive(Debug, Clone)]
+pub enum UserAddr {
+    /// Inside a mapped file, at this file offset.
+    Object(Arc<Object>, u64),
+    /// Inside a mapping without a usable file (`[vdso]`, anonymous memory such as JIT code,
+    /// or a file ember could not open); the label says which.
+    Region(Arc<str>, u64),
+    /// In no known mapping.
+    Unknown(u64),
+}
+
+#[derive(Debug, Clone)]
+enum Target {
+    File(Arc<Object>),
+    Region(Arc<str>),
+}
+
+#[derive(Debug, Clone)]
+struct ExecMap {
+    start: u64,
+    end: u64,
+    offset: u64,
+    target: Target,
+}
+
+#[derive(Debug)]
+struct Proc {
+    start_time: u64,
+    name: Arc<str>,
+    maps: Vec<ExecMap>,
+    last_seen: u64,
+    rescanned: u64,
+}
+
+/// Caps for [`ProcessTable`].
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Processes kept.
+    pub max_processes: usize,
+    /// Object files held open.
+    pub max_objects: usize,
+}
+
+/// Process table, owned by the aggregation stage.
+pub struct ProcessTable {
+    procs: HashMap<u32, Proc>,
+    objects: HashMap<ObjectKey, Arc<Object>>,
+    limits: Limits,
+    proc_root: PathBuf,
+    window: u64,
+    metrics: Metrics,
+}
+
+/// `/proc/PID/maps` can be megabytes for a JVM; read no more than this.
+const MAPS_CAP: u64 = 32 << 20;
+
+impl ProcessTable {
+    /// An empty table reading the host's `/proc`.
+    pub fn new(limits: Limits, metrics: Metrics) -> Self {
+        Self {
+            procs: HashMap::new(),
+            objects: HashMap::new(),
+            limits,
+            proc_root: PathBuf::from("/proc"),
+            window: 1,
+            metrics,
+        }
+    }
+
+    /// Notes that `pid` was sampled in the current window, reading it if it is new.
+    pub fn touch(&mut self, pid: u32) {
+        let window = self.window;
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.last_seen = window;
+            return;
+        }
+        if self.procs.len() >= self.limits.max_processes {
+            self.evict_least_recent();
+        }
+        let proc = self.read_process(pid).unwrap_or_else(|| Proc {
+            start_time: 0,
+            name: Arc::from(""),
+            maps: Vec::new(),
+            last_seen: window,
+            rescanned: window,
+        });
+        self.procs.insert(pid, proc);
+        self.metrics.processes.set(self.procs.len() as i64);
+        self.metrics.objects.set(self.objects.len() as i64);
+    }
+
+    /// The process name (`comm` of the thread group leader), empty if unknown.
+    pub fn name(&self, pid: u32) -> Arc<str> {
+        self.procs.get(&pid).map(|p| p.name.clone()).unwrap_or_else(|| Arc::from(""))
+    }
+
+    /// Normalizes a user address of `pid`; rereads the mappings once per window on a miss,
+    /// since libraries loaded later (dlopen) were not there at first sight.
+    pub fn normalize(&mut self, pid: u32, addr: u64) -> UserAddr {
+        if let Some(found) = self.procs.get(&pid).and_then(|p| find(&p.maps, addr)) {
+            return found;
+        }
+        let window = self.window;
+        let stale = self.procs.get(&pid).is_some_and(|p| p.rescanned < window);
+        if stale {
+            if let Some(mut fresh) = self.read_process(pid) {
+                if let Some(old) = self.procs.get(&pid) {
+                    if old.start_time == fresh.start_time {
+                        fresh.last_seen = old.last_seen;
+                        self.procs.insert(pid, fresh);
+                    }
+                }
+            }
+            if let Some(p) = self.procs.get_mut(&pid) {
+                p.rescanned = window;
+            }
+            self.gc_objects();
+            if let Some(found) = self.procs.get(&pid).and_then(|p| find(&p.maps, addr)) {
+                return found;
+            }
+        }
+        UserAddr::Unknown(addr)
+    }
+
+    /// Closes the current window: forgets processes that were not sampled in it and have
+    /// exited (or whose pid now belongs to another process), and the objects only they held.
+    pub fn end_window(&mut self) {
+        let window = self.window;
+        let before = self.procs.len();
+        let root = self.proc_root.clone();
+        self.procs.retain(|pid, p| {
+            p.last_seen == window || current_start_time(&root, *pid).is_some_and(|t| t == p.start_time)
+        });
+        let evicted = before - self.procs.len();
+        if evicted > 0 {
+            self.metrics.processes_evicted.inc_by(evicted as u64);
+            self.gc_objects();
+        }
+        self.window += 1;
+        self.metrics.processes.set(self.procs.len() as i64);
+        self.metrics.objects.set(self.objects.len() as i64);
+    }
+
+    /// Processes currently tracked.
+    pub fn len(&self) -> usize {
+        self.procs.len()
+    }
+
+    /// Whether no process is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+
+    /// Object files currently held open.
+    pub fn objects(&self) -> usize {
+        self.objects.len()
+    }
+
+    fn evict_least_recent(&mut self) {
+        if let Some((&pid, _)) = self.procs.iter().min_by_key(|(_, p)| p.last_seen) {
+            self.procs.remove(&pid);
+            self.metrics.dropped("processes", 1);
+            self.gc_objects();
+        }
+    }
+
+    /// Drops objects no process maps any more (windows in flight keep their own `Arc`).
+    fn gc_objects(&mut self) {
+        self.objects.retain(|_, o| Arc::strong_count(o) > 1);
+    }
+
+    fn read_process(&mut self, pid: u32) -> Option<Proc> {
+        let dir = self.proc_root.join(pid.to_string());
+        let stat = match procfs::read_capped(&dir.join("stat"), 4096).ok().and_then(|t| procfs::parse_stat(&t)) {
+            Some(s) => s,
+            None => {
+                self.metrics.proc_read_errors.get_or_create(&reason("stat")).inc();
+                return None;
+            }
+        };
+        let maps_text = match procfs::read_capped(&dir.join("maps"), MAPS_CAP) {
+            Ok(t) => t,
+            Err(_) => {
+                self.metrics.proc_read_errors.get_or_create(&reason("maps")).inc();
+                String::new()
+            }
+        };
+        let (entries, bad) = procfs::parse_maps(&maps_text);
+        if bad > 0 {
+            self.metrics.proc_read_errors.get_or_create(&reason("maps_line")).inc_by(bad as u64);
+        }
+        let mut maps = Vec::new();
+        for e in entries.iter().filter(|e| e.exec) {
+            let target = self.target_for(&dir, e);
+            maps.push(ExecMap {
+                start: e.start,
+                end: e.end,
+                offset: e.offset,
+                target,
+            });
+        }
+        maps.sort_by_key(|m| m.start);
+        Some(Proc {
+            start_time: stat.start_time,
+            name: Arc::from(stat.comm.as_str()),
+            maps,
+            last_seen: self.window,
+            rescanned: self.window,
+        })
+    }
+
+    fn target_for(&mut self, dir: &Path, e: &MapsEntry) -> Target {
+        if e.inode == 0 || !e.path.starts_with('/') {
+            let label = match e.path.as_str() {
+                "" => "[anon]",
+                p => p,
+            };
+            return Target::Region(Arc::from(label));
+        }
+        let key = ObjectKey {
+            dev: e.dev,
+            inode: e.inode,
+        };
+        if let Some(o) = self.objects.get(&key) {
+            return Target::File(o.clone());
+        }
+        if self.objects.len() >= self.limits.max_objects {
+            self.gc_objects();
+            if self.objects.len() >= self.limits.max_objects {
+                self.metrics.dropped("objects", 1);
+                return Target::Region(Arc::from(e.path.as_str()));
+            }
+        }
+        match open_mapped_file(dir, e) {
+            Some(file) => {
+                let mut obj = Object {
+                    key,
+                    path: e.path.trim_end_matches(" (deleted)").to_owned(),
+                    build_id: None,
+                    file,
+                };
+                obj.build_id = read_build_id(&obj.open_path());
+                let obj = Arc::new(obj);
+                self.objects.insert(key, obj.clone());
+                Target::File(obj)
+            }
+            None => {
+                self.metrics.proc_read_errors.get_or_create(&reason("open_object")).inc();
+                Target::Region(Arc::from(e.path.as_str()))
+            }
+        }
+    }
+}
+
+fn reason(r: &str) -> crate::metrics::ReasonLabel {
+    crate::metrics::ReasonLabel { reason: r.to_owned() }
+}
+
+fn find(maps: &[ExecMap], addr: u64) -> Option<UserAddr> {
+    let i = maps.partition_point(|m| m.start <= addr);
+    let m = maps.get(i.checked_sub(1)?)?;
+    if addr >= m.end {
+        return None;
+    }
+    let offset = addr - m.start + m.offset;
+    Some(match &m.target {
+        Target::File(o) => UserAddr::Object(o.clone(), offset),
+        Target::Region(label) => UserAddr::Region(label.clone(), addr - m.start),
+    })
+}
+
+fn current_start_time(root: &Path, pid: u32) -> Option<u64> {
+    let text = procfs::read_capped(&root.join(pid.to_string()).join("stat"), 4096).ok()?;
+    procfs::parse_stat(&text).map(|s| s.start_time)
+}
+
+fn read_build_id(path: &Path) -> Option<Vec<u8>> {
+    blazesym::helper::read_elf_build_id(path).ok().flatten().map(|b| b.into_owned())
+}
+
+/// Opens the file behind a mapping without resolving its path on the host.
+///
+/// `/proc/PID/map_files/START-END` is the mapped file itself (even if deleted or in
+/// another mount namespace). Where that is refused, the path is resolved inside the
+/// process's root with `openat2(RESOLVE_IN_ROOT)`, so a container's symlinks can never
+/// lead out to a host file.
+fn open_mapped_file(dir: &Path, e: &MapsEntry) -> Option<File> {
+    let direct = dir.join("map_files").join(format!("{:x}-{:x}", e.start, e.end));
+    if let Ok(f) = File::open(&direct) {
+        return Some(f);
+    }
+    let root = File::open(dir.join("root")).ok()?;
+    open_in_root(&root, e.path.trim_start_matches('/'))
+}
+
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_IN_ROOT: u64 = 0x10;
+
+fn open_in_root(root: &File, rel: &str) -> Option<File> {
+    let path = std::ffi::CString::new(rel).ok()?;
+    let how = OpenHow {
+        flags: (libc::O_RDONLY | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: valid dirfd, NUL-terminated path and a correctly sized open_how.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: openat2 returned a new descriptor that nothing else owns.
+    Some(unsafe { File::from_raw_fd(fd as i32) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> ProcessTable {
+        ProcessTable::new(
+            Limits {
+                max_processes: 4,
+                max_objects: 64,
+            },
+            Metrics::new(),
+        )
+    }
+
+    /// Address of a function in this test binary, and the binary's path.
+    fn own_code_addr() -> u64 {
+        own_code_addr as *const () as u64
+    }
+
+    #[test]
+    fn normalizes_own_code_to_file_offset() {
+        let mut t = table();
+        let pid = std::process::id();
+        t.touch(pid);
+        match t.normalize(pid, own_code_addr()) {
+            UserAddr::Object(o, off) => {
+                assert!(off > 0);
+                let exe = std::fs::read_link("/proc/self/exe").expect("exe");
+                assert_eq!(o.path, exe.display().to_string());
+                assert!(o.build_id.is_some(), "rustc links a build id");
+                assert!(std::fs::metadata(o.open_path()).is_ok());
+            }
+            other => panic!("expected an object, got {other:?}"),
+        }
+        assert!(matches!(t.normalize(pid, 8), UserAddr::Unknown(8)));
+        assert!(!t.name(pid).is_empty());
+    }
+
+    #[test]
+    fn exited_process_keeps_its_mappings_until_the_window_after() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("spawn sleep");
+        let pid = child.id();
+        let mut t = table();
+        t.touch(pid);
+        let _ = child.kill();
+        let _ = child.wait();
+        // Still known in the window it was seen in, even though it is gone.
+        assert_eq!(t.name(pid).as_ref(), "sleep");
+        t.end_window();
+        assert_eq!(t.len(), 1, "seen in the closing window: kept");
+        t.end_window();
+        assert_eq!(t.len(), 0, "not seen, exited: evicted");
+        assert_eq!(t.objects(), 0, "its objects are closed");
+    }
+
+    #[test]
+    fn process_cap_evicts_least_recent() {
+        let mut t = table();
+        for pid in [1, 2, 3, 4] {
+            t.touch(pid);
+        }
+        t.end_window();
+        t.touch(1);
+        t.touch(std::process::id());
+        assert_eq!(t.len(), 4);
+    }
+
+    #[test]
+    fn find_uses_half_open_ranges() {
+        let maps = vec![
+            ExecMap {
+                start: 0x1000,
+                end: 0x2000,
+                offset: 0x500,
+                target: Target::Region(Arc::from("[vdso]")),
+            },
+            ExecMap {
+                start: 0x3000,
+                end: 0x4000,
+                offset: 0,
+                target: Target::Region(Arc::from("[anon]")),
+            },
+        ];
+        assert!(matches!(find(&maps, 0x1000), Some(UserAddr::Region(_, 0))));
+        assert!(matches!(find(&maps, 0x1fff), Some(UserAddr::Region(_, 0xfff))));
+        assert!(find(&maps, 0x2000).is_none());
+        assert!(find(&maps, 0xfff).is_none());
+        assert!(matches!(find(&maps, 0x3fff), Some(UserAddr::Region(l, _)) if &*l == "[anon]"));
+    }
+
+    #[test]
+    fn open_in_root_stays_inside() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("inside"), b"x").expect("write");
+        std::os::unix::fs::symlink("/etc/hostname", dir.path().join("escape")).expect("symlink");
+        std::os::unix::fs::symlink("../../../../etc/hostname", dir.path().join("dotdot")).expect("symlink");
+        let root = File::open(dir.path()).expect("open root");
+        assert!(open_in_root(&root, "inside").is_some());
+        // Both symlinks resolve inside the root, where no etc/hostname exists.
+        assert!(open_in_root(&root, "escape").is_none());
+        assert!(open_in_root(&root, "dotdot").is_none());
+    }
+}

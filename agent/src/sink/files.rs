@@ -256,7 +256,7 @@ impl WindowDir {
                 }
                 // DirEntry::metadata does not follow symlinks.
                 let meta = entry.metadata().ok()?;
-                meta.is_file().then(|| WindowFile {
+                meta.is_file().then_some(WindowFile {
                     name,
                     bytes: meta.len(),
                 })
