@@ -1,1 +1,103 @@
-fn main() {}
+//! Criterion benches of the per-window work: aggregation, warm symbolization and pprof encoding.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use ember::aggregate::{Aggregator, Window};
+use ember::capture::Sample;
+use ember::metrics::Metrics;
+use ember::process::Limits;
+use ember::symbolize::Symbolizer;
+
+const LIMITS: Limits = Limits {
+    max_processes: 1024,
+    max_objects: 1024,
+};
+
+/// Addresses inside this benchmark's own code, so they normalize and symbolize for real.
+fn own_addresses() -> Vec<u64> {
+    let fns: [fn() -> Vec<u64>; 3] = [own_addresses, Vec::new, Vec::new];
+    let base = fns[0] as *const () as u64;
+    let other = samples as *const () as u64;
+    (0..64)
+        .map(|i| {
+            if i % 2 == 0 {
+                base + i * 4
+            } else {
+                other + i * 4
+            }
+        })
+        .collect()
+}
+
+/// 2000 samples (10 s × 99 Hz × 2 CPUs) over 200 distinct 20-frame stacks of this process.
+fn samples() -> Vec<Sample> {
+    let pid = std::process::id();
+    let addrs = own_addresses();
+    (0..2000u64)
+        .map(|i| {
+            let k = (i % 200) as usize;
+            Sample {
+                time_ns: i,
+                cgroup_id: 1,
+                pid,
+                tid: pid + (i % 4) as u32,
+                cpu: (i % 2) as u32,
+                comm: *b"bench\0\0\0\0\0\0\0\0\0\0\0",
+                kernel: Vec::new(),
+                user: (0..20).map(|f| addrs[(k + f) % addrs.len()]).collect(),
+            }
+        })
+        .collect()
+}
+
+fn window() -> Window {
+    let mut agg = Aggregator::new(99, LIMITS, 100_000, Metrics::new());
+    for s in samples() {
+        agg.add(s);
+    }
+    agg.close()
+}
+
+fn benches(c: &mut Criterion) {
+    c.bench_function("aggregate 2000 samples + normalize", |b| {
+        b.iter_batched(
+            || {
+                (
+                    Aggregator::new(99, LIMITS, 100_000, Metrics::new()),
+                    samples(),
+                )
+            },
+            |(mut agg, samples)| {
+                for s in samples {
+                    agg.add(s);
+                }
+                black_box(agg.close())
+            },
+            BatchSize::LargeInput,
+        )
+    });
+
+    let w = window();
+    let mut sym = Symbolizer::new(100_000, Metrics::new());
+    let _ = sym.resolve(&w);
+    c.bench_function("symbolize warm window", |b| {
+        b.iter(|| black_box(sym.resolve(&w)))
+    });
+
+    let symbols = sym.resolve(&w);
+    c.bench_function("encode pprof + gzip", |b| {
+        b.iter(|| {
+            let (p, _) = ember::pprof::encode(&w, &symbols);
+            black_box(ember::pprof::to_gzip(&p))
+        })
+    });
+}
+
+criterion_group! {
+    name = pipeline;
+    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    targets = benches
+}
+criterion_main!(pipeline);

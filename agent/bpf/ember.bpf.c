@@ -21,7 +21,7 @@ enum ember_counter ember_counter_layout = EMBER_CNT_MAX;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 8 << 20); /* resized from the config before load */
+	__uint(max_entries, 1 << 20); /* resized from the config before load */
 } samples SEC(".maps");
 
 struct {

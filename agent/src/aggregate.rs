@@ -117,11 +117,20 @@ impl Aggregator {
         let mut stacks = Vec::with_capacity(counts.len());
         for (key, count) in counts {
             let mut frames = Vec::with_capacity(key.kernel.len() + key.user.len());
-            frames.extend(key.kernel.iter().enumerate().map(|(i, &a)| Frame::Kernel(caller(i, a))));
+            frames.extend(
+                key.kernel
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &a)| Frame::Kernel(caller(i, a))),
+            );
             for (i, &a) in key.user.iter().enumerate() {
                 frames.push(Frame::User(self.table.normalize(key.pid, caller(i, a))));
             }
-            let comm_len = key.comm.iter().position(|&b| b == 0).unwrap_or(key.comm.len());
+            let comm_len = key
+                .comm
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(key.comm.len());
             stacks.push(Stack {
                 pid: key.pid,
                 tid: key.tid,
@@ -199,10 +208,22 @@ mod tests {
         assert_eq!((top.tid, top.count, top.comm.as_str()), (pid, 5, "worker"));
         assert_eq!(top.frames.len(), 4);
         // Return addresses move back one byte; leaves do not.
-        assert!(matches!(top.frames[0], Frame::Kernel(0xffff_ffff_8100_0010)));
-        assert!(matches!(top.frames[1], Frame::Kernel(0xffff_ffff_8100_001f)));
-        assert!(matches!(top.frames[2], Frame::User(UserAddr::Unknown(0x10))));
-        assert!(matches!(top.frames[3], Frame::User(UserAddr::Unknown(0x1f))));
+        assert!(matches!(
+            top.frames[0],
+            Frame::Kernel(0xffff_ffff_8100_0010)
+        ));
+        assert!(matches!(
+            top.frames[1],
+            Frame::Kernel(0xffff_ffff_8100_001f)
+        ));
+        assert!(matches!(
+            top.frames[2],
+            Frame::User(UserAddr::Unknown(0x10))
+        ));
+        assert!(matches!(
+            top.frames[3],
+            Frame::User(UserAddr::Unknown(0x1f))
+        ));
         assert_eq!(a.close().samples(), 0, "the next window starts empty");
     }
 
@@ -218,6 +239,9 @@ mod tests {
         assert_eq!(w.stacks.len(), 2);
         assert_eq!(w.samples(), 3, "existing stacks keep counting");
         let text = a.metrics.encode();
-        assert!(text.contains("ember_samples_lost_total{reason=\"stack_cap\"} 3"), "{text}");
+        assert!(
+            text.contains("ember_samples_lost_total{reason=\"stack_cap\"} 3"),
+            "{text}"
+        );
     }
 }

@@ -23,7 +23,7 @@ use tracing::{info, warn};
 use crate::config::SampleEvent;
 use crate::metrics::{Metrics, SideLabel};
 
-#[allow(missing_docs, clippy::all, unsafe_op_in_unsafe_fn)]
+#[allow(missing_docs, clippy::all, clippy::unwrap_used, unsafe_op_in_unsafe_fn)]
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/ember.skel.rs"));
 }
@@ -101,7 +101,11 @@ pub struct Capture {
 impl Capture {
     /// Loads and attaches the sampler, then streams batches into `tx` until [`Capture::stop`].
     /// Returns once the program is attached (or failed to attach).
-    pub fn start(settings: Settings, tx: SyncSender<Batch>, metrics: Metrics) -> Result<Self, CaptureError> {
+    pub fn start(
+        settings: Settings,
+        tx: SyncSender<Batch>,
+        metrics: Metrics,
+    ) -> Result<Self, CaptureError> {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let thread_stop = stop.clone();
@@ -207,7 +211,10 @@ fn run(
     let mut poll_errors = 0u64;
     while !stop.load(Ordering::SeqCst) {
         // The program wakes us only when the buffer fills up; otherwise drain on this timer.
-        if let Err(e) = ring.poll(Duration::from_millis(200)).and_then(|_| ring.consume()) {
+        if let Err(e) = ring
+            .poll(Duration::from_millis(200))
+            .and_then(|_| ring.consume())
+        {
             poll_errors += 1;
             if poll_errors == 1 {
                 warn!("ring buffer poll failed (counted, retrying): {e}");
@@ -237,8 +244,13 @@ struct Sampler<'obj> {
 }
 
 impl<'obj> Sampler<'obj> {
-    fn load(settings: &Settings, object: &'obj mut MaybeUninit<OpenObject>) -> Result<Self, CaptureError> {
-        let mut open = EmberSkelBuilder::default().open(object).map_err(CaptureError::Load)?;
+    fn load(
+        settings: &Settings,
+        object: &'obj mut MaybeUninit<OpenObject>,
+    ) -> Result<Self, CaptureError> {
+        let mut open = EmberSkelBuilder::default()
+            .open(object)
+            .map_err(CaptureError::Load)?;
         if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
             rodata.ember_cfg.filter_pids = u32::from(!settings.pids.is_empty());
             rodata.ember_cfg.include_idle = u32::from(settings.include_idle);
@@ -293,7 +305,9 @@ impl<'obj> Sampler<'obj> {
         let fd = match open_perf_event(cpu, self.event, hz) {
             Ok(fd) => fd,
             Err(e) if self.event == SampleEvent::Cycles => {
-                info!("hardware cycles are not available here ({e}); sampling on cpu-clock instead");
+                info!(
+                    "hardware cycles are not available here ({e}); sampling on cpu-clock instead"
+                );
                 self.event = SampleEvent::CpuClock;
                 open_perf_event(cpu, self.event, hz)?
             }
@@ -315,8 +329,14 @@ fn open_perf_event(cpu: u32, event: SampleEvent, hz: u64) -> std::io::Result<i32
     let mut attr: libbpf_sys::perf_event_attr = unsafe { std::mem::zeroed() };
     attr.size = std::mem::size_of::<libbpf_sys::perf_event_attr>() as u32;
     (attr.type_, attr.config) = match event {
-        SampleEvent::CpuClock => (libbpf_sys::PERF_TYPE_SOFTWARE, libbpf_sys::PERF_COUNT_SW_CPU_CLOCK as u64),
-        SampleEvent::Cycles => (libbpf_sys::PERF_TYPE_HARDWARE, libbpf_sys::PERF_COUNT_HW_CPU_CYCLES as u64),
+        SampleEvent::CpuClock => (
+            libbpf_sys::PERF_TYPE_SOFTWARE,
+            libbpf_sys::PERF_COUNT_SW_CPU_CLOCK as u64,
+        ),
+        SampleEvent::Cycles => (
+            libbpf_sys::PERF_TYPE_HARDWARE,
+            libbpf_sys::PERF_COUNT_HW_CPU_CYCLES as u64,
+        ),
     };
     attr.__bindgen_anon_1.sample_freq = hz;
     attr.set_freq(1);
@@ -392,7 +412,10 @@ impl CounterSync {
             if lost {
                 metrics.lost(what, delta);
             } else {
-                metrics.stack_errors.get_or_create(&SideLabel { side: what.into() }).inc_by(delta);
+                metrics
+                    .stack_errors
+                    .get_or_create(&SideLabel { side: what.into() })
+                    .inc_by(delta);
             }
         }
     }
@@ -408,7 +431,11 @@ fn read_counter(sampler: &Sampler<'_>, idx: u32) -> Option<u64> {
     Some(
         per_cpu
             .iter()
-            .filter_map(|v| v.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_ne_bytes))
+            .filter_map(|v| {
+                v.get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_ne_bytes)
+            })
             .sum(),
     )
 }
@@ -430,8 +457,10 @@ mod tests {
         };
         hdr.comm[..4].copy_from_slice(&[b'h' as i8, b'o' as i8, b'g' as i8, 0]);
         // SAFETY: test-only view of a repr(C) POD struct as bytes.
-        let mut out =
-            unsafe { std::slice::from_raw_parts((&hdr as *const ember_record).cast::<u8>(), HEADER) }.to_vec();
+        let mut out = unsafe {
+            std::slice::from_raw_parts((&hdr as *const ember_record).cast::<u8>(), HEADER)
+        }
+        .to_vec();
         for ip in kernel.iter().chain(user) {
             out.extend_from_slice(&ip.to_ne_bytes());
         }
@@ -440,10 +469,17 @@ mod tests {
 
     #[test]
     fn parses_both_sides() {
-        let s = parse_record(&record(&[0xffff_1, 0xffff_2], &[0x401000, 0x402000, 0x403000])).expect("valid");
-        assert_eq!(s.kernel, [0xffff_1, 0xffff_2]);
+        let s = parse_record(&record(
+            &[0xffff_0001, 0xffff_0002],
+            &[0x401000, 0x402000, 0x403000],
+        ))
+        .expect("valid");
+        assert_eq!(s.kernel, [0xffff_0001, 0xffff_0002]);
         assert_eq!(s.user, [0x401000, 0x402000, 0x403000]);
-        assert_eq!((s.pid, s.tid, s.cpu, s.cgroup_id, s.time_ns), (100, 101, 1, 9, 7));
+        assert_eq!(
+            (s.pid, s.tid, s.cpu, s.cgroup_id, s.time_ns),
+            (100, 101, 1, 9, 7)
+        );
         assert_eq!(&s.comm[..3], b"hog");
     }
 

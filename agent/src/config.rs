@@ -48,8 +48,8 @@ pub enum ConfigError {
 }
 
 /// The whole configuration.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// How samples are taken.
     pub sampling: Sampling,
@@ -67,7 +67,7 @@ pub struct Config {
 
 /// `sampling:` keys.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Sampling {
     /// Samples per second per CPU.
     pub frequency_hz: u64,
@@ -93,7 +93,7 @@ pub enum SampleEvent {
 
 /// `window:` keys.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Window {
     /// Length of one window.
     #[serde(deserialize_with = "duration")]
@@ -102,7 +102,7 @@ pub struct Window {
 
 /// `output:` keys.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Output {
     /// Directory for window files.
     pub data_dir: PathBuf,
@@ -114,7 +114,7 @@ pub struct Output {
 
 /// `server:` keys.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Server {
     /// Serve HTTP at all.
     pub enabled: bool,
@@ -124,7 +124,7 @@ pub struct Server {
 
 /// `limits:` keys.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Processes tracked.
     pub max_processes: usize,
@@ -140,7 +140,7 @@ pub struct Limits {
 
 /// `log:` keys.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Log {
     /// Default log level.
     pub level: String,
@@ -151,15 +151,67 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     humantime::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("{s:?}: {e}")))
 }
 
-impl Default for Config {
+impl Default for Sampling {
     fn default() -> Self {
-        // The embedded default is checked by a unit test, so this cannot fail in a release.
-        Self::from_yaml(DEFAULT_YAML, "<default>").unwrap_or_else(|e| panic!("embedded default config: {e}"))
+        Self {
+            frequency_hz: 99,
+            event: SampleEvent::CpuClock,
+            include_idle: false,
+            ring_buffer_bytes: 1 << 20,
+            pids: Vec::new(),
+        }
+    }
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Self {
+            duration: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Default for Output {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("/var/lib/ember/windows"),
+            keep_windows: 360,
+            keep_bytes: 256 << 20,
+        }
+    }
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_processes: 16384,
+            max_objects: 4096,
+            max_stacks_per_window: 200_000,
+            symbol_cache_entries: 262_144,
+            sample_queue_batches: 1024,
+        }
+    }
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+        }
     }
 }
 
 impl Config {
-    /// Loads `path` layered over the embedded default.
+    /// Loads `path`; keys it leaves out keep their defaults.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
@@ -168,37 +220,22 @@ impl Config {
         Self::from_yaml(&text, &path.display().to_string())
     }
 
-    /// Parses YAML text layered over the embedded default; `origin` names it in errors.
+    /// Parses YAML text; `origin` names it in errors. Keys left out keep their defaults
+    /// (the values written in `config/ember.yaml`, which a test keeps equal to `Default`).
     pub fn from_yaml(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        let parse_err = |origin: &str, e: serde_yaml::Error| {
-            let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((1, 1));
+        let cfg: Option<Config> = serde_yaml::from_str(text).map_err(|e| {
+            let (line, column) = e
+                .location()
+                .map(|l| (l.line(), l.column()))
+                .unwrap_or((1, 1));
             ConfigError::Parse {
                 origin: origin.to_owned(),
                 line,
                 column,
                 message: strip_location(&e.to_string()),
             }
-        };
-        let mut base: serde_yaml::Value =
-            serde_yaml::from_str(DEFAULT_YAML).map_err(|e| parse_err("<default>", e))?;
-        let user: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| parse_err(origin, e))?;
-        if !user.is_null() {
-            if !user.is_mapping() {
-                return Err(ConfigError::Parse {
-                    origin: origin.to_owned(),
-                    line: 1,
-                    column: 1,
-                    message: "the configuration must be a mapping of sections".into(),
-                });
-            }
-            merge(&mut base, user);
-        }
-        // Parse the user's text on its own first, so schema errors (unknown keys, wrong
-        // types) point at its lines rather than at the merged document.
-        if let Err(e) = check_partial(text) {
-            return Err(parse_err(origin, e));
-        }
-        let cfg: Config = serde_yaml::from_value(base).map_err(|e| parse_err(origin, e))?;
+        })?;
+        let cfg = cfg.unwrap_or_default();
         cfg.validate(origin)?;
         Ok(cfg)
     }
@@ -216,7 +253,10 @@ impl Config {
             return invalid("sampling.frequency_hz", "must be between 1 and 10000");
         }
         if !s.ring_buffer_bytes.is_power_of_two() || s.ring_buffer_bytes < 4096 {
-            return invalid("sampling.ring_buffer_bytes", "must be a power of two of at least 4096");
+            return invalid(
+                "sampling.ring_buffer_bytes",
+                "must be a power of two of at least 4096",
+            );
         }
         if self.window.duration < Duration::from_millis(100) {
             return invalid("window.duration", "must be at least 100ms");
@@ -240,77 +280,6 @@ impl Config {
     }
 }
 
-/// Every section with every key optional: used only to check a user file's shape
-/// against its own line numbers.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-struct Partial {
-    sampling: Option<PartialSection<Sampling>>,
-    window: Option<PartialSection<Window>>,
-    output: Option<PartialSection<Output>>,
-    server: Option<PartialSection<Server>>,
-    limits: Option<PartialSection<Limits>>,
-    log: Option<PartialSection<Log>>,
-}
-
-/// A section checked key by key against the full type, with defaults filled in.
-struct PartialSection<T>(std::marker::PhantomData<T>);
-
-impl<'de, T> Deserialize<'de> for PartialSection<T>
-where
-    T: for<'a> Deserialize<'a> + SectionDefault,
-{
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let user = serde_yaml::Value::deserialize(d)?;
-        let mut base = T::default_value();
-        merge(&mut base, user);
-        T::deserialize(base).map_err(serde::de::Error::custom)?;
-        Ok(Self(std::marker::PhantomData))
-    }
-}
-
-trait SectionDefault {
-    fn default_value() -> serde_yaml::Value;
-}
-
-macro_rules! section_default {
-    ($($ty:ty => $key:literal),*) => {$(
-        impl SectionDefault for $ty {
-            fn default_value() -> serde_yaml::Value {
-                serde_yaml::from_str::<serde_yaml::Value>(DEFAULT_YAML)
-                    .ok()
-                    .and_then(|v| v.get($key).cloned())
-                    .unwrap_or(serde_yaml::Value::Null)
-            }
-        }
-    )*};
-}
-section_default!(Sampling => "sampling", Window => "window", Output => "output",
-    Server => "server", Limits => "limits", Log => "log");
-
-fn check_partial(text: &str) -> Result<(), serde_yaml::Error> {
-    let _: Option<Partial> = serde_yaml::from_str(text)?;
-    Ok(())
-}
-
-/// Overlays `over` onto `base`, mapping by mapping; scalars and lists replace.
-fn merge(base: &mut serde_yaml::Value, over: serde_yaml::Value) {
-    match (base, over) {
-        (serde_yaml::Value::Mapping(b), serde_yaml::Value::Mapping(o)) => {
-            for (k, v) in o {
-                match b.get_mut(&k) {
-                    Some(slot) => merge(slot, v),
-                    None => {
-                        b.insert(k, v);
-                    }
-                }
-            }
-        }
-        (slot, v) => *slot = v,
-    }
-}
-
 /// serde_yaml appends " at line L column C" to messages; the position is reported separately.
 fn strip_location(msg: &str) -> String {
     match msg.rfind(" at line ") {
@@ -324,6 +293,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn embedded_file_is_the_default() {
+        assert_eq!(
+            Config::from_yaml(DEFAULT_YAML, "ember.yaml").expect("valid"),
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn embedded_file_lists_every_key() {
+        // Every key of the schema appears in the documented default file.
+        let v: serde_yaml::Value = serde_yaml::from_str(DEFAULT_YAML).expect("yaml");
+        let sections = v.as_mapping().expect("mapping");
+        assert_eq!(sections.len(), 6);
+        let count: usize = sections
+            .values()
+            .map(|s| s.as_mapping().map_or(0, |m| m.len()))
+            .sum();
+        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 1);
+    }
+
+    #[test]
     fn default_parses_and_validates() {
         let c = Config::default();
         assert_eq!(c.sampling.frequency_hz, 99);
@@ -334,16 +324,23 @@ mod tests {
 
     #[test]
     fn user_file_overrides_single_keys() {
-        let c = Config::from_yaml("window:\n  duration: 2s\nsampling:\n  frequency_hz: 49\n", "t.yaml")
-            .expect("valid");
+        let c = Config::from_yaml(
+            "window:\n  duration: 2s\nsampling:\n  frequency_hz: 49\n",
+            "t.yaml",
+        )
+        .expect("valid");
         assert_eq!(c.window.duration, Duration::from_secs(2));
         assert_eq!(c.sampling.frequency_hz, 49);
-        assert_eq!(c.output.keep_windows, 360, "untouched keys keep their default");
+        assert_eq!(
+            c.output.keep_windows, 360,
+            "untouched keys keep their default"
+        );
     }
 
     #[test]
     fn unknown_key_points_at_its_line() {
-        let err = Config::from_yaml("window:\n  duration: 2s\n  durration: 3s\n", "t.yaml").unwrap_err();
+        let err =
+            Config::from_yaml("window:\n  duration: 2s\n  durration: 3s\n", "t.yaml").unwrap_err();
         let msg = err.to_string();
         assert!(msg.starts_with("t.yaml:3:"), "{msg}");
         assert!(msg.contains("durration"), "{msg}");
@@ -372,19 +369,32 @@ mod tests {
     #[test]
     fn syntax_error_has_position() {
         let err = Config::from_yaml("window: [1,\n", "t.yaml").unwrap_err();
-        assert!(matches!(err, ConfigError::Parse { line: 2, .. } | ConfigError::Parse { line: 1, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                ConfigError::Parse { line: 2, .. } | ConfigError::Parse { line: 1, .. }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
     fn invalid_values_name_the_key() {
-        let err = Config::from_yaml("sampling:\n  ring_buffer_bytes: 5000\n", "t.yaml").unwrap_err();
-        assert!(err.to_string().contains("sampling.ring_buffer_bytes"), "{err}");
+        let err =
+            Config::from_yaml("sampling:\n  ring_buffer_bytes: 5000\n", "t.yaml").unwrap_err();
+        assert!(
+            err.to_string().contains("sampling.ring_buffer_bytes"),
+            "{err}"
+        );
         let err = Config::from_yaml("limits:\n  max_objects: 0\n", "t.yaml").unwrap_err();
         assert!(err.to_string().contains("limits.max_objects"), "{err}");
     }
 
     #[test]
     fn empty_file_is_the_default() {
-        assert_eq!(Config::from_yaml("", "t.yaml").expect("valid"), Config::default());
+        assert_eq!(
+            Config::from_yaml("", "t.yaml").expect("valid"),
+            Config::default()
+        );
     }
 }

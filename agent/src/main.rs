@@ -101,7 +101,7 @@ fn check_config(file: &Path) -> Result<()> {
 fn load(common: &Common) -> Result<Config> {
     let mut cfg = match &common.config {
         Some(path) => Config::load(path)?,
-        None => Config::default(),
+        None => Config::from_yaml(ember::config::DEFAULT_YAML, "<embedded config/ember.yaml>")?,
     };
     if let Some(hz) = common.frequency {
         cfg.sampling.frequency_hz = hz;
@@ -162,7 +162,11 @@ fn summary(w: &Encoded, lost: u64) -> String {
         "ember: window {stamp} {:.1}s: {} samples, {lost} lost; top: {}",
         w.duration.as_secs_f64(),
         w.samples,
-        if top.is_empty() { "-".to_owned() } else { top.join(", ") }
+        if top.is_empty() {
+            "-".to_owned()
+        } else {
+            top.join(", ")
+        }
     )
 }
 
@@ -175,7 +179,10 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 
 async fn stop_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         // Without signal handlers, wait forever: the default action still ends the process.
         std::future::pending::<()>().await;
         return;
@@ -200,8 +207,17 @@ fn run(args: RunArgs) -> Result<()> {
     init_logging(&cfg);
     require_privileges()?;
     let windows = Arc::new(
-        WindowDir::open(&cfg.output.data_dir, cfg.output.keep_windows, cfg.output.keep_bytes)
-            .with_context(|| format!("opening the data directory {}", cfg.output.data_dir.display()))?,
+        WindowDir::open(
+            &cfg.output.data_dir,
+            cfg.output.keep_windows,
+            cfg.output.keep_bytes,
+        )
+        .with_context(|| {
+            format!(
+                "opening the data directory {}",
+                cfg.output.data_dir.display()
+            )
+        })?,
     );
     let metrics = Metrics::new();
     let health = server::Health::new(cfg.window.duration);
@@ -217,16 +233,20 @@ fn run(args: RunArgs) -> Result<()> {
         };
         let (w, h, m) = (windows.clone(), health.clone(), metrics.clone());
         let mut last_lost = 0;
-        let pipeline = Pipeline::start(options(&cfg, cfg.window.duration, true), metrics.clone(), move |enc| {
-            let lost = m.lost_total();
-            eprintln!("{}", summary(&enc, lost - last_lost));
-            last_lost = lost;
-            if let Err(e) = w.write(enc.start, &enc.gz) {
-                tracing::error!("could not write a window: {e}");
-                m.dropped("window_write", 1);
-            }
-            h.beat();
-        })?;
+        let pipeline = Pipeline::start(
+            options(&cfg, cfg.window.duration, true),
+            metrics.clone(),
+            move |enc| {
+                let lost = m.lost_total();
+                eprintln!("{}", summary(&enc, lost - last_lost));
+                last_lost = lost;
+                if let Err(e) = w.write(enc.start, &enc.gz) {
+                    tracing::error!("could not write a window: {e}");
+                    m.dropped("window_write", 1);
+                }
+                h.beat();
+            },
+        )?;
         tracing::info!(
             "profiling every CPU at {} Hz; windows of {:?} go to {}",
             cfg.sampling.frequency_hz,
@@ -235,10 +255,19 @@ fn run(args: RunArgs) -> Result<()> {
         );
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server_task = listener.map(|l| {
-            tracing::info!("serving /metrics, /healthz and flame graphs on http://{}", cfg.server.listen);
-            tokio::spawn(server::serve(l, metrics.clone(), windows.clone(), health.clone(), async {
-                let _ = stop_rx.await;
-            }))
+            tracing::info!(
+                "serving /metrics, /healthz and flame graphs on http://{}",
+                cfg.server.listen
+            );
+            tokio::spawn(server::serve(
+                l,
+                metrics.clone(),
+                windows.clone(),
+                health.clone(),
+                async {
+                    let _ = stop_rx.await;
+                },
+            ))
         });
         stop_signal().await;
         tracing::info!("stopping: flushing the current window");
@@ -268,7 +297,10 @@ fn format_of(path: &Path) -> Result<Format> {
     } else if name.ends_with(".svg") {
         Format::Svg
     } else {
-        bail!("{}: the output name must end in .pb.gz, .pprof, .folded or .svg", path.display())
+        bail!(
+            "{}: the output name must end in .pb.gz, .pprof, .folded or .svg",
+            path.display()
+        )
     })
 }
 
@@ -287,7 +319,11 @@ fn record(args: RecordArgs) -> Result<()> {
     let started = SystemTime::now();
     eprintln!(
         "ember: recording {} for {:?} at {} Hz",
-        if cfg.sampling.pids.is_empty() { "every process".to_owned() } else { format!("pids {:?}", cfg.sampling.pids) },
+        if cfg.sampling.pids.is_empty() {
+            "every process".to_owned()
+        } else {
+            format!("pids {:?}", cfg.sampling.pids)
+        },
         args.duration,
         cfg.sampling.frequency_hz
     );
@@ -306,9 +342,12 @@ fn record(args: RecordArgs) -> Result<()> {
             text.push('\n');
             text.into_bytes()
         }
-        Format::Svg => flamegraph::svg(&enc.profile, &format!("ember record, {:?}", args.duration))?,
+        Format::Svg => {
+            flamegraph::svg(&enc.profile, &format!("ember record, {:?}", args.duration))?
+        }
     };
-    std::fs::write(&args.output, bytes).with_context(|| format!("writing {}", args.output.display()))?;
+    std::fs::write(&args.output, bytes)
+        .with_context(|| format!("writing {}", args.output.display()))?;
     eprintln!("{}", summary(&enc, metrics.lost_total()));
     eprintln!(
         "ember: wrote {} ({:.1}s recorded, {} named / {} unnamed frames)",

@@ -86,9 +86,17 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("ember");
         let samples = Counter::default();
-        registry.register("samples", "Samples that reached userspace with their stacks", samples.clone());
+        registry.register(
+            "samples",
+            "Samples that reached userspace with their stacks",
+            samples.clone(),
+        );
         let samples_lost = Family::<ReasonLabel, Counter>::default();
-        registry.register("samples_lost", "Samples lost, by reason", samples_lost.clone());
+        registry.register(
+            "samples_lost",
+            "Samples lost, by reason",
+            samples_lost.clone(),
+        );
         let stack_errors = Family::<SideLabel, Counter>::default();
         registry.register(
             "stack_errors",
@@ -98,7 +106,11 @@ impl Metrics {
         let windows = Counter::default();
         registry.register("windows", "Profile windows written", windows.clone());
         let frames = Family::<ResultLabel, Counter>::default();
-        registry.register("frames", "Frames written, by whether they were named", frames.clone());
+        registry.register(
+            "frames",
+            "Frames written, by whether they were named",
+            frames.clone(),
+        );
         let window_encode_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
         registry.register_with_unit(
             "window_encode",
@@ -114,9 +126,17 @@ impl Metrics {
             resident_memory.clone(),
         );
         let processes = Gauge::<i64, AtomicI64>::default();
-        registry.register("processes_tracked", "Processes ember holds mappings for", processes.clone());
+        registry.register(
+            "processes_tracked",
+            "Processes ember holds mappings for",
+            processes.clone(),
+        );
         let objects = Gauge::<i64, AtomicI64>::default();
-        registry.register("objects_open", "Object files held open for symbolization", objects.clone());
+        registry.register(
+            "objects_open",
+            "Object files held open for symbolization",
+            objects.clone(),
+        );
         let cache_dropped = Family::<CacheLabel, Counter>::default();
         registry.register(
             "cache_dropped",
@@ -124,9 +144,17 @@ impl Metrics {
             cache_dropped.clone(),
         );
         let processes_evicted = Counter::default();
-        registry.register("processes_evicted", "Processes forgotten after they exited", processes_evicted.clone());
+        registry.register(
+            "processes_evicted",
+            "Processes forgotten after they exited",
+            processes_evicted.clone(),
+        );
         let cpus_sampled = Gauge::<i64, AtomicI64>::default();
-        registry.register("cpus_sampled", "Online CPUs with a sampling perf event", cpus_sampled.clone());
+        registry.register(
+            "cpus_sampled",
+            "Online CPUs with a sampling perf event",
+            cpus_sampled.clone(),
+        );
         let proc_read_errors = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "proc_read_errors",
@@ -155,7 +183,9 @@ impl Metrics {
     /// Counts `n` samples lost for `reason`.
     pub fn lost(&self, reason: &str, n: u64) {
         self.samples_lost
-            .get_or_create(&ReasonLabel { reason: reason.to_owned() })
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
             .inc_by(n);
         self.lost_sum.fetch_add(n, Ordering::Relaxed);
     }
@@ -168,7 +198,9 @@ impl Metrics {
     /// Counts `n` entries dropped from the cache or queue `cache`.
     pub fn dropped(&self, cache: &str, n: u64) {
         self.cache_dropped
-            .get_or_create(&CacheLabel { cache: cache.to_owned() })
+            .get_or_create(&CacheLabel {
+                cache: cache.to_owned(),
+            })
             .inc_by(n);
     }
 
@@ -185,4 +217,5 @@ impl Metrics {
 }
 
 /// Content type of [`Metrics::encode`]'s output.
-pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";

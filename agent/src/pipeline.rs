@@ -71,9 +71,16 @@ impl Pipeline {
         let (batch_tx, batch_rx) = mpsc::sync_channel::<Batch>(opts.queue_batches);
         let (window_tx, window_rx) = mpsc::sync_channel::<Window>(WINDOW_QUEUE);
 
-        let agg = Aggregator::new(opts.capture.frequency_hz, opts.limits, opts.max_stacks, metrics.clone());
+        let agg = Aggregator::new(
+            opts.capture.frequency_hz,
+            opts.limits,
+            opts.max_stacks,
+            metrics.clone(),
+        );
         let (m, window, align) = (metrics.clone(), opts.window, opts.align);
-        let aggregate = spawn("ember-aggregate", move || aggregate_loop(batch_rx, window_tx, agg, window, align, m))?;
+        let aggregate = spawn("ember-aggregate", move || {
+            aggregate_loop(batch_rx, window_tx, agg, window, align, m)
+        })?;
 
         let (m, cache) = (metrics.clone(), opts.symbol_cache);
         // blazesym's symbolizer is not Send: it is born on the thread that uses it.
@@ -110,7 +117,10 @@ fn until_boundary(window: Duration, align: bool) -> Duration {
     if !align {
         return window;
     }
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
     let w = window.as_nanos().max(1);
     let left = w - now % w;
     // A first window shorter than a second is not worth a file: fold it into the next.
@@ -148,7 +158,12 @@ fn aggregate_loop(
     }
 }
 
-fn output_loop<F: FnMut(Encoded)>(rx: Receiver<Window>, mut symbolizer: Symbolizer, metrics: Metrics, mut on_window: F) {
+fn output_loop<F: FnMut(Encoded)>(
+    rx: Receiver<Window>,
+    mut symbolizer: Symbolizer,
+    metrics: Metrics,
+    mut on_window: F,
+) {
     for window in rx {
         let started = Instant::now();
         let symbols = symbolizer.resolve(&window);
@@ -161,10 +176,17 @@ fn output_loop<F: FnMut(Encoded)>(rx: Receiver<Window>, mut symbolizer: Symboliz
                 continue;
             }
         };
-        metrics.window_encode_seconds.observe(started.elapsed().as_secs_f64());
+        metrics
+            .window_encode_seconds
+            .observe(started.elapsed().as_secs_f64());
         metrics.windows.inc();
         for (result, n) in [("named", frames.named), ("unnamed", frames.unnamed)] {
-            metrics.frames.get_or_create(&ResultLabel { result: result.into() }).inc_by(n);
+            metrics
+                .frames
+                .get_or_create(&ResultLabel {
+                    result: result.into(),
+                })
+                .inc_by(n);
         }
         on_window(Encoded {
             start: window.start,
@@ -185,9 +207,16 @@ mod tests {
     fn aligned_boundaries_land_on_multiples() {
         let w = Duration::from_secs(10);
         let left = until_boundary(w, true);
-        assert!(left >= Duration::from_secs(1) && left <= Duration::from_secs(11), "{left:?}");
+        assert!(
+            left >= Duration::from_secs(1) && left <= Duration::from_secs(11),
+            "{left:?}"
+        );
         let end = SystemTime::now() + left;
-        let ms = end.duration_since(UNIX_EPOCH).expect("after epoch").as_millis() % 10_000;
+        let ms = end
+            .duration_since(UNIX_EPOCH)
+            .expect("after epoch")
+            .as_millis()
+            % 10_000;
         assert!(!(50..9_950).contains(&ms), "ends {ms} ms past a boundary");
         assert_eq!(until_boundary(w, false), w);
     }

@@ -126,7 +126,12 @@ impl Builder {
         id
     }
 
-    fn frame(&mut self, frame: &Frame, symbols: &HashMap<FrameKey, Resolved>, counts: &mut FrameCounts) -> u64 {
+    fn frame(
+        &mut self,
+        frame: &Frame,
+        symbols: &HashMap<FrameKey, Resolved>,
+        counts: &mut FrameCounts,
+    ) -> u64 {
         let key = match frame {
             Frame::Kernel(a) => Some(FrameKey::Kernel(*a)),
             Frame::User(UserAddr::Object(o, off)) => Some(FrameKey::Object(o.key, *off)),
@@ -147,11 +152,17 @@ impl Builder {
         }
         let (mapping, address) = match frame {
             Frame::Kernel(a) => (self.mapping(MapKey::Kernel, KERNEL_MAPPING, None), *a),
-            Frame::User(UserAddr::Object(o, off)) => {
-                (self.mapping(MapKey::Object(o.key), &o.path, o.build_id.as_deref()), *off)
+            Frame::User(UserAddr::Object(o, off)) => (
+                self.mapping(MapKey::Object(o.key), &o.path, o.build_id.as_deref()),
+                *off,
+            ),
+            Frame::User(UserAddr::Region(label, off)) => (
+                self.mapping(MapKey::Region(label.to_string()), label, None),
+                *off,
+            ),
+            Frame::User(UserAddr::Unknown(a)) => {
+                (self.mapping(MapKey::Unknown, "[unknown]", None), *a)
             }
-            Frame::User(UserAddr::Region(label, off)) => (self.mapping(MapKey::Region(label.to_string()), label, None), *off),
-            Frame::User(UserAddr::Unknown(a)) => (self.mapping(MapKey::Unknown, "[unknown]", None), *a),
         };
         self.location(mapping, address, resolved)
     }
@@ -197,7 +208,11 @@ pub fn encode(window: &Window, symbols: &HashMap<FrameKey, Resolved>) -> (Profil
 
     let mut counts = FrameCounts::default();
     for stack in &window.stacks {
-        let location_id = stack.frames.iter().map(|f| b.frame(f, symbols, &mut counts)).collect();
+        let location_id = stack
+            .frames
+            .iter()
+            .map(|f| b.frame(f, symbols, &mut counts))
+            .collect();
         let label = vec![
             b.num_label("pid", i64::from(stack.pid)),
             b.num_label("tid", i64::from(stack.tid)),
@@ -263,8 +278,19 @@ mod tests {
             duration: Duration::from_secs(10),
             period_ns: 10_101_010,
             stacks: vec![
-                stack(10, vec![Frame::Kernel(0xffff_0010), Frame::Kernel(0xffff_0020)], 7),
-                stack(11, vec![Frame::Kernel(0xffff_0010), Frame::User(UserAddr::Unknown(0x42))], 3),
+                stack(
+                    10,
+                    vec![Frame::Kernel(0xffff_0010), Frame::Kernel(0xffff_0020)],
+                    7,
+                ),
+                stack(
+                    11,
+                    vec![
+                        Frame::Kernel(0xffff_0010),
+                        Frame::User(UserAddr::Unknown(0x42)),
+                    ],
+                    3,
+                ),
             ],
         }
     }
@@ -283,7 +309,13 @@ mod tests {
         symbols.insert(FrameKey::Kernel(0xffff_0010), resolved(&["inner", "outer"]));
         symbols.insert(FrameKey::Kernel(0xffff_0020), resolved(&["syscall"]));
         let (p, counts) = encode(&window(), &symbols);
-        assert_eq!(counts, FrameCounts { named: 3, unnamed: 1 });
+        assert_eq!(
+            counts,
+            FrameCounts {
+                named: 3,
+                unnamed: 1
+            }
+        );
         let bytes = to_gzip(&p).expect("gzip");
         let back = crate::flamegraph::decode_gz(&bytes).expect("decode");
         assert_eq!(back, p);
@@ -301,7 +333,10 @@ mod tests {
         assert_eq!(back.duration_nanos, 10_000_000_000);
         assert_eq!(back.sample.len(), 2);
         assert_eq!(back.sample[0].value, [7, 7 * 10_101_010]);
-        assert_eq!(name_of(&back, back.sample[0].location_id[0]), ["inner", "outer"]);
+        assert_eq!(
+            name_of(&back, back.sample[0].location_id[0]),
+            ["inner", "outer"]
+        );
         assert_eq!(name_of(&back, back.sample[1].location_id[1]), ["[unknown]"]);
         // Same address → same location; the kernel mapping is shared.
         assert_eq!(back.sample[0].location_id[0], back.sample[1].location_id[0]);

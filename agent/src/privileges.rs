@@ -9,11 +9,26 @@ pub struct Capability {
     pub bit: u32,
 }
 
-const CAP_SYS_ADMIN: Capability = Capability { name: "CAP_SYS_ADMIN", bit: 21 };
-const CAP_PERFMON: Capability = Capability { name: "CAP_PERFMON", bit: 38 };
-const CAP_BPF: Capability = Capability { name: "CAP_BPF", bit: 39 };
-const CAP_SYS_PTRACE: Capability = Capability { name: "CAP_SYS_PTRACE", bit: 19 };
-const CAP_CHECKPOINT_RESTORE: Capability = Capability { name: "CAP_CHECKPOINT_RESTORE", bit: 40 };
+const CAP_SYS_ADMIN: Capability = Capability {
+    name: "CAP_SYS_ADMIN",
+    bit: 21,
+};
+const CAP_PERFMON: Capability = Capability {
+    name: "CAP_PERFMON",
+    bit: 38,
+};
+const CAP_BPF: Capability = Capability {
+    name: "CAP_BPF",
+    bit: 39,
+};
+const CAP_SYS_PTRACE: Capability = Capability {
+    name: "CAP_SYS_PTRACE",
+    bit: 19,
+};
+const CAP_CHECKPOINT_RESTORE: Capability = Capability {
+    name: "CAP_CHECKPOINT_RESTORE",
+    bit: 40,
+};
 
 /// Capabilities required to load and attach the sampler and to read other processes'
 /// mappings: CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN on their behalf), CAP_SYS_PTRACE
@@ -62,7 +77,15 @@ mod tests {
 
     #[test]
     fn nobody_misses_all() {
-        assert_eq!(missing(0), ["CAP_BPF", "CAP_PERFMON", "CAP_CHECKPOINT_RESTORE", "CAP_SYS_PTRACE"]);
+        assert_eq!(
+            missing(0),
+            [
+                "CAP_BPF",
+                "CAP_PERFMON",
+                "CAP_CHECKPOINT_RESTORE",
+                "CAP_SYS_PTRACE"
+            ]
+        );
     }
 
     #[test]

@@ -52,7 +52,10 @@ impl Object {
         let file = File::open(path)?;
         let meta = std::os::unix::fs::MetadataExt::ino(&file.metadata()?);
         let mut obj = Object {
-            key: ObjectKey { dev: (0, 0), inode: meta },
+            key: ObjectKey {
+                dev: (0, 0),
+                inode: meta,
+            },
             path: path.display().to_string(),
             build_id: None,
             file,
@@ -156,7 +159,10 @@ impl ProcessTable {
 
     /// The process name (`comm` of the thread group leader), empty if unknown.
     pub fn name(&self, pid: u32) -> Arc<str> {
-        self.procs.get(&pid).map(|p| p.name.clone()).unwrap_or_else(|| Arc::from(""))
+        self.procs
+            .get(&pid)
+            .map(|p| p.name.clone())
+            .unwrap_or_else(|| Arc::from(""))
     }
 
     /// Normalizes a user address of `pid`; rereads the mappings once per window on a miss,
@@ -194,7 +200,8 @@ impl ProcessTable {
         let before = self.procs.len();
         let root = self.proc_root.clone();
         self.procs.retain(|pid, p| {
-            p.last_seen == window || current_start_time(&root, *pid).is_some_and(|t| t == p.start_time)
+            p.last_seen == window
+                || current_start_time(&root, *pid).is_some_and(|t| t == p.start_time)
         });
         let evicted = before - self.procs.len();
         if evicted > 0 {
@@ -236,23 +243,35 @@ impl ProcessTable {
 
     fn read_process(&mut self, pid: u32) -> Option<Proc> {
         let dir = self.proc_root.join(pid.to_string());
-        let stat = match procfs::read_capped(&dir.join("stat"), 4096).ok().and_then(|t| procfs::parse_stat(&t)) {
+        let stat = match procfs::read_capped(&dir.join("stat"), 4096)
+            .ok()
+            .and_then(|t| procfs::parse_stat(&t))
+        {
             Some(s) => s,
             None => {
-                self.metrics.proc_read_errors.get_or_create(&reason("stat")).inc();
+                self.metrics
+                    .proc_read_errors
+                    .get_or_create(&reason("stat"))
+                    .inc();
                 return None;
             }
         };
         let maps_text = match procfs::read_capped(&dir.join("maps"), MAPS_CAP) {
             Ok(t) => t,
             Err(_) => {
-                self.metrics.proc_read_errors.get_or_create(&reason("maps")).inc();
+                self.metrics
+                    .proc_read_errors
+                    .get_or_create(&reason("maps"))
+                    .inc();
                 String::new()
             }
         };
         let (entries, bad) = procfs::parse_maps(&maps_text);
         if bad > 0 {
-            self.metrics.proc_read_errors.get_or_create(&reason("maps_line")).inc_by(bad as u64);
+            self.metrics
+                .proc_read_errors
+                .get_or_create(&reason("maps_line"))
+                .inc_by(bad as u64);
         }
         let mut maps = Vec::new();
         for e in entries.iter().filter(|e| e.exec) {
@@ -310,7 +329,10 @@ impl ProcessTable {
                 Target::File(obj)
             }
             None => {
-                self.metrics.proc_read_errors.get_or_create(&reason("open_object")).inc();
+                self.metrics
+                    .proc_read_errors
+                    .get_or_create(&reason("open_object"))
+                    .inc();
                 Target::Region(Arc::from(e.path.as_str()))
             }
         }
@@ -318,7 +340,9 @@ impl ProcessTable {
 }
 
 fn reason(r: &str) -> crate::metrics::ReasonLabel {
-    crate::metrics::ReasonLabel { reason: r.to_owned() }
+    crate::metrics::ReasonLabel {
+        reason: r.to_owned(),
+    }
 }
 
 fn find(maps: &[ExecMap], addr: u64) -> Option<UserAddr> {
@@ -340,7 +364,10 @@ fn current_start_time(root: &Path, pid: u32) -> Option<u64> {
 }
 
 fn read_build_id(path: &Path) -> Option<Vec<u8>> {
-    blazesym::helper::read_elf_build_id(path).ok().flatten().map(|b| b.into_owned())
+    blazesym::helper::read_elf_build_id(path)
+        .ok()
+        .flatten()
+        .map(|b| b.into_owned())
 }
 
 /// Opens the file behind a mapping without resolving its path on the host.
@@ -350,7 +377,9 @@ fn read_build_id(path: &Path) -> Option<Vec<u8>> {
 /// process's root with `openat2(RESOLVE_IN_ROOT)`, so a container's symlinks can never
 /// lead out to a host file.
 fn open_mapped_file(dir: &Path, e: &MapsEntry) -> Option<File> {
-    let direct = dir.join("map_files").join(format!("{:x}-{:x}", e.start, e.end));
+    let direct = dir
+        .join("map_files")
+        .join(format!("{:x}-{:x}", e.start, e.end));
     if let Ok(f) = File::open(&direct) {
         return Some(f);
     }
@@ -432,7 +461,10 @@ mod tests {
 
     #[test]
     fn exited_process_keeps_its_mappings_until_the_window_after() {
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("spawn sleep");
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
         let pid = child.id();
         let mut t = table();
         t.touch(pid);
@@ -476,7 +508,10 @@ mod tests {
             },
         ];
         assert!(matches!(find(&maps, 0x1000), Some(UserAddr::Region(_, 0))));
-        assert!(matches!(find(&maps, 0x1fff), Some(UserAddr::Region(_, 0xfff))));
+        assert!(matches!(
+            find(&maps, 0x1fff),
+            Some(UserAddr::Region(_, 0xfff))
+        ));
         assert!(find(&maps, 0x2000).is_none());
         assert!(find(&maps, 0xfff).is_none());
         assert!(matches!(find(&maps, 0x3fff), Some(UserAddr::Region(l, _)) if &*l == "[anon]"));
@@ -487,7 +522,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("inside"), b"x").expect("write");
         std::os::unix::fs::symlink("/etc/hostname", dir.path().join("escape")).expect("symlink");
-        std::os::unix::fs::symlink("../../../../etc/hostname", dir.path().join("dotdot")).expect("symlink");
+        std::os::unix::fs::symlink("../../../../etc/hostname", dir.path().join("dotdot"))
+            .expect("symlink");
         let root = File::open(dir.path()).expect("open root");
         assert!(open_in_root(&root, "inside").is_some());
         // Both symlinks resolve inside the root, where no etc/hostname exists.

@@ -57,7 +57,10 @@ fn parse_maps_line(line: &str) -> Option<MapsEntry> {
         end,
         exec: perms.as_bytes()[2] == b'x',
         offset: u64::from_str_radix(offset, 16).ok()?,
-        dev: (u32::from_str_radix(major, 16).ok()?, u32::from_str_radix(minor, 16).ok()?),
+        dev: (
+            u32::from_str_radix(major, 16).ok()?,
+            u32::from_str_radix(minor, 16).ok()?,
+        ),
         inode: inode.parse().ok()?,
         path,
     })
@@ -143,7 +146,9 @@ pub fn kib_field(status: &str, key: &str) -> Option<u64> {
 pub fn read_capped(path: &Path, cap: u64) -> std::io::Result<String> {
     use std::io::Read;
     let mut s = String::new();
-    std::fs::File::open(path)?.take(cap).read_to_string(&mut s)?;
+    std::fs::File::open(path)?
+        .take(cap)
+        .read_to_string(&mut s)?;
     Ok(s)
 }
 
@@ -189,7 +194,10 @@ garbage line\n\
 
     #[test]
     fn cpu_lists() {
-        assert_eq!(parse_cpu_list("0-3,8,10-11\n"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+        assert_eq!(
+            parse_cpu_list("0-3,8,10-11\n"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
         assert_eq!(parse_cpu_list("0"), Some(vec![0]));
         assert_eq!(parse_cpu_list("3-1"), None);
         assert_eq!(parse_cpu_list("a"), None);

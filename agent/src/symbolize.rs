@@ -105,9 +105,11 @@ impl Symbolizer {
             out.insert(key, unnamed(frame));
             match frame {
                 Frame::Kernel(a) => kernel.push(*a),
-                Frame::User(UserAddr::Object(o, off)) => {
-                    by_object.entry(o.key).or_insert_with(|| (o.clone(), Vec::new())).1.push(*off)
-                }
+                Frame::User(UserAddr::Object(o, off)) => by_object
+                    .entry(o.key)
+                    .or_insert_with(|| (o.clone(), Vec::new()))
+                    .1
+                    .push(*off),
                 Frame::User(_) => {}
             }
         }
@@ -140,7 +142,10 @@ impl Symbolizer {
 
     /// Keeps this window's results for the next ones, within the cap.
     fn remember(&mut self, results: &HashMap<FrameKey, Resolved>) {
-        let new = results.keys().filter(|k| !self.cache.contains_key(k)).count();
+        let new = results
+            .keys()
+            .filter(|k| !self.cache.contains_key(k))
+            .count();
         if self.cache.len() + new > self.cap {
             // Whole-cache reset: O(1) bookkeeping, and the next window refills what is hot.
             self.metrics.dropped("symbols", self.cache.len() as u64);
@@ -188,16 +193,18 @@ fn new_blaze() -> Blaze {
 }
 
 fn kernel_source() -> Kernel {
-    let mut k = Kernel::default();
     // kallsyms only: searching for a vmlinux image costs seconds and is rarely there.
-    k.vmlinux = MaybeDefault::None;
-    k.debug_syms = false;
-    k
+    Kernel {
+        vmlinux: MaybeDefault::None,
+        debug_syms: false,
+        ..Kernel::default()
+    }
 }
 
 fn modules_fingerprint() -> u64 {
     use std::hash::{Hash, Hasher};
-    let text = crate::procfs::read_capped(std::path::Path::new("/proc/modules"), 1 << 20).unwrap_or_default();
+    let text = crate::procfs::read_capped(std::path::Path::new("/proc/modules"), 1 << 20)
+        .unwrap_or_default();
     let mut h = std::collections::hash_map::DefaultHasher::new();
     // Name and load address of each module; the use counts in between change all the time.
     for line in text.lines() {
@@ -221,7 +228,10 @@ fn resolved(sym: Symbolized<'_>) -> Option<Resolved> {
 /// pprof wants the innermost first.
 fn funcs_of(sym: &Sym<'_>) -> Vec<Func> {
     let file_line = |ci: Option<&blazesym::symbolize::CodeInfo<'_>>| match ci {
-        Some(ci) => (Some(Arc::from(ci.to_path().display().to_string())), ci.line.unwrap_or(0)),
+        Some(ci) => (
+            Some(Arc::from(ci.to_path().display().to_string())),
+            ci.line.unwrap_or(0),
+        ),
         None => (None, 0),
     };
     let mut funcs = Vec::with_capacity(1 + sym.inlined.len());
@@ -313,8 +323,17 @@ mod tests {
         assert!(got.named);
         // Innermost first: whatever got inlined into our function comes before it.
         let outer = got.funcs.last().expect("one function at least");
-        assert!(outer.name.contains("a_very_distinct_function_name"), "{got:?}");
-        assert!(outer.file.as_deref().is_some_and(|f| f.ends_with("symbolize.rs")), "{got:?}");
+        assert!(
+            outer.name.contains("a_very_distinct_function_name"),
+            "{got:?}"
+        );
+        assert!(
+            outer
+                .file
+                .as_deref()
+                .is_some_and(|f| f.ends_with("symbolize.rs")),
+            "{got:?}"
+        );
         assert!(outer.line > 0);
         // Second window comes from the cache, same answer.
         let again = s.resolve(&w);
@@ -343,7 +362,10 @@ mod tests {
 
     #[test]
     fn unnamed_frames_keep_where_they_were() {
-        assert_eq!(&*unnamed(&Frame::User(UserAddr::Unknown(9))).funcs[0].name, "[unknown]");
+        assert_eq!(
+            &*unnamed(&Frame::User(UserAddr::Unknown(9))).funcs[0].name,
+            "[unknown]"
+        );
         let r = unnamed(&Frame::User(UserAddr::Region(Arc::from("[vdso]"), 0x10)));
         assert_eq!(&*r.funcs[0].name, "[vdso]+0x10");
         assert!(!r.named);
@@ -352,7 +374,9 @@ mod tests {
     #[test]
     fn cache_is_capped() {
         let mut s = Symbolizer::new(2, Metrics::new());
-        let frames = (0..5u64).map(|i| Frame::Kernel(0xffff_ffff_0000_0000 + i)).collect();
+        let frames = (0..5u64)
+            .map(|i| Frame::Kernel(0xffff_ffff_0000_0000 + i))
+            .collect();
         let _ = s.resolve(&window(frames));
         assert!(s.cache.len() <= 2);
     }
