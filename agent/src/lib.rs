@@ -11,6 +11,7 @@ pub mod aggregate;
 pub mod capture;
 pub mod config;
 pub mod flamegraph;
+pub mod kallsyms;
 pub mod metrics;
 pub mod pipeline;
 pub mod pprof;

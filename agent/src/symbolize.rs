@@ -1,19 +1,19 @@
 //! Symbolization stage: names every frame of a window, in batches per object file.
 //!
-//! One long-lived blazesym symbolizer serves user code (ELF symbols and DWARF lines,
-//! demangled); a second one serves the kernel from kallsyms and is rebuilt when the
-//! module list changes. Results are cached by `(object, file offset)`, so a warm window
-//! only asks blazesym about addresses it has never seen. Every cache is capped.
+//! A blazesym symbolizer serves user code (ELF symbols and DWARF lines, demangled); the
+//! kernel is named from a compact kallsyms table, reloaded when the module list changes.
+//! Results are cached by `(object, file offset)`, so a warm window only asks blazesym
+//! about addresses it has never seen. Every cache is capped, and blazesym's own data
+//! (mmapped DWARF, parsed indexes) is let go once a window needs none of it.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use blazesym::symbolize::source::{Elf, Kernel, Source};
+use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer as Blaze};
-use blazesym::MaybeDefault;
 
 use crate::aggregate::{Frame, Window};
+use crate::kallsyms::Kallsyms;
 use crate::metrics::Metrics;
 use crate::process::{Object, ObjectKey, UserAddr};
 
@@ -53,29 +53,23 @@ pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 /// Long-lived symbolizer with bounded caches.
 pub struct Symbolizer {
     user: Blaze,
-    kernel: Blaze,
+    kernel: Kallsyms,
     modules: u64,
     cache: HashMap<FrameKey, Resolved>,
     cap: usize,
-    /// Paths handed to blazesym and the window they were last used in, for eviction.
-    paths: HashMap<PathBuf, u64>,
     window: u64,
     metrics: Metrics,
 }
-
-/// blazesym data of objects unused for this many windows is released.
-const EVICT_AFTER_WINDOWS: u64 = 3;
 
 impl Symbolizer {
     /// A symbolizer whose frame cache holds at most `cache_entries` frames.
     pub fn new(cache_entries: usize, metrics: Metrics) -> Self {
         Self {
             user: new_blaze(),
-            kernel: new_blaze(),
+            kernel: load_kallsyms(&metrics),
             modules: modules_fingerprint(),
             cache: HashMap::new(),
             cap: cache_entries.max(1),
-            paths: HashMap::new(),
             window: 0,
             metrics,
         }
@@ -113,20 +107,32 @@ impl Symbolizer {
                 Frame::User(_) => {}
             }
         }
-        if !kernel.is_empty() {
-            let src = Source::Kernel(kernel_source());
-            if let Ok(syms) = self.kernel.symbolize(&src, Input::AbsAddr(&kernel)) {
-                for (addr, sym) in kernel.iter().zip(syms) {
-                    if let Some(r) = resolved(sym) {
-                        out.insert(FrameKey::Kernel(*addr), r);
-                    }
-                }
+        let kernel_misses = kernel.len();
+        for addr in kernel {
+            if let Some(name) = self.kernel.resolve(addr) {
+                let funcs = vec![Func {
+                    name: Arc::from(name),
+                    file: None,
+                    line: 0,
+                }];
+                out.insert(
+                    FrameKey::Kernel(addr),
+                    Resolved {
+                        funcs: funcs.into(),
+                        named: true,
+                    },
+                );
             }
         }
+        let misses = !by_object.is_empty();
+        tracing::debug!(
+            "window {}: {} kernel and {} object lookups missed the cache",
+            self.window,
+            kernel_misses,
+            by_object.values().map(|v| v.1.len()).sum::<usize>()
+        );
         for (key, (obj, offsets)) in by_object {
-            let path = obj.open_path();
-            self.paths.insert(path.clone(), self.window);
-            let src = Source::Elf(Elf::new(path));
+            let src = Source::Elf(Elf::new(obj.open_path()));
             if let Ok(syms) = self.user.symbolize(&src, Input::FileOffset(&offsets)) {
                 for (off, sym) in offsets.iter().zip(syms) {
                     if let Some(r) = resolved(sym) {
@@ -136,7 +142,16 @@ impl Symbolizer {
             }
         }
         self.remember(&out);
-        self.evict_unused();
+        if misses {
+            // Let go of everything blazesym parsed and mapped for this window (DWARF of big
+            // binaries is tens of MB resident, debug-link files included). The frame cache
+            // keeps the answers; only never-seen addresses pay for a parse, once per window.
+            self.user = new_blaze();
+        }
+        // Hand freed buffers (parse data, the window itself) back to the kernel rather
+        // than keeping them in malloc's pools: steady RSS is what users budget for.
+        // SAFETY: malloc_trim only releases free heap memory.
+        unsafe { libc::malloc_trim(0) };
         out
     }
 
@@ -160,24 +175,12 @@ impl Symbolizer {
         }
     }
 
-    fn evict_unused(&mut self) {
-        let now = self.window;
-        let user = &mut self.user;
-        self.paths.retain(|path, last| {
-            let keep = now - *last < EVICT_AFTER_WINDOWS;
-            if !keep {
-                let _ = user.evict(&blazesym::symbolize::evict::Elf::new(path.clone()).into());
-            }
-            keep
-        });
-    }
-
-    /// kallsyms changes when modules load or unload: then start the kernel side afresh.
+    /// kallsyms changes when modules load or unload: then reload it.
     fn refresh_kernel(&mut self) {
         let now = modules_fingerprint();
         if now != self.modules {
             self.modules = now;
-            self.kernel = new_blaze();
+            self.kernel = load_kallsyms(&self.metrics);
             self.cache.retain(|k, _| !matches!(k, FrameKey::Kernel(_)));
         }
     }
@@ -192,13 +195,17 @@ fn new_blaze() -> Blaze {
         .build()
 }
 
-fn kernel_source() -> Kernel {
-    // kallsyms only: searching for a vmlinux image costs seconds and is rarely there.
-    Kernel {
-        vmlinux: MaybeDefault::None,
-        debug_syms: false,
-        ..Kernel::default()
-    }
+fn load_kallsyms(metrics: &Metrics) -> Kallsyms {
+    Kallsyms::load().unwrap_or_else(|e| {
+        tracing::warn!("cannot read /proc/kallsyms, kernel frames stay unnamed: {e}");
+        metrics
+            .proc_read_errors
+            .get_or_create(&crate::metrics::ReasonLabel {
+                reason: "kallsyms".into(),
+            })
+            .inc();
+        Kallsyms::default()
+    })
 }
 
 fn modules_fingerprint() -> u64 {
