@@ -161,6 +161,14 @@ impl Metrics {
             "Unreadable or malformed /proc entries, counted and skipped",
             proc_read_errors.clone(),
         );
+        // Create every loss reason and frame result up front, so alert expressions such as
+        // `rate(ember_samples_lost_total[5m]) > 0` have a series to read from the start.
+        for reason in LOSS_REASONS {
+            samples_lost.get_or_create(&ReasonLabel { reason: (*reason).into() });
+        }
+        for result in ["named", "unnamed"] {
+            frames.get_or_create(&ResultLabel { result: result.into() });
+        }
         Self {
             registry: Arc::new(registry),
             samples,
@@ -215,6 +223,16 @@ impl Metrics {
         out
     }
 }
+
+/// Every `reason` of `ember_samples_lost_total`: where along the way a sample can be lost.
+pub const LOSS_REASONS: &[&str] = &[
+    "ringbuf_full", // BPF: the ring buffer to userspace was full
+    "no_scratch",   // BPF: the per-CPU scratch buffer was missing
+    "malformed",    // userspace: a record shorter than its header says
+    "queue_full",   // userspace: the capture → aggregate queue was full
+    "stack_cap",    // userspace: limits.max_stacks_per_window reached
+    "window_queue", // userspace: a closed window could not be queued for encoding
+];
 
 /// Content type of [`Metrics::encode`]'s output.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
