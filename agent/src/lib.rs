@@ -9,6 +9,7 @@
 
 pub mod aggregate;
 pub mod capture;
+pub mod cgroup;
 pub mod config;
 pub mod flamegraph;
 pub mod kallsyms;

@@ -164,10 +164,14 @@ impl Metrics {
         // Create every loss reason and frame result up front, so alert expressions such as
         // `rate(ember_samples_lost_total[5m]) > 0` have a series to read from the start.
         for reason in LOSS_REASONS {
-            samples_lost.get_or_create(&ReasonLabel { reason: (*reason).into() });
+            let _ = samples_lost.get_or_create(&ReasonLabel {
+                reason: (*reason).into(),
+            });
         }
         for result in ["named", "unnamed"] {
-            frames.get_or_create(&ResultLabel { result: result.into() });
+            let _ = frames.get_or_create(&ResultLabel {
+                result: result.into(),
+            });
         }
         Self {
             registry: Arc::new(registry),
