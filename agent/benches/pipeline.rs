@@ -4,7 +4,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
-use ember::aggregate::{Aggregator, Window};
+use ember::aggregate::{Aggregator, Window, Workloads};
 use ember::capture::Sample;
 use ember::metrics::Metrics;
 use ember::process::Limits;
@@ -53,7 +53,7 @@ fn samples() -> Vec<Sample> {
 }
 
 fn window() -> Window {
-    let mut agg = Aggregator::new(99, LIMITS, 100_000, Metrics::new());
+    let mut agg = Aggregator::new(99, LIMITS, 100_000, Metrics::new(), Workloads::default());
     for s in samples() {
         agg.add(s);
     }
@@ -65,7 +65,7 @@ fn benches(c: &mut Criterion) {
         b.iter_batched(
             || {
                 (
-                    Aggregator::new(99, LIMITS, 100_000, Metrics::new()),
+                    Aggregator::new(99, LIMITS, 100_000, Metrics::new(), Workloads::default()),
                     samples(),
                 )
             },

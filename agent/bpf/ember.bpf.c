@@ -31,12 +31,32 @@ struct {
 	__type(value, __u64);
 } counters SEC(".maps");
 
+/* Allow-list of tgids, used when ember_cfg.filter_pids is set (`--pid`). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, __u8);
 } pid_filter SEC(".maps");
+
+/*
+ * Deny-lists the agent fills as it judges workloads against its filters: excluded
+ * processes cost one lookup per sample from then on. Cgroups where the host has
+ * cgroup v2 ids for containers; pids otherwise (LRU: bounded, oldest forgotten).
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u8);
+} pid_deny SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u8);
+} cgroup_deny SEC(".maps");
 
 /* A record with room for both stacks; built here, then copied out at its used size. */
 struct scratch {
@@ -69,13 +89,18 @@ int ember_sample(void *ctx)
 	__u32 zero = 0;
 	struct scratch *s;
 	long kbytes, ubytes;
-	__u64 size, wake;
+	__u64 size, wake, cgroup_id;
 
 	if (tid == 0 && !ember_cfg.include_idle) {
 		count(EMBER_CNT_IDLE);
 		return 0;
 	}
 	if (ember_cfg.filter_pids && !bpf_map_lookup_elem(&pid_filter, &pid)) {
+		count(EMBER_CNT_FILTERED);
+		return 0;
+	}
+	cgroup_id = bpf_get_current_cgroup_id();
+	if (bpf_map_lookup_elem(&pid_deny, &pid) || bpf_map_lookup_elem(&cgroup_deny, &cgroup_id)) {
 		count(EMBER_CNT_FILTERED);
 		return 0;
 	}
@@ -88,7 +113,7 @@ int ember_sample(void *ctx)
 	}
 
 	s->rec.time_ns = bpf_ktime_get_ns();
-	s->rec.cgroup_id = bpf_get_current_cgroup_id();
+	s->rec.cgroup_id = cgroup_id;
 	s->rec.pid = pid;
 	s->rec.tid = tid;
 	s->rec.cpu = bpf_get_smp_processor_id();

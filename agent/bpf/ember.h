@@ -50,7 +50,7 @@ enum ember_counter {
 	EMBER_CNT_KERN_STACK_ERR = 3, /* bpf_get_stack failed for the kernel side (sample kept) */
 	EMBER_CNT_USER_STACK_ERR = 4, /* bpf_get_stack failed for the user side (sample kept) */
 	EMBER_CNT_IDLE = 5,       /* idle task skipped (not a loss) */
-	EMBER_CNT_FILTERED = 6,   /* pid not in the filter (not a loss) */
+	EMBER_CNT_FILTERED = 6,   /* excluded by --pid or the filters (not a loss) */
 	EMBER_CNT_NO_SCRATCH = 7, /* per-CPU scratch missing: whole sample lost */
 	EMBER_CNT_MAX = 8,
 };

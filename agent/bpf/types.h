@@ -22,6 +22,7 @@ typedef __u32 __wsum;
 enum bpf_map_type {
 	BPF_MAP_TYPE_HASH = 1,
 	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
+	BPF_MAP_TYPE_LRU_HASH = 9,
 	BPF_MAP_TYPE_RINGBUF = 27,
 };
 

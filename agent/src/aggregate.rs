@@ -1,13 +1,16 @@
 //! Aggregation stage: counts samples per (process, thread, stack) for one window,
 //! then normalizes every distinct stack against the process table.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::capture::Sample;
+use crate::capture::{Control, Sample};
+use crate::kube::Metadata;
 use crate::metrics::Metrics;
 use crate::process::{Limits, ProcessTable, UserAddr};
+use crate::workload::{self, Accounting, Cgroup, Filter, Labels, Verdict};
 
 /// One frame of a normalized stack.
 #[derive(Debug, Clone)]
@@ -29,6 +32,8 @@ pub struct Stack {
     pub comm: String,
     /// Process name.
     pub process: Arc<str>,
+    /// Container, pod and cgroup of the process.
+    pub labels: Arc<Labels>,
     /// Kernel frames then user frames, leaf first. Every frame but the leaf of each
     /// side is a return address and has already been moved back by one byte, so it
     /// points into the call instruction.
@@ -66,6 +71,22 @@ struct Key {
     user: Box<[u64]>,
 }
 
+/// What the aggregator needs to attribute samples to workloads and filter them.
+#[derive(Default)]
+pub struct Workloads {
+    /// Kubernetes pod metadata, when enabled.
+    pub metadata: Option<Metadata>,
+    /// The include/exclude rules.
+    pub filter: Filter,
+    /// Per-container CPU series.
+    pub accounting: Option<Accounting>,
+    /// Where to send BPF deny orders for excluded workloads.
+    pub control: Option<SyncSender<Control>>,
+}
+
+/// A process the filter let through: its labels and cgroup for this window.
+type Judged = (Arc<Labels>, Arc<Cgroup>);
+
 /// Per-window sample counts plus the process table they are normalized against.
 pub struct Aggregator {
     table: ProcessTable,
@@ -75,11 +96,20 @@ pub struct Aggregator {
     start: SystemTime,
     started: Instant,
     metrics: Metrics,
+    workloads: Workloads,
+    /// Excluded processes whose samples may still be in flight.
+    denied: HashSet<u32>,
 }
 
 impl Aggregator {
     /// A new aggregator for samples taken at `frequency_hz`.
-    pub fn new(frequency_hz: u64, limits: Limits, max_stacks: usize, metrics: Metrics) -> Self {
+    pub fn new(
+        frequency_hz: u64,
+        limits: Limits,
+        max_stacks: usize,
+        metrics: Metrics,
+        workloads: Workloads,
+    ) -> Self {
         Self {
             table: ProcessTable::new(limits, metrics.clone()),
             counts: HashMap::new(),
@@ -88,12 +118,18 @@ impl Aggregator {
             start: SystemTime::now(),
             started: Instant::now(),
             metrics,
+            workloads,
+            denied: HashSet::new(),
         }
     }
 
     /// Counts one sample; the first sample of a process reads its mappings.
     pub fn add(&mut self, s: Sample) {
-        self.table.touch(s.pid);
+        if self.denied.contains(&s.pid) {
+            self.metrics.samples_filtered.inc();
+            return;
+        }
+        self.table.touch(s.pid, s.cgroup_id);
         let key = Key {
             pid: s.pid,
             tid: s.tid,
@@ -111,11 +147,63 @@ impl Aggregator {
         }
     }
 
+    /// Labels of every process in the window, `None` for the ones the filter excludes
+    /// (those are also denied in BPF from now on).
+    fn judge(&mut self, pids: HashSet<u32>) -> HashMap<u32, Option<Judged>> {
+        let fresh = self.workloads.metadata.as_ref().is_some_and(|m| m.fresh());
+        self.metrics.kubernetes_fresh.set(i64::from(fresh));
+        let mut out = HashMap::with_capacity(pids.len());
+        for pid in pids {
+            let cg = self.table.cgroup(pid);
+            let labels = workload::labels_for(&cg, self.workloads.metadata.as_ref());
+            if self
+                .workloads
+                .filter
+                .verdict(&self.table.name(pid), &labels)
+                == Verdict::Exclude
+            {
+                self.deny(pid, &cg);
+                out.insert(pid, None);
+            } else {
+                out.insert(pid, Some((Arc::new(labels), cg)));
+            }
+        }
+        out
+    }
+
+    fn deny(&mut self, pid: u32, cg: &Cgroup) {
+        self.denied.insert(pid);
+        // A container in its own cgroup v2 is denied as a whole (its future processes too);
+        // elsewhere (cgroup v1, hybrid hosts where every task reads the root id) by pid.
+        let order = if cg.v2_id > 1 && cg.info.container_id.is_some() {
+            Control::DenyCgroup(cg.v2_id)
+        } else {
+            Control::DenyPid(pid)
+        };
+        self.send(order);
+    }
+
+    fn send(&self, order: Control) {
+        if let Some(tx) = &self.workloads.control {
+            if tx.try_send(order).is_err() {
+                self.metrics.dropped("control_queue", 1);
+            }
+        }
+    }
+
     /// Closes the window: normalizes its stacks and starts the next one.
     pub fn close(&mut self) -> Window {
         let counts = std::mem::take(&mut self.counts);
+        let verdicts = self.judge(counts.keys().map(|k| k.pid).collect());
         let mut stacks = Vec::with_capacity(counts.len());
         for (key, count) in counts {
+            let Some(Some((labels, cg))) = verdicts.get(&key.pid) else {
+                self.metrics.samples_filtered.inc_by(count);
+                continue;
+            };
+            if let Some(acc) = &mut self.workloads.accounting {
+                acc.add(labels, cg, (count * self.period_ns) as f64 / 1e9);
+            }
             let mut frames = Vec::with_capacity(key.kernel.len() + key.user.len());
             frames.extend(
                 key.kernel
@@ -136,13 +224,21 @@ impl Aggregator {
                 tid: key.tid,
                 comm: String::from_utf8_lossy(&key.comm[..comm_len]).into_owned(),
                 process: self.table.name(key.pid),
+                labels: labels.clone(),
                 frames,
                 count,
             });
         }
         // Stable order makes output deterministic and diffable.
         stacks.sort_by(|a, b| (a.pid, a.tid, b.count).cmp(&(b.pid, b.tid, a.count)));
-        self.table.end_window();
+        if let Some(acc) = &mut self.workloads.accounting {
+            acc.end_window();
+        }
+        for pid in self.table.end_window() {
+            if self.denied.remove(&pid) {
+                self.send(Control::AllowPid(pid));
+            }
+        }
         let now = SystemTime::now();
         let window = Window {
             start: self.start,
@@ -188,7 +284,7 @@ mod tests {
             max_processes: 16,
             max_objects: 16,
         };
-        Aggregator::new(99, limits, max_stacks, Metrics::new())
+        Aggregator::new(99, limits, max_stacks, Metrics::new(), Workloads::default())
     }
 
     #[test]
@@ -242,6 +338,37 @@ mod tests {
         assert!(
             text.contains("ember_samples_lost_total{reason=\"stack_cap\"} 3"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn excluded_processes_are_dropped_and_denied_in_bpf() {
+        let (tx, rx) = std::sync::mpsc::sync_channel(8);
+        let stat = std::fs::read_to_string("/proc/self/stat").expect("stat");
+        let rules = crate::config::Filters {
+            exclude_processes: vec![crate::procfs::parse_stat(&stat).expect("parse").comm],
+            ..Default::default()
+        };
+        let workloads = Workloads {
+            filter: Filter::new(&rules).expect("filter"),
+            control: Some(tx),
+            ..Default::default()
+        };
+        let limits = Limits {
+            max_processes: 16,
+            max_objects: 16,
+        };
+        let mut a = Aggregator::new(99, limits, 100, Metrics::new(), workloads);
+        let pid = std::process::id();
+        a.add(sample(pid, pid, &[0x10]));
+        let w = a.close();
+        assert!(w.stacks.is_empty());
+        assert_eq!(rx.try_recv(), Ok(Control::DenyPid(pid)));
+        a.add(sample(pid, pid, &[0x10]));
+        assert_eq!(
+            a.metrics.samples_filtered.get(),
+            2,
+            "in-flight samples are dropped too"
         );
     }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::mem::MaybeUninit;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -60,6 +60,19 @@ pub struct Sample {
 /// Samples moved between stages together.
 pub type Batch = Vec<Sample>;
 
+/// Orders from the aggregator to the sampler: stop (or resume) sampling a workload in BPF.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// Drop this process's samples in BPF.
+    DenyPid(u32),
+    /// Forget a denied pid (its process exited; the pid may be reused).
+    AllowPid(u32),
+    /// Drop samples of this cgroup v2 id in BPF.
+    DenyCgroup(u64),
+    /// Forget a denied cgroup id.
+    AllowCgroup(u64),
+}
+
 /// What the capture stage needs from the configuration.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -99,11 +112,13 @@ pub struct Capture {
 }
 
 impl Capture {
-    /// Loads and attaches the sampler, then streams batches into `tx` until [`Capture::stop`].
+    /// Loads and attaches the sampler, then streams batches into `tx` until [`Capture::stop`],
+    /// applying the [`Control`] orders that arrive on `control`.
     /// Returns once the program is attached (or failed to attach).
     pub fn start(
         settings: Settings,
         tx: SyncSender<Batch>,
+        control: Receiver<Control>,
         metrics: Metrics,
     ) -> Result<Self, CaptureError> {
         let stop = Arc::new(AtomicBool::new(false));
@@ -111,7 +126,7 @@ impl Capture {
         let thread_stop = stop.clone();
         let thread = std::thread::Builder::new()
             .name("ember-capture".into())
-            .spawn(move || run(settings, tx, metrics, thread_stop, ready_tx))
+            .spawn(move || run(settings, tx, control, metrics, thread_stop, ready_tx))
             .map_err(|_| CaptureError::Thread)?;
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(Self {
@@ -144,6 +159,7 @@ impl Drop for Capture {
 fn run(
     settings: Settings,
     tx: SyncSender<Batch>,
+    control: Receiver<Control>,
     metrics: Metrics,
     stop: Arc<AtomicBool>,
     ready: SyncSender<Result<(), CaptureError>>,
@@ -221,6 +237,9 @@ fn run(
             }
         }
         flush(false);
+        while let Ok(order) = control.try_recv() {
+            sampler.apply(order);
+        }
         if last_sync.elapsed() >= Duration::from_secs(1) {
             last_sync = Instant::now();
             counters.sync(&sampler, &metrics);
@@ -272,6 +291,22 @@ impl<'obj> Sampler<'obj> {
             links: BTreeMap::new(),
             event: settings.event,
         })
+    }
+
+    fn apply(&self, order: Control) {
+        let maps = &self.skel.maps;
+        // A failed update leaves a workload sampled (and dropped in userspace): never a loss.
+        let _ = match order {
+            Control::DenyPid(pid) => maps
+                .pid_deny
+                .update(&pid.to_ne_bytes(), &[1], MapFlags::ANY),
+            Control::AllowPid(pid) => maps.pid_deny.delete(&pid.to_ne_bytes()),
+            Control::DenyCgroup(id) => {
+                maps.cgroup_deny
+                    .update(&id.to_ne_bytes(), &[1], MapFlags::ANY)
+            }
+            Control::AllowCgroup(id) => maps.cgroup_deny.delete(&id.to_ne_bytes()),
+        };
     }
 
     /// Attaches to CPUs that came online and lets go of CPUs that went away.
@@ -399,6 +434,7 @@ impl CounterSync {
             (ember_counter::EMBER_CNT_NO_SCRATCH, "no_scratch", true),
             (ember_counter::EMBER_CNT_KERN_STACK_ERR, "kernel", false),
             (ember_counter::EMBER_CNT_USER_STACK_ERR, "user", false),
+            (ember_counter::EMBER_CNT_FILTERED, "filtered", false),
         ] {
             let i = idx.0 as usize;
             let Some(now) = read_counter(sampler, idx.0) else {
@@ -411,6 +447,8 @@ impl CounterSync {
             }
             if lost {
                 metrics.lost(what, delta);
+            } else if what == "filtered" {
+                metrics.samples_filtered.inc_by(delta);
             } else {
                 metrics
                     .stack_errors

@@ -61,8 +61,56 @@ pub struct Config {
     pub server: Server,
     /// Caps on every cache and queue.
     pub limits: Limits,
+    /// Kubernetes metadata.
+    pub kubernetes: Kubernetes,
+    /// Which workloads to profile.
+    pub filters: Filters,
     /// Logging.
     pub log: Log,
+}
+
+/// `kubernetes:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Kubernetes {
+    /// Watch this node's pods to label samples with namespace, pod and container.
+    pub enabled: bool,
+    /// This node's name; empty means the `NODE_NAME` environment variable, then the host name.
+    pub node_name: String,
+    /// Kubeconfig file; empty means in-cluster config, then `KUBECONFIG` / `~/.kube/config`.
+    pub kubeconfig: PathBuf,
+}
+
+impl Default for Kubernetes {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            node_name: String::new(),
+            kubeconfig: PathBuf::new(),
+        }
+    }
+}
+
+/// `filters:` keys. Empty include lists include everything; excludes win over includes.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Filters {
+    /// Only pods in these namespaces (host processes are not in any namespace).
+    pub include_namespaces: Vec<String>,
+    /// Never pods in these namespaces.
+    pub exclude_namespaces: Vec<String>,
+    /// Only pods whose labels match this Kubernetes label selector (`app=web,tier!=db`).
+    pub include_pod_selector: String,
+    /// Never pods whose labels match this selector.
+    pub exclude_pod_selector: String,
+    /// Only containers with these names.
+    pub include_containers: Vec<String>,
+    /// Never containers with these names.
+    pub exclude_containers: Vec<String>,
+    /// Only processes with these names (`comm`, as in `ps -o comm`).
+    pub include_processes: Vec<String>,
+    /// Never processes with these names.
+    pub exclude_processes: Vec<String>,
 }
 
 /// `sampling:` keys.
@@ -276,6 +324,20 @@ impl Config {
                 return invalid(key, "must be at least 1");
             }
         }
+        for (key, sel) in [
+            (
+                "filters.include_pod_selector",
+                &self.filters.include_pod_selector,
+            ),
+            (
+                "filters.exclude_pod_selector",
+                &self.filters.exclude_pod_selector,
+            ),
+        ] {
+            if let Err(e) = crate::kube::Selector::parse(sel) {
+                return invalid(key, &e.to_string());
+            }
+        }
         Ok(())
     }
 }
@@ -305,12 +367,12 @@ mod tests {
         // Every key of the schema appears in the documented default file.
         let v: serde_yaml::Value = serde_yaml::from_str(DEFAULT_YAML).expect("yaml");
         let sections = v.as_mapping().expect("mapping");
-        assert_eq!(sections.len(), 6);
+        assert_eq!(sections.len(), 8);
         let count: usize = sections
             .values()
             .map(|s| s.as_mapping().map_or(0, |m| m.len()))
             .sum();
-        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 1);
+        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 3 + 8 + 1);
     }
 
     #[test]

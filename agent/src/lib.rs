@@ -13,6 +13,7 @@ pub mod cgroup;
 pub mod config;
 pub mod flamegraph;
 pub mod kallsyms;
+pub mod kube;
 pub mod metrics;
 pub mod pipeline;
 pub mod pprof;
@@ -22,6 +23,7 @@ pub mod procfs;
 pub mod server;
 pub mod sink;
 pub mod symbolize;
+pub mod workload;
 
 /// The pprof protobuf types, generated from `proto/profile.proto`.
 #[allow(missing_docs, clippy::all)]

@@ -12,6 +12,7 @@ use ember::config::Config;
 use ember::metrics::Metrics;
 use ember::pipeline::{Encoded, Options, Pipeline};
 use ember::sink::files::WindowDir;
+use ember::workload::Filter;
 use ember::{capture, flamegraph, privileges, process, server};
 
 /// ember: an always-on eBPF continuous profiler.
@@ -128,8 +129,41 @@ fn require_privileges() -> Result<()> {
     }
 }
 
+/// This node's name: the config key, else `NODE_NAME` (the downward API), else the host name.
+fn node_name(cfg: &Config) -> String {
+    if !cfg.kubernetes.node_name.is_empty() {
+        return cfg.kubernetes.node_name.clone();
+    }
+    std::env::var("NODE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_default()
+        })
+}
+
+/// Starts the pod watcher (on the current runtime) when Kubernetes is enabled.
+async fn metadata(cfg: &Config) -> Option<ember::kube::Metadata> {
+    if !cfg.kubernetes.enabled {
+        return None;
+    }
+    let kubeconfig = &cfg.kubernetes.kubeconfig;
+    Some(
+        ember::kube::start(ember::kube::KubeSettings {
+            enabled: true,
+            node_name: Some(node_name(cfg)),
+            kubeconfig: (!kubeconfig.as_os_str().is_empty()).then(|| kubeconfig.clone()),
+        })
+        .await,
+    )
+}
+
 fn options(cfg: &Config, window: Duration, align: bool) -> Options {
     Options {
+        node: node_name(cfg),
+        max_containers: cfg.limits.max_processes,
         capture: capture::Settings {
             frequency_hz: cfg.sampling.frequency_hz,
             event: cfg.sampling.event,
@@ -233,20 +267,19 @@ fn run(args: RunArgs) -> Result<()> {
         };
         let (w, h, m) = (windows.clone(), health.clone(), metrics.clone());
         let mut last_lost = 0;
-        let pipeline = Pipeline::start(
-            options(&cfg, cfg.window.duration, true),
-            metrics.clone(),
-            move |enc| {
-                let lost = m.lost_total();
-                eprintln!("{}", summary(&enc, lost - last_lost));
-                last_lost = lost;
-                if let Err(e) = w.write(enc.start, &enc.gz) {
-                    tracing::error!("could not write a window: {e}");
-                    m.dropped("window_write", 1);
-                }
-                h.beat();
-            },
-        )?;
+        let filter = Filter::new(&cfg.filters)?;
+        let opts = options(&cfg, cfg.window.duration, true);
+        let meta = metadata(&cfg).await;
+        let pipeline = Pipeline::start(opts, metrics.clone(), meta, filter, move |enc| {
+            let lost = m.lost_total();
+            eprintln!("{}", summary(&enc, lost - last_lost));
+            last_lost = lost;
+            if let Err(e) = w.write(enc.start, &enc.gz) {
+                tracing::error!("could not write a window: {e}");
+                m.dropped("window_write", 1);
+            }
+            h.beat();
+        })?;
         tracing::info!(
             "profiling every CPU at {} Hz; windows of {:?} go to {}",
             cfg.sampling.frequency_hz,
@@ -313,26 +346,31 @@ fn record(args: RecordArgs) -> Result<()> {
     let (tx, rx) = std::sync::mpsc::channel::<Encoded>();
     // One window: it closes when recording stops, never on a timer.
     let never = args.duration + Duration::from_secs(365 * 24 * 3600);
-    let pipeline = Pipeline::start(options(&cfg, never, false), metrics.clone(), move |enc| {
-        let _ = tx.send(enc);
-    })?;
+    let filter = Filter::new(&cfg.filters)?;
     let started = SystemTime::now();
-    eprintln!(
-        "ember: recording {} for {:?} at {} Hz",
-        if cfg.sampling.pids.is_empty() {
-            "every process".to_owned()
-        } else {
-            format!("pids {:?}", cfg.sampling.pids)
-        },
-        args.duration,
-        cfg.sampling.frequency_hz
-    );
-    runtime()?.block_on(async {
+    // The pod watcher runs on this runtime while recording; its store stays readable after.
+    let pipeline = runtime()?.block_on(async {
+        let opts = options(&cfg, never, false);
+        let meta = metadata(&cfg).await;
+        let pipeline = Pipeline::start(opts, metrics.clone(), meta, filter, move |enc| {
+            let _ = tx.send(enc);
+        })?;
+        eprintln!(
+            "ember: recording {} for {:?} at {} Hz",
+            if cfg.sampling.pids.is_empty() {
+                "every process".to_owned()
+            } else {
+                format!("pids {:?}", cfg.sampling.pids)
+            },
+            args.duration,
+            cfg.sampling.frequency_hz
+        );
         tokio::select! {
             _ = tokio::time::sleep(args.duration) => {}
             _ = stop_signal() => {}
         }
-    });
+        anyhow::Ok(pipeline)
+    })?;
     pipeline.stop();
     let enc = rx.recv().context("the pipeline ended without a profile")?;
     let bytes = match format {

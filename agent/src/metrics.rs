@@ -50,6 +50,12 @@ pub struct Metrics {
     pub samples: Counter,
     /// Samples lost, by where they were lost.
     pub samples_lost: Family<ReasonLabel, Counter>,
+    /// Samples not taken or dropped because a filter excludes their workload.
+    pub samples_filtered: Counter,
+    /// Per-container CPU series.
+    pub containers: crate::workload::ContainerMetrics,
+    /// 1 while Kubernetes metadata is synced with the API server, else 0.
+    pub kubernetes_fresh: Gauge<i64, AtomicI64>,
     /// Stacks the kernel could not walk (the sample is kept with the other side).
     pub stack_errors: Family<SideLabel, Counter>,
     /// Windows closed and written.
@@ -96,6 +102,36 @@ impl Metrics {
             "samples_lost",
             "Samples lost, by reason",
             samples_lost.clone(),
+        );
+        let samples_filtered = Counter::default();
+        registry.register(
+            "samples_filtered",
+            "Samples not taken or dropped because a filter excludes their workload",
+            samples_filtered.clone(),
+        );
+        let containers = crate::workload::ContainerMetrics::default();
+        registry.register_with_unit(
+            "container_cpu",
+            "CPU time of each container estimated from samples (samples / frequency)",
+            Unit::Seconds,
+            containers.sampled.clone(),
+        );
+        registry.register_with_unit(
+            "container_cgroup_cpu",
+            "CPU time of each container as its cgroup counts it (cpuacct.usage or cpu.stat usage_usec)",
+            Unit::Seconds,
+            containers.cgroup.clone(),
+        );
+        registry.register(
+            "container_info",
+            "Container identity and placement, for joins (always 1)",
+            containers.info.clone(),
+        );
+        let kubernetes_fresh = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "kubernetes_metadata_fresh",
+            "1 while the pod watch is synced with the API server, else 0 (host mode or reconnecting)",
+            kubernetes_fresh.clone(),
         );
         let stack_errors = Family::<SideLabel, Counter>::default();
         registry.register(
@@ -177,6 +213,9 @@ impl Metrics {
             registry: Arc::new(registry),
             samples,
             samples_lost,
+            samples_filtered,
+            containers,
+            kubernetes_fresh,
             stack_errors,
             windows,
             frames,

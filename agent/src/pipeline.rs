@@ -8,13 +8,15 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::aggregate::{Aggregator, Window};
-use crate::capture::{Batch, Capture, CaptureError, Settings};
+use crate::aggregate::{Aggregator, Window, Workloads};
+use crate::capture::{Batch, Capture, CaptureError, Control, Settings};
+use crate::kube::Metadata;
 use crate::metrics::{Metrics, ResultLabel};
 use crate::pprof::{self, FrameCounts};
 use crate::process::Limits;
 use crate::proto::Profile;
 use crate::symbolize::Symbolizer;
+use crate::workload::{Accounting, Filter};
 
 /// How the pipeline is set up.
 #[derive(Debug, Clone)]
@@ -33,6 +35,10 @@ pub struct Options {
     pub symbol_cache: usize,
     /// Sample batches queued between capture and aggregation.
     pub queue_batches: usize,
+    /// This node's name, for `ember_container_info`.
+    pub node: String,
+    /// Containers with CPU series at a time.
+    pub max_containers: usize,
 }
 
 /// One finished window.
@@ -61,21 +67,43 @@ pub struct Pipeline {
 
 /// Windows queued between aggregation and symbolization.
 const WINDOW_QUEUE: usize = 2;
+/// BPF deny/allow orders queued between aggregation and capture.
+const CONTROL_QUEUE: usize = 4096;
 
 impl Pipeline {
     /// Starts every stage; `on_window` runs on the output thread for each window.
-    pub fn start<F>(opts: Options, metrics: Metrics, on_window: F) -> Result<Self, CaptureError>
+    /// `metadata` names pods (when Kubernetes is enabled); `filter` decides what is profiled.
+    pub fn start<F>(
+        opts: Options,
+        metrics: Metrics,
+        metadata: Option<Metadata>,
+        filter: Filter,
+        on_window: F,
+    ) -> Result<Self, CaptureError>
     where
         F: FnMut(Encoded) + Send + 'static,
     {
         let (batch_tx, batch_rx) = mpsc::sync_channel::<Batch>(opts.queue_batches);
         let (window_tx, window_rx) = mpsc::sync_channel::<Window>(WINDOW_QUEUE);
+        let (control_tx, control_rx) = mpsc::sync_channel::<Control>(CONTROL_QUEUE);
 
+        let accounting = Accounting::new(
+            metrics.containers.clone(),
+            opts.node.clone(),
+            opts.max_containers,
+        );
+        let workloads = Workloads {
+            metadata,
+            filter,
+            accounting: Some(accounting),
+            control: Some(control_tx),
+        };
         let agg = Aggregator::new(
             opts.capture.frequency_hz,
             opts.limits,
             opts.max_stacks,
             metrics.clone(),
+            workloads,
         );
         let (m, window, align) = (metrics.clone(), opts.window, opts.align);
         let aggregate = spawn("ember-aggregate", move || {
@@ -88,7 +116,7 @@ impl Pipeline {
             output_loop(window_rx, Symbolizer::new(cache, m.clone()), m, on_window)
         })?;
 
-        let capture = Capture::start(opts.capture, batch_tx, metrics)?;
+        let capture = Capture::start(opts.capture, batch_tx, control_rx, metrics)?;
         Ok(Self {
             capture,
             aggregate,

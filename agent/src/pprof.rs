@@ -213,12 +213,15 @@ pub fn encode(window: &Window, symbols: &HashMap<FrameKey, Resolved>) -> (Profil
             .iter()
             .map(|f| b.frame(f, symbols, &mut counts))
             .collect();
-        let label = vec![
+        let mut label = vec![
             b.num_label("pid", i64::from(stack.pid)),
             b.num_label("tid", i64::from(stack.tid)),
             b.str_label("comm", &stack.comm),
             b.str_label("process", &stack.process),
         ];
+        for (k, v) in stack.labels.sample_labels() {
+            label.push(b.str_label(k, v));
+        }
         b.profile.sample.push(Sample {
             location_id,
             value: vec![stack.count as i64, (stack.count * window.period_ns) as i64],
@@ -270,6 +273,7 @@ mod tests {
             tid,
             comm: "hog".into(),
             process: Arc::from("hog"),
+            labels: Arc::default(),
             frames,
             count,
         };

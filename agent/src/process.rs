@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::metrics::Metrics;
 use crate::procfs::{self, MapsEntry};
+use crate::workload::Cgroup;
 
 /// Identity of a mapped file: device and inode, as `/proc/PID/maps` reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -95,6 +96,7 @@ struct ExecMap {
 struct Proc {
     start_time: u64,
     name: Arc<str>,
+    cgroup: Arc<Cgroup>,
     maps: Vec<ExecMap>,
     last_seen: u64,
     rescanned: u64,
@@ -135,8 +137,9 @@ impl ProcessTable {
         }
     }
 
-    /// Notes that `pid` was sampled in the current window, reading it if it is new.
-    pub fn touch(&mut self, pid: u32) {
+    /// Notes that `pid` was sampled in the current window (in cgroup v2 `cgroup_id`),
+    /// reading it if it is new.
+    pub fn touch(&mut self, pid: u32, cgroup_id: u64) {
         let window = self.window;
         if let Some(p) = self.procs.get_mut(&pid) {
             p.last_seen = window;
@@ -145,13 +148,17 @@ impl ProcessTable {
         if self.procs.len() >= self.limits.max_processes {
             self.evict_least_recent();
         }
-        let proc = self.read_process(pid).unwrap_or_else(|| Proc {
+        let mut proc = self.read_process(pid).unwrap_or_else(|| Proc {
             start_time: 0,
             name: Arc::from(""),
+            cgroup: Arc::default(),
             maps: Vec::new(),
             last_seen: window,
             rescanned: window,
         });
+        if let Some(cg) = Arc::get_mut(&mut proc.cgroup) {
+            cg.v2_id = cgroup_id;
+        }
         self.procs.insert(pid, proc);
         self.metrics.processes.set(self.procs.len() as i64);
         self.metrics.objects.set(self.objects.len() as i64);
@@ -163,6 +170,14 @@ impl ProcessTable {
             .get(&pid)
             .map(|p| p.name.clone())
             .unwrap_or_else(|| Arc::from(""))
+    }
+
+    /// The cgroup `pid` was in when first seen.
+    pub fn cgroup(&self, pid: u32) -> Arc<Cgroup> {
+        self.procs
+            .get(&pid)
+            .map(|p| p.cgroup.clone())
+            .unwrap_or_default()
     }
 
     /// Normalizes a user address of `pid`; rereads the mappings once per window on a miss,
@@ -178,6 +193,7 @@ impl ProcessTable {
                 if let Some(old) = self.procs.get(&pid) {
                     if old.start_time == fresh.start_time {
                         fresh.last_seen = old.last_seen;
+                        fresh.cgroup = old.cgroup.clone();
                         self.procs.insert(pid, fresh);
                     }
                 }
@@ -195,22 +211,27 @@ impl ProcessTable {
 
     /// Closes the current window: forgets processes that were not sampled in it and have
     /// exited (or whose pid now belongs to another process), and the objects only they held.
-    pub fn end_window(&mut self) {
+    /// Returns the pids forgotten.
+    pub fn end_window(&mut self) -> Vec<u32> {
         let window = self.window;
-        let before = self.procs.len();
         let root = self.proc_root.clone();
+        let mut evicted = Vec::new();
         self.procs.retain(|pid, p| {
-            p.last_seen == window
-                || current_start_time(&root, *pid).is_some_and(|t| t == p.start_time)
+            let keep = p.last_seen == window
+                || current_start_time(&root, *pid).is_some_and(|t| t == p.start_time);
+            if !keep {
+                evicted.push(*pid);
+            }
+            keep
         });
-        let evicted = before - self.procs.len();
-        if evicted > 0 {
-            self.metrics.processes_evicted.inc_by(evicted as u64);
+        if !evicted.is_empty() {
+            self.metrics.processes_evicted.inc_by(evicted.len() as u64);
             self.gc_objects();
         }
         self.window += 1;
         self.metrics.processes.set(self.procs.len() as i64);
         self.metrics.objects.set(self.objects.len() as i64);
+        evicted
     }
 
     /// Processes currently tracked.
@@ -284,9 +305,17 @@ impl ProcessTable {
             });
         }
         maps.sort_by_key(|m| m.start);
+        let cgroup = Cgroup::read(pid).unwrap_or_else(|| {
+            self.metrics
+                .proc_read_errors
+                .get_or_create(&reason("cgroup"))
+                .inc();
+            Cgroup::default()
+        });
         Some(Proc {
             start_time: stat.start_time,
             name: Arc::from(stat.comm.as_str()),
+            cgroup: Arc::new(cgroup),
             maps,
             last_seen: self.window,
             rescanned: self.window,
@@ -444,7 +473,7 @@ mod tests {
     fn normalizes_own_code_to_file_offset() {
         let mut t = table();
         let pid = std::process::id();
-        t.touch(pid);
+        t.touch(pid, 1);
         match t.normalize(pid, own_code_addr()) {
             UserAddr::Object(o, off) => {
                 assert!(off > 0);
@@ -467,14 +496,14 @@ mod tests {
             .expect("spawn sleep");
         let pid = child.id();
         let mut t = table();
-        t.touch(pid);
+        t.touch(pid, 1);
         let _ = child.kill();
         let _ = child.wait();
         // Still known in the window it was seen in, even though it is gone.
         assert_eq!(t.name(pid).as_ref(), "sleep");
-        t.end_window();
+        assert!(t.end_window().is_empty());
         assert_eq!(t.len(), 1, "seen in the closing window: kept");
-        t.end_window();
+        assert_eq!(t.end_window(), [pid]);
         assert_eq!(t.len(), 0, "not seen, exited: evicted");
         assert_eq!(t.objects(), 0, "its objects are closed");
     }
@@ -483,11 +512,11 @@ mod tests {
     fn process_cap_evicts_least_recent() {
         let mut t = table();
         for pid in [1, 2, 3, 4] {
-            t.touch(pid);
+            t.touch(pid, 1);
         }
         t.end_window();
-        t.touch(1);
-        t.touch(std::process::id());
+        t.touch(1, 1);
+        t.touch(std::process::id(), 1);
         assert_eq!(t.len(), 4);
     }
 

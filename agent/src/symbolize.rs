@@ -300,6 +300,7 @@ mod tests {
                 tid: 1,
                 comm: "t".into(),
                 process: Arc::from("t"),
+                labels: Arc::default(),
                 frames,
                 count: 1,
             }],
@@ -317,7 +318,7 @@ mod tests {
             Metrics::new(),
         );
         let pid = std::process::id();
-        table.touch(pid);
+        table.touch(pid, 1);
         let addr = a_very_distinct_function_name as *const () as u64;
         let ua = table.normalize(pid, addr);
         let UserAddr::Object(obj, off) = ua.clone() else {

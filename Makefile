@@ -1,0 +1,138 @@
+# ember: build, run, test and benchmark.
+#
+#   make run    ARGS="..."   install what is missing, build, run the agent (root)
+#   make test                fmt, clippy, then unit and end-to-end tests (root for BPF)
+#   make bench               criterion benches, then the overhead harness (root)
+#   make deps | build | clean
+#
+# Everything is built once, with the release profile, and with frame pointers so
+# that ember can profile itself: every cargo call below sees the same RUSTFLAGS,
+# and every build is `--all-targets` so that dependencies are compiled with one
+# feature set (a plain `cargo build` leaves out dev-dependencies, whose features
+# would make `cargo test` and `cargo bench` compile a dozen crates again; the
+# bench profile inherits release and shares its artifacts). `cargo clippy` only
+# checks, so it has its own (metadata-only) pass.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := build
+
+CARGO ?= cargo
+CARGO_BUILD = $(CARGO) build --release --workspace --all-targets
+GO ?= go
+PYTHON ?= python3
+
+# Appended once (a sub-make inherits it already set, and a different RUSTFLAGS
+# string would make cargo rebuild everything).
+ifeq ($(findstring force-frame-pointers,$(RUSTFLAGS)),)
+RUSTFLAGS += -C force-frame-pointers=yes
+endif
+export RUSTFLAGS
+
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+EMBER := $(TARGET_DIR)/release/ember
+PPROFCHECK := $(TARGET_DIR)/pprofcheck
+
+# Debian/Ubuntu packages: build (clang, llvm, libelf, zlib, pkg-config, make),
+# the Go pprof tools the tests validate profiles with, and perf + bpftool for
+# the overhead benchmark.
+DEB_PKGS := clang llvm libelf-dev zlib1g-dev pkg-config make golang-go \
+	golang-github-google-pprof-dev linux-perf bpftool
+# Only `make bench` needs these.
+BENCH_PKGS := python3
+
+# Ubuntu ships perf and bpftool in linux-tools-* instead.
+OS_ID := $(shell . /etc/os-release 2>/dev/null && echo $$ID)
+ifeq ($(OS_ID),ubuntu)
+DEB_PKGS := $(filter-out linux-perf bpftool,$(DEB_PKGS)) linux-tools-common linux-tools-$(shell uname -r)
+endif
+
+# $(call ensure_pkgs,PACKAGES): a no-op when all are installed; as root, one
+# `apt-get update` and one install of the missing ones; otherwise say what to
+# install and fail.
+define ensure_pkgs
+	@set -e; \
+	if ! command -v dpkg >/dev/null 2>&1; then \
+		echo "make deps: no dpkg here (not Debian/Ubuntu). Install the equivalents of: $(1)" >&2; \
+		exit 1; \
+	fi; \
+	missing=""; \
+	for p in $(1); do \
+		dpkg -s "$$p" 2>/dev/null | grep -q '^Status: install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+		echo "Missing packages:$$missing" >&2; \
+		echo "Install them (as root) with:" >&2; \
+		echo "  apt-get update && apt-get install -y --no-install-recommends$$missing" >&2; \
+		exit 1; \
+	fi; \
+	echo "make deps: installing$$missing"; \
+	apt-get update; \
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends $$missing
+endef
+
+.PHONY: deps bench-deps rust-deps build run test bench clean \
+	fmt-check clippy pprofcheck test-only bench-only
+
+deps: rust-deps
+	$(call ensure_pkgs,$(DEB_PKGS))
+
+bench-deps: deps
+	$(call ensure_pkgs,$(BENCH_PKGS))
+
+# Rust comes from rustup (Debian's cargo is older than ember's rust-version).
+rust-deps:
+	@if ! command -v $(CARGO) >/dev/null 2>&1; then \
+		echo "cargo not found: install Rust >= 1.85 with rustup (https://rustup.rs)," >&2; \
+		echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c rustfmt,clippy" >&2; \
+		exit 1; \
+	fi; \
+	if ! $(CARGO) fmt --version >/dev/null 2>&1 || ! $(CARGO) clippy --version >/dev/null 2>&1; then \
+		if command -v rustup >/dev/null 2>&1; then \
+			rustup component add rustfmt clippy; \
+		else \
+			echo "cargo fmt / cargo clippy missing: install the rustfmt and clippy components" >&2; \
+			exit 1; \
+		fi; \
+	fi
+
+build: deps
+	$(CARGO_BUILD)
+
+run: build
+	exec $(EMBER) run $(ARGS)
+
+# The Go checker, against Debian's golang-github-google-pprof-dev (no network).
+pprofcheck: $(PPROFCHECK)
+$(PPROFCHECK): tests/pprofcheck/main.go
+	GO111MODULE=off GOFLAGS= GOPATH=$(TARGET_DIR)/gopath:/usr/share/gocode \
+		GOCACHE=$(TARGET_DIR)/gocache $(GO) build -o $@ ./tests/pprofcheck
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+
+test-only:
+	EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) \
+		$(CARGO) test --release --workspace
+
+test: deps
+	$(MAKE) --no-print-directory fmt-check
+	$(MAKE) --no-print-directory clippy
+	$(CARGO_BUILD)
+	$(MAKE) --no-print-directory pprofcheck
+	$(MAKE) --no-print-directory test-only
+
+bench-only:
+	$(CARGO) bench -p ember
+	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py
+
+bench: bench-deps
+	$(CARGO_BUILD)
+	$(MAKE) --no-print-directory bench-only
+
+clean:
+	$(CARGO) clean
+	rm -rf $(PPROFCHECK) $(TARGET_DIR)/gopath $(TARGET_DIR)/gocache $(TARGET_DIR)/bench

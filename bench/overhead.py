@@ -1,0 +1,499 @@
+#!/usr/bin/env python3
+"""ember's overhead against its targets and against `perf record`, on a busy machine.
+
+Run by `make bench` (as root, after the criterion benches). Python 3 stdlib only.
+
+What it does:
+  1. builds the cpu_hog fixture with clang into target/bench/ and starts two of
+     them (one per core on the 2-core CI machine);
+  2. enables kernel.bpf_stats_enabled (the old value is restored on exit);
+  3. runs `ember run --window 10s --frequency 99` (whole host) for 30 s after its
+     perf events are attached, sampling ember's /proc/PID/stat CPU ticks and
+     VmRSS every second, and scraping its /metrics at the start and the end;
+  4. reads the BPF program's run_time_ns / run_cnt (`bpftool prog show -j`,
+     program name starting with ember_sample);
+  5. runs `perf record -F 99 -ag -o <tmp>/perf.data -- sleep 30` on the same
+     workload and takes its CPU time and max RSS from wait4();
+  6. prints a markdown table (metric | ember | target | perf record) and writes
+     it into BENCHMARKS.md between the overhead markers, with the date, kernel,
+     and CPU count.
+
+Options: --seconds N (default 30), --frequency HZ (99), --no-write (print only).
+Environment: EMBER_BIN (default target/release/ember), CLANG (default clang).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+BEGIN = "<!-- overhead:begin (written by bench/overhead.py; edits inside are overwritten) -->"
+END = "<!-- overhead:end -->"
+
+# Targets (from the project brief).
+TARGET_USER_CPU_PCT = 0.25  # ember userspace, % of one core
+TARGET_BPF_US = 5.0  # BPF time per sample, microseconds
+TARGET_RSS_MB = 25.0  # steady RSS
+TARGET_STACKS_PCT = 99.9  # samples with stacks
+TARGET_VS_PERF = 0.5  # ember CPU / perf record CPU
+
+
+def log(msg):
+    print(f"[overhead] {msg}", file=sys.stderr, flush=True)
+
+
+def die(msg):
+    print(f"overhead: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def proc_ticks(pid):
+    """utime + stime of a live process, in clock ticks (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return int(rest[11]) + int(rest[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def proc_status_kb(pid, key):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def host_busy_seconds():
+    """Non-idle CPU time of the whole host so far (all CPUs), from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    user, nice, system, _idle, _iowait, irq, softirq, steal = v[:8]
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def count_perf_fds(pid):
+    n = 0
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if "perf_event" in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                    n += 1
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return n
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(addr):
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", line)
+        if m:
+            try:
+                out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+            except ValueError:
+                pass
+    return out
+
+
+def metric_sum(metrics, name):
+    return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
+
+
+def bpf_prog_stats(pid):
+    """(programs, run_time_ns, run_cnt) summed over BPF programs named ember_sample*
+    held by `pid` (when bpftool can tell which process holds a program)."""
+    out = subprocess.run(["bpftool", "prog", "show", "-j"], capture_output=True, text=True, check=True)
+    progs = json.loads(out.stdout)
+    ns = cnt = 0
+    found = 0
+    for p in progs:
+        holders = [h.get("pid") for h in p.get("pids", [])]
+        if holders and pid not in holders:
+            continue
+        if str(p.get("name", "")).startswith("ember_sample"):
+            found += 1
+            ns += int(p.get("run_time_ns", 0))
+            cnt += int(p.get("run_cnt", 0))
+    return found, ns, cnt
+
+
+def build_cpu_hog(out_dir):
+    clang = os.environ.get("CLANG", "clang")
+    if not shutil.which(clang):
+        die(f"{clang} not found: run `make deps`")
+    os.makedirs(out_dir, exist_ok=True)
+    exe = os.path.join(out_dir, "cpu_hog")
+    src = os.path.join(ROOT, "tests", "fixtures", "cpu_hog.c")
+    subprocess.run(
+        [clang, "-O2", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer",
+         "-pthread", "-o", exe, src],
+        check=True,
+    )
+    return exe
+
+
+def start_hog(exe, seconds):
+    p = subprocess.Popen([exe, "--seconds", str(seconds)], stdout=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, text=True)
+    first = p.stdout.readline().strip()
+    ready = p.stdout.readline().strip()
+    if not first.startswith("pid ") or ready != "ready":
+        die(f"cpu_hog printed {first!r}, {ready!r}")
+    return p
+
+
+def wait4(proc):
+    """Reaps a Popen child with wait4: (exit status, rusage)."""
+    _, status, ru = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, ru
+
+
+def measure_ember(ember, hogs, seconds, hz, workdir):
+    data = os.path.join(workdir, "windows")
+    addr = f"127.0.0.1:{free_port()}"
+    errf = open(os.path.join(workdir, "ember.stderr"), "w+")
+    cmd = [ember, "run", "--window", "10s", "--frequency", str(hz), "--data-dir", data,
+           "--listen", addr]
+    log(" ".join(cmd))
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=errf, stderr=errf)
+    t_start = time.monotonic()
+    ncpu = os.cpu_count() or 1
+    while count_perf_fds(proc.pid) < ncpu:
+        if proc.poll() is not None:
+            errf.seek(0)
+            die(f"ember exited with {proc.returncode} before sampling:\n{errf.read()}")
+        if time.monotonic() - t_start > 30:
+            die("ember did not open its perf events within 30 s")
+        time.sleep(0.02)
+    startup = time.monotonic() - t_start
+    # Let the server come up and the first second pass, then start measuring.
+    time.sleep(1.0)
+    for _ in range(100):
+        try:
+            m0 = scrape(addr)
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        die(f"no /metrics on {addr}")
+    t0 = time.monotonic()
+    ticks0 = proc_ticks(proc.pid)
+    busy0 = host_busy_seconds()
+    hog0 = sum(proc_ticks(h.pid) or 0 for h in hogs)
+    rss, hwm = [], []
+    for i in range(seconds):
+        time.sleep(max(0.0, t0 + i + 1 - time.monotonic()))
+        r = proc_status_kb(proc.pid, "VmRSS")
+        h = proc_status_kb(proc.pid, "VmHWM")
+        if r is not None:
+            rss.append(r)
+        if h is not None:
+            hwm.append(h)
+    ticks1 = proc_ticks(proc.pid)
+    busy1 = host_busy_seconds()
+    hog1 = sum(proc_ticks(h.pid) or 0 for h in hogs)
+    m1 = scrape(addr)
+    t1 = time.monotonic()
+    found, bpf_ns, bpf_cnt = bpf_prog_stats(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    code, ru = wait4(proc)
+    errf.seek(0)
+    stderr = errf.read()
+    errf.close()
+    if code != 0:
+        log(f"warning: ember exited {code} after SIGTERM:\n{stderr}")
+    windows = sorted(f for f in os.listdir(data) if f.endswith(".pb.gz")) if os.path.isdir(data) else []
+    elapsed = t1 - t0
+
+    samples = metric_sum(m1, "ember_samples_total") - metric_sum(m0, "ember_samples_total")
+    lost = metric_sum(m1, "ember_samples_lost_total") - metric_sum(m0, "ember_samples_lost_total")
+    stack_err = metric_sum(m1, "ember_stack_errors_total") - metric_sum(m0, "ember_stack_errors_total")
+    lost_by = {k: v - m0.get(k, 0) for k, v in m1.items() if k.startswith("ember_samples_lost_total")}
+    steady = rss[-20:] if len(rss) >= 20 else rss
+    return {
+        "startup_s": startup,
+        "elapsed_s": elapsed,
+        "cpu_s": (ticks1 - ticks0) / CLK_TCK,
+        "cpu_total_s": ru.ru_utime + ru.ru_stime,
+        "life_s": time.monotonic() - t_start,
+        "rss_steady_mb": statistics.median(steady) / 1024 if steady else float("nan"),
+        "rss_peak_mb": max(hwm + rss + [ru.ru_maxrss]) / 1024,
+        "bpf_progs": found,
+        "bpf_ns": bpf_ns,
+        "bpf_cnt": bpf_cnt,
+        "samples": samples,
+        "lost": lost,
+        "lost_by": lost_by,
+        "stack_errors": stack_err,
+        "host_busy_s": busy1 - busy0,
+        "hog_cpu_s": (hog1 - hog0) / CLK_TCK,
+        "windows": len(windows),
+        "stderr_tail": "\n".join(stderr.splitlines()[-8:]),
+    }
+
+
+def measure_perf(hogs, seconds, hz, workdir):
+    perf = shutil.which("perf")
+    if not perf:
+        return None
+    out = os.path.join(workdir, "perf.data")
+    cmd = [perf, "record", "-F", str(hz), "-ag", "-o", out, "--", "sleep", str(seconds)]
+    log(" ".join(cmd))
+    busy0 = host_busy_seconds()
+    hog0 = sum(proc_ticks(h.pid) or 0 for h in hogs)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    code, ru = wait4(proc)
+    elapsed = time.monotonic() - t0
+    busy1 = host_busy_seconds()
+    hog1 = sum(proc_ticks(h.pid) or 0 for h in hogs)
+    err = proc.stderr.read().decode(errors="replace")
+    if code != 0:
+        log(f"perf record exited {code}: {err}")
+        return None
+    samples = None
+    rep = subprocess.run([perf, "report", "-i", out, "--stats"], capture_output=True, text=True)
+    m = re.search(r"SAMPLE events:\s+(\d+)", rep.stdout)
+    if m:
+        samples = int(m.group(1))
+    # perf record's own CPU includes `sleep` (its child), which is negligible.
+    return {
+        "elapsed_s": elapsed,
+        "sleep_s": seconds,
+        "cpu_s": ru.ru_utime + ru.ru_stime,
+        "rss_peak_mb": ru.ru_maxrss / 1024,
+        "samples": samples,
+        "host_busy_s": busy1 - busy0,
+        "hog_cpu_s": (hog1 - hog0) / CLK_TCK,
+    }
+
+
+def fmt_pct(x, digits=3):
+    return f"{x:.{digits}f} %"
+
+
+def table(e, p, hz):
+    core_pct = 100 * e["cpu_s"] / e["elapsed_s"]
+    bpf_us = e["bpf_ns"] / e["bpf_cnt"] / 1000 if e["bpf_cnt"] else float("nan")
+    expected = hz * e["host_busy_s"]
+    delivered_pct = 100 * e["samples"] / expected if expected else float("nan")
+    attempted = e["samples"] + e["lost"]
+    with_stacks = 100 * (e["samples"] - e["stack_errors"]) / attempted if attempted else float("nan")
+    rows = []
+
+    def row(metric, ember, target, perf, ok=None):
+        mark = "" if ok is None else (" ✅" if ok else " ❌")
+        rows.append(f"| {metric} | {ember}{mark} | {target} | {perf} |")
+
+    p_core = p_ratio = p_samples = p_rss = "n/a"
+    if p:
+        p_core = fmt_pct(100 * p["cpu_s"] / p["elapsed_s"])
+        p_rss = f"{p['rss_peak_mb']:.1f} MB (max)"
+        if p["samples"] is not None:
+            # perf -a samples idle CPUs too: expect every CPU for the whole run.
+            pexp = hz * (os.cpu_count() or 1) * p["sleep_s"]
+            p_samples = f"{p['samples']} / {pexp:.0f} ({100 * p['samples'] / pexp:.2f} %)"
+    row("Userspace CPU, % of one core (steady, whole host)", fmt_pct(core_pct),
+        f"≤ {TARGET_USER_CPU_PCT} %", p_core, core_pct <= TARGET_USER_CPU_PCT)
+    if p:
+        ratio = e["cpu_total_s"] / p["cpu_s"] if p["cpu_s"] else float("inf")
+        row(f"CPU for a {round(e['elapsed_s'])} s profile, incl. start-up and exit (s)",
+            f"{e['cpu_total_s']:.3f} s ({ratio:.2f}× perf)", f"≤ {TARGET_VS_PERF}× perf",
+            f"{p['cpu_s']:.3f} s", ratio <= TARGET_VS_PERF)
+    else:
+        row("CPU for the profile, incl. start-up and exit (s)", f"{e['cpu_total_s']:.3f} s",
+            f"≤ {TARGET_VS_PERF}× perf", "n/a (perf not found)")
+    row("BPF time per sample (run_time_ns / run_cnt)", f"{bpf_us:.2f} µs ({e['bpf_cnt']} runs)",
+        f"≤ {TARGET_BPF_US:g} µs", "n/a (no BPF; its handler cost is not exposed)",
+        bpf_us <= TARGET_BPF_US)
+    row("Steady RSS (median of the last 20 s)", f"{e['rss_steady_mb']:.1f} MB",
+        f"≤ {TARGET_RSS_MB:g} MB", p_rss, e["rss_steady_mb"] <= TARGET_RSS_MB)
+    row("Peak RSS (VmHWM)", f"{e['rss_peak_mb']:.1f} MB", "—", p_rss)
+    row("Samples with stacks / samples taken", fmt_pct(with_stacks, 2) +
+        f" ({e['samples'] - e['stack_errors']:.0f} / {attempted:.0f})",
+        f"≥ {TARGET_STACKS_PCT} %", "—", with_stacks >= TARGET_STACKS_PCT)
+    row(f"Samples delivered / expected ({hz} Hz × busy CPU s)",
+        f"{e['samples']:.0f} / {expected:.0f} ({delivered_pct:.2f} %)", "≈ 100 %", p_samples)
+    nonzero = {k: v for k, v in e["lost_by"].items() if v}
+    row("Samples lost (by reason)",
+        ", ".join(f"{k.split('{', 1)[1].rstrip('}') if '{' in k else k}: {v:.0f}"
+                  for k, v in sorted(nonzero.items())) or "0", "0", "—")
+    return "\n".join(
+        ["| metric | ember | target | perf record |", "|---|---|---|---|"] + rows)
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def git_rev():
+    try:
+        r = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                           capture_output=True, text=True)
+        rev = r.stdout.strip() if r.returncode == 0 else "uncommitted"
+        d = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "agent"],
+                           capture_output=True, text=True)
+        return rev + (" (+ local changes)" if d.stdout.strip() else "")
+    except OSError:
+        return "unknown"
+
+
+def report(e, p, hz, seconds, hogs_n, load):
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head = (
+        f"Measured {now} by `make bench` (`bench/overhead.py`) on kernel {platform.release()}, "
+        f"{os.cpu_count()} CPUs ({cpu_model()}), ember {git_rev()}; load average before the "
+        f"run {load}.\n\n"
+        f"Workload: {hogs_n} × `cpu_hog` (one busy thread each); ember runs `ember run --window 10s "
+        f"--frequency {hz}` on the whole host and is measured for {seconds} s after its perf events "
+        f"are attached ({e['startup_s']:.2f} s start-up); then `perf record -F {hz} -ag -- sleep "
+        f"{seconds}` runs on the same workload. BPF time is charged to the interrupted tasks, not "
+        f"to ember (`kernel.bpf_stats_enabled=1` during the run). Busy CPU during ember's run: "
+        f"{e['host_busy_s']:.1f} s (cpu_hog: {e['hog_cpu_s']:.1f} s).\n"
+    )
+    other = e["host_busy_s"] - e["hog_cpu_s"]
+    if other > 0.1 * e["host_busy_s"]:
+        head += (
+            f"\n**Not a quiet machine:** other processes used {other:.1f} CPU s during ember's "
+            f"run (ember profiles and symbolizes them too), so these figures overstate what "
+            f"ember costs with only the benchmark workload.\n"
+        )
+    return head + "\n" + table(e, p, hz) + "\n"
+
+
+def write_benchmarks(section):
+    path = os.path.join(ROOT, "BENCHMARKS.md")
+    block = f"{BEGIN}\n{section}{END}\n"
+    if os.path.exists(path):
+        text = open(path).read()
+        if BEGIN in text and END in text:
+            pre = text.split(BEGIN, 1)[0]
+            post = text.split(END, 1)[1].lstrip("\n")
+            text = pre + block + ("\n" + post if post else "")
+        else:
+            text = text.rstrip("\n") + "\n\n## Overhead\n\n" + block
+    else:
+        text = (
+            "# Benchmarks\n\n"
+            "Micro-benchmarks of the pipeline stages: `cargo bench -p ember` (criterion, "
+            "`agent/benches/`).\n\n"
+            "## Overhead\n\n"
+            "What ember costs on a busy machine, against its targets and against `perf record` "
+            "at the same frequency. Regenerate with `make bench` (root).\n\n" + block
+        )
+    with open(path, "w") as f:
+        f.write(text)
+    log(f"wrote {path}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=int, default=30)
+    ap.add_argument("--frequency", type=int, default=99)
+    ap.add_argument("--hogs", type=int, default=2)
+    ap.add_argument("--no-write", action="store_true", help="print the table only")
+    args = ap.parse_args()
+
+    if os.geteuid() != 0:
+        die("needs root (BPF, perf events, sysctl): run `sudo make bench`")
+    ember = os.environ.get("EMBER_BIN") or os.path.join(TARGET, "release", "ember")
+    if not os.access(ember, os.X_OK):
+        die(f"{ember} not found: `make build` first")
+    if not shutil.which("bpftool"):
+        die("bpftool not found: run `make deps`")
+
+    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    workdir = tempfile.mkdtemp(prefix="ember-overhead-")
+    exe = build_cpu_hog(os.path.join(TARGET, "bench"))
+    stats_path = "/proc/sys/kernel/bpf_stats_enabled"
+    old_stats = open(stats_path).read().strip()
+    hogs = []
+
+    def restore(*_):
+        for h in hogs:
+            if h.poll() is None:
+                h.kill()
+                h.wait()
+        try:
+            with open(stats_path, "w") as f:
+                f.write(old_stats)
+        except OSError as err:
+            log(f"could not restore {stats_path} to {old_stats}: {err}")
+
+    def on_signal(signum, _frame):
+        restore()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        with open(stats_path, "w") as f:
+            f.write("1")
+        # Long enough for both measurements and their start-up.
+        life = 2 * args.seconds + 60
+        hogs = [start_hog(exe, life) for _ in range(args.hogs)]
+        log(f"{args.hogs} cpu_hog running: pids {[h.pid for h in hogs]}")
+        time.sleep(1)
+        e = measure_ember(ember, hogs, args.seconds, args.frequency, workdir)
+        log(f"ember: {json.dumps({k: v for k, v in e.items() if k != 'stderr_tail'}, default=str)}")
+        log(f"ember stderr (tail):\n{e['stderr_tail']}")
+        time.sleep(1)
+        for h in hogs:
+            if h.poll() is not None:
+                die(f"cpu_hog {h.pid} exited ({h.returncode}) during the ember run")
+        p = measure_perf(hogs, args.seconds, args.frequency, workdir)
+        log(f"perf: {json.dumps(p)}")
+    finally:
+        restore()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    section = report(e, p, args.frequency, args.seconds, args.hogs, load)
+    print(section)
+    if not args.no_write:
+        write_benchmarks(section)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+{{/* Chart name, or nameOverride. */}}
+{{- define "ember.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Object names: fullnameOverride, else the release name (when it already
+contains the chart name), else RELEASE-CHART; 63 characters at most. */}}
+{{- define "ember.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "ember.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Stable labels: the DaemonSet's selector, which cannot change after install. */}}
+{{- define "ember.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ember.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "ember.labels" -}}
+helm.sh/chart: {{ include "ember.chart" . }}
+{{ include "ember.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: agent
+{{- with .Values.extraLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The HTTP port, from config.server.listen ("0.0.0.0:9464", "[::]:9464").
+The kubelet probes and Prometheus scrapes the pod IP, so the server must be
+enabled and must not listen on loopback only. */}}
+{{- define "ember.port" -}}
+{{- $server := .Values.config.server }}
+{{- if not $server.enabled }}
+{{- fail "config.server.enabled must be true: the probes use /healthz" }}
+{{- end }}
+{{- $listen := required "config.server.listen is required" $server.listen }}
+{{- if or (hasPrefix "127." $listen) (hasPrefix "localhost" $listen) (hasPrefix "[::1]" $listen) }}
+{{- fail "config.server.listen must not be a loopback address in a pod: use 0.0.0.0:PORT" }}
+{{- end }}
+{{- splitList ":" $listen | last }}
+{{- end }}
+
+{{/* Kubernetes >= 1.30 has securityContext.appArmorProfile and recursiveReadOnly. */}}
+{{- define "ember.modernKube" -}}
+{{- if semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version }}true{{ end }}
+{{- end }}

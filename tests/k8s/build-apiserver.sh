@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Build a real kube-apiserver (Kubernetes 1.20.2) from Debian's source package, offline.
+#
+# Result: ${EMBER_K8S_CACHE:-/var/cache/ember-k8s}/kube-apiserver
+# Idempotent: exits 0 at once when that binary exists and answers --version.
+# Needs root only for the apt steps (installing packages, adding a deb-src entry).
+#
+# Why this way: bookworm packages no kube-apiserver binary, but its source package
+# `kubernetes` vendors every dependency, so `go build` works without a module proxy.
+# Its vendored github.com/modern-go/reflect2 1.0.1 crashes under go >= 1.18, so it is
+# replaced with Debian's golang-github-modern-go-reflect2-dev (1.0.2).
+set -euo pipefail
+
+CACHE=${EMBER_K8S_CACHE:-/var/cache/ember-k8s}
+OUT="$CACHE/kube-apiserver"
+K8S_VERSION=v1.20.2
+
+die() { echo "build-apiserver: ERROR: $*" >&2; exit 1; }
+log() { echo "build-apiserver: $*" >&2; }
+
+if [ -x "$OUT" ] && "$OUT" --version >/dev/null 2>&1; then
+    log "already built: $OUT ($("$OUT" --version))"
+    exit 0
+fi
+
+start=$(date +%s)
+mkdir -p "$CACHE" || die "cannot create cache dir $CACHE"
+CACHE=$(cd "$CACHE" && pwd); OUT="$CACHE/kube-apiserver"
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else
+        command -v sudo >/dev/null || die "need root for: $*"
+        sudo "$@"
+    fi
+}
+APT=(apt-get -o DPkg::Lock::Timeout=300)
+
+# 1. packages -------------------------------------------------------------------------
+PKGS=(etcd-server golang-go golang-github-modern-go-reflect2-dev dpkg-dev openssl curl ca-certificates)
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    log "installing: ${missing[*]}"
+    as_root "${APT[@]}" update >/dev/null || die "apt-get update failed"
+    as_root env DEBIAN_FRONTEND=noninteractive "${APT[@]}" install -y --no-install-recommends "${missing[@]}" \
+        || die "apt-get install ${missing[*]} failed"
+fi
+REFLECT2_SRC=/usr/share/gocode/src/github.com/modern-go/reflect2
+[ -f "$REFLECT2_SRC/reflect2.go" ] || die "$REFLECT2_SRC missing (golang-github-modern-go-reflect2-dev)"
+
+# 2. source ---------------------------------------------------------------------------
+SRCROOT="$CACHE/src"
+find_srcdir() { [ -d "$SRCROOT" ] || return 0; find "$SRCROOT" -maxdepth 1 -mindepth 1 -type d -name 'kubernetes-*' | sort | tail -n1; }
+SRCDIR=$(find_srcdir)
+if [ -z "$SRCDIR" ] || [ ! -f "$SRCDIR/.ember-unpacked" ]; then
+    if ! apt-cache showsrc kubernetes 2>/dev/null | grep -q '^Package: kubernetes'; then
+        codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
+        # Mirror the configured Debian archive (deb822 file first, then one-line lists).
+        uri=$(grep -hE '^URIs:.*/debian/?$' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1 | awk '{print $2}' || true)
+        [ -n "$uri" ] || uri=$(grep -hE '^deb .*/debian/? ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
+                               | grep -v '\[' | head -n1 | awk '{print $2}' || true)
+        [ -n "$uri" ] || uri=http://deb.debian.org/debian
+        log "adding deb-src for $codename ($uri)"
+        as_root tee /etc/apt/sources.list.d/ember-deb-src.sources >/dev/null <<EOF
+Types: deb-src
+URIs: $uri
+Suites: $codename
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+        as_root "${APT[@]}" update >/dev/null || die "apt-get update (deb-src) failed"
+        apt-cache showsrc kubernetes 2>/dev/null | grep -q '^Package: kubernetes' \
+            || die "no source package 'kubernetes' in $uri $codename"
+    fi
+    rm -rf "$SRCROOT"; mkdir -p "$SRCROOT"
+    log "fetching source: apt-get source kubernetes"
+    (cd "$SRCROOT" && "${APT[@]}" source kubernetes >"$SRCROOT/apt-source.log" 2>&1) \
+        || { tail -20 "$SRCROOT/apt-source.log" >&2; die "apt-get source kubernetes failed"; }
+    SRCDIR=$(find_srcdir)
+    [ -n "$SRCDIR" ] && [ -f "$SRCDIR/cmd/kube-apiserver/apiserver.go" ] || die "unpacked source not found under $SRCROOT"
+    rm -f "$SRCROOT"/*.orig.tar.* "$SRCROOT"/*.debian.tar.* # keep the cache small
+    touch "$SRCDIR/.ember-unpacked"
+fi
+
+# 3. swap reflect2 ----------------------------------------------------------------------
+VR="$SRCDIR/vendor/github.com/modern-go/reflect2"
+if [ ! -f "$VR/.ember-debian-reflect2" ]; then
+    log "replacing vendored reflect2 with $REFLECT2_SRC"
+    rm -rf "$VR" && mkdir -p "$VR"
+    cp -a "$REFLECT2_SRC"/. "$VR"/ || die "copying reflect2 failed"
+    rm -f "$VR/go.mod" "$VR/go.sum"   # vendored packages carry no go.mod
+    touch "$VR/.ember-debian-reflect2"
+fi
+
+# 4. build ------------------------------------------------------------------------------
+command -v go >/dev/null || die "go not found"
+log "building cmd/kube-apiserver with $(go version) (about 8 min on 2 cores the first time)"
+pkg_ver=$(dpkg-parsechangelog -l "$SRCDIR/debian/changelog" -S Version 2>/dev/null || echo unknown)
+# Kubernetes <= 1.22 builds in GOPATH mode (hack/lib/init.sh sets GO111MODULE=off): module
+# mode with go 1.19 refuses its go.mod/vendor pair ("updates to go.mod needed"). So lay out
+# GOPATH/src/k8s.io/kubernetes -> source, and vendored packages get the .../vendor/ prefix.
+GOPATH_DIR="$CACHE/gopath"
+mkdir -p "$CACHE/gocache" "$GOPATH_DIR/src/k8s.io"
+ln -sfn "$SRCDIR" "$GOPATH_DIR/src/k8s.io/kubernetes"
+LDX=""
+for v in k8s.io/kubernetes/vendor/k8s.io/component-base/version k8s.io/kubernetes/vendor/k8s.io/client-go/pkg/version; do
+    LDX+=" -X $v.gitVersion=$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=20"
+    LDX+=" -X $v.gitTreeState=archive -X $v.gitCommit=debian-$pkg_ver"
+    LDX+=" -X $v.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+done
+export GO111MODULE=off GOFLAGS='' GOPROXY=off GOCACHE="$CACHE/gocache" GOPATH="$GOPATH_DIR" CGO_ENABLED=0
+cd "$GOPATH_DIR/src/k8s.io/kubernetes"
+
+# pkg/generated/openapi/zz_generated.openapi.go is not in the tarball (git-ignored upstream;
+# `make` generates it). Same inputs as Makefile.generated_files' gen_openapi for KUBE.
+OPENAPI_OUT=pkg/generated/openapi/zz_generated.openapi.go
+if [ ! -s "$OPENAPI_OUT" ]; then
+    log "generating $OPENAPI_OUT with vendored openapi-gen"
+    go build -o "$CACHE/openapi-gen" ./vendor/k8s.io/kube-openapi/cmd/openapi-gen || die "building openapi-gen failed"
+    inputs=$(find -H . \( -path './_*' -o -path './.*' -o -path ./vendor -o -path ./debian \) -prune \
+                  -o -type f -name '*.go' -print \
+             | sed 's|^\./staging/src|vendor|; s|^\./||' \
+             | xargs grep -l '^// *+k8s:' | xargs grep -l '+k8s:openapi-gen=' \
+             | grep -v -e '^vendor/k8s.io/code-generator/' -e '^vendor/k8s.io/sample-apiserver/' \
+             | xargs -n1 dirname | LC_ALL=C sort -u | sed 's|^|k8s.io/kubernetes/|' | paste -sd,)
+    [ -n "$inputs" ] || die "no +k8s:openapi-gen packages found"
+    "$CACHE/openapi-gen" --logtostderr -i "$inputs" -p k8s.io/kubernetes/pkg/generated/openapi \
+        -O zz_generated.openapi -h vendor/k8s.io/code-generator/hack/boilerplate.go.txt \
+        -r "$CACHE/openapi-violations.report" -o "$GOPATH_DIR/src" >"$CACHE/openapi-gen.log" 2>&1 \
+        || { rm -f "$OPENAPI_OUT"; tail -20 "$CACHE/openapi-gen.log" >&2; die "openapi-gen failed"; }
+    [ -s "$OPENAPI_OUT" ] || die "openapi-gen wrote no $OPENAPI_OUT"
+fi
+
+(
+    go build -trimpath -tags selinux,notest -ldflags="-s -w -buildid=$LDX" -o "$OUT.tmp" ./cmd/kube-apiserver
+) || die "go build ./cmd/kube-apiserver failed (source: $SRCDIR)"
+"$OUT.tmp" --version >/dev/null 2>&1 || die "built binary does not run --version"
+mv -f "$OUT.tmp" "$OUT"
+
+end=$(date +%s)
+log "built $OUT: $("$OUT" --version), $(du -h "$OUT" | cut -f1)"
+echo "build-apiserver: total build time $((end - start)) s"

@@ -1,0 +1,667 @@
+//! Helpers shared by ember's end-to-end tests.
+//!
+//! The tests drive the real `ember` binary (`EMBER_BIN`, else
+//! `target/release/ember`) against the fixture workloads in `tests/fixtures/`
+//! (built by `build.rs`, paths in `FIXTURE_*`), and read what it writes with
+//! [`ember::proto::Profile`].
+//!
+//! Tests that sample must hold [`sampling_lock`]: the CI machine has 2 cores and
+//! sampling tests measure CPU shares and sample counts, so they run one at a time.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use ember::proto::Profile;
+use prost::Message;
+
+/// Path of the fixture `cpu_hog` (see `tests/fixtures/cpu_hog.c`).
+pub const CPU_HOG: &str = env!("FIXTURE_CPU_HOG");
+/// Path of the fixture `syscall_hog`.
+pub const SYSCALL_HOG: &str = env!("FIXTURE_SYSCALL_HOG");
+/// Path of the fixture `short_lived`.
+pub const SHORT_LIVED: &str = env!("FIXTURE_SHORT_LIVED");
+
+/// The sampling frequency ember uses by default.
+pub const DEFAULT_HZ: f64 = 99.0;
+
+/// Root of the Cargo workspace.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// The ember binary under test: `$EMBER_BIN`, else `target/release/ember`.
+pub fn ember_bin() -> PathBuf {
+    let p = match std::env::var_os("EMBER_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => workspace_root().join("target/release/ember"),
+    };
+    assert!(
+        p.exists(),
+        "ember binary {} does not exist: build it first (`make build`, or \
+         `cargo build --release -p ember`) or set EMBER_BIN",
+        p.display()
+    );
+    p
+}
+
+/// The Go pprof checker: `$EMBER_PPROFCHECK`, else `target/pprofcheck` (built by `make test`).
+pub fn pprofcheck_bin() -> PathBuf {
+    let p = match std::env::var_os("EMBER_PPROFCHECK") {
+        Some(p) => PathBuf::from(p),
+        None => workspace_root().join("target/pprofcheck"),
+    };
+    assert!(
+        p.exists(),
+        "the Go pprof checker {} does not exist: run `make test` (it builds \
+         tests/pprofcheck) or set EMBER_PPROFCHECK",
+        p.display()
+    );
+    p
+}
+
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Gate for tests that need root (BPF, perf events).
+///
+/// Returns true when running as root. Otherwise, when `EMBER_REQUIRE_PRIVILEGED=1`
+/// (CI sets it) it panics so the skip cannot go unnoticed; else it prints
+/// "skipped: needs root" and returns false, and the caller returns early.
+pub fn require_privileged() -> bool {
+    if is_root() {
+        return true;
+    }
+    if std::env::var("EMBER_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
+        panic!(
+            "privileged test could not run: it needs root (BPF and perf events) and \
+             EMBER_REQUIRE_PRIVILEGED=1 forbids skipping it"
+        );
+    }
+    println!("skipped: needs root");
+    false
+}
+
+static SAMPLING: Mutex<()> = Mutex::new(());
+
+/// Serializes tests that sample (see the module docs). A panicking holder does not
+/// poison the lock for the tests after it.
+pub fn sampling_lock() -> MutexGuard<'static, ()> {
+    SAMPLING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Clock ticks per second, the unit of utime/stime in `/proc/PID/stat`.
+pub fn clk_tck() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as u64
+    } else {
+        100
+    }
+}
+
+/// Number of online CPUs.
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n > 0 {
+        n as usize
+    } else {
+        1
+    }
+}
+
+/// utime + stime of a process (all its threads), in clock ticks.
+pub fn cpu_ticks(pid: u32) -> Result<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| anyhow!("malformed /proc/{pid}/stat"))?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state); utime is field 14, stime 15 (1-based).
+    let utime: u64 = f.get(11).ok_or_else(|| anyhow!("no utime"))?.parse()?;
+    let stime: u64 = f.get(12).ok_or_else(|| anyhow!("no stime"))?.parse()?;
+    Ok(utime + stime)
+}
+
+/// A running fixture workload. Killed (and reaped) on drop.
+pub struct Fixture {
+    child: Child,
+    /// The fixture's pid, as it printed it.
+    pub pid: u32,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+}
+
+impl Fixture {
+    /// Starts `path` with `args` and waits for its "pid N" line.
+    pub fn spawn(path: &str, args: &[&str]) -> Result<Self> {
+        let mut child = Command::new(path)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting fixture {path}"))?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stdin = child.stdin.take();
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut f = Fixture {
+            child,
+            pid: 0,
+            stdin,
+            lines: rx,
+        };
+        let first = f.next_line(Duration::from_secs(10))?;
+        f.pid = first
+            .strip_prefix("pid ")
+            .and_then(|p| p.trim().parse().ok())
+            .ok_or_else(|| anyhow!("fixture {path} printed {first:?}, expected \"pid N\""))?;
+        assert_eq!(f.pid, f.child.id(), "fixture pid line matches the child");
+        Ok(f)
+    }
+
+    /// Next line from the fixture's stdout.
+    pub fn next_line(&mut self, timeout: Duration) -> Result<String> {
+        match self.lines.recv_timeout(timeout) {
+            Ok(l) => Ok(l),
+            Err(RecvTimeoutError::Timeout) => bail!("fixture printed nothing for {timeout:?}"),
+            Err(RecvTimeoutError::Disconnected) => bail!("fixture closed its stdout"),
+        }
+    }
+
+    /// Waits until the fixture prints `line`.
+    pub fn wait_for(&mut self, line: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let got = self
+                .next_line(left)
+                .with_context(|| format!("waiting for {line:?}"))?;
+            if got == line {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Tells a fixture started with `--wait-start` to begin, and waits for "ready".
+    pub fn start(&mut self) -> Result<()> {
+        let stdin = self.stdin.as_mut().ok_or_else(|| anyhow!("stdin gone"))?;
+        stdin.write_all(b"go\n")?;
+        stdin.flush()?;
+        self.wait_for("ready", Duration::from_secs(10))
+    }
+
+    /// utime + stime so far, in clock ticks.
+    pub fn cpu_ticks(&self) -> Result<u64> {
+        cpu_ticks(self.pid)
+    }
+
+    /// Waits for the fixture to exit by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        wait_timeout(&mut self.child, timeout)?
+            .ok_or_else(|| anyhow!("fixture {} still running after {timeout:?}", self.pid))
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `child` until it exits or `timeout` passes (then `None`; the child keeps running).
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Result<Option<ExitStatus>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(s) = child.try_wait()? {
+            return Ok(Some(s));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A running `ember`, its stdout and stderr going to files in `dir`. Killed on drop.
+pub struct Ember {
+    child: Child,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Ember {
+    /// Starts `ember ARGS...` with its output captured in `dir`.
+    pub fn spawn(args: &[&str], dir: &Path) -> Result<Self> {
+        let stdout = dir.join("ember.stdout");
+        let stderr = dir.join("ember.stderr");
+        let child = Command::new(ember_bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(&stdout)?)
+            .stderr(fs::File::create(&stderr)?)
+            .spawn()
+            .context("starting ember")?;
+        Ok(Ember {
+            child,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// The agent's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything ember wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Everything ember wrote to stdout so far.
+    pub fn stdout(&self) -> String {
+        fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+
+    /// Waits for ember to exit; panics with its output if it takes longer than `timeout`.
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        match wait_timeout(&mut self.child, timeout) {
+            Ok(Some(s)) => s,
+            Ok(None) => panic!(
+                "ember did not exit within {timeout:?}\n--- stderr ---\n{}",
+                self.stderr()
+            ),
+            Err(e) => panic!("waiting for ember: {e}"),
+        }
+    }
+
+    /// Sends a signal to ember.
+    pub fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill has no memory-safety preconditions; the pid is our live child.
+        let r = unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+        assert_eq!(r, 0, "kill({}, {sig})", self.child.id());
+    }
+
+    /// Whether ember is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits until ember has a sampling perf event open on every online CPU (its
+    /// BPF program is attached right after), or `timeout` passes. Returns the
+    /// time it took, or `None` on timeout (the caller decides whether that matters).
+    ///
+    /// This looks only at ember's open file descriptors
+    /// (`anon_inode:[perf_event]`), so it needs no cooperation from the agent.
+    pub fn wait_attached(&mut self, timeout: Duration) -> Option<Duration> {
+        let start = Instant::now();
+        let want = online_cpus();
+        while start.elapsed() < timeout {
+            if !self.running() {
+                return None;
+            }
+            if count_perf_event_fds(self.pid()) >= want {
+                // Attaching the program follows opening the event; give it a moment.
+                thread::sleep(Duration::from_millis(200));
+                return Some(start.elapsed());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Ember {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Number of perf event file descriptors `pid` holds.
+pub fn count_perf_event_fds(pid: u32) -> usize {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| fs::read_link(e.path()).ok())
+        .filter(|t| t.to_string_lossy().contains("perf_event"))
+        .count()
+}
+
+/// Runs `cmd` to completion, killing it after `timeout`.
+pub fn output_with_timeout(cmd: &mut Command, timeout: Duration) -> Result<Output> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {cmd:?}"))?;
+    let mut out = child.stdout.take().expect("piped");
+    let mut err = child.stderr.take().expect("piped");
+    let t_out = thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let t_err = thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let status = match wait_timeout(&mut child, timeout)? {
+        Some(s) => s,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{cmd:?} did not finish within {timeout:?}");
+        }
+    };
+    Ok(Output {
+        status,
+        stdout: t_out.join().unwrap_or_default(),
+        stderr: t_err.join().unwrap_or_default(),
+    })
+}
+
+/// Reads a pprof profile written by ember (gzip-compressed, or raw protobuf).
+pub fn read_profile(path: &Path) -> Result<Profile> {
+    let raw = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut v = Vec::new();
+        flate2::read::GzDecoder::new(&raw[..])
+            .read_to_end(&mut v)
+            .with_context(|| format!("gunzipping {}", path.display()))?;
+        v
+    } else {
+        raw
+    };
+    Profile::decode(&bytes[..]).with_context(|| format!("decoding {}", path.display()))
+}
+
+/// One frame of a decoded stack.
+#[derive(Clone, Debug)]
+pub struct Frame {
+    /// Function name ("" when the location has no function).
+    pub name: String,
+    /// File name of the location's mapping ("" when it has none).
+    pub mapping: String,
+    /// The location's address.
+    pub address: u64,
+}
+
+/// One pprof sample, with its stack resolved to names and its labels decoded.
+#[derive(Clone, Debug)]
+pub struct Stack {
+    /// Leaf first; inlined functions appear as their own frames, innermost first.
+    pub frames: Vec<Frame>,
+    /// The sample's values (`[count, nanoseconds]` for ember).
+    pub values: Vec<i64>,
+    /// Label `pid`, if present.
+    pub pid: Option<i64>,
+    /// Label `tid`, if present.
+    pub tid: Option<i64>,
+    /// Label `comm`, if present.
+    pub comm: Option<String>,
+}
+
+impl Stack {
+    /// Number of samples this entry stands for (`values[0]`).
+    pub fn count(&self) -> i64 {
+        self.values.first().copied().unwrap_or(0)
+    }
+
+    /// Whether a frame is named exactly `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.frames.iter().any(|f| f.name == name)
+    }
+
+    /// Leaf function name.
+    pub fn leaf(&self) -> &str {
+        self.frames.first().map(|f| f.name.as_str()).unwrap_or("")
+    }
+
+    /// The names, root first, joined with `;` (for messages).
+    pub fn folded(&self) -> String {
+        let mut names: Vec<&str> = self
+            .frames
+            .iter()
+            .rev()
+            .map(|f| {
+                if f.name.is_empty() {
+                    "?"
+                } else {
+                    f.name.as_str()
+                }
+            })
+            .collect();
+        if names.is_empty() {
+            names.push("<no frames>");
+        }
+        names.join(";")
+    }
+}
+
+/// A string from the profile's string table (empty when out of range).
+pub fn string(p: &Profile, idx: i64) -> String {
+    usize::try_from(idx)
+        .ok()
+        .and_then(|i| p.string_table.get(i))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Every sample of `p`, resolved.
+pub fn stacks(p: &Profile) -> Vec<Stack> {
+    let functions: HashMap<u64, String> = p
+        .function
+        .iter()
+        .map(|f| (f.id, string(p, f.name)))
+        .collect();
+    let mappings: HashMap<u64, String> = p
+        .mapping
+        .iter()
+        .map(|m| (m.id, string(p, m.filename)))
+        .collect();
+    let locations: HashMap<u64, Vec<Frame>> = p
+        .location
+        .iter()
+        .map(|l| {
+            let mapping = mappings.get(&l.mapping_id).cloned().unwrap_or_default();
+            let mut frames: Vec<Frame> = l
+                .line
+                .iter()
+                .map(|line| Frame {
+                    name: functions
+                        .get(&line.function_id)
+                        .cloned()
+                        .unwrap_or_default(),
+                    mapping: mapping.clone(),
+                    address: l.address,
+                })
+                .collect();
+            if frames.is_empty() {
+                frames.push(Frame {
+                    name: String::new(),
+                    mapping,
+                    address: l.address,
+                });
+            }
+            (l.id, frames)
+        })
+        .collect();
+    p.sample
+        .iter()
+        .map(|s| {
+            let frames = s
+                .location_id
+                .iter()
+                .flat_map(|id| locations.get(id).cloned().unwrap_or_default())
+                .collect();
+            let mut st = Stack {
+                frames,
+                values: s.value.clone(),
+                pid: None,
+                tid: None,
+                comm: None,
+            };
+            for l in &s.label {
+                match string(p, l.key).as_str() {
+                    "pid" => st.pid = Some(l.num),
+                    "tid" => st.tid = Some(l.num),
+                    "comm" => st.comm = Some(string(p, l.str)),
+                    _ => {}
+                }
+            }
+            st
+        })
+        .collect()
+}
+
+/// Samples of `p` whose `pid` label is `pid`.
+pub fn stacks_of(p: &Profile, pid: u32) -> Vec<Stack> {
+    stacks(p)
+        .into_iter()
+        .filter(|s| s.pid == Some(i64::from(pid)))
+        .collect()
+}
+
+/// Sum of counts.
+pub fn total(stacks: &[Stack]) -> i64 {
+    stacks.iter().map(Stack::count).sum()
+}
+
+/// The heaviest stacks, for failure messages.
+pub fn describe(stacks: &[Stack], n: usize) -> String {
+    let mut by: HashMap<String, i64> = HashMap::new();
+    for s in stacks {
+        *by.entry(s.folded()).or_default() += s.count();
+    }
+    let mut v: Vec<(String, i64)> = by.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut out = format!(
+        "{} samples in {} distinct stacks:\n",
+        total(stacks),
+        v.len()
+    );
+    for (stack, n) in v.into_iter().take(n) {
+        out.push_str(&format!("  {n:6} {stack}\n"));
+    }
+    out
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
+    l.local_addr().expect("local_addr").port()
+}
+
+/// A minimal HTTP/1.1 GET; returns (status code, body).
+pub fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("no HTTP header end in {text:?}"))?;
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow!("bad status line in {head:?}"))?;
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok((status, body))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Runs the Go checker on `path`; panics with its output unless it prints "ok N samples".
+/// Returns N.
+pub fn pprofcheck(path: &Path) -> u64 {
+    let out = output_with_timeout(
+        Command::new(pprofcheck_bin()).arg(path),
+        Duration::from_secs(60),
+    )
+    .expect("running pprofcheck");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "pprofcheck rejected {}: {}{}",
+        path.display(),
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .trim()
+        .strip_prefix("ok ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected pprofcheck output {stdout:?}"))
+}
+
+/// Value of the first sample of metric `name` (any labels) in an OpenMetrics/Prometheus text.
+pub fn metric_value(exposition: &str, name: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let base = series.split('{').next()?;
+            (base == name).then(|| value.trim().parse().ok())?
+        })
+}
