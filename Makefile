@@ -72,7 +72,7 @@ define ensure_pkgs
 endef
 
 .PHONY: deps bench-deps rust-deps build run test bench clean \
-	fmt-check clippy pprofcheck test-only bench-only
+	fmt-check clippy pprofcheck test-only bench-only k8s-apiserver deploy-check
 
 deps: rust-deps
 	$(call ensure_pkgs,$(DEB_PKGS))
@@ -118,11 +118,23 @@ test-only:
 	EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) \
 		$(CARGO) test --release --workspace
 
+# A real kube-apiserver (built once from Debian's source, cached outside the tree) for the
+# pod watcher's end-to-end test; needs root for apt, like the BPF tests.
+k8s-apiserver:
+	@if [ "$$(id -u)" = 0 ]; then tests/k8s/build-apiserver.sh; \
+	else echo "skipping the kube-apiserver build (needs root)"; fi
+
+# Manifests, Helm chart and Dockerfile: linters, schemas, policy, and the agent on their config.
+deploy-check:
+	EMBER_BIN=$(EMBER) tests/deploy/check.sh
+
 test: deps
 	$(MAKE) --no-print-directory fmt-check
 	$(MAKE) --no-print-directory clippy
 	$(CARGO_BUILD)
 	$(MAKE) --no-print-directory pprofcheck
+	$(MAKE) --no-print-directory k8s-apiserver
+	$(MAKE) --no-print-directory deploy-check
 	$(MAKE) --no-print-directory test-only
 
 bench-only:

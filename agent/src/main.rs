@@ -123,10 +123,13 @@ fn init_logging(cfg: &Config) {
 }
 
 fn require_privileges() -> Result<()> {
-    match privileges::check() {
-        Some(sentence) => bail!("{sentence}"),
-        None => Ok(()),
+    if let Some(sentence) = privileges::check() {
+        bail!("{sentence}");
     }
+    if let Some(warning) = privileges::effective().and_then(privileges::degraded) {
+        tracing::warn!("{warning}");
+    }
+    Ok(())
 }
 
 /// This node's name: the config key, else `NODE_NAME` (the downward API), else the host name.

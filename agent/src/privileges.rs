@@ -54,6 +54,15 @@ pub fn effective() -> Option<u64> {
     u64::from_str_radix(crate::procfs::status_field(&status, "CapEff")?, 16).ok()
 }
 
+/// Capabilities ember works without, at a cost it should say once: CAP_SYSLOG, without which
+/// `/proc/kallsyms` hides kernel addresses (unless `kptr_restrict` allows) and kernel frames
+/// stay unnamed.
+pub fn degraded(cap_eff: u64) -> Option<&'static str> {
+    const CAP_SYSLOG: u32 = 34;
+    (cap_eff & (1u64 << CAP_SYSLOG) == 0)
+        .then_some("without CAP_SYSLOG, /proc/kallsyms may hide kernel addresses: kernel frames would stay unnamed")
+}
+
 /// One sentence for the user when capabilities are missing, or `None` when all are held.
 pub fn check() -> Option<String> {
     let missing = missing(effective().unwrap_or(0));
@@ -73,6 +82,8 @@ mod tests {
     #[test]
     fn root_has_everything() {
         assert!(missing(0x1ff_ffff_ffff).is_empty());
+        assert!(degraded(0x1ff_ffff_ffff).is_none());
+        assert!(degraded(0).is_some());
     }
 
     #[test]

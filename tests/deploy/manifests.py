@@ -17,10 +17,10 @@ import sys
 import yaml
 
 # What the DaemonSet may ask for, and nothing more.
-ALLOWED_CAPS = {"BPF", "PERFMON", "SYS_PTRACE", "SYS_RESOURCE", "DAC_READ_SEARCH", "CHECKPOINT_RESTORE"}
+ALLOWED_CAPS = {"BPF", "PERFMON", "SYS_PTRACE", "SYS_RESOURCE", "DAC_READ_SEARCH", "CHECKPOINT_RESTORE", "SYSLOG"}
 REQUIRED_CAPS = ALLOWED_CAPS
-# Optional extras the chart documents (extraCapabilities); never SYS_ADMIN.
-OPTIONAL_CAPS = {"SYSLOG"}
+# Optional extras (extraCapabilities) the policy accepts; never SYS_ADMIN.
+OPTIONAL_CAPS = set()
 HOST_PATHS = {"/sys/fs/cgroup", "/sys/kernel/tracing"}
 CORE_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Service"}
 
