@@ -18,7 +18,10 @@ What it does:
      it into BENCHMARKS.md between the overhead markers, with the date, kernel,
      and CPU count.
 
-Options: --seconds N (default 30), --frequency HZ (99), --no-write (print only).
+Options: --seconds N (default 30), --frequency HZ (99), --no-write (print only),
+--pids-only (profile only the cpu_hog pids: `ember run --pid ...` and
+`perf record -g -p ...`; for a busy shared machine, where whole-host numbers
+mostly measure the other work). Each mode has its own section in BENCHMARKS.md.
 Environment: EMBER_BIN (default target/release/ember), CLANG (default clang).
 """
 
@@ -42,8 +45,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
-BEGIN = "<!-- overhead:begin (written by bench/overhead.py; edits inside are overwritten) -->"
-END = "<!-- overhead:end -->"
+MODES = {
+    "host": "Whole host (what `make bench` runs)",
+    "pids": "Only the workload's processes (`bench/overhead.py --pids-only`)",
+}
+
+
+def markers(mode):
+    return (f"<!-- overhead:{mode}:begin (written by bench/overhead.py; edits inside are "
+            f"overwritten) -->", f"<!-- overhead:{mode}:end -->")
 
 # Targets (from the project brief).
 TARGET_USER_CPU_PCT = 0.25  # ember userspace, % of one core
@@ -182,12 +192,15 @@ def wait4(proc):
     return proc.returncode, ru
 
 
-def measure_ember(ember, hogs, seconds, hz, workdir):
+def measure_ember(ember, hogs, seconds, hz, workdir, pids_only):
     data = os.path.join(workdir, "windows")
     addr = f"127.0.0.1:{free_port()}"
     errf = open(os.path.join(workdir, "ember.stderr"), "w+")
     cmd = [ember, "run", "--window", "10s", "--frequency", str(hz), "--data-dir", data,
            "--listen", addr]
+    if pids_only:
+        for h in hogs:
+            cmd += ["--pid", str(h.pid)]
     log(" ".join(cmd))
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=errf, stderr=errf)
     t_start = time.monotonic()
@@ -266,12 +279,16 @@ def measure_ember(ember, hogs, seconds, hz, workdir):
     }
 
 
-def measure_perf(hogs, seconds, hz, workdir):
+def measure_perf(hogs, seconds, hz, workdir, pids_only):
     perf = shutil.which("perf")
     if not perf:
         return None
     out = os.path.join(workdir, "perf.data")
-    cmd = [perf, "record", "-F", str(hz), "-ag", "-o", out, "--", "sleep", str(seconds)]
+    if pids_only:
+        target = ["-g", "-p", ",".join(str(h.pid) for h in hogs)]
+    else:
+        target = ["-ag"]
+    cmd = [perf, "record", "-F", str(hz)] + target + ["-o", out, "--", "sleep", str(seconds)]
     log(" ".join(cmd))
     busy0 = host_busy_seconds()
     hog0 = sum(proc_ticks(h.pid) or 0 for h in hogs)
@@ -307,10 +324,11 @@ def fmt_pct(x, digits=3):
     return f"{x:.{digits}f} %"
 
 
-def table(e, p, hz):
+def table(e, p, hz, pids_only):
     core_pct = 100 * e["cpu_s"] / e["elapsed_s"]
     bpf_us = e["bpf_ns"] / e["bpf_cnt"] / 1000 if e["bpf_cnt"] else float("nan")
-    expected = hz * e["host_busy_s"]
+    busy = e["hog_cpu_s"] if pids_only else e["host_busy_s"]
+    expected = hz * busy
     delivered_pct = 100 * e["samples"] / expected if expected else float("nan")
     attempted = e["samples"] + e["lost"]
     with_stacks = 100 * (e["samples"] - e["stack_errors"]) / attempted if attempted else float("nan")
@@ -325,10 +343,14 @@ def table(e, p, hz):
         p_core = fmt_pct(100 * p["cpu_s"] / p["elapsed_s"])
         p_rss = f"{p['rss_peak_mb']:.1f} MB (max)"
         if p["samples"] is not None:
-            # perf -a samples idle CPUs too: expect every CPU for the whole run.
-            pexp = hz * (os.cpu_count() or 1) * p["sleep_s"]
+            if pids_only:
+                pexp = hz * p["hog_cpu_s"]
+            else:
+                # perf -a samples idle CPUs too: expect every CPU for the whole run.
+                pexp = hz * (os.cpu_count() or 1) * p["sleep_s"]
             p_samples = f"{p['samples']} / {pexp:.0f} ({100 * p['samples'] / pexp:.2f} %)"
-    row("Userspace CPU, % of one core (steady, whole host)", fmt_pct(core_pct),
+    row(f"Userspace CPU, % of one core (steady, {'cpu_hog pids' if pids_only else 'whole host'})",
+        fmt_pct(core_pct),
         f"≤ {TARGET_USER_CPU_PCT} %", p_core, core_pct <= TARGET_USER_CPU_PCT)
     if p:
         ratio = e["cpu_total_s"] / p["cpu_s"] if p["cpu_s"] else float("inf")
@@ -347,7 +369,7 @@ def table(e, p, hz):
     row("Samples with stacks / samples taken", fmt_pct(with_stacks, 2) +
         f" ({e['samples'] - e['stack_errors']:.0f} / {attempted:.0f})",
         f"≥ {TARGET_STACKS_PCT} %", "—", with_stacks >= TARGET_STACKS_PCT)
-    row(f"Samples delivered / expected ({hz} Hz × busy CPU s)",
+    row(f"Samples delivered / expected ({hz} Hz × {'cpu_hog' if pids_only else 'busy'} CPU s)",
         f"{e['samples']:.0f} / {expected:.0f} ({delivered_pct:.2f} %)", "≈ 100 %", p_samples)
     nonzero = {k: v for k, v in e["lost_by"].items() if v}
     row("Samples lost (by reason)",
@@ -380,40 +402,46 @@ def git_rev():
         return "unknown"
 
 
-def report(e, p, hz, seconds, hogs_n, load):
+def report(e, p, hz, seconds, hogs_n, load, pids_only):
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if pids_only:
+        ember_cmd = f"ember run --window 10s --frequency {hz} --pid <each cpu_hog>"
+        perf_cmd = f"perf record -F {hz} -g -p <cpu_hog pids> -- sleep {seconds}"
+    else:
+        ember_cmd = f"ember run --window 10s --frequency {hz}"
+        perf_cmd = f"perf record -F {hz} -ag -- sleep {seconds}"
     head = (
-        f"Measured {now} by `make bench` (`bench/overhead.py`) on kernel {platform.release()}, "
-        f"{os.cpu_count()} CPUs ({cpu_model()}), ember {git_rev()}; load average before the "
-        f"run {load}.\n\n"
-        f"Workload: {hogs_n} × `cpu_hog` (one busy thread each); ember runs `ember run --window 10s "
-        f"--frequency {hz}` on the whole host and is measured for {seconds} s after its perf events "
-        f"are attached ({e['startup_s']:.2f} s start-up); then `perf record -F {hz} -ag -- sleep "
-        f"{seconds}` runs on the same workload. BPF time is charged to the interrupted tasks, not "
-        f"to ember (`kernel.bpf_stats_enabled=1` during the run). Busy CPU during ember's run: "
-        f"{e['host_busy_s']:.1f} s (cpu_hog: {e['hog_cpu_s']:.1f} s).\n"
+        f"Measured {now} (`bench/overhead.py`{' --pids-only' if pids_only else ''}) on kernel "
+        f"{platform.release()}, {os.cpu_count()} CPUs ({cpu_model()}), ember {git_rev()}; load "
+        f"average before the run {load}.\n\n"
+        f"Workload: {hogs_n} × `cpu_hog` (one busy thread each). `{ember_cmd}` is measured for "
+        f"{seconds} s after its perf events are attached ({e['startup_s']:.2f} s start-up); then "
+        f"`{perf_cmd}` runs on the same workload. BPF time is charged to the interrupted tasks, "
+        f"not to ember (`kernel.bpf_stats_enabled=1` during the run). Busy CPU during ember's "
+        f"run: {e['host_busy_s']:.1f} s (cpu_hog: {e['hog_cpu_s']:.1f} s).\n"
     )
     other = e["host_busy_s"] - e["hog_cpu_s"]
     if other > 0.1 * e["host_busy_s"]:
-        head += (
-            f"\n**Not a quiet machine:** other processes used {other:.1f} CPU s during ember's "
-            f"run (ember profiles and symbolizes them too), so these figures overstate what "
-            f"ember costs with only the benchmark workload.\n"
-        )
-    return head + "\n" + table(e, p, hz) + "\n"
+        if pids_only:
+            head += (
+                f"\nOther processes used {other:.1f} CPU s during ember's run; ember's BPF program "
+                f"still runs (and filters) on their samples, but ember does not process them.\n"
+            )
+        else:
+            head += (
+                f"\n**Not a quiet machine:** other processes used {other:.1f} CPU s during ember's "
+                f"run (ember profiles and symbolizes them too), so these figures overstate what "
+                f"ember costs with only the benchmark workload.\n"
+            )
+    return head + "\n" + table(e, p, hz, pids_only) + "\n"
 
 
-def write_benchmarks(section):
+def write_benchmarks(section, mode):
     path = os.path.join(ROOT, "BENCHMARKS.md")
-    block = f"{BEGIN}\n{section}{END}\n"
+    begin, end = markers(mode)
+    block = f"{begin}\n{section}{end}\n"
     if os.path.exists(path):
         text = open(path).read()
-        if BEGIN in text and END in text:
-            pre = text.split(BEGIN, 1)[0]
-            post = text.split(END, 1)[1].lstrip("\n")
-            text = pre + block + ("\n" + post if post else "")
-        else:
-            text = text.rstrip("\n") + "\n\n## Overhead\n\n" + block
     else:
         text = (
             "# Benchmarks\n\n"
@@ -421,8 +449,14 @@ def write_benchmarks(section):
             "`agent/benches/`).\n\n"
             "## Overhead\n\n"
             "What ember costs on a busy machine, against its targets and against `perf record` "
-            "at the same frequency. Regenerate with `make bench` (root).\n\n" + block
+            "at the same frequency. Regenerate with `make bench` (root).\n"
         )
+    if begin in text and end in text:
+        pre = text.split(begin, 1)[0]
+        post = text.split(end, 1)[1].lstrip("\n")
+        text = pre + block + ("\n" + post if post else "")
+    else:
+        text = text.rstrip("\n") + f"\n\n### {MODES[mode]}\n\n" + block
     with open(path, "w") as f:
         f.write(text)
     log(f"wrote {path}")
@@ -434,6 +468,8 @@ def main():
     ap.add_argument("--frequency", type=int, default=99)
     ap.add_argument("--hogs", type=int, default=2)
     ap.add_argument("--no-write", action="store_true", help="print the table only")
+    ap.add_argument("--pids-only", action="store_true",
+                    help="profile only the cpu_hog processes (ember --pid, perf -p)")
     args = ap.parse_args()
 
     if os.geteuid() != 0:
@@ -476,23 +512,23 @@ def main():
         hogs = [start_hog(exe, life) for _ in range(args.hogs)]
         log(f"{args.hogs} cpu_hog running: pids {[h.pid for h in hogs]}")
         time.sleep(1)
-        e = measure_ember(ember, hogs, args.seconds, args.frequency, workdir)
+        e = measure_ember(ember, hogs, args.seconds, args.frequency, workdir, args.pids_only)
         log(f"ember: {json.dumps({k: v for k, v in e.items() if k != 'stderr_tail'}, default=str)}")
         log(f"ember stderr (tail):\n{e['stderr_tail']}")
         time.sleep(1)
         for h in hogs:
             if h.poll() is not None:
                 die(f"cpu_hog {h.pid} exited ({h.returncode}) during the ember run")
-        p = measure_perf(hogs, args.seconds, args.frequency, workdir)
+        p = measure_perf(hogs, args.seconds, args.frequency, workdir, args.pids_only)
         log(f"perf: {json.dumps(p)}")
     finally:
         restore()
         shutil.rmtree(workdir, ignore_errors=True)
 
-    section = report(e, p, args.frequency, args.seconds, args.hogs, load)
+    section = report(e, p, args.frequency, args.seconds, args.hogs, load, args.pids_only)
     print(section)
     if not args.no_write:
-        write_benchmarks(section)
+        write_benchmarks(section, "pids" if args.pids_only else "host")
 
 
 if __name__ == "__main__":

@@ -129,7 +129,7 @@ impl Aggregator {
             self.metrics.samples_filtered.inc();
             return;
         }
-        self.table.touch(s.pid, s.cgroup_id);
+        self.table.touch(s.pid, s.tid, &s.comm, s.cgroup_id);
         let key = Key {
             pid: s.pid,
             tid: s.tid,

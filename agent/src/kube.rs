@@ -409,7 +409,10 @@ impl Shared {
             }
             Status::Connecting if !state.failure_logged => {
                 let err = causes(err);
-                warn!("kubernetes metadata unavailable, retrying in the background: {err}");
+                warn!(
+                    "kubernetes metadata unavailable, retrying in the background (samples keep \
+                     container ids and cgroup paths meanwhile): {err}"
+                );
                 state.failure_logged = true;
             }
             Status::Connecting | Status::Stale { .. } | Status::Disabled => {

@@ -118,6 +118,7 @@ fn init_logging(cfg: &Config) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cfg.log.level));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
 }

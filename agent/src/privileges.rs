@@ -68,8 +68,8 @@ pub fn check() -> Option<String> {
     let missing = missing(effective().unwrap_or(0));
     (!missing.is_empty()).then(|| {
         format!(
-            "ember needs the capabilities {} to load its BPF sampler and read process mappings; \
-             run it as root or grant them (see README, \"Privileges\").",
+            "missing the capabilities {} needed to load the BPF sampler and read process \
+             mappings; run ember as root or grant them (see README, \"Privileges\").",
             missing.join(", ")
         )
     })

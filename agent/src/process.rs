@@ -137,12 +137,26 @@ impl ProcessTable {
         }
     }
 
-    /// Notes that `pid` was sampled in the current window (in cgroup v2 `cgroup_id`),
-    /// reading it if it is new.
-    pub fn touch(&mut self, pid: u32, cgroup_id: u64) {
+    /// Notes that thread `tid` of `pid` was sampled in the current window (named `comm`, in
+    /// cgroup v2 `cgroup_id`), reading the process if it is new or has exec'd since.
+    pub fn touch(&mut self, pid: u32, tid: u32, comm: &[u8; 16], cgroup_id: u64) {
         let window = self.window;
         if let Some(p) = self.procs.get_mut(&pid) {
             p.last_seen = window;
+            // The leader renamed means (almost always) exec: a new program with new mappings,
+            // so the name and maps read at first sight are stale. Reread, once per window.
+            let name_len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+            if tid != pid || p.name.as_bytes() == &comm[..name_len] || p.rescanned == window {
+                return;
+            }
+            p.rescanned = window;
+            if let Some(mut fresh) = self.read_process(pid) {
+                if let Some(cg) = Arc::get_mut(&mut fresh.cgroup) {
+                    cg.v2_id = cgroup_id;
+                }
+                self.procs.insert(pid, fresh);
+                self.gc_objects();
+            }
             return;
         }
         if self.procs.len() >= self.limits.max_processes {
@@ -473,7 +487,7 @@ mod tests {
     fn normalizes_own_code_to_file_offset() {
         let mut t = table();
         let pid = std::process::id();
-        t.touch(pid, 1);
+        t.touch(pid, pid, &[0; 16], 1);
         match t.normalize(pid, own_code_addr()) {
             UserAddr::Object(o, off) => {
                 assert!(off > 0);
@@ -496,7 +510,7 @@ mod tests {
             .expect("spawn sleep");
         let pid = child.id();
         let mut t = table();
-        t.touch(pid, 1);
+        t.touch(pid, pid, &[0; 16], 1);
         let _ = child.kill();
         let _ = child.wait();
         // Still known in the window it was seen in, even though it is gone.
@@ -509,14 +523,47 @@ mod tests {
     }
 
     #[test]
+    fn exec_is_noticed_by_the_new_name() {
+        // sh execs sleep: the same pid, a new name and new mappings.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "read x; exec sleep 30"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn sh");
+        let pid = child.id();
+        let mut t = table();
+        t.touch(pid, pid, b"sh\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 1);
+        assert_eq!(t.name(pid).as_ref(), "sh");
+        if let Some(stdin) = child.stdin.as_mut() {
+            use std::io::Write;
+            let _ = stdin.write_all(b"go\n");
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .unwrap_or_default()
+            .trim()
+            != "sleep"
+        {
+            assert!(std::time::Instant::now() < deadline, "sh did not exec");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        t.end_window();
+        t.touch(pid, pid, b"sleep\0\0\0\0\0\0\0\0\0\0\0", 1);
+        assert_eq!(t.name(pid).as_ref(), "sleep");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[test]
     fn process_cap_evicts_least_recent() {
         let mut t = table();
         for pid in [1, 2, 3, 4] {
-            t.touch(pid, 1);
+            t.touch(pid, pid, &[0; 16], 1);
         }
         t.end_window();
-        t.touch(1, 1);
-        t.touch(std::process::id(), 1);
+        t.touch(1, 1, &[0; 16], 1);
+        let me = std::process::id();
+        t.touch(me, me, &[0; 16], 1);
         assert_eq!(t.len(), 4);
     }
 

@@ -318,7 +318,7 @@ mod tests {
             Metrics::new(),
         );
         let pid = std::process::id();
-        table.touch(pid, 1);
+        table.touch(pid, pid, &[0; 16], 1);
         let addr = a_very_distinct_function_name as *const () as u64;
         let ua = table.normalize(pid, addr);
         let UserAddr::Object(obj, off) = ua.clone() else {
