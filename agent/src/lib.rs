@@ -15,6 +15,7 @@ pub mod flamegraph;
 pub mod kallsyms;
 pub mod kube;
 pub mod metrics;
+pub mod perfmap;
 pub mod pipeline;
 pub mod pprof;
 pub mod privileges;
