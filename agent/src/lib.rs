@@ -21,6 +21,7 @@ pub mod pprof;
 pub mod privileges;
 pub mod process;
 pub mod procfs;
+pub mod readings;
 pub mod server;
 pub mod sink;
 pub mod symbolize;

@@ -35,6 +35,13 @@ pub struct SideLabel {
     pub side: String,
 }
 
+/// Label set naming a readings source.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    /// Which [`crate::readings::Source`].
+    pub source: String,
+}
+
 /// Label set naming a bounded cache or queue.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CacheLabel {
@@ -78,6 +85,10 @@ pub struct Metrics {
     pub cpus_sampled: Gauge<i64, AtomicI64>,
     /// Problems reading /proc that were counted and skipped, by file.
     pub proc_read_errors: Family<ReasonLabel, Counter>,
+    /// Failed reads of a readings source, by source.
+    pub readings_errors: Family<SourceLabel, Counter>,
+    /// The latest resource readings, rendered on every scrape.
+    pub readings: crate::readings::Published,
     lost_sum: Arc<AtomicU64>,
 }
 
@@ -197,6 +208,14 @@ impl Metrics {
             "Unreadable or malformed /proc entries, counted and skipped",
             proc_read_errors.clone(),
         );
+        let readings_errors = Family::<SourceLabel, Counter>::default();
+        registry.register(
+            "readings_errors",
+            "Failed reads of a resource-readings source, by source",
+            readings_errors.clone(),
+        );
+        let readings = crate::readings::Published::default();
+        registry.register_collector(Box::new(readings.clone()));
         // Create every loss reason and frame result up front, so alert expressions such as
         // `rate(ember_samples_lost_total[5m]) > 0` have a series to read from the start.
         for reason in LOSS_REASONS {
@@ -227,6 +246,8 @@ impl Metrics {
             processes_evicted,
             cpus_sampled,
             proc_read_errors,
+            readings_errors,
+            readings,
             lost_sum: Arc::default(),
         }
     }
