@@ -24,4 +24,12 @@ fn main() {
         .compile_fds(fds)
         .expect("generating Rust for proto/profile.proto");
     println!("cargo:rerun-if-changed={proto_dir}/profile.proto");
+
+    let fds = protox::compile([format!("{proto_dir}/push.proto")], [proto_dir])
+        .expect("compiling proto/push.proto");
+    prost_build::Config::new()
+        .bytes(["."])
+        .compile_fds(fds)
+        .expect("generating Rust for proto/push.proto");
+    println!("cargo:rerun-if-changed={proto_dir}/push.proto");
 }

@@ -3,6 +3,7 @@
 //! `config/ember.yaml` is the default and is embedded in the binary; a user file
 //! is layered over it key by key, so every key has exactly one documented default.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -67,6 +68,8 @@ pub struct Config {
     pub filters: Filters,
     /// Logging.
     pub log: Log,
+    /// Where windows are shipped besides the local files (Pyroscope, OTLP).
+    pub sinks: Sinks,
 }
 
 /// `kubernetes:` keys.
@@ -338,6 +341,7 @@ impl Config {
                 return invalid(key, &e.to_string());
             }
         }
+        self.sinks.validate(origin)?;
         Ok(())
     }
 }
@@ -347,6 +351,217 @@ fn strip_location(msg: &str) -> String {
     match msg.rfind(" at line ") {
         Some(i) => msg[..i].to_owned(),
         None => msg.to_owned(),
+    }
+}
+
+/// `sinks:` keys: the network backends windows are shipped to, each with its own
+/// bounded queue and delivery task (see `crate::sink`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Sinks {
+    /// Bytes of encoded requests each network sink may hold; beyond this the oldest are dropped.
+    pub queue_bytes: u64,
+    /// Time limit for one request: connect, send and the reply.
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// Backoff before the first retry; it doubles per attempt (full jitter).
+    #[serde(deserialize_with = "duration")]
+    pub retry_initial_backoff: Duration,
+    /// Longest backoff between two attempts.
+    #[serde(deserialize_with = "duration")]
+    pub retry_max_backoff: Duration,
+    /// A window still not delivered after this long is dropped (`retries_exhausted`).
+    #[serde(deserialize_with = "duration")]
+    pub retry_max_elapsed: Duration,
+    /// On stop, queued windows are still delivered for at most this long.
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_grace: Duration,
+    /// Grafana Pyroscope.
+    pub pyroscope: PyroscopeSink,
+    /// OTLP profiles over gRPC.
+    pub otlp: OtlpSink,
+}
+
+impl Default for Sinks {
+    fn default() -> Self {
+        Self {
+            queue_bytes: 16 << 20,
+            timeout: Duration::from_secs(10),
+            retry_initial_backoff: Duration::from_millis(500),
+            retry_max_backoff: Duration::from_secs(30),
+            retry_max_elapsed: Duration::from_secs(120),
+            shutdown_grace: Duration::from_secs(5),
+            pyroscope: PyroscopeSink::default(),
+            otlp: OtlpSink::default(),
+        }
+    }
+}
+
+/// A secret string (password, token, header value): never printed by `Debug`.
+#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
+    }
+}
+
+/// Which Pyroscope API to push with.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum PyroscopeApi {
+    /// `POST /push.v1.PusherService/Push` (Connect, protobuf): current servers.
+    Push,
+    /// `POST /ingest?name=…&format=pprof`: old servers.
+    Ingest,
+}
+
+/// `sinks.pyroscope:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PyroscopeSink {
+    /// Ship windows to Pyroscope.
+    pub enabled: bool,
+    /// Base URL of the server, `http://` or `https://`.
+    pub url: String,
+    /// `push` or `ingest`.
+    pub api: PyroscopeApi,
+    /// Static series labels added to every profile.
+    pub labels: BTreeMap<String, String>,
+    /// pprof sample labels kept in the pushed profiles; Pyroscope turns each into a
+    /// series label, so high-cardinality ones (pid, tid) multiply its series.
+    pub sample_labels: Vec<String>,
+    /// Tenant, sent as `X-Scope-OrgID`; empty: none.
+    pub tenant_id: String,
+    /// Basic auth user; empty: no basic auth.
+    pub basic_auth_user: String,
+    /// Basic auth password.
+    pub basic_auth_password: Secret,
+    /// File holding the basic auth password (wins over `basic_auth_password`).
+    pub basic_auth_password_file: PathBuf,
+    /// Bearer token.
+    pub bearer_token: Secret,
+    /// File holding the bearer token (wins over `bearer_token`).
+    pub bearer_token_file: PathBuf,
+    /// Extra HTTP headers.
+    pub headers: BTreeMap<String, Secret>,
+    /// PEM file of CA certificates to trust instead of the system roots.
+    pub ca_file: PathBuf,
+}
+
+impl Default for PyroscopeSink {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            url: "http://127.0.0.1:4040".into(),
+            api: PyroscopeApi::Push,
+            labels: BTreeMap::new(),
+            sample_labels: vec!["process".into()],
+            tenant_id: String::new(),
+            basic_auth_user: String::new(),
+            basic_auth_password: Secret::default(),
+            basic_auth_password_file: PathBuf::new(),
+            bearer_token: Secret::default(),
+            bearer_token_file: PathBuf::new(),
+            headers: BTreeMap::new(),
+            ca_file: PathBuf::new(),
+        }
+    }
+}
+
+/// What one OTLP `ResourceProfiles` stands for.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ResourcePer {
+    /// One resource per container; host processes get one each.
+    Container,
+    /// One resource per process.
+    Process,
+}
+
+/// `sinks.otlp:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpSink {
+    /// Ship windows as OTLP profiles.
+    pub enabled: bool,
+    /// gRPC endpoint, `http://host:4317` or `https://…` (TLS).
+    pub endpoint: String,
+    /// `container` or `process`.
+    pub resource_per: ResourcePer,
+    /// gzip-compress requests.
+    pub gzip: bool,
+    /// Extra gRPC metadata (headers), e.g. `authorization`.
+    pub headers: BTreeMap<String, Secret>,
+    /// File holding a bearer token sent as `authorization: Bearer …`; empty: none.
+    pub bearer_token_file: PathBuf,
+    /// PEM file of CA certificates to trust instead of the system roots.
+    pub ca_file: PathBuf,
+}
+
+impl Default for OtlpSink {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            endpoint: "http://127.0.0.1:4317".into(),
+            resource_per: ResourcePer::Container,
+            gzip: true,
+            headers: BTreeMap::new(),
+            bearer_token_file: PathBuf::new(),
+            ca_file: PathBuf::new(),
+        }
+    }
+}
+
+impl Sinks {
+    fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let invalid = |key, message: String| {
+            Err(ConfigError::Invalid {
+                origin: origin.to_owned(),
+                key,
+                message,
+            })
+        };
+        if self.queue_bytes < 4096 {
+            return invalid("sinks.queue_bytes", "must be at least 4096".into());
+        }
+        if self.timeout.is_zero() {
+            return invalid("sinks.timeout", "must be more than 0".into());
+        }
+        if self.retry_initial_backoff.is_zero() || self.retry_initial_backoff > self.retry_max_backoff
+        {
+            return invalid(
+                "sinks.retry_initial_backoff",
+                "must be more than 0 and at most retry_max_backoff".into(),
+            );
+        }
+        let p = &self.pyroscope;
+        if p.enabled && !(p.url.starts_with("http://") || p.url.starts_with("https://")) {
+            return invalid(
+                "sinks.pyroscope.url",
+                format!("{:?} must start with http:// or https://", p.url),
+            );
+        }
+        for name in p.labels.keys() {
+            let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid || name.starts_with("__") || name == "service_name" {
+                return invalid(
+                    "sinks.pyroscope.labels",
+                    format!("{name:?} is not a usable label name (letters, digits, _; not __* or service_name)"),
+                );
+            }
+        }
+        let o = &self.otlp;
+        if o.enabled && !(o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://")) {
+            return invalid(
+                "sinks.otlp.endpoint",
+                format!("{:?} must start with http:// or https://", o.endpoint),
+            );
+        }
+        Ok(())
     }
 }
 
@@ -367,12 +582,15 @@ mod tests {
         // Every key of the schema appears in the documented default file.
         let v: serde_yaml::Value = serde_yaml::from_str(DEFAULT_YAML).expect("yaml");
         let sections = v.as_mapping().expect("mapping");
-        assert_eq!(sections.len(), 8);
+        assert_eq!(sections.len(), 9);
         let count: usize = sections
             .values()
             .map(|s| s.as_mapping().map_or(0, |m| m.len()))
             .sum();
-        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 3 + 8 + 1);
+        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 8);
+        let sinks = &v["sinks"];
+        assert_eq!(sinks["pyroscope"].as_mapping().map_or(0, |m| m.len()), 13);
+        assert_eq!(sinks["otlp"].as_mapping().map_or(0, |m| m.len()), 7);
     }
 
     #[test]

@@ -32,3 +32,9 @@ pub mod workload;
 pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
 }
+
+/// The Pyroscope push API types, generated from `proto/push.proto`.
+#[allow(missing_docs, clippy::all)]
+pub mod push_proto {
+    include!(concat!(env!("OUT_DIR"), "/push.v1.rs"));
+}

@@ -269,7 +269,13 @@ fn run(args: RunArgs) -> Result<()> {
         } else {
             None
         };
-        let (w, h, m) = (windows.clone(), health.clone(), metrics.clone());
+        let (mut dispatch, sinks_shutdown) = ember::sink::start(
+            &cfg.sinks,
+            Some(windows.clone()),
+            &node_name(&cfg),
+            &metrics,
+        )?;
+        let (h, m) = (health.clone(), metrics.clone());
         let mut last_lost = 0;
         let filter = Filter::new(&cfg.filters)?;
         let opts = options(&cfg, cfg.window.duration, true);
@@ -278,10 +284,7 @@ fn run(args: RunArgs) -> Result<()> {
             let lost = m.lost_total();
             eprintln!("{}", summary(&enc, lost - last_lost));
             last_lost = lost;
-            if let Err(e) = w.write(enc.start, &enc.gz) {
-                tracing::error!("could not write a window: {e}");
-                m.dropped("window_write", 1);
-            }
+            dispatch.accept(&enc);
             h.beat();
         })?;
         tracing::info!(
@@ -309,6 +312,8 @@ fn run(args: RunArgs) -> Result<()> {
         stop_signal().await;
         tracing::info!("stopping: flushing the current window");
         let _ = tokio::task::spawn_blocking(move || pipeline.stop()).await;
+        // The last window is queued now; the sinks get sinks.shutdown_grace to send it.
+        let _ = tokio::task::spawn_blocking(move || sinks_shutdown.stop()).await;
         let _ = stop_tx.send(());
         if let Some(t) = server_task {
             let _ = t.await;

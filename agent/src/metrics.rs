@@ -89,6 +89,8 @@ pub struct Metrics {
     pub readings_errors: Family<SourceLabel, Counter>,
     /// The latest resource readings, rendered on every scrape.
     pub readings: crate::readings::Published,
+    /// Shipping windows to network sinks.
+    pub export: ExportMetrics,
     lost_sum: Arc<AtomicU64>,
 }
 
@@ -215,6 +217,7 @@ impl Metrics {
             readings_errors.clone(),
         );
         let readings = crate::readings::Published::default();
+        let export = ExportMetrics::register(&mut registry);
         registry.register_collector(Box::new(readings.clone()));
         // Create every loss reason and frame result up front, so alert expressions such as
         // `rate(ember_samples_lost_total[5m]) > 0` have a series to read from the start.
@@ -248,6 +251,7 @@ impl Metrics {
             proc_read_errors,
             readings_errors,
             readings,
+            export,
             lost_sum: Arc::default(),
         }
     }
@@ -285,6 +289,108 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Label set naming a sink.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkLabel {
+    /// `pyroscope` or `otlp`.
+    pub sink: String,
+}
+
+/// Label set naming a sink and why something was dropped.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkReasonLabel {
+    /// `pyroscope` or `otlp`.
+    pub sink: String,
+    /// `queue_full`, `too_large`, `http_400`, `grpc_invalid_argument`, `retries_exhausted`, ...
+    pub reason: String,
+}
+
+/// The latency histogram of one sink.
+type LatencyFamily = Family<SinkLabel, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 1 ms … ~33 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// `ember_export_*`: what the network sinks delivered, dropped and how long it took.
+#[derive(Clone)]
+pub struct ExportMetrics {
+    /// Requests (windows or parts of them) dropped, by sink and reason.
+    pub dropped: Family<SinkReasonLabel, Counter>,
+    /// Requests a backend accepted.
+    pub sent: Family<SinkLabel, Counter>,
+    /// Bytes of accepted requests, as sent (compressed).
+    pub sent_bytes: Family<SinkLabel, Counter>,
+    /// Time from the first attempt to the accepted reply, retries included.
+    pub latency: LatencyFamily,
+    /// Bytes waiting in each sink's queue.
+    pub queue_bytes: Family<SinkLabel, Gauge<i64, AtomicI64>>,
+}
+
+impl ExportMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            dropped: Family::default(),
+            sent: Family::default(),
+            sent_bytes: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            queue_bytes: Family::default(),
+        };
+        registry.register(
+            "export_dropped",
+            "Requests to a sink dropped, by sink and reason",
+            m.dropped.clone(),
+        );
+        registry.register(
+            "export_sent",
+            "Requests a sink's backend accepted",
+            m.sent.clone(),
+        );
+        registry.register_with_unit(
+            "export_sent",
+            "Bytes of requests a sink's backend accepted, as sent",
+            Unit::Bytes,
+            m.sent_bytes.clone(),
+        );
+        registry.register_with_unit(
+            "export_latency",
+            "Time from a request's first attempt to its acceptance, retries included",
+            Unit::Seconds,
+            m.latency.clone(),
+        );
+        registry.register_with_unit(
+            "export_queue",
+            "Bytes waiting in a sink's queue",
+            Unit::Bytes,
+            m.queue_bytes.clone(),
+        );
+        m
+    }
+
+    /// Counts `n` requests of `sink` dropped for `reason`.
+    pub fn drop(&self, sink: &str, reason: &str, n: u64) {
+        self.dropped
+            .get_or_create(&SinkReasonLabel {
+                sink: sink.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc_by(n);
+    }
+
+    /// Creates a sink's series at zero so they exist from the start.
+    pub fn announce(&self, sink: &str) {
+        let l = SinkLabel {
+            sink: sink.to_owned(),
+        };
+        let _ = self.sent.get_or_create(&l);
+        let _ = self.sent_bytes.get_or_create(&l);
+        let _ = self.queue_bytes.get_or_create(&l);
+        let _ = self.latency.get_or_create(&l);
+        self.drop(sink, "queue_full", 0);
     }
 }
 

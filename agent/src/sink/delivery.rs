@@ -1,0 +1,444 @@
+//! Delivery shared by the network sinks: a bounded queue per sink, filled by the
+//! output thread without ever blocking, and one async task per sink that sends its
+//! queue in order with timeouts, retries (exponential backoff, full jitter,
+//! `Retry-After`) and counted drops.
+//!
+//! The queue is capped in bytes of encoded requests. When a new request does not
+//! fit, the oldest queued ones are dropped first: a backend that comes back gets
+//! the freshest windows, and memory stays bounded however long it is away.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::metrics::{ExportMetrics, SinkLabel};
+
+/// What one attempt to send a request came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Accepted; `bytes` went over the wire.
+    Sent {
+        /// Bytes sent (the body as compressed).
+        bytes: u64,
+    },
+    /// A transient failure: try again after the backoff, or `after` if the server said so.
+    Retry {
+        /// Short reason, e.g. `http_503`, `connect`, `timeout`, `grpc_unavailable`.
+        reason: String,
+        /// The server's `Retry-After`, if any.
+        after: Option<Duration>,
+    },
+    /// A permanent failure: retrying cannot help; the request is dropped.
+    Reject {
+        /// Short reason for the drop metric, e.g. `http_400`, `grpc_invalid_argument`.
+        reason: String,
+        /// What the server said, for the log.
+        detail: String,
+    },
+}
+
+/// Sends one queued request to a backend.
+pub trait Transport: Send + 'static {
+    /// The queued request.
+    type Item: Send + 'static;
+    /// One attempt; the caller applies the timeout.
+    fn send(&mut self, item: &Self::Item) -> impl Future<Output = Outcome> + Send + '_;
+}
+
+/// Timeouts and retry limits, shared by every sink.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    /// Time limit for one attempt.
+    pub timeout: Duration,
+    /// Backoff ceiling of the first retry.
+    pub initial_backoff: Duration,
+    /// Largest backoff ceiling.
+    pub max_backoff: Duration,
+    /// Total time a request may take, retries included, before it is dropped.
+    pub max_elapsed: Duration,
+}
+
+impl Policy {
+    /// Full jitter: a uniform wait in `[0, min(max, initial * 2^attempt)]`, but never
+    /// less than what the server asked for with `Retry-After`.
+    pub fn backoff(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
+        let ceiling = self
+            .initial_backoff
+            .saturating_mul(1u32 << attempt.min(20))
+            .min(self.max_backoff);
+        let jittered = ceiling.mul_f64(random_unit());
+        retry_after.map_or(jittered, |a| a.max(jittered))
+    }
+}
+
+/// A uniform number in [0, 1) from the standard library's per-process random keys
+/// (good enough to spread retries; not for secrets).
+fn random_unit() -> f64 {
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    );
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// 128 random bits, for ids.
+pub fn random_u128() -> u128 {
+    let a = RandomState::new().build_hasher().finish();
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(a);
+    (u128::from(a) << 64) | u128::from(h.finish())
+}
+
+struct State<T> {
+    items: VecDeque<(T, u64)>,
+    bytes: u64,
+    closed: bool,
+    in_flight: bool,
+}
+
+/// A sink's bounded queue of encoded requests.
+pub struct Queue<T> {
+    sink: &'static str,
+    cap: u64,
+    state: Mutex<State<T>>,
+    notify: Notify,
+    metrics: ExportMetrics,
+}
+
+impl<T> Queue<T> {
+    /// An empty queue holding at most `cap` bytes.
+    pub fn new(sink: &'static str, cap: u64, metrics: ExportMetrics) -> Self {
+        metrics.announce(sink);
+        Self {
+            sink,
+            cap,
+            state: Mutex::new(State {
+                items: VecDeque::new(),
+                bytes: 0,
+                closed: false,
+                in_flight: false,
+            }),
+            notify: Notify::new(),
+            metrics,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<T>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn gauge(&self, bytes: u64) {
+        self.metrics
+            .queue_bytes
+            .get_or_create(&SinkLabel {
+                sink: self.sink.to_owned(),
+            })
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Queues `item` of `size` bytes without blocking, dropping the oldest queued
+    /// requests (counted, `queue_full`) until it fits. A request larger than the
+    /// whole cap is dropped itself (`too_large`).
+    pub fn push(&self, item: T, size: u64) {
+        if size > self.cap {
+            self.metrics.drop(self.sink, "too_large", 1);
+            tracing::warn!(
+                sink = self.sink,
+                size,
+                cap = self.cap,
+                "a request is larger than the whole queue; dropped (raise sinks.queue_bytes)"
+            );
+            return;
+        }
+        let mut dropped = 0;
+        let bytes = {
+            let mut s = self.lock();
+            if s.closed {
+                drop(s);
+                self.metrics.drop(self.sink, "shutdown", 1);
+                return;
+            }
+            while s.bytes + size > self.cap {
+                match s.items.pop_front() {
+                    Some((_, n)) => {
+                        s.bytes -= n;
+                        dropped += 1;
+                    }
+                    None => break,
+                }
+            }
+            s.items.push_back((item, size));
+            s.bytes += size;
+            s.bytes
+        };
+        if dropped > 0 {
+            self.metrics.drop(self.sink, "queue_full", dropped);
+        }
+        self.gauge(bytes);
+        self.notify.notify_one();
+    }
+
+    /// The oldest request, waiting for one; `None` once closed and empty.
+    pub async fn pop(&self) -> Option<T> {
+        loop {
+            {
+                let mut s = self.lock();
+                if let Some((item, n)) = s.items.pop_front() {
+                    s.bytes -= n;
+                    s.in_flight = true;
+                    let bytes = s.bytes;
+                    drop(s);
+                    self.gauge(bytes);
+                    return Some(item);
+                }
+                if s.closed {
+                    return None;
+                }
+            }
+            self.notify.notified().await;
+        }
+    }
+
+    /// Marks the request from the last [`Queue::pop`] as done (sent or dropped).
+    pub fn done(&self) {
+        self.lock().in_flight = false;
+    }
+
+    /// No more pushes; [`Queue::pop`] returns `None` once the queue is empty.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.notify.notify_one();
+    }
+
+    /// Drops what is left (queued and in flight) after the shutdown grace, counted
+    /// as `shutdown`; returns how many.
+    pub fn abandon(&self) -> u64 {
+        let n = {
+            let mut s = self.lock();
+            let n = s.items.len() as u64 + u64::from(s.in_flight);
+            s.items.clear();
+            s.bytes = 0;
+            s.in_flight = false;
+            n
+        };
+        if n > 0 {
+            self.metrics.drop(self.sink, "shutdown", n);
+        }
+        self.gauge(0);
+        n
+    }
+
+    /// Requests and bytes queued now.
+    pub fn len_bytes(&self) -> (usize, u64) {
+        let s = self.lock();
+        (s.items.len(), s.bytes)
+    }
+}
+
+/// Logs a failure once per (sink, reason), then only counts it.
+#[derive(Default)]
+struct OnceLog(HashSet<String>);
+
+impl OnceLog {
+    fn first(&mut self, reason: &str) -> bool {
+        // Reasons come from a small fixed vocabulary (status codes, gRPC codes), so this stays small.
+        self.0.len() < 256 && self.0.insert(reason.to_owned())
+    }
+}
+
+/// Sends `queue` in order through `transport` until the queue is closed and empty.
+pub async fn run<T: Transport>(queue: Arc<Queue<T::Item>>, mut transport: T, policy: Policy) {
+    let sink = queue.sink;
+    let metrics = queue.metrics.clone();
+    let label = SinkLabel {
+        sink: sink.to_owned(),
+    };
+    let mut logged = OnceLog::default();
+    while let Some(item) = queue.pop().await {
+        let first = Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            let outcome = tokio::time::timeout(policy.timeout, transport.send(&item))
+                .await
+                .unwrap_or_else(|_| Outcome::Retry {
+                    reason: "timeout".into(),
+                    after: None,
+                });
+            match outcome {
+                Outcome::Sent { bytes } => {
+                    metrics.sent.get_or_create(&label).inc();
+                    metrics.sent_bytes.get_or_create(&label).inc_by(bytes);
+                    metrics
+                        .latency
+                        .get_or_create(&label)
+                        .observe(first.elapsed().as_secs_f64());
+                    if attempt > 0 {
+                        tracing::info!(sink, attempts = attempt + 1, "delivered after retries");
+                    }
+                    break;
+                }
+                Outcome::Reject { reason, detail } => {
+                    metrics.drop(sink, &reason, 1);
+                    if logged.first(&reason) {
+                        tracing::warn!(
+                            sink,
+                            %reason,
+                            %detail,
+                            "the backend rejected a request; dropped, not retried (logged once per reason)"
+                        );
+                    }
+                    break;
+                }
+                Outcome::Retry { reason, after } => {
+                    let wait = policy.backoff(attempt, after);
+                    attempt = attempt.saturating_add(1);
+                    if first.elapsed() + wait > policy.max_elapsed {
+                        metrics.drop(sink, "retries_exhausted", 1);
+                        let key = format!("retries_exhausted:{reason}");
+                        if logged.first(&key) {
+                            tracing::warn!(
+                                sink,
+                                last_error = %reason,
+                                attempts = attempt,
+                                "giving up on a request after retrying (logged once per reason)"
+                            );
+                        }
+                        break;
+                    }
+                    if logged.first(&format!("retry:{reason}")) {
+                        tracing::warn!(
+                            sink,
+                            %reason,
+                            "sending failed; retrying with backoff (logged once per reason)"
+                        );
+                    }
+                    tracing::debug!(sink, %reason, ?wait, attempt, "retrying");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+        queue.done();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    #[test]
+    fn oldest_dropped_first_and_counted() {
+        let m = Metrics::new();
+        let q = Queue::new("t", 100, m.export.clone());
+        for i in 0..5u32 {
+            q.push(i, 30);
+        }
+        // 3 × 30 fit; 0 and 1 were dropped.
+        assert_eq!(q.len_bytes(), (3, 90));
+        q.push(9, 101);
+        let text = m.encode();
+        assert!(
+            text.contains(r#"ember_export_dropped_total{sink="t",reason="queue_full"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"ember_export_dropped_total{sink="t",reason="too_large"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"ember_export_queue_bytes{sink="t"} 90"#), "{text}");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("rt");
+        let first = rt.block_on(q.pop());
+        assert_eq!(first, Some(2));
+        q.close();
+        assert_eq!(rt.block_on(q.pop()), Some(3));
+        assert_eq!(q.abandon(), 2, "one queued, one in flight");
+    }
+
+    #[test]
+    fn backoff_is_capped_jittered_and_honours_retry_after() {
+        let p = Policy {
+            timeout: Duration::from_secs(1),
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+            max_elapsed: Duration::from_secs(60),
+        };
+        let mut distinct = HashSet::new();
+        for attempt in 0..40 {
+            let b = p.backoff(attempt, None);
+            let ceiling = Duration::from_millis(100)
+                .saturating_mul(1 << attempt.min(20))
+                .min(Duration::from_secs(2));
+            assert!(b <= ceiling, "{attempt}: {b:?} > {ceiling:?}");
+            distinct.insert(b);
+        }
+        assert!(distinct.len() > 20, "not jittered: {distinct:?}");
+        let b = p.backoff(0, Some(Duration::from_secs(7)));
+        assert!(b >= Duration::from_secs(7), "{b:?}");
+    }
+
+    struct Script(Vec<Outcome>, Arc<Mutex<u32>>);
+
+    impl Transport for Script {
+        type Item = u32;
+        fn send(&mut self, _item: &u32) -> impl Future<Output = Outcome> + Send + '_ {
+            *self.1.lock().expect("lock") += 1;
+            let o = if self.0.is_empty() {
+                Outcome::Sent { bytes: 10 }
+            } else {
+                self.0.remove(0)
+            };
+            async move { o }
+        }
+    }
+
+    #[test]
+    fn retries_transient_failures_and_drops_rejections() {
+        let m = Metrics::new();
+        let q = Arc::new(Queue::new("s", 1000, m.export.clone()));
+        q.push(1, 10);
+        q.push(2, 10);
+        q.close();
+        let calls = Arc::new(Mutex::new(0));
+        let script = Script(
+            vec![
+                Outcome::Retry {
+                    reason: "http_503".into(),
+                    after: None,
+                },
+                Outcome::Sent { bytes: 10 },
+                Outcome::Reject {
+                    reason: "http_400".into(),
+                    detail: "bad".into(),
+                },
+            ],
+            calls.clone(),
+        );
+        let p = Policy {
+            timeout: Duration::from_secs(1),
+            initial_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(5),
+            max_elapsed: Duration::from_secs(5),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("rt");
+        rt.block_on(run(q, script, p));
+        assert_eq!(*calls.lock().expect("lock"), 3);
+        let text = m.encode();
+        assert!(text.contains(r#"ember_export_sent_total{sink="s"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"ember_export_dropped_total{sink="s",reason="http_400"} 1"#),
+            "{text}"
+        );
+    }
+}
