@@ -524,8 +524,8 @@ impl Sinks {
                 message,
             })
         };
-        if self.queue_bytes < 4096 {
-            return invalid("sinks.queue_bytes", "must be at least 4096".into());
+        if self.queue_bytes < 1024 {
+            return invalid("sinks.queue_bytes", "must be at least 1024".into());
         }
         if self.timeout.is_zero() {
             return invalid("sinks.timeout", "must be more than 0".into());
@@ -668,6 +668,25 @@ mod tests {
         );
         let err = Config::from_yaml("limits:\n  max_objects: 0\n", "t.yaml").unwrap_err();
         assert!(err.to_string().contains("limits.max_objects"), "{err}");
+    }
+
+    #[test]
+    fn sinks_parse_validate_and_hide_secrets() {
+        let c = Config::from_yaml(
+            "sinks:\n  pyroscope:\n    enabled: true\n    url: https://p:4040\n    basic_auth_user: u\n    basic_auth_password: hunter2\n    headers: {X-A: b}\n  otlp:\n    resource_per: process\n",
+            "t.yaml",
+        )
+        .expect("valid");
+        assert_eq!(c.sinks.pyroscope.basic_auth_password.0, "hunter2");
+        assert_eq!(c.sinks.otlp.resource_per, ResourcePer::Process);
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        let err = Config::from_yaml("sinks:\n  pyroscope:\n    enabled: true\n    url: p:4040\n", "t.yaml")
+            .unwrap_err();
+        assert!(err.to_string().contains("sinks.pyroscope.url"), "{err}");
+        let err = Config::from_yaml("sinks:\n  pyroscope:\n    labels: {__name__: x}\n", "t.yaml")
+            .unwrap_err();
+        assert!(err.to_string().contains("sinks.pyroscope.labels"), "{err}");
     }
 
     #[test]
