@@ -530,7 +530,8 @@ impl Sinks {
         if self.timeout.is_zero() {
             return invalid("sinks.timeout", "must be more than 0".into());
         }
-        if self.retry_initial_backoff.is_zero() || self.retry_initial_backoff > self.retry_max_backoff
+        if self.retry_initial_backoff.is_zero()
+            || self.retry_initial_backoff > self.retry_max_backoff
         {
             return invalid(
                 "sinks.retry_initial_backoff",
@@ -545,7 +546,10 @@ impl Sinks {
             );
         }
         for name in p.labels.keys() {
-            let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            let valid = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
                 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !valid || name.starts_with("__") || name == "service_name" {
                 return invalid(
@@ -681,11 +685,17 @@ mod tests {
         assert_eq!(c.sinks.otlp.resource_per, ResourcePer::Process);
         let shown = format!("{c:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
-        let err = Config::from_yaml("sinks:\n  pyroscope:\n    enabled: true\n    url: p:4040\n", "t.yaml")
-            .unwrap_err();
+        let err = Config::from_yaml(
+            "sinks:\n  pyroscope:\n    enabled: true\n    url: p:4040\n",
+            "t.yaml",
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("sinks.pyroscope.url"), "{err}");
-        let err = Config::from_yaml("sinks:\n  pyroscope:\n    labels: {__name__: x}\n", "t.yaml")
-            .unwrap_err();
+        let err = Config::from_yaml(
+            "sinks:\n  pyroscope:\n    labels: {__name__: x}\n",
+            "t.yaml",
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("sinks.pyroscope.labels"), "{err}");
     }
 

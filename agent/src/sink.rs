@@ -205,8 +205,15 @@ pub fn start(
             let transport = pyroscope::Http::new(&cfg.pyroscope, cfg.timeout)?;
             let encoder = pyroscope::Encoder::new(&cfg.pyroscope);
             tasks.push(queue_sink(
-                &rt, pyroscope::NAME, encoder, transport, cfg, policy, metrics,
-                &mut sinks, &mut shutdown,
+                &rt,
+                pyroscope::NAME,
+                encoder,
+                transport,
+                cfg,
+                policy,
+                metrics,
+                &mut sinks,
+                &mut shutdown,
             ));
             tracing::info!(url = %cfg.pyroscope.url, api = ?cfg.pyroscope.api, "shipping windows to Pyroscope");
         }
@@ -214,7 +221,14 @@ pub fn start(
             let transport = otlp::Grpc::new(&cfg.otlp, cfg.timeout)?;
             let encoder = otlp::Encoder::new(&cfg.otlp, host);
             tasks.push(queue_sink(
-                &rt, otlp::NAME, encoder, transport, cfg, policy, metrics, &mut sinks,
+                &rt,
+                otlp::NAME,
+                encoder,
+                transport,
+                cfg,
+                policy,
+                metrics,
+                &mut sinks,
                 &mut shutdown,
             ));
             tracing::info!(endpoint = %cfg.otlp.endpoint, "shipping windows as OTLP profiles");

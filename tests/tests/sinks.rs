@@ -64,9 +64,7 @@ struct Pyroscope {
 
 impl Pyroscope {
     fn start(rt: &tokio::runtime::Runtime, mode: Mode) -> Self {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port())
-            .parse()
-            .expect("addr");
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let p = Pyroscope {
             addr,
             mode: Arc::new(Mutex::new(mode)),
@@ -231,10 +229,14 @@ enum OtlpMode {
     InvalidArgument,
 }
 
+/// One export the OTLP receiver accepted, with its `x-test-header` metadata.
+type Export = (ExportProfilesServiceRequest, Option<String>);
+
 #[derive(Clone)]
 struct Otlp {
     mode: Arc<Mutex<OtlpMode>>,
-    got: Arc<Mutex<Vec<(Instant, ExportProfilesServiceRequest, Option<String>)>>>,
+    /// Each request with its `x-test-header` metadata.
+    got: Arc<Mutex<Vec<Export>>>,
 }
 
 #[tonic::async_trait]
@@ -246,9 +248,7 @@ impl ProfilesService for Otlp {
         let mode = *self.mode.lock().expect("lock");
         match mode {
             OtlpMode::Unavailable => return Err(tonic::Status::unavailable("down for a bit")),
-            OtlpMode::InvalidArgument => {
-                return Err(tonic::Status::invalid_argument("not today"))
-            }
+            OtlpMode::InvalidArgument => return Err(tonic::Status::invalid_argument("not today")),
             OtlpMode::Ok => {}
         }
         let auth = request
@@ -259,16 +259,16 @@ impl ProfilesService for Otlp {
         self.got
             .lock()
             .expect("lock")
-            .push((Instant::now(), request.into_inner(), auth));
-        Ok(tonic::Response::new(ExportProfilesServiceResponse::default()))
+            .push((request.into_inner(), auth));
+        Ok(tonic::Response::new(
+            ExportProfilesServiceResponse::default(),
+        ))
     }
 }
 
 impl Otlp {
     fn start(rt: &tokio::runtime::Runtime) -> (Self, SocketAddr) {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port())
-            .parse()
-            .expect("addr");
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let o = Otlp {
             mode: Arc::new(Mutex::new(OtlpMode::Ok)),
             got: Arc::default(),
@@ -343,10 +343,7 @@ fn series(exposition: &str, name: &str) -> BTreeMap<String, f64> {
 }
 
 fn value(exposition: &str, name: &str, labels: &str) -> f64 {
-    series(exposition, name)
-        .get(labels)
-        .copied()
-        .unwrap_or(0.0)
+    series(exposition, name).get(labels).copied().unwrap_or(0.0)
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -447,7 +444,8 @@ fn pyroscope_and_otlp_get_the_same_windows() {
     let secret = dir.path().join("password");
     std::fs::write(&secret, "s3cret-pw\n").expect("password file");
     let mut hog = Fixture::spawn(CPU_HOG, &["--seconds", "60"]).expect("cpu_hog");
-    hog.wait_for("ready", Duration::from_secs(10)).expect("ready");
+    hog.wait_for("ready", Duration::from_secs(10))
+        .expect("ready");
     let listen = format!("127.0.0.1:{}", free_port());
     let config = format!(
         r#"
@@ -478,7 +476,8 @@ sinks:
     );
     let mut ember = start_ember(dir.path(), &config, &listen);
     let started = Instant::now();
-    while (pyro.received() < 3 || otlp.received() < 3) && started.elapsed() < Duration::from_secs(20)
+    while (pyro.received() < 3 || otlp.received() < 3)
+        && started.elapsed() < Duration::from_secs(20)
     {
         thread::sleep(Duration::from_millis(200));
     }
@@ -488,18 +487,32 @@ sinks:
     let stderr = ember.stderr();
     assert!(status.success(), "ember exited with {status}\n{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
-    assert!(!stderr.contains("s3cret-pw"), "the password was logged:\n{stderr}");
+    assert!(
+        !stderr.contains("s3cret-pw"),
+        "the password was logged:\n{stderr}"
+    );
     assert!(
         pyro.errors.lock().expect("lock").is_empty(),
         "bad pushes: {:?}",
         pyro.errors.lock().expect("lock")
     );
-    assert!(pyro.received() >= 3, "pyroscope got {} pushes\n{stderr}", pyro.received());
-    assert!(otlp.received() >= 3, "otlp got {} requests\n{stderr}", otlp.received());
+    assert!(
+        pyro.received() >= 3,
+        "pyroscope got {} pushes\n{stderr}",
+        pyro.received()
+    );
+    assert!(
+        otlp.received() >= 3,
+        "otlp got {} requests\n{stderr}",
+        otlp.received()
+    );
 
     // Window files by start time.
     let mut files: HashMap<i64, Profile> = HashMap::new();
-    for e in std::fs::read_dir(dir.path().join("data")).expect("data dir").flatten() {
+    for e in std::fs::read_dir(dir.path().join("data"))
+        .expect("data dir")
+        .flatten()
+    {
         if let Ok(p) = read_profile(&e.path()) {
             files.insert(p.time_nanos, p);
         }
@@ -532,7 +545,10 @@ sinks:
         assert_eq!(labels.get("cluster"), Some(&"e2e"));
         assert_eq!(series.samples.len(), 1);
         let raw = &series.samples[0].raw_profile;
-        assert!(!raw.starts_with(&[0x1f, 0x8b]), "raw_profile must not be gzip'ed");
+        assert!(
+            !raw.starts_with(&[0x1f, 0x8b]),
+            "raw_profile must not be gzip'ed"
+        );
         assert_eq!(series.samples[0].id.len(), 36, "a UUID");
         let path = dir.path().join(format!("push-{i}.pb"));
         std::fs::write(&path, raw).expect("write");
@@ -542,11 +558,18 @@ sinks:
         for s in &p.sample {
             for l in &s.label {
                 let k = string(&p, l.key);
-                assert!(k != "tid" && k != "pid", "high-cardinality label {k} pushed");
+                assert!(
+                    k != "tid" && k != "pid",
+                    "high-cardinality label {k} pushed"
+                );
             }
         }
         if let Some(f) = files.get(&p.time_nanos) {
-            assert_eq!(pprof_folded(&p), pprof_folded(f), "push {i} vs its window file");
+            assert_eq!(
+                pprof_folded(&p),
+                pprof_folded(f),
+                "push {i} vs its window file"
+            );
             matched += 1;
         }
     }
@@ -555,7 +578,7 @@ sinks:
     // OTLP: same stacks and CPU time as the window file; resource attributes.
     let mut matched = 0;
     let mut otlp_bytes = Vec::new();
-    for (_, req, header) in otlp.got.lock().expect("lock").iter() {
+    for (req, header) in otlp.got.lock().expect("lock").iter() {
         assert_eq!(header.as_deref(), Some("hello"));
         otlp_bytes.push(req.encoded_len());
         let attrs = resource_attrs(req);
@@ -563,7 +586,10 @@ sinks:
         let a = &attrs[0];
         assert_eq!(a.get("process.pid"), Some(&hog.pid.to_string()), "{a:?}");
         assert_eq!(a.get("service.name").map(String::as_str), Some("cpu_hog"));
-        assert_eq!(a.get("process.executable.name").map(String::as_str), Some("cpu_hog"));
+        assert_eq!(
+            a.get("process.executable.name").map(String::as_str),
+            Some("cpu_hog")
+        );
         assert!(a.get("host.name").is_some_and(|h| !h.is_empty()), "{a:?}");
         let p = &req.resource_profiles[0].scope_profiles[0].profiles[0];
         let d = req.dictionary.as_ref().expect("dictionary");
@@ -574,9 +600,14 @@ sinks:
             let keys: Vec<&str> = s
                 .attribute_indices
                 .iter()
-                .map(|&i| d.string_table[d.attribute_table[i as usize].key_strindex as usize].as_str())
+                .map(|&i| {
+                    d.string_table[d.attribute_table[i as usize].key_strindex as usize].as_str()
+                })
                 .collect();
-            assert!(keys.contains(&"thread.id") && keys.contains(&"thread.name"), "{keys:?}");
+            assert!(
+                keys.contains(&"thread.id") && keys.contains(&"thread.name"),
+                "{keys:?}"
+            );
         }
         if let Some(f) = files.get(&(p.time_unix_nano as i64)) {
             assert_eq!(p.period, f.period);
@@ -584,8 +615,17 @@ sinks:
             matched += 1;
         }
     }
-    assert!(matched >= 2, "only {matched} OTLP requests matched a window file");
-    let sent = |sink: &str| value(&metrics, "ember_export_sent_total", &format!("{{sink=\"{sink}\"}}"));
+    assert!(
+        matched >= 2,
+        "only {matched} OTLP requests matched a window file"
+    );
+    let sent = |sink: &str| {
+        value(
+            &metrics,
+            "ember_export_sent_total",
+            &format!("{{sink=\"{sink}\"}}"),
+        )
+    };
     assert!(sent("pyroscope") >= 1.0 && sent("otlp") >= 1.0, "{metrics}");
     println!(
         "bytes per window: pyroscope push bodies {push_bytes:?}; otlp requests (before gzip) {otlp_bytes:?}"
@@ -615,7 +655,8 @@ fn faults_are_counted_and_isolated() {
     let (otlp, otlp_addr) = Otlp::start(&rt);
     let dir = tempfile::tempdir().expect("tempdir");
     let mut hog = Fixture::spawn(CPU_HOG, &["--seconds", "90"]).expect("cpu_hog");
-    hog.wait_for("ready", Duration::from_secs(10)).expect("ready");
+    hog.wait_for("ready", Duration::from_secs(10))
+        .expect("ready");
     let listen = format!("127.0.0.1:{}", free_port());
     // Two requests of ~750 bytes: outages overflow it within seconds.
     let queue_bytes = 2048;
@@ -678,7 +719,10 @@ sinks:
     assert!(o >= 2);
     // Retry-After: 1 spaces attempts a second apart (the backoff alone starts at 100 ms).
     let attempts = pyro.attempts.load(Ordering::Relaxed) - a0;
-    assert!(attempts <= 6, "{attempts} attempts in 4 s despite Retry-After: 1");
+    assert!(
+        attempts <= 6,
+        "{attempts} attempts in 4 s despite Retry-After: 1"
+    );
     let (_, o) = phase("400", 3, Mode::Status(400), OtlpMode::Ok);
     assert!(o >= 1);
     let (_, o) = phase("slow 10 s", 5, Mode::Slow(10), OtlpMode::Ok);
@@ -696,8 +740,16 @@ sinks:
     let (p, _) = phase("pyroscope steady again", 3, Mode::Ok, OtlpMode::Ok);
     assert!(p + flaps >= 1, "pyroscope must receive after flapping");
     let (p, _) = phase("otlp unavailable", 3, Mode::Ok, OtlpMode::Unavailable);
-    assert!(p >= 1, "pyroscope must keep receiving while otlp is unavailable");
-    let (p, _) = phase("otlp invalid argument", 3, Mode::Ok, OtlpMode::InvalidArgument);
+    assert!(
+        p >= 1,
+        "pyroscope must keep receiving while otlp is unavailable"
+    );
+    let (p, _) = phase(
+        "otlp invalid argument",
+        3,
+        Mode::Ok,
+        OtlpMode::InvalidArgument,
+    );
     assert!(p >= 1);
     let (_, o) = phase("otlp back", 3, Mode::Ok, OtlpMode::Ok);
     assert!(o >= 1, "otlp must receive once back");
@@ -714,14 +766,24 @@ sinks:
     println!("sent: {:?}", series(&m, "ember_export_sent_total"));
     println!("max RSS {max_rss} KiB (before the black hole {rss_before_hole} KiB); max queue {max_queue} bytes");
     let d = |sink: &str, reason: &str| {
-        value(&m, "ember_export_dropped_total", &format!("{{sink=\"{sink}\",reason=\"{reason}\"}}"))
+        value(
+            &m,
+            "ember_export_dropped_total",
+            &format!("{{sink=\"{sink}\",reason=\"{reason}\"}}"),
+        )
     };
     assert!(d("pyroscope", "http_400") >= 1.0, "{dropped:?}");
     assert!(d("otlp", "grpc_invalid_argument") >= 1.0, "{dropped:?}");
     assert!(d("pyroscope", "queue_full") >= 1.0, "{dropped:?}");
     assert!(d("pyroscope", "retries_exhausted") >= 1.0, "{dropped:?}");
-    assert!(d("otlp", "http_400") == 0.0 && d("otlp", "queue_full") == 0.0, "{dropped:?}");
-    assert!(max_queue <= queue_bytes as f64, "queue {max_queue} over its cap");
+    assert!(
+        d("otlp", "http_400") == 0.0 && d("otlp", "queue_full") == 0.0,
+        "{dropped:?}"
+    );
+    assert!(
+        max_queue <= queue_bytes as f64,
+        "queue {max_queue} over its cap"
+    );
     // The queue is 2 KiB: an outage must not grow the agent. The bound is loose on
     // purpose (the agent's baseline is tens of MiB); growth would be unbounded.
     assert!(max_rss < 256 * 1024, "RSS {max_rss} KiB");

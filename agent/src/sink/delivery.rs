@@ -352,7 +352,10 @@ mod tests {
             text.contains(r#"ember_export_dropped_total{sink="t",reason="too_large"} 1"#),
             "{text}"
         );
-        assert!(text.contains(r#"ember_export_queue_bytes{sink="t"} 90"#), "{text}");
+        assert!(
+            text.contains(r#"ember_export_queue_bytes{sink="t"} 90"#),
+            "{text}"
+        );
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("rt");
@@ -435,7 +438,10 @@ mod tests {
         rt.block_on(run(q, script, p));
         assert_eq!(*calls.lock().expect("lock"), 3);
         let text = m.encode();
-        assert!(text.contains(r#"ember_export_sent_total{sink="s"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"ember_export_sent_total{sink="s"} 1"#),
+            "{text}"
+        );
         assert!(
             text.contains(r#"ember_export_dropped_total{sink="s",reason="http_400"} 1"#),
             "{text}"

@@ -515,8 +515,23 @@ mod tests {
     #[test]
     fn dictionary_and_resources() {
         let strings = [
-            "", "samples", "count", "cpu", "nanoseconds", "pid", "tid", "comm", "worker",
-            "process", "web", "container_id", "abc", "namespace", "shop", "main", "work",
+            "",
+            "samples",
+            "count",
+            "cpu",
+            "nanoseconds",
+            "pid",
+            "tid",
+            "comm",
+            "worker",
+            "process",
+            "web",
+            "container_id",
+            "abc",
+            "namespace",
+            "shop",
+            "main",
+            "work",
         ];
         let s = |k: i64, v: i64| Label {
             key: k,
@@ -594,11 +609,18 @@ mod tests {
             ("stack", d.stack_table[0] == otlp::Stack::default()),
             ("function", d.function_table[0] == otlp::Function::default()),
             ("location", d.location_table[0] == otlp::Location::default()),
-            ("attribute", d.attribute_table[0] == otlp::KeyValueAndUnit::default()),
+            (
+                "attribute",
+                d.attribute_table[0] == otlp::KeyValueAndUnit::default(),
+            ),
         ] {
             assert!(zero, "{name} table index 0 is not the zero value");
         }
-        assert_eq!(r.resource_profiles.len(), 2, "one container, one host process");
+        assert_eq!(
+            r.resource_profiles.len(),
+            2,
+            "one container, one host process"
+        );
         let attrs = |i: usize| -> Vec<(String, String)> {
             r.resource_profiles[i]
                 .resource
@@ -619,12 +641,21 @@ mod tests {
                 .unwrap_or_default()
         };
         let container = attrs(0);
-        assert!(container.contains(&("container.id".into(), "abc".into())), "{container:?}");
+        assert!(
+            container.contains(&("container.id".into(), "abc".into())),
+            "{container:?}"
+        );
         assert!(container.contains(&("k8s.node.name".into(), "node-1".into())));
         assert!(!container.iter().any(|(k, _)| k == "process.pid"));
         let host = attrs(1);
-        assert!(host.contains(&("process.pid".into(), "20".into())), "{host:?}");
-        assert!(host.contains(&("service.name".into(), "web".into())), "{host:?}");
+        assert!(
+            host.contains(&("process.pid".into(), "20".into())),
+            "{host:?}"
+        );
+        assert!(
+            host.contains(&("service.name".into(), "web".into())),
+            "{host:?}"
+        );
         let prof = &r.resource_profiles[0].scope_profiles[0].profiles[0];
         assert_eq!(prof.samples[0].values, vec![20_000_000]);
         let stack = &d.stack_table[prof.samples[0].stack_index as usize];

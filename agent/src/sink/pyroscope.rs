@@ -313,9 +313,10 @@ pub fn subset(p: &Profile, idx: &[usize], keep: &HashSet<String>) -> Profile {
     let locations: HashMap<u64, &Location> = p.location.iter().map(|l| (l.id, l)).collect();
     let functions: HashMap<u64, &Function> = p.function.iter().map(|f| (f.id, f)).collect();
     let mappings: HashMap<u64, &Mapping> = p.mapping.iter().map(|m| (m.id, m)).collect();
-    let (mut loc_ids, mut fn_ids, mut map_ids) =
-        (HashMap::new(), HashMap::new(), HashMap::new());
-    let mut merged: HashMap<(Vec<u64>, Vec<(i64, i64, i64, i64)>), usize> = HashMap::new();
+    let (mut loc_ids, mut fn_ids, mut map_ids) = (HashMap::new(), HashMap::new(), HashMap::new());
+    // (locations, labels as (key, str, num, num_unit)) → index of the merged sample.
+    type SampleKey = (Vec<u64>, Vec<(i64, i64, i64, i64)>);
+    let mut merged: HashMap<SampleKey, usize> = HashMap::new();
     for &i in idx {
         let sample = &p.sample[i];
         let mut location_id = Vec::with_capacity(sample.location_id.len());
@@ -332,7 +333,7 @@ pub fn subset(p: &Profile, idx: &[usize], keep: &HashSet<String>) -> Profile {
                     Some(&n) => n,
                     None => {
                         let n = out.mapping.len() as u64 + 1;
-                        let mut nm = (*m).clone();
+                        let mut nm = **m;
                         nm.id = n;
                         nm.filename = s(&mut out, m.filename);
                         nm.build_id = s(&mut out, m.build_id);
@@ -515,15 +516,13 @@ pub fn tls_config(ca_file: &Path) -> Result<rustls::ClientConfig> {
             bail!("CA file {} holds no certificate", ca_file.display());
         }
     }
-    Ok(
-        rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .context("TLS setup")?
-        .with_root_certificates(roots)
-        .with_no_client_auth(),
-    )
+    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .context("TLS setup")?
+    .with_root_certificates(roots)
+    .with_no_client_auth())
 }
 
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
@@ -608,15 +607,13 @@ impl Http {
 
 /// A TLS config trusting nothing, for plain-http servers (the connector needs one).
 fn tls_config_empty() -> Result<rustls::ClientConfig> {
-    Ok(
-        rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .context("TLS setup")?
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth(),
-    )
+    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .context("TLS setup")?
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth())
 }
 
 /// What an HTTP status means for delivery: 2xx sent; 408, 429 and 5xx retried
@@ -854,6 +851,9 @@ mod tests {
             classify(400, None, b"bad", 5),
             Outcome::Reject { ref reason, .. } if reason == "http_400"
         ));
-        assert!(matches!(classify(401, None, b"", 5), Outcome::Reject { .. }));
+        assert!(matches!(
+            classify(401, None, b"", 5),
+            Outcome::Reject { .. }
+        ));
     }
 }
