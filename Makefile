@@ -39,6 +39,11 @@ DEB_PKGS := clang llvm libelf-dev zlib1g-dev pkg-config make golang-go \
 	golang-github-google-pprof-dev linux-perf bpftool
 # Only `make bench` needs these.
 BENCH_PKGS := python3
+# Daemons the resource-metrics tests start themselves on free loopback ports
+# (Prometheus scrapes ember, node_exporter is the cross-check; promtool comes with
+# prometheus). Installed with a policy-rc.d that forbids starting services, so
+# the packages leave nothing listening on :9090/:9100, with or without systemd.
+DAEMON_PKGS := prometheus prometheus-node-exporter
 
 # Ubuntu ships perf and bpftool in linux-tools-* instead.
 OS_ID := $(shell . /etc/os-release 2>/dev/null && echo $$ID)
@@ -71,11 +76,39 @@ define ensure_pkgs
 	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends $$missing
 endef
 
+# $(call ensure_daemon_pkgs,PACKAGES): ensure_pkgs for packages that ship a service,
+# which the install must not start (invoke-rc.d and deb-systemd-invoke both obey
+# /usr/sbin/policy-rc.d exit 101). An existing policy-rc.d is left alone.
+define ensure_daemon_pkgs
+	@set -e; \
+	missing=""; \
+	for p in $(1); do \
+		dpkg -s "$$p" 2>/dev/null | grep -q '^Status: install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+		echo "Missing packages:$$missing" >&2; \
+		echo "Install them (as root) with:" >&2; \
+		echo "  apt-get update && apt-get install -y --no-install-recommends$$missing" >&2; \
+		exit 1; \
+	fi; \
+	policy=/usr/sbin/policy-rc.d; \
+	if [ ! -e $$policy ]; then \
+		trap 'rm -f '$$policy EXIT; \
+		printf '#!/bin/sh\n# ember make deps: do not start services while installing\nexit 101\n' >$$policy; \
+		chmod 755 $$policy; \
+	fi; \
+	echo "make deps: installing$$missing (services not started)"; \
+	apt-get update; \
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends $$missing
+endef
+
 .PHONY: deps bench-deps rust-deps build run test bench clean \
 	fmt-check clippy pprofcheck test-only bench-only k8s-apiserver deploy-check
 
 deps: rust-deps
 	$(call ensure_pkgs,$(DEB_PKGS))
+	$(call ensure_daemon_pkgs,$(DAEMON_PKGS))
 
 bench-deps: deps
 	$(call ensure_pkgs,$(BENCH_PKGS))
