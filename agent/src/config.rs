@@ -67,6 +67,43 @@ pub struct Config {
     pub filters: Filters,
     /// Logging.
     pub log: Log,
+    /// Resource readings (USE metrics of the host and its containers).
+    pub readings: Readings,
+}
+
+/// `readings:` keys: USE metrics of the host and its containers, read on their own thread.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Readings {
+    /// How often every source is read; scrapes and exports show the latest reading.
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    /// Read the host's CPU, memory, disk and network counters.
+    pub host: bool,
+    /// Read every container's cgroup counters.
+    pub containers: bool,
+    /// Containers read at most; more are counted in `ember_cache_dropped_total`.
+    pub max_containers: usize,
+    /// Block devices and network interfaces reported at most (each).
+    pub max_devices: usize,
+    /// Block devices left out (a regular expression on the name); empty: none.
+    pub disk_exclude: String,
+    /// Network interfaces left out (a regular expression on the name); empty: none.
+    pub network_exclude: String,
+}
+
+impl Default for Readings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(10),
+            host: true,
+            containers: true,
+            max_containers: 1024,
+            max_devices: 256,
+            disk_exclude: r"^(z?ram|loop|fd|(h|s|v|xv)d[a-z]|nvme\d+n\d+p)\d+$".into(),
+            network_exclude: String::new(),
+        }
+    }
 }
 
 /// `kubernetes:` keys.
@@ -324,6 +361,24 @@ impl Config {
                 return invalid(key, "must be at least 1");
             }
         }
+        let r = &self.readings;
+        if r.interval < Duration::from_millis(100) {
+            return invalid("readings.interval", "must be at least 100ms");
+        }
+        if r.max_containers == 0 {
+            return invalid("readings.max_containers", "must be at least 1");
+        }
+        if r.max_devices == 0 {
+            return invalid("readings.max_devices", "must be at least 1");
+        }
+        for (key, re) in [
+            ("readings.disk_exclude", &r.disk_exclude),
+            ("readings.network_exclude", &r.network_exclude),
+        ] {
+            if let Err(e) = regex::Regex::new(re) {
+                return invalid(key, &e.to_string());
+            }
+        }
         for (key, sel) in [
             (
                 "filters.include_pod_selector",
@@ -367,12 +422,12 @@ mod tests {
         // Every key of the schema appears in the documented default file.
         let v: serde_yaml::Value = serde_yaml::from_str(DEFAULT_YAML).expect("yaml");
         let sections = v.as_mapping().expect("mapping");
-        assert_eq!(sections.len(), 8);
+        assert_eq!(sections.len(), 9);
         let count: usize = sections
             .values()
             .map(|s| s.as_mapping().map_or(0, |m| m.len()))
             .sum();
-        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 3 + 8 + 1);
+        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 7);
     }
 
     #[test]
@@ -448,6 +503,10 @@ mod tests {
             err.to_string().contains("sampling.ring_buffer_bytes"),
             "{err}"
         );
+        let err = Config::from_yaml("readings:\n  disk_exclude: \"(\"\n", "t.yaml").unwrap_err();
+        assert!(err.to_string().contains("readings.disk_exclude"), "{err}");
+        let err = Config::from_yaml("readings:\n  interval: 1ms\n", "t.yaml").unwrap_err();
+        assert!(err.to_string().contains("readings.interval"), "{err}");
         let err = Config::from_yaml("limits:\n  max_objects: 0\n", "t.yaml").unwrap_err();
         assert!(err.to_string().contains("limits.max_objects"), "{err}");
     }

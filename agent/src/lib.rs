@@ -22,6 +22,7 @@ pub mod privileges;
 pub mod process;
 pub mod procfs;
 pub mod readings;
+pub mod resources;
 pub mod server;
 pub mod sink;
 pub mod symbolize;

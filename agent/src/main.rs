@@ -164,6 +164,18 @@ async fn metadata(cfg: &Config) -> Option<ember::kube::Metadata> {
     )
 }
 
+/// Every source the readings thread reads each `readings.interval` (resource metrics shown
+/// on /metrics and sent by the exporters).
+fn reading_sources(
+    cfg: &Config,
+    meta: Option<ember::kube::Metadata>,
+    metrics: &Metrics,
+) -> Result<Vec<Box<dyn ember::readings::Source>>> {
+    let sources = ember::resources::sources(&cfg.readings, meta, metrics)
+        .context("readings: a device filter is not a valid regular expression")?;
+    Ok(sources)
+}
+
 fn options(cfg: &Config, window: Duration, align: bool) -> Options {
     Options {
         node: node_name(cfg),
@@ -274,6 +286,12 @@ fn run(args: RunArgs) -> Result<()> {
         let filter = Filter::new(&cfg.filters)?;
         let opts = options(&cfg, cfg.window.duration, true);
         let meta = metadata(&cfg).await;
+        let readings = ember::readings::Readings::start(
+            reading_sources(&cfg, meta.clone(), &metrics)?,
+            cfg.readings.interval,
+            metrics.clone(),
+        )
+        .context("starting the readings thread")?;
         let pipeline = Pipeline::start(opts, metrics.clone(), meta, filter, move |enc| {
             let lost = m.lost_total();
             eprintln!("{}", summary(&enc, lost - last_lost));
@@ -309,6 +327,7 @@ fn run(args: RunArgs) -> Result<()> {
         stop_signal().await;
         tracing::info!("stopping: flushing the current window");
         let _ = tokio::task::spawn_blocking(move || pipeline.stop()).await;
+        let _ = tokio::task::spawn_blocking(move || readings.stop()).await;
         let _ = stop_tx.send(());
         if let Some(t) = server_task {
             let _ = t.await;
