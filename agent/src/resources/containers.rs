@@ -245,14 +245,16 @@ impl Source for Containers {
             tracked += 1.0;
             let l = self.labels(id, f);
             let v2_cpu = read_keyed(&f.v2, "cpu.stat", &mut errors);
-            let usage = read_single(&f.cpuacct, "cpuacct.usage", &mut errors)
-                .map(|ns| ns as f64 / 1e9)
-                .or_else(|| {
-                    v2_cpu
-                        .as_deref()
-                        .and_then(|s| get(s, "usage_usec"))
-                        .map(|us| us as f64 / 1e6)
-                });
+            // v1 cpuacct when the container has it (hybrid hosts leave v2's usage at 0).
+            let usage = match &f.cpuacct {
+                Some(_) => {
+                    read_single(&f.cpuacct, "cpuacct.usage", &mut errors).map(|ns| ns as f64 / 1e9)
+                }
+                None => v2_cpu
+                    .as_deref()
+                    .and_then(|s| get(s, "usage_usec"))
+                    .map(|us| us as f64 / 1e6),
+            };
             if let Some(u) = usage {
                 fams.push(
                     "container_cpu_usage",
@@ -395,5 +397,196 @@ impl Source for Containers {
         } else {
             Err(errors.join("; "))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::host::tests::value;
+    use std::fs;
+
+    const A: &str = "aaaa0000aaaa0000aaaa0000aaaa0000aaaa0000aaaa0000aaaa0000aaaa0001";
+    const B: &str = "bbbb0000bbbb0000bbbb0000bbbb0000bbbb0000bbbb0000bbbb0000bbbb0002";
+
+    fn write(dir: &Path, file: &str, text: &str) {
+        fs::create_dir_all(dir).expect("mkdir");
+        fs::write(dir.join(file), text).expect("write");
+    }
+
+    /// A hybrid host: container A in v1 cpu/cpuacct/memory (cgroupfs driver) and in the
+    /// v2 hierarchy (PSI only); container B only in v2 (systemd driver, cpu controller).
+    fn tree(root: &Path) {
+        let v1 = format!("kubepods/burstable/pod11111111-2222-3333-4444-555555555555/{A}");
+        write(
+            &root.join("cpu").join(&v1),
+            "cpu.stat",
+            include_str!("testdata/cgroup-v1-cpu.stat"),
+        );
+        write(
+            &root.join("cpuacct").join(&v1),
+            "cpuacct.usage",
+            "2500000000\n",
+        );
+        // A sub-cgroup of the container is not another container.
+        write(
+            &root.join("cpuacct").join(&v1).join("sub"),
+            "cpuacct.usage",
+            "1\n",
+        );
+        let mem = root.join("memory").join(&v1);
+        write(&mem, "memory.usage_in_bytes", "1000000\n");
+        write(
+            &mem,
+            "memory.stat",
+            "cache 10\ntotal_inactive_file 400000\n",
+        );
+        write(
+            &mem,
+            "memory.oom_control",
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",
+        );
+        let unified = root.join("unified");
+        write(&unified, "cgroup.controllers", "");
+        let a2 = unified.join(&v1);
+        write(
+            &a2,
+            "cpu.pressure",
+            include_str!("testdata/pressure-cpu-6.1"),
+        );
+        write(
+            &a2,
+            "cpu.stat",
+            "usage_usec 0\nuser_usec 0\nsystem_usec 0\n",
+        );
+        let b2 = unified.join(format!(
+            "kubepods.slice/kubepods-pod66666666_7777_8888_9999_aaaaaaaaaaaa.slice/cri-containerd-{B}.scope"
+        ));
+        write(&b2, "cpu.stat", include_str!("testdata/cgroup-v2-cpu.stat"));
+        write(&b2, "memory.current", "5000000\n");
+        write(
+            &b2,
+            "memory.stat",
+            include_str!("testdata/cgroup-v2-memory.stat"),
+        );
+        write(
+            &b2,
+            "memory.events",
+            "low 0\nhigh 0\nmax 0\noom 1\noom_kill 1\n",
+        );
+        write(&b2, "io.pressure", include_str!("testdata/pressure-io-5.4"));
+        // Not containers: the pod's own cgroup, a host service.
+        write(
+            &unified.join("system.slice/ssh.service"),
+            "cpu.stat",
+            "usage_usec 1\n",
+        );
+    }
+
+    fn source(root: &Path, max: usize, metrics: &crate::metrics::Metrics) -> Containers {
+        let roots = Roots {
+            cgroup: root.to_path_buf(),
+            ..Roots::default()
+        };
+        Containers::new(roots, None, max, metrics.clone())
+    }
+
+    #[test]
+    fn v1_and_v2_containers_on_a_hybrid_tree() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        tree(dir.path());
+        let metrics = crate::metrics::Metrics::new();
+        let mut s = source(dir.path(), 10, &metrics);
+        let mut out = Vec::new();
+        s.read(&mut out).expect("reads");
+        let a = [("container_id", A)];
+        let b = [("container_id", B)];
+        assert_eq!(value(&out, "readings_containers", &[]), Some(2.0));
+        assert_eq!(
+            value(&out, "container_cpu_usage", &a),
+            Some(2.5),
+            "v1 cpuacct wins over v2's 0"
+        );
+        assert_eq!(
+            value(&out, "container_cpu_cfs_throttled_periods", &a),
+            Some(250.0)
+        );
+        assert_eq!(value(&out, "container_cpu_cfs_throttled", &a), Some(12.5));
+        assert_eq!(
+            value(&out, "container_memory_working_set", &a),
+            Some(600_000.0)
+        );
+        assert_eq!(value(&out, "container_oom_events", &a), Some(3.0));
+        assert_eq!(
+            value(&out, "container_pressure_cpu_waiting", &a),
+            Some(3052.326154)
+        );
+        assert_eq!(value(&out, "container_cpu_usage", &b), Some(98.765432));
+        assert_eq!(value(&out, "container_cpu_cfs_periods", &b), Some(1200.0));
+        assert_eq!(value(&out, "container_cpu_cfs_throttled", &b), Some(1.5));
+        assert_eq!(
+            value(&out, "container_memory_working_set", &b),
+            Some(5_000_000.0 - 1_048_576.0)
+        );
+        assert_eq!(value(&out, "container_oom_events", &b), Some(1.0));
+        assert_eq!(
+            value(&out, "container_pressure_io_stalled", &b),
+            Some(0.987654)
+        );
+        // Without the pod watch the names are empty; the id is always there.
+        let labels = &out
+            .iter()
+            .find(|f| f.name == "container_cpu_usage")
+            .expect("family")
+            .points[0]
+            .labels;
+        assert_eq!(
+            labels.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+            ["namespace", "pod", "container", "container_id"]
+        );
+    }
+
+    #[test]
+    fn the_cap_counts_what_it_drops() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        tree(dir.path());
+        let metrics = crate::metrics::Metrics::new();
+        let mut out = Vec::new();
+        source(dir.path(), 1, &metrics)
+            .read(&mut out)
+            .expect("reads");
+        assert_eq!(value(&out, "readings_containers", &[]), Some(1.0));
+        assert_eq!(
+            out.iter()
+                .find(|f| f.name == "container_cpu_usage")
+                .map(|f| f.points.len()),
+            Some(1)
+        );
+        assert!(metrics
+            .encode()
+            .contains("ember_cache_dropped_total{cache=\"readings_containers\"} 1"));
+    }
+
+    #[test]
+    fn malformed_files_are_reported_not_fatal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        tree(dir.path());
+        let a = dir.path().join(format!(
+            "cpuacct/kubepods/burstable/pod11111111-2222-3333-4444-555555555555/{A}"
+        ));
+        fs::write(a.join("cpuacct.usage"), "lots\n").expect("write");
+        let metrics = crate::metrics::Metrics::new();
+        let mut out = Vec::new();
+        let err = source(dir.path(), 10, &metrics).read(&mut out).unwrap_err();
+        assert!(err.contains("cpuacct.usage"), "{err}");
+        // No made-up value for A (v2's usage is not A's), and B is still reported.
+        assert_eq!(
+            value(&out, "container_cpu_usage", &[("container_id", A)]),
+            None
+        );
+        assert_eq!(
+            value(&out, "container_cpu_usage", &[("container_id", B)]),
+            Some(98.765432)
+        );
     }
 }

@@ -799,3 +799,258 @@ impl Source for Network {
         result(errors)
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::fs;
+    use std::path::Path;
+
+    /// The value of the point of `name` whose labels include all of `labels`.
+    pub(crate) fn value(out: &[Family], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        out.iter().filter(|f| f.name == name).find_map(|f| {
+            f.points.iter().find_map(|p| {
+                let all = labels
+                    .iter()
+                    .all(|(k, v)| p.labels.iter().any(|(pk, pv)| pk == k && pv == v));
+                match (&p.value, all) {
+                    (crate::readings::Value::Number(x), true) => Some(*x),
+                    _ => None,
+                }
+            })
+        })
+    }
+
+    fn write(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        fs::write(p, text).expect("write");
+    }
+
+    fn roots(dir: &Path) -> Roots {
+        Roots {
+            proc: dir.join("proc"),
+            proc_net: dir.join("proc/1/net"),
+            sys: dir.join("sys"),
+            cgroup: dir.join("cgroup"),
+        }
+    }
+
+    fn opts(max_devices: usize) -> Options {
+        let cfg = crate::config::Readings {
+            max_devices,
+            ..Default::default()
+        };
+        Options::from_config(&cfg, &crate::metrics::Metrics::new()).expect("default regexes")
+    }
+
+    #[test]
+    fn cpu_utilization_from_two_readings() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let r = roots(dir.path());
+        write(&r.proc, "stat", "cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 100 0 100 800 0 0 0 0 0 0\nprocs_running 5\nprocs_blocked 0\n");
+        write(&r.proc, "loadavg", "1.50 1.00 0.50 2/100 1234\n");
+        let mut cpu = Cpu::new(r.clone());
+        let mut out = Vec::new();
+        cpu.read(&mut out).expect("first read");
+        let tick = tick_seconds();
+        assert_eq!(
+            value(&out, "node_cpu", &[("cpu", "0"), ("mode", "idle")]),
+            Some(800.0 * tick)
+        );
+        assert_eq!(value(&out, "node_load1", &[]), Some(1.5));
+        assert_eq!(
+            value(&out, "use_ratio", &[("kind", "utilization")]),
+            None,
+            "needs two readings"
+        );
+        // No PSI in this tree: saturation is runnable tasks beyond the CPU: (5 - 1 - 1) / 1.
+        assert_eq!(
+            value(&out, "use_ratio", &[("kind", "saturation")]),
+            Some(1.0)
+        );
+        // 300 busy ticks of 400: 75 %.
+        write(
+            &r.proc,
+            "stat",
+            "cpu  250 0 250 900 0 0 0 0 0 0\ncpu0 250 0 250 900 0 0 0 0 0 0\nprocs_running 1\n",
+        );
+        let mut out = Vec::new();
+        cpu.read(&mut out).expect("second read");
+        assert_eq!(
+            value(
+                &out,
+                "use_ratio",
+                &[("resource", "cpu"), ("kind", "utilization")]
+            ),
+            Some(0.75)
+        );
+        assert_eq!(
+            value(&out, "use_ratio", &[("kind", "saturation")]),
+            Some(0.0)
+        );
+        // A malformed file is an error, not a panic, and the next good one reads again.
+        write(&r.proc, "stat", "cpu 1 2\n");
+        assert!(cpu
+            .read(&mut Vec::new())
+            .unwrap_err()
+            .contains("/proc/stat"));
+    }
+
+    #[test]
+    fn memory_ratios_and_oom_errors() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let r = roots(dir.path());
+        write(&r.proc, "meminfo", "MemTotal: 1000 kB\nMemFree: 100 kB\nMemAvailable: 250 kB\nActive(anon): 5 kB\nHugePages_Total: 3\n");
+        write(&r.proc, "vmstat", "pgmajfault 7\noom_kill 2\n");
+        write(&r.proc, "pressure/memory", "some avg10=0.00 avg60=0.00 avg300=0.00 total=100\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=50\n");
+        let mut m = Memory::new(r.clone());
+        let mut out = Vec::new();
+        m.read(&mut out).expect("reads");
+        assert_eq!(
+            value(&out, "node_memory_MemAvailable", &[]),
+            Some(256_000.0)
+        );
+        assert_eq!(value(&out, "node_memory_Active_anon", &[]), Some(5120.0));
+        assert_eq!(value(&out, "node_memory_HugePages_Total", &[]), Some(3.0));
+        assert_eq!(value(&out, "node_vmstat_pgmajfault", &[]), Some(7.0));
+        assert_eq!(
+            value(&out, "use_errors", &[("resource", "memory")]),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(&out, "use_ratio", &[("kind", "utilization")]),
+            Some(0.75)
+        );
+        assert_eq!(
+            value(&out, "node_pressure_memory_stalled", &[]),
+            Some(50e-6)
+        );
+        // Bad PSI text: the rest is still reported, the error is returned.
+        write(&r.proc, "pressure/memory", "some avg10=0.00\n");
+        let mut out = Vec::new();
+        assert!(m.read(&mut out).unwrap_err().contains("pressure"));
+        assert_eq!(value(&out, "node_memory_MemTotal", &[]), Some(1_024_000.0));
+    }
+
+    #[test]
+    fn disks_are_filtered_capped_and_rated() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let r = roots(dir.path());
+        let line = |name: &str, io: u64| format!(" 8 0 {name} 10 0 8 5 20 0 16 7 0 {io} 30\n");
+        write(
+            &r.proc,
+            "diskstats",
+            &(line("sda", 0) + &line("sda1", 0) + &line("loop0", 0)),
+        );
+        let metrics = crate::metrics::Metrics::new();
+        let mut o = opts(8);
+        o.metrics = metrics.clone();
+        let mut d = Disk::new(r.clone(), o);
+        let mut out = Vec::new();
+        d.read(&mut out).expect("reads");
+        assert_eq!(
+            value(&out, "node_disk_read", &[("device", "sda")]),
+            Some(4096.0)
+        );
+        assert_eq!(
+            value(&out, "node_disk_read", &[("device", "sda1")]),
+            None,
+            "partition excluded"
+        );
+        assert_eq!(
+            value(&out, "node_disk_read", &[("device", "loop0")]),
+            None,
+            "loop excluded"
+        );
+        assert_eq!(
+            value(&out, "node_disk_discards_completed", &[]),
+            None,
+            "14 fields: no discards"
+        );
+        // 100 s of io time in a moment: the ratio is clamped to 1.
+        write(&r.proc, "diskstats", &line("sda", 100_000));
+        let mut out = Vec::new();
+        d.read(&mut out).expect("reads");
+        assert_eq!(
+            value(
+                &out,
+                "use_ratio",
+                &[("resource", "disk"), ("kind", "utilization")]
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&out, "node_disk_io_time", &[("device", "sda")]),
+            Some(100.0)
+        );
+        // The device cap: two devices, one reported, one counted as dropped.
+        let mut o = opts(1);
+        o.metrics = metrics.clone();
+        let mut d = Disk::new(r.clone(), o);
+        write(&r.proc, "diskstats", &(line("sda", 0) + &line("sdb", 0)));
+        let mut out = Vec::new();
+        d.read(&mut out).expect("reads");
+        assert_eq!(
+            out.iter()
+                .find(|f| f.name == "node_disk_read")
+                .map(|f| f.points.len()),
+            Some(1)
+        );
+        assert!(metrics
+            .encode()
+            .contains("ember_cache_dropped_total{cache=\"readings_disks\"} 1"));
+    }
+
+    #[test]
+    fn network_speed_drops_errors_and_retransmits() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let r = roots(dir.path());
+        let hdr = "Inter-|   Receive |  Transmit\n face |bytes|bytes\n";
+        write(&r.proc_net, "dev", &format!("{hdr}  eth0: 0 0 1 0 0 0 0 0 0 0 2 0 0 0 0 0\n    lo: 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n"));
+        write(&r.proc_net, "snmp", include_str!("testdata/snmp-6.1"));
+        write(&r.sys, "class/net/eth0/speed", "1000\n");
+        let mut n = Network::new(r.clone(), opts(8));
+        let mut out = Vec::new();
+        n.read(&mut out).expect("reads");
+        assert_eq!(
+            value(&out, "node_network_speed", &[("device", "eth0")]),
+            Some(125e6)
+        );
+        assert_eq!(value(&out, "node_network_speed", &[("device", "lo")]), None);
+        assert_eq!(
+            value(&out, "node_netstat_Tcp_RetransSegs", &[]),
+            Some(4321.0)
+        );
+        assert_eq!(
+            value(&out, "use_errors", &[("resource", "network")]),
+            Some(3.0)
+        );
+        // 100 packets, 5 dropped and 5 overrun; 10 GB received in a moment (clamped to 1).
+        write(&r.proc_net, "dev", &format!("{hdr}  eth0: 10000000000 100 1 5 5 0 0 0 0 0 2 0 0 0 0 0\n    lo: 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n"));
+        let mut out = Vec::new();
+        n.read(&mut out).expect("reads");
+        assert_eq!(
+            value(
+                &out,
+                "use_ratio",
+                &[("resource", "network"), ("kind", "saturation")]
+            ),
+            Some(0.1)
+        );
+        assert_eq!(
+            value(
+                &out,
+                "use_ratio",
+                &[("resource", "network"), ("kind", "utilization")]
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&out, "node_network_receive", &[("device", "eth0")]),
+            Some(1e10)
+        );
+        write(&r.proc_net, "dev", "garbage\n");
+        assert!(n.read(&mut Vec::new()).is_err());
+    }
+}
