@@ -204,6 +204,11 @@ fn agrees_with_node_exporter_in_the_same_run() {
             "--collector.cpu".into(),
             "--collector.meminfo".into(),
             "--collector.diskstats".into(),
+            // ember's default (newer node_exporters' default, which also leaves out zram).
+            format!(
+                "--collector.diskstats.device-exclude={}",
+                ember::config::Config::default().readings.disk_exclude
+            ),
             "--collector.netdev".into(),
         ],
         &node_log,
