@@ -514,7 +514,7 @@ fn containers_in_v1_and_v2_cgroups_get_cadvisor_series() {
         cgroup
     });
     let v2_cg = TestCgroup::create(
-        &[v2.clone()],
+        std::slice::from_ref(&v2),
         &format!(
             "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod5eed5eed_4444_5555_6666_777777777777.slice/cri-containerd-{ID_V2}.scope"
         ),

@@ -688,7 +688,7 @@ impl Network {
             std::fs::read_to_string(self.roots.sys.join("class/net").join(iface).join("speed"))
                 .ok()?;
         let mbps: i64 = text.trim().parse().ok()?;
-        (mbps > 0).then(|| mbps as f64 * 125_000.0)
+        (mbps > 0).then_some(mbps as f64 * 125_000.0)
     }
 }
 
