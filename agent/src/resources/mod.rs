@@ -127,3 +127,48 @@ fn elapsed(d: Duration) -> Option<f64> {
     let s = d.as_secs_f64();
     (s > 0.0).then_some(s)
 }
+
+#[cfg(test)]
+mod tests {
+    //! Files copied from a real 6.18 kernel (a hybrid cgroup host, 2 CPUs, one virtio disk).
+
+    use super::*;
+
+    #[test]
+    fn real_kernel_6_18_files_parse() {
+        let s = stat::parse(include_str!("testdata/stat-6.18")).expect("stat");
+        assert_eq!(s.cpus.len(), 2);
+        assert!(s.all.guest[1].is_some(), "10 columns");
+        assert_eq!(
+            s.all.total(),
+            s.cpus.iter().map(|(_, t)| t.total()).sum::<u64>(),
+            "the cpu line is the sum of the cpuN lines"
+        );
+        let d = diskstats::parse(include_str!("testdata/diskstats-6.18")).expect("diskstats");
+        assert!(d.iter().all(|d| d.flushes.is_some()), "20 fields");
+        let n = netdev::parse(include_str!("testdata/netdev-6.18")).expect("net/dev");
+        assert!(n.iter().any(|i| i.name == "lo"));
+        let c = snmp::parse(include_str!("testdata/snmp-6.18")).expect("snmp");
+        assert!(snmp::get(&c, "Tcp", "RetransSegs").is_some());
+        let p = pressure::parse(include_str!("testdata/pressure-memory-6.18")).expect("psi");
+        assert!(p.full_us.is_some());
+        let m = meminfo::parse_meminfo(include_str!("testdata/meminfo-6.18")).expect("meminfo");
+        assert!(m.iter().any(|e| e.key == "MemAvailable" && e.bytes));
+        let v = meminfo::parse_vmstat(include_str!("testdata/vmstat-6.18")).expect("vmstat");
+        assert!(meminfo::get(&v, "oom_kill").is_some());
+        let v1 = cgroupfs::keyed("cpu.stat", include_str!("testdata/cgroup-v1-cpu.stat-6.18"))
+            .expect("v1 cpu.stat");
+        assert_eq!(
+            cgroupfs::throttling(&v1),
+            Some(cgroupfs::Throttling::default()),
+            "the root has no quota: zero, but present"
+        );
+        let v2 = cgroupfs::keyed("cpu.stat", include_str!("testdata/cgroup-v2-cpu.stat-6.18"))
+            .expect("v2 cpu.stat");
+        assert_eq!(
+            cgroupfs::throttling(&v2),
+            None,
+            "v2 without the cpu controller (hybrid host)"
+        );
+    }
+}
