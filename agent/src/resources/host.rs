@@ -111,6 +111,8 @@ struct Psi {
     file: std::path::PathBuf,
     resource: &'static str,
     prev: Option<(Instant, u64)>,
+    /// Whether the last read found the file (PSI compiled in and enabled).
+    available: bool,
 }
 
 impl Psi {
@@ -119,11 +121,13 @@ impl Psi {
             file: roots.proc.join("pressure").join(resource),
             resource,
             prev: None,
+            available: false,
         }
     }
 
     /// Pushes the families; returns the `some` share since the last read.
     fn read(&mut self, out: &mut Vec<Family>, errors: &mut Vec<String>) -> Option<f64> {
+        self.available = false;
         let text = match read_optional(&self.file) {
             Ok(Some(t)) => t,
             Ok(None) => return None,
@@ -139,6 +143,7 @@ impl Psi {
                 return None;
             }
         };
+        self.available = true;
         let (waiting, stalled) = names(self.resource);
         let mut w = counter(
             waiting,
@@ -313,11 +318,14 @@ impl Source for Cpu {
         });
         self.prev = Some((total, idle));
         let ncpu = s.cpus.len().max(1) as f64;
-        // Without PSI: runnable tasks beyond one per CPU (less this reading thread).
-        let saturation = psi.or_else(|| {
+        // Without PSI: runnable tasks beyond one per CPU (less this reading thread). With
+        // PSI, the first interval has no ratio rather than one of another meaning.
+        let saturation = if self.psi.available {
+            psi
+        } else {
             s.procs_running
                 .map(|r| ((r.saturating_sub(1)) as f64 - ncpu).max(0.0) / ncpu)
-        });
+        };
         use_ratio(out, "cpu", utilization, saturation);
         result(errors)
     }
@@ -895,6 +903,45 @@ pub(crate) mod tests {
             .read(&mut Vec::new())
             .unwrap_err()
             .contains("/proc/stat"));
+    }
+
+    #[test]
+    fn cpu_saturation_from_psi() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let r = roots(dir.path());
+        let stat = "cpu  1 0 1 8 0 0 0 0 0 0\ncpu0 1 0 1 8 0 0 0 0 0 0\nprocs_running 9\n";
+        write(&r.proc, "stat", stat);
+        write(
+            &r.proc,
+            "pressure/cpu",
+            "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
+        );
+        let mut cpu = Cpu::new(r.clone());
+        let mut out = Vec::new();
+        cpu.read(&mut out).expect("reads");
+        assert_eq!(
+            value(&out, "use_ratio", &[("kind", "saturation")]),
+            None,
+            "with PSI, no fallback of another meaning on the first reading"
+        );
+        assert_eq!(value(&out, "node_pressure_cpu_waiting", &[]), Some(0.0));
+        // 10 000 s of stall in a moment: clamped to 1.
+        write(
+            &r.proc,
+            "pressure/cpu",
+            "some avg10=0.00 avg60=0.00 avg300=0.00 total=10000000000\n",
+        );
+        let mut out = Vec::new();
+        cpu.read(&mut out).expect("reads");
+        assert_eq!(
+            value(&out, "use_ratio", &[("kind", "saturation")]),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&out, "node_pressure_cpu_stalled", &[]),
+            None,
+            "no full line"
+        );
     }
 
     #[test]
