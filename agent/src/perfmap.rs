@@ -1,10 +1,11 @@
 //! Parser for JIT symbol maps, `/tmp/perf-<pid>.map`: one `START SIZE name` per line, in
 //! hex, bare (Node) or `0x`-prefixed (the JVM's `jcmd Compiler.perfmap`).
 //!
-//! Groundwork for naming JIT frames (not wired into symbolization yet). The map is read
-//! incrementally: runtimes append to it for as long as they run, so [`PerfMap::feed`] takes
-//! whatever was appended since the last read, and a partial last line waits for the rest.
-//! Later entries win over earlier ones for overlapping ranges, as in perf.
+//! A pure parser over bytes (the JIT stage, [`crate::jit`], does the file handling). The map
+//! is read incrementally: runtimes append to it for as long as they run, so
+//! [`PerfMap::feed_bytes`] takes whatever was appended since the last read, and a partial
+//! last line waits for the rest. Later entries win over earlier ones for overlapping
+//! ranges, as in perf. Names are kept as written, with invalid UTF-8 replaced.
 
 use std::collections::BTreeMap;
 
@@ -23,9 +24,9 @@ pub enum Reject {
 #[derive(Debug, Default)]
 pub struct PerfMap {
     /// Ranges by start address; no two overlap.
-    ranges: BTreeMap<u64, (u64, Box<str>)>,
+    ranges: BTreeMap<u64, (u64, std::sync::Arc<str>)>,
     /// A trailing line without its newline yet.
-    partial: String,
+    partial: Vec<u8>,
     max_entries: usize,
     rejected: BTreeMap<&'static str, u64>,
 }
@@ -41,27 +42,56 @@ impl PerfMap {
 
     /// Adds text appended to the map file; returns the lines skipped, by reason.
     pub fn feed(&mut self, text: &str) -> Vec<Reject> {
+        self.feed_bytes(text.as_bytes())
+    }
+
+    /// Adds bytes appended to the map file; returns the lines skipped, by reason.
+    pub fn feed_bytes(&mut self, bytes: &[u8]) -> Vec<Reject> {
         let mut rejects = Vec::new();
-        let mut buf = std::mem::take(&mut self.partial);
-        buf.push_str(text);
-        let complete = match buf.rfind('\n') {
+        let complete = match bytes.iter().rposition(|&b| b == b'\n') {
             Some(i) => i + 1,
             None => {
-                self.partial = buf;
+                if self.partial.len() + bytes.len() > MAX_LINE {
+                    // A "line" this long is garbage: drop it rather than buffer it.
+                    self.partial.clear();
+                    self.count(Reject::Malformed, &mut rejects);
+                } else {
+                    self.partial.extend_from_slice(bytes);
+                }
                 return rejects;
             }
         };
-        self.partial = buf[complete..].to_owned();
-        for line in buf[..complete].lines() {
-            if line.trim().is_empty() {
+        let mut head = std::mem::take(&mut self.partial);
+        let tail = &bytes[complete..];
+        if tail.len() <= MAX_LINE {
+            self.partial.extend_from_slice(tail);
+        }
+        let first_end = bytes.iter().position(|&b| b == b'\n').unwrap_or(0) + 1;
+        head.extend_from_slice(&bytes[..first_end]);
+        let lines = std::iter::once(&head[..])
+            .chain(bytes[first_end..complete].split(|&b| b == b'\n'));
+        for raw in lines {
+            let raw = raw.strip_suffix(b"\n").unwrap_or(raw);
+            if raw.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            if let Err(r) = self.add_line(line) {
-                *self.rejected.entry(reason_name(r)).or_default() += 1;
-                rejects.push(r);
+            let line = String::from_utf8_lossy(raw);
+            if let Err(r) = self.add_line(line.trim_end_matches('\r')) {
+                self.count(r, &mut rejects);
             }
         }
         rejects
+    }
+
+    fn count(&mut self, r: Reject, rejects: &mut Vec<Reject>) {
+        *self.rejected.entry(reason_name(r)).or_default() += 1;
+        rejects.push(r);
+    }
+
+    /// Changes the entry cap (the JIT stage shares a global budget between processes);
+    /// entries already held stay.
+    pub fn set_max_entries(&mut self, max_entries: usize) {
+        self.max_entries = max_entries;
     }
 
     fn add_line(&mut self, line: &str) -> Result<(), Reject> {
@@ -115,6 +145,12 @@ impl PerfMap {
         (addr < *end).then(|| (&**name, addr - start))
     }
 
+    /// Like [`PerfMap::lookup`], with the name shared rather than borrowed.
+    pub fn lookup_shared(&self, addr: u64) -> Option<(std::sync::Arc<str>, u64)> {
+        let (start, (end, name)) = self.ranges.range(..=addr).next_back()?;
+        (addr < *end).then(|| (name.clone(), addr - start))
+    }
+
     /// Ranges held.
     pub fn len(&self) -> usize {
         self.ranges.len()
@@ -131,7 +167,11 @@ impl PerfMap {
     }
 }
 
-fn reason_name(r: Reject) -> &'static str {
+/// Longest line kept while waiting for its end; JIT names are far shorter.
+const MAX_LINE: usize = 64 << 10;
+
+/// The metric reason of a rejected line.
+pub fn reason_name(r: Reject) -> &'static str {
     match r {
         Reject::Malformed => "malformed",
         Reject::BadRange => "bad_range",
