@@ -527,6 +527,196 @@ mod tests {
         assert_eq!(parse_status("Name: x\n"), None);
     }
 
+    /// A live process (so `/proc/<pid>/root` and status exist) and its perf map path.
+    struct Victim {
+        child: std::process::Child,
+        map: std::path::PathBuf,
+    }
+
+    impl Victim {
+        fn new() -> Self {
+            let child = std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .expect("spawn sleep");
+            let map = std::path::PathBuf::from(format!("/tmp/perf-{}.map", child.id()));
+            Self { child, map }
+        }
+        fn pid(&self) -> u32 {
+            self.child.id()
+        }
+    }
+
+    impl Drop for Victim {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.map);
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    fn rejects(m: &Metrics, reason: &str) -> u64 {
+        m.jit_rejects
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .get()
+    }
+
+    fn name(t: &mut JitTables, pid: u32, addr: u64, window: u64) -> Option<String> {
+        t.lookup(pid, addr, window, &Hints::default())
+            .map(|f| f.name.to_string())
+    }
+
+    #[test]
+    fn perf_map_is_read_incrementally_and_reread_when_replaced() {
+        let v = Victim::new();
+        let m = Metrics::new();
+        let mut t = JitTables::new(Settings::default(), m.clone());
+        std::fs::write(&v.map, "1000 100 bare_hex\n0x2000 0x100 prefixed_hex\n").expect("write");
+        assert_eq!(name(&mut t, v.pid(), 0x1010, 1).as_deref(), Some("bare_hex"));
+        assert_eq!(name(&mut t, v.pid(), 0x20ff, 1).as_deref(), Some("prefixed_hex"));
+        let f = t.lookup(v.pid(), 0x1010, 1, &Hints::default()).expect("hit");
+        assert_eq!((f.source, f.addr), (Source::PerfMap, 0x1010));
+        // Appended: a later entry wins over the earlier one for its range.
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&v.map)
+            .expect("open");
+        file.write_all(b"1000 10 newer\n3000 10 third\n").expect("append");
+        assert_eq!(
+            name(&mut t, v.pid(), 0x3000, 1),
+            None,
+            "read once per window only"
+        );
+        assert_eq!(name(&mut t, v.pid(), 0x3000, 2).as_deref(), Some("third"));
+        assert_eq!(name(&mut t, v.pid(), 0x1008, 2).as_deref(), Some("newer"));
+        assert_eq!(name(&mut t, v.pid(), 0x1050, 2).as_deref(), Some("bare_hex"));
+        assert_eq!(t.total_entries(), 4);
+        // Rewritten shorter: read from scratch.
+        std::fs::write(&v.map, "5000 10 only\n").expect("rewrite");
+        assert_eq!(name(&mut t, v.pid(), 0x1008, 3), None);
+        assert_eq!(name(&mut t, v.pid(), 0x5000, 3).as_deref(), Some("only"));
+        // Replaced by another file (new inode), even a longer one: read from scratch.
+        let tmp = v.map.with_extension("new");
+        std::fs::write(&tmp, "6000 10 replaced\n7000 10 also_replaced\n").expect("write");
+        std::fs::rename(&tmp, &v.map).expect("rename");
+        assert_eq!(name(&mut t, v.pid(), 0x5000, 4), None);
+        assert_eq!(name(&mut t, v.pid(), 0x7000, 4).as_deref(), Some("also_replaced"));
+        assert_eq!(m.jit_entries.get(), 2);
+        t.forget(v.pid());
+        assert_eq!((t.total_entries(), m.jit_entries.get()), (0, 0));
+        assert_eq!(rejects(&m, "malformed"), 0);
+    }
+
+    #[test]
+    fn hostile_perf_maps_are_refused_and_counted() {
+        let m = Metrics::new();
+        let settings = Settings {
+            max_file_bytes: 1 << 20,
+            ..Settings::default()
+        };
+        let mut t = JitTables::new(settings, m.clone());
+
+        // A symlink to a host file: never opened.
+        let v = Victim::new();
+        let secret = tempfile::NamedTempFile::new().expect("tmp");
+        std::fs::write(secret.path(), "1000 10 host_secret\n").expect("write");
+        std::os::unix::fs::symlink(secret.path(), &v.map).expect("symlink");
+        assert_eq!(name(&mut t, v.pid(), 0x1000, 1), None);
+        assert_eq!(rejects(&m, "symlink"), 1);
+
+        // 1 GB (sparse): refused without reading.
+        let v = Victim::new();
+        let f = std::fs::File::create(&v.map).expect("create");
+        f.set_len(1 << 30).expect("1 GB");
+        assert_eq!(name(&mut t, v.pid(), 0x1000, 1), None);
+        assert_eq!(rejects(&m, "too_large"), 1);
+
+        // Garbage lines are skipped, the good ones kept.
+        let v = Victim::new();
+        let mut junk = b"garbage\n\xff\xfe\x00 zz 12\n1000 0 empty\n1000 10 good\n".to_vec();
+        junk.extend(std::iter::repeat_n(b'x', 100_000));
+        junk.extend(b"\n2000 10 after_junk\n");
+        std::fs::write(&v.map, junk).expect("write");
+        assert_eq!(name(&mut t, v.pid(), 0x1000, 1).as_deref(), Some("good"));
+        assert_eq!(name(&mut t, v.pid(), 0x2000, 1).as_deref(), Some("after_junk"));
+        assert_eq!(rejects(&m, "malformed"), 3);
+        assert_eq!(rejects(&m, "bad_range"), 1);
+
+        // Not a regular file.
+        let v = Victim::new();
+        std::fs::create_dir(&v.map).expect("mkdir");
+        assert_eq!(name(&mut t, v.pid(), 0x1000, 1), None);
+        assert!(rejects(&m, "not_regular") + rejects(&m, "open") >= 1);
+        let _ = std::fs::remove_dir(&v.map);
+
+        // Owned by another user: refused (perf's rule). Needs root to chown.
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let v = Victim::new();
+            std::fs::write(&v.map, "1000 10 not_yours\n").expect("write");
+            std::os::unix::fs::chown(&v.map, Some(4242), Some(4242)).expect("chown");
+            assert_eq!(name(&mut t, v.pid(), 0x1000, 1), None);
+            assert_eq!(rejects(&m, "owner"), 1);
+        }
+    }
+
+    #[test]
+    fn entry_caps_per_process_and_global() {
+        let m = Metrics::new();
+        let settings = Settings {
+            max_entries_per_process: 3,
+            max_total_entries: 5,
+            ..Settings::default()
+        };
+        let mut t = JitTables::new(settings, m.clone());
+        let lines: String = (1..=10).map(|i| format!("{:x} 10 f{i}\n", i * 0x1000)).collect();
+        let (a, b) = (Victim::new(), Victim::new());
+        std::fs::write(&a.map, &lines).expect("write");
+        std::fs::write(&b.map, &lines).expect("write");
+        assert!(name(&mut t, a.pid(), 0x1000, 1).is_some());
+        assert!(name(&mut t, b.pid(), 0x1000, 1).is_some());
+        assert_eq!(t.total_entries(), 5, "3 for the first, the 2 left for the second");
+        assert_eq!(rejects(&m, "too_many"), 7 + 8);
+        t.forget(a.pid());
+        assert_eq!(t.total_entries(), 2);
+    }
+
+    #[test]
+    fn jitdump_is_read_incrementally_and_a_truncated_tail_counted() {
+        use crate::jitdump::build;
+        let v = Victim::new();
+        let m = Metrics::new();
+        let mut t = JitTables::new(Settings::default(), m.clone());
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join(format!("jit-{}.dump", v.pid()));
+        let mut bytes = build::header(v.pid());
+        bytes.extend(build::debug_info(0x1000, &[(0x1000, 3, "hot.js")]));
+        bytes.extend(build::code_load(0x1000, 0x40, "jitted_a"));
+        let cut = bytes.len();
+        bytes.extend(build::code_load(0x2000, 0x40, "jitted_b"));
+        std::fs::write(&path, &bytes[..cut + 20]).expect("write");
+        let obj = Arc::new(Object::open_local(&path).expect("open"));
+        let hints = Hints {
+            jvm: false,
+            jitdump: Some(obj),
+        };
+        let f = t.lookup(v.pid(), 0x1004, 1, &hints).expect("named");
+        assert_eq!((&*f.name, f.source, f.line), ("jitted_a", Source::JitDump, 3));
+        assert_eq!(f.file.as_deref(), Some("hot.js"));
+        assert!(t.lookup(v.pid(), 0x2004, 1, &hints).is_none());
+        assert!(t.lookup(v.pid(), 0x2004, 2, &hints).is_none());
+        assert_eq!(rejects(&m, "jitdump_truncated"), 1, "stalled tail counted once");
+        assert!(t.lookup(v.pid(), 0x2004, 3, &hints).is_none());
+        assert_eq!(rejects(&m, "jitdump_truncated"), 1);
+        // The rest arrives: parsing resumes.
+        std::fs::write(&path, &bytes).expect("write");
+        let f = t.lookup(v.pid(), 0x2004, 4, &hints).expect("named");
+        assert_eq!(&*f.name, "jitted_b");
+    }
+
     #[test]
     fn jitdump_paths() {
         assert!(is_jitdump_path("/tmp/jit-123.dump"));
