@@ -27,6 +27,8 @@ pub struct PerfMap {
     ranges: BTreeMap<u64, (u64, std::sync::Arc<str>)>,
     /// A trailing line without its newline yet.
     partial: Vec<u8>,
+    /// Inside an overlong line: drop bytes up to the next newline.
+    skipping: bool,
     max_entries: usize,
     rejected: BTreeMap<&'static str, u64>,
 }
@@ -46,26 +48,26 @@ impl PerfMap {
     }
 
     /// Adds bytes appended to the map file; returns the lines skipped, by reason.
-    pub fn feed_bytes(&mut self, bytes: &[u8]) -> Vec<Reject> {
+    pub fn feed_bytes(&mut self, mut bytes: &[u8]) -> Vec<Reject> {
         let mut rejects = Vec::new();
+        if self.skipping {
+            // The rest of an overlong line, already counted.
+            match bytes.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    self.skipping = false;
+                    bytes = &bytes[i + 1..];
+                }
+                None => return rejects,
+            }
+        }
         let complete = match bytes.iter().rposition(|&b| b == b'\n') {
             Some(i) => i + 1,
             None => {
-                if self.partial.len() + bytes.len() > MAX_LINE {
-                    // A "line" this long is garbage: drop it rather than buffer it.
-                    self.partial.clear();
-                    self.count(Reject::Malformed, &mut rejects);
-                } else {
-                    self.partial.extend_from_slice(bytes);
-                }
+                self.hold(bytes, &mut rejects);
                 return rejects;
             }
         };
         let mut head = std::mem::take(&mut self.partial);
-        let tail = &bytes[complete..];
-        if tail.len() <= MAX_LINE {
-            self.partial.extend_from_slice(tail);
-        }
         let first_end = bytes.iter().position(|&b| b == b'\n').unwrap_or(0) + 1;
         head.extend_from_slice(&bytes[..first_end]);
         let lines = std::iter::once(&head[..])
@@ -75,12 +77,29 @@ impl PerfMap {
             if raw.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
+            if raw.len() > MAX_LINE {
+                self.count(Reject::Malformed, &mut rejects);
+                continue;
+            }
             let line = String::from_utf8_lossy(raw);
             if let Err(r) = self.add_line(line.trim_end_matches('\r')) {
                 self.count(r, &mut rejects);
             }
         }
+        self.hold(&bytes[complete..], &mut rejects);
         rejects
+    }
+
+    /// Keeps the start of a line whose end has not arrived yet; a line longer than any
+    /// JIT name could make is garbage: counted once, and skipped up to its newline.
+    fn hold(&mut self, bytes: &[u8], rejects: &mut Vec<Reject>) {
+        if self.partial.len() + bytes.len() > MAX_LINE {
+            self.partial.clear();
+            self.skipping = true;
+            self.count(Reject::Malformed, rejects);
+        } else {
+            self.partial.extend_from_slice(bytes);
+        }
     }
 
     fn count(&mut self, r: Reject, rejects: &mut Vec<Reject>) {
@@ -249,6 +268,24 @@ mod tests {
         assert_eq!(m.lookup(0x1001).map(|r| r.0), Some("first"));
         m.feed("0 second\n");
         assert_eq!(m.lookup(0x2001).map(|r| r.0), Some("second"));
+    }
+
+    #[test]
+    fn overlong_lines_are_skipped_whole_however_they_arrive() {
+        let mut long = vec![b'x'; MAX_LINE + 10];
+        long.extend(b" 1000 10 tail_of_junk\n2000 10 good\n");
+        let mut whole = PerfMap::new(10);
+        assert_eq!(whole.feed_bytes(&long), [Reject::Malformed]);
+        let mut chunked = PerfMap::new(10);
+        let mut rejects = Vec::new();
+        for c in long.chunks(1000) {
+            rejects.extend(chunked.feed_bytes(c));
+        }
+        assert_eq!(rejects, [Reject::Malformed]);
+        for m in [&whole, &chunked] {
+            assert_eq!(m.lookup(0x1000), None);
+            assert_eq!(m.lookup(0x2000).map(|r| r.0), Some("good"));
+        }
     }
 
     #[test]

@@ -324,7 +324,8 @@ fn node_functions_are_named_with_their_shares() {
     thread::sleep(Duration::from_secs(9));
     let (profiles, metrics) = run.finish();
     let _ = fs::remove_file(format!("/tmp/perf-{pid}.map"));
-    let is_hot = |n: &str| n.starts_with("JS:") && (n.contains("hotA ") || n.contains("hotB "));
+    // `JS:*hotA /path/jit_hot.js:8:14` (Node 20) or `LazyCompile:*hotA ...` (Node 18).
+    let is_hot = |n: &str| n.contains("hotA ") || n.contains("hotB ");
     let (by, all) = frames_matching(&profiles, pid, is_hot);
     println!("node pid {pid}: {all} samples; {by:?}");
     let mut leaves: HashMap<String, i64> = HashMap::new();
