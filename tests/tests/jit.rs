@@ -365,14 +365,30 @@ fn compile_java(dir: &Path) {
     );
 }
 
-/// Runs the Java fixture under ember with `config`; returns the Java method frames found.
-fn java_frames(config: &str) -> (HashMap<(String, String), i64>, i64, String) {
+/// Runs the Java fixture under ember with `config`, as `uid` (through setpriv) when given;
+/// returns the Java method frames found, all samples of the JVM, and ember's metrics.
+fn java_frames(config: &str, uid: Option<u32>) -> (HashMap<(String, String), i64>, i64, String) {
     let _lock = sampling_lock();
     let dir = tempfile::tempdir().expect("tempdir");
     compile_java(dir.path());
+    let mut cmd = match uid {
+        Some(uid) => {
+            // The JVM must read its classes.
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+            let mut c = Command::new("setpriv");
+            c.args([
+                format!("--reuid={uid}"),
+                format!("--regid={uid}"),
+                "--clear-groups".into(),
+                "java".into(),
+            ]);
+            c
+        }
+        None => Command::new("java"),
+    };
     let java = Spawned::new(
-        Command::new("java")
-            .args(["-XX:+PreserveFramePointer", "-cp"])
+        cmd.args(["-XX:+PreserveFramePointer", "-cp"])
             .arg(dir.path())
             .args(["JitHot", "14"]),
     );
@@ -388,13 +404,14 @@ fn java_frames(config: &str) -> (HashMap<(String, String), i64>, i64, String) {
 }
 
 /// The JVM rewrites its perf map when ember asks over the attach protocol: Java method
-/// names appear with the refresh on, and not with it off.
+/// names appear with the refresh on, and not with it off. The JVM runs as an unprivileged
+/// user (nobody), so ember must attach with the JVM's own uid/gid, as the JVM demands.
 #[test]
 fn java_methods_are_named_only_with_jvm_refresh_on() {
     if !require_privileged() {
         return;
     }
-    let (by, all, metrics) = java_frames("jit:\n  jvm_perfmap_refresh: 2s\n");
+    let (by, all, metrics) = java_frames("jit:\n  jvm_perfmap_refresh: 2s\n", Some(65534));
     let ok = series(&metrics, "ember_jvm_perfmap_refreshes_total", "result=\"ok\"");
     assert!(ok >= 1.0, "no successful JVM refresh:\n{metrics}");
     let named: i64 = by.values().sum();
@@ -405,7 +422,7 @@ fn java_methods_are_named_only_with_jvm_refresh_on() {
     assert!(by.keys().all(|(_, m)| m == "[perf-map]"), "{by:?}");
     assert!(by.keys().any(|(n, _)| n.contains("JitHot.hotA")), "{by:?}");
 
-    let (by, all, _) = java_frames("");
+    let (by, all, _) = java_frames("", None);
     assert!(all > 100, "the JVM was sampled ({all} samples)");
     assert!(
         by.is_empty(),
