@@ -159,7 +159,7 @@ impl JitDump {
             return Err(Reject::Malformed);
         }
         let (addr, size) = (u64_at(b, 16), u64_at(b, 24));
-        let name = c_string(&b[40..]).ok_or(Reject::Malformed)?;
+        let (name, _) = c_string(&b[40..]).ok_or(Reject::Malformed)?;
         let lines = self.pending_debug.remove(&addr).unwrap_or_default();
         self.insert(addr, size, Arc::from(name), lines)
     }
@@ -202,8 +202,9 @@ impl JitDump {
                 return Err(Reject::Malformed);
             }
             let (a, line) = (u64_at(rest, 0), u32_at(rest, 8));
-            let file = c_string(&rest[16..]).ok_or(Reject::Malformed)?;
-            rest = &rest[16 + file.len() + 1..];
+            let (file, len) = c_string(&rest[16..]).ok_or(Reject::Malformed)?;
+            // `len` counts the bytes in the file, not in the (lossily decoded) string.
+            rest = &rest[16 + len + 1..];
             // Consecutive entries nearly always share the file: share the string too.
             let file = match &last_file {
                 Some(f) if **f == *file => f.clone(),
@@ -294,10 +295,11 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(w)
 }
 
-/// The NUL-terminated string at the start of `b` (lossy UTF-8), capped in length.
-fn c_string(b: &[u8]) -> Option<String> {
+/// The NUL-terminated string at the start of `b` (lossy UTF-8), capped in length, and
+/// its length in bytes (without the NUL).
+fn c_string(b: &[u8]) -> Option<(String, usize)> {
     let end = b.iter().take(MAX_NAME + 1).position(|&x| x == 0)?;
-    Some(String::from_utf8_lossy(&b[..end]).into_owned())
+    Some((String::from_utf8_lossy(&b[..end]).into_owned(), end))
 }
 
 /// Builds jitdump bytes, for tests and benchmarks.
@@ -437,6 +439,28 @@ mod tests {
             [Reject::BadRange, Reject::BadRange, Reject::Malformed]
         );
         assert!(d.is_empty());
+    }
+
+    #[test]
+    fn invalid_utf8_file_names_keep_their_byte_length() {
+        // Found by cargo-fuzz: "\xe6" decodes to a 3-byte U+FFFD; the next entry starts
+        // after the 1 byte in the file, not after 3.
+        let mut bytes = build::header(7);
+        let mut di = build::debug_info(0x1000, &[(0x1000, 1, ""), (0x1008, 2, "b.js")]);
+        // Replace the first file name (an empty string) by one invalid byte.
+        let at = 16 + 16 + 16;
+        di.insert(at, 0xe6);
+        let size = u32::from_le_bytes([di[4], di[5], di[6], di[7]]) + 1;
+        di[4..8].copy_from_slice(&size.to_le_bytes());
+        bytes.extend(di);
+        bytes.extend(build::code_load(0x1000, 0x40, "f"));
+        let mut d = JitDump::new(10);
+        let (used, rejects) = d.feed(&bytes);
+        assert_eq!((used, rejects), (bytes.len(), vec![]));
+        let h = d.lookup(0x100a).expect("hit");
+        assert_eq!(h.source.map(|s| (&*s.file, s.line)), Some(("b.js", 2)));
+        let h = d.lookup(0x1001).expect("hit");
+        assert_eq!(h.source.map(|s| (&*s.file, s.line)), Some(("\u{fffd}", 1)));
     }
 
     #[test]
