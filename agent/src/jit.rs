@@ -208,7 +208,10 @@ impl JitTables {
 
     /// Entries held across all processes.
     pub fn total_entries(&self) -> usize {
-        self.procs.values().map(|p| p.perf.len() + p.dump.len()).sum()
+        self.procs
+            .values()
+            .map(|p| p.perf.len() + p.dump.len())
+            .sum()
     }
 
     fn publish(&self) {
@@ -574,9 +577,17 @@ mod tests {
         let m = Metrics::new();
         let mut t = JitTables::new(Settings::default(), m.clone());
         std::fs::write(&v.map, "1000 100 bare_hex\n0x2000 0x100 prefixed_hex\n").expect("write");
-        assert_eq!(name(&mut t, v.pid(), 0x1010, 1).as_deref(), Some("bare_hex"));
-        assert_eq!(name(&mut t, v.pid(), 0x20ff, 1).as_deref(), Some("prefixed_hex"));
-        let f = t.lookup(v.pid(), 0x1010, 1, &Hints::default()).expect("hit");
+        assert_eq!(
+            name(&mut t, v.pid(), 0x1010, 1).as_deref(),
+            Some("bare_hex")
+        );
+        assert_eq!(
+            name(&mut t, v.pid(), 0x20ff, 1).as_deref(),
+            Some("prefixed_hex")
+        );
+        let f = t
+            .lookup(v.pid(), 0x1010, 1, &Hints::default())
+            .expect("hit");
         assert_eq!((f.source, f.addr), (Source::PerfMap, 0x1010));
         // Appended: a later entry wins over the earlier one for its range.
         use std::io::Write;
@@ -584,7 +595,8 @@ mod tests {
             .append(true)
             .open(&v.map)
             .expect("open");
-        file.write_all(b"1000 10 newer\n3000 10 third\n").expect("append");
+        file.write_all(b"1000 10 newer\n3000 10 third\n")
+            .expect("append");
         assert_eq!(
             name(&mut t, v.pid(), 0x3000, 1),
             None,
@@ -592,7 +604,10 @@ mod tests {
         );
         assert_eq!(name(&mut t, v.pid(), 0x3000, 2).as_deref(), Some("third"));
         assert_eq!(name(&mut t, v.pid(), 0x1008, 2).as_deref(), Some("newer"));
-        assert_eq!(name(&mut t, v.pid(), 0x1050, 2).as_deref(), Some("bare_hex"));
+        assert_eq!(
+            name(&mut t, v.pid(), 0x1050, 2).as_deref(),
+            Some("bare_hex")
+        );
         assert_eq!(t.total_entries(), 4);
         // Rewritten shorter: read from scratch.
         std::fs::write(&v.map, "5000 10 only\n").expect("rewrite");
@@ -603,7 +618,10 @@ mod tests {
         std::fs::write(&tmp, "6000 10 replaced\n7000 10 also_replaced\n").expect("write");
         std::fs::rename(&tmp, &v.map).expect("rename");
         assert_eq!(name(&mut t, v.pid(), 0x5000, 4), None);
-        assert_eq!(name(&mut t, v.pid(), 0x7000, 4).as_deref(), Some("also_replaced"));
+        assert_eq!(
+            name(&mut t, v.pid(), 0x7000, 4).as_deref(),
+            Some("also_replaced")
+        );
         assert_eq!(m.jit_entries.get(), 2);
         t.forget(v.pid());
         assert_eq!((t.total_entries(), m.jit_entries.get()), (0, 0));
@@ -641,7 +659,10 @@ mod tests {
         junk.extend(b"\n2000 10 after_junk\n");
         std::fs::write(&v.map, junk).expect("write");
         assert_eq!(name(&mut t, v.pid(), 0x1000, 1).as_deref(), Some("good"));
-        assert_eq!(name(&mut t, v.pid(), 0x2000, 1).as_deref(), Some("after_junk"));
+        assert_eq!(
+            name(&mut t, v.pid(), 0x2000, 1).as_deref(),
+            Some("after_junk")
+        );
         assert_eq!(rejects(&m, "malformed"), 3);
         assert_eq!(rejects(&m, "bad_range"), 1);
 
@@ -672,13 +693,19 @@ mod tests {
             ..Settings::default()
         };
         let mut t = JitTables::new(settings, m.clone());
-        let lines: String = (1..=10).map(|i| format!("{:x} 10 f{i}\n", i * 0x1000)).collect();
+        let lines: String = (1..=10)
+            .map(|i| format!("{:x} 10 f{i}\n", i * 0x1000))
+            .collect();
         let (a, b) = (Victim::new(), Victim::new());
         std::fs::write(&a.map, &lines).expect("write");
         std::fs::write(&b.map, &lines).expect("write");
         assert!(name(&mut t, a.pid(), 0x1000, 1).is_some());
         assert!(name(&mut t, b.pid(), 0x1000, 1).is_some());
-        assert_eq!(t.total_entries(), 5, "3 for the first, the 2 left for the second");
+        assert_eq!(
+            t.total_entries(),
+            5,
+            "3 for the first, the 2 left for the second"
+        );
         assert_eq!(rejects(&m, "too_many"), 7 + 8);
         t.forget(a.pid());
         assert_eq!(t.total_entries(), 2);
@@ -704,11 +731,18 @@ mod tests {
             jitdump: Some(obj),
         };
         let f = t.lookup(v.pid(), 0x1004, 1, &hints).expect("named");
-        assert_eq!((&*f.name, f.source, f.line), ("jitted_a", Source::JitDump, 3));
+        assert_eq!(
+            (&*f.name, f.source, f.line),
+            ("jitted_a", Source::JitDump, 3)
+        );
         assert_eq!(f.file.as_deref(), Some("hot.js"));
         assert!(t.lookup(v.pid(), 0x2004, 1, &hints).is_none());
         assert!(t.lookup(v.pid(), 0x2004, 2, &hints).is_none());
-        assert_eq!(rejects(&m, "jitdump_truncated"), 1, "stalled tail counted once");
+        assert_eq!(
+            rejects(&m, "jitdump_truncated"),
+            1,
+            "stalled tail counted once"
+        );
         assert!(t.lookup(v.pid(), 0x2004, 3, &hints).is_none());
         assert_eq!(rejects(&m, "jitdump_truncated"), 1);
         // The rest arrives: parsing resumes.

@@ -70,8 +70,8 @@ impl PerfMap {
         let mut head = std::mem::take(&mut self.partial);
         let first_end = bytes.iter().position(|&b| b == b'\n').unwrap_or(0) + 1;
         head.extend_from_slice(&bytes[..first_end]);
-        let lines = std::iter::once(&head[..])
-            .chain(bytes[first_end..complete].split(|&b| b == b'\n'));
+        let lines =
+            std::iter::once(&head[..]).chain(bytes[first_end..complete].split(|&b| b == b'\n'));
         for raw in lines {
             let raw = raw.strip_suffix(b"\n").unwrap_or(raw);
             if raw.iter().all(u8::is_ascii_whitespace) {

@@ -187,7 +187,9 @@ impl Builder {
                 (self.mapping(MapKey::Unknown, "[unknown]", None), *a)
             }
             // Returned above.
-            Frame::User(UserAddr::Jit(j)) => (self.mapping(MapKey::Unknown, "[unknown]", None), j.addr),
+            Frame::User(UserAddr::Jit(j)) => {
+                (self.mapping(MapKey::Unknown, "[unknown]", None), j.addr)
+            }
         };
         self.location(mapping, address, resolved, false)
     }

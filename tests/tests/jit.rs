@@ -187,7 +187,9 @@ fn share(by: &HashMap<(String, String), i64>, pred: impl Fn(&str) -> bool) -> (i
 /// Starts `jit_hog MODE` in new pid and mount namespaces with its own /tmp.
 /// Returns the process and its host pid; its namespace pid is checked to differ.
 fn namespaced_jit_hog(mode: &str) -> (Spawned, u32) {
-    let script = format!("mount -t tmpfs ember-test /tmp && exec {JIT_HOG} {mode} --seconds 8 --wait-start --linger");
+    let script = format!(
+        "mount -t tmpfs ember-test /tmp && exec {JIT_HOG} {mode} --seconds 8 --wait-start --linger"
+    );
     let hog = Spawned::new(Command::new("unshare").args([
         "--pid",
         "--mount",
@@ -267,7 +269,10 @@ fn synthetic_jit_in_namespaces_is_named_from_perf_map_and_jitdump() {
         );
         let (_, a) = share(&by, |n| n == format!("{prefix}hot_a"));
         println!("pid {pid}: hot_a {a:.1}%");
-        assert!((65.0..=75.0).contains(&a), "{prefix}hot_a has {a:.1}%, not 70 ± 5");
+        assert!(
+            (65.0..=75.0).contains(&a),
+            "{prefix}hot_a has {a:.1}%, not 70 ± 5"
+        );
         // The stack walks through the jitted frame into its C callers.
         let through = profiles
             .iter()
@@ -330,7 +335,12 @@ fn node_functions_are_named_with_their_shares() {
     println!("node pid {pid}: {all} samples; {by:?}");
     let mut leaves: HashMap<String, i64> = HashMap::new();
     for s in profiles.iter().flat_map(|p| stacks_of(p, pid)) {
-        let top: Vec<String> = s.frames.iter().take(3).map(|f| format!("{}@{}", f.name, f.mapping)).collect();
+        let top: Vec<String> = s
+            .frames
+            .iter()
+            .take(3)
+            .map(|f| format!("{}@{}", f.name, f.mapping))
+            .collect();
         *leaves.entry(top.join(" <- ")).or_default() += s.count();
     }
     let mut leaves: Vec<_> = leaves.into_iter().collect();
@@ -412,7 +422,11 @@ fn java_methods_are_named_only_with_jvm_refresh_on() {
         return;
     }
     let (by, all, metrics) = java_frames("jit:\n  jvm_perfmap_refresh: 2s\n", Some(65534));
-    let ok = series(&metrics, "ember_jvm_perfmap_refreshes_total", "result=\"ok\"");
+    let ok = series(
+        &metrics,
+        "ember_jvm_perfmap_refreshes_total",
+        "result=\"ok\"",
+    );
     assert!(ok >= 1.0, "no successful JVM refresh:\n{metrics}");
     let named: i64 = by.values().sum();
     assert!(
