@@ -140,6 +140,8 @@ struct ProcJit {
 pub struct JitTables {
     settings: Settings,
     procs: HashMap<u32, ProcJit>,
+    /// Entries held across `procs`, kept up to date (the global cap is checked often).
+    total: usize,
     metrics: Metrics,
     attach: Option<jvm::Worker>,
 }
@@ -156,6 +158,7 @@ impl JitTables {
         Self {
             settings,
             procs: HashMap::new(),
+            total: 0,
             metrics,
             attach,
         }
@@ -201,21 +204,19 @@ impl JitTables {
 
     /// Frees the tables of a process that is gone (after its last window).
     pub fn forget(&mut self, pid: u32) {
-        if self.procs.remove(&pid).is_some() {
+        if let Some(p) = self.procs.remove(&pid) {
+            self.total = self.total.saturating_sub(p.perf.len() + p.dump.len());
             self.publish();
         }
     }
 
     /// Entries held across all processes.
     pub fn total_entries(&self) -> usize {
-        self.procs
-            .values()
-            .map(|p| p.perf.len() + p.dump.len())
-            .sum()
+        self.total
     }
 
     fn publish(&self) {
-        self.metrics.jit_entries.set(self.total_entries() as i64);
+        self.metrics.jit_entries.set(self.total as i64);
     }
 
     fn reject(&self, reason: &str, n: u64) {
@@ -264,7 +265,6 @@ impl JitTables {
         if hints.jvm {
             self.maybe_ask_jvm(pid);
         }
-        let others = self.total_entries();
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };
@@ -274,7 +274,7 @@ impl JitTables {
         let room = self
             .settings
             .max_total_entries
-            .saturating_sub(others - own)
+            .saturating_sub(self.total.saturating_sub(own))
             .min(self.settings.max_entries_per_process);
         let mut rejects: Vec<&'static str> = Vec::new();
         let limits = (self.settings.max_file_bytes, room);
@@ -282,6 +282,7 @@ impl JitTables {
         if let Some(obj) = &hints.jitdump {
             read_jitdump(obj, p, limits, &mut rejects);
         }
+        self.total = self.total.saturating_sub(own) + p.perf.len() + p.dump.len();
         let mut counted: HashMap<&'static str, u64> = HashMap::new();
         for r in rejects {
             *counted.entry(r).or_default() += 1;
