@@ -313,7 +313,8 @@ fn node_functions_are_named_with_their_shares() {
     let _lock = sampling_lock();
     let dir = tempfile::tempdir().expect("tempdir");
     let script = workspace_root().join("tests/fixtures/jit_hot.js");
-    let node = Spawned::new(Command::new("node").args([
+    // In the tempdir: --perf-basic-prof also leaves a V8 log in the working directory.
+    let node = Spawned::new(Command::new("node").current_dir(dir.path()).args([
         "--perf-basic-prof",
         "--interpreted-frames-native-stack",
         // Else TurboFan inlines both into the script's loop and they vanish as frames
