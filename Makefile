@@ -37,6 +37,8 @@ PPROFCHECK := $(TARGET_DIR)/pprofcheck
 # the overhead benchmark.
 DEB_PKGS := clang llvm libelf-dev zlib1g-dev pkg-config make golang-go \
 	golang-github-google-pprof-dev linux-perf bpftool
+# The JIT tests profile Node and a JVM (javac compiles their Java fixture at test time).
+DEB_PKGS += nodejs openjdk-17-jdk-headless
 # Only `make bench` needs these.
 BENCH_PKGS := python3
 # Daemons the resource-metrics tests start themselves on free loopback ports
@@ -104,7 +106,7 @@ define ensure_daemon_pkgs
 endef
 
 .PHONY: deps bench-deps rust-deps build run test bench clean \
-	fmt-check clippy pprofcheck test-only bench-only k8s-apiserver deploy-check
+	fmt-check clippy pprofcheck test-only bench-only k8s-apiserver deploy-check fuzz
 
 deps: rust-deps
 	$(call ensure_pkgs,$(DEB_PKGS))
@@ -169,6 +171,16 @@ test: deps
 	$(MAKE) --no-print-directory k8s-apiserver
 	$(MAKE) --no-print-directory deploy-check
 	$(MAKE) --no-print-directory test-only
+
+# cargo-fuzz targets of the JIT parsers (perf map, jitdump), FUZZ_SECONDS each; not part
+# of `make test`. libFuzzer needs nightly flags: RUSTC_BOOTSTRAP lets stable Rust take them.
+FUZZ_SECONDS ?= 60
+fuzz: rust-deps
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+	cd fuzz && for t in perfmap jitdump; do \
+		RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run -O $$t -- -max_total_time=$(FUZZ_SECONDS) \
+			-print_final_stats=1 || exit 1; \
+	done
 
 bench-only:
 	$(CARGO) bench -p ember

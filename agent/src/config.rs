@@ -69,6 +69,8 @@ pub struct Config {
     pub log: Log,
     /// Resource readings (USE metrics of the host and its containers).
     pub readings: Readings,
+    /// JIT frames: perf maps, jitdumps, JVM perf map refresh.
+    pub jit: Jit,
 }
 
 /// `readings:` keys: USE metrics of the host and its containers, read on their own thread.
@@ -102,6 +104,49 @@ impl Default for Readings {
             max_devices: 256,
             disk_exclude: r"^(z?ram|loop|fd|(h|s|v|xv)d[a-z]|nvme\d+n\d+p)\d+$".into(),
             network_exclude: String::new(),
+        }
+    }
+}
+
+/// `jit:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Jit {
+    /// Name frames in JIT code from `/tmp/perf-<pid>.map` and `jit-<pid>.dump`.
+    pub enabled: bool,
+    /// Largest perf map or jitdump read, in bytes; larger files are refused (counted).
+    pub max_file_bytes: u64,
+    /// JIT symbols kept per process (perf map and jitdump each).
+    pub max_entries_per_process: usize,
+    /// JIT symbols kept across all processes.
+    pub max_total_entries: usize,
+    /// Ask each JVM to rewrite its perf map (like `jcmd PID Compiler.perfmap`) at most this
+    /// often; `0s` = never.
+    #[serde(deserialize_with = "duration")]
+    pub jvm_perfmap_refresh: Duration,
+}
+
+impl Default for Jit {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_file_bytes: 64 << 20,
+            max_entries_per_process: 200_000,
+            max_total_entries: 1_000_000,
+            jvm_perfmap_refresh: Duration::ZERO,
+        }
+    }
+}
+
+impl Jit {
+    /// The JIT stage's settings.
+    pub fn settings(&self) -> crate::jit::Settings {
+        crate::jit::Settings {
+            enabled: self.enabled,
+            max_file_bytes: self.max_file_bytes,
+            max_entries_per_process: self.max_entries_per_process,
+            max_total_entries: self.max_total_entries,
+            jvm_perfmap_refresh: self.jvm_perfmap_refresh,
         }
     }
 }
@@ -349,6 +394,14 @@ impl Config {
         if self.output.keep_windows == 0 {
             return invalid("output.keep_windows", "must be at least 1");
         }
+        if self.jit.max_entries_per_process == 0 || self.jit.max_total_entries == 0 {
+            return invalid("jit.max_total_entries", "entry caps must be at least 1");
+        }
+        if !self.jit.jvm_perfmap_refresh.is_zero()
+            && self.jit.jvm_perfmap_refresh < Duration::from_secs(1)
+        {
+            return invalid("jit.jvm_perfmap_refresh", "must be 0s (off) or at least 1s");
+        }
         let l = &self.limits;
         for (key, v) in [
             ("limits.max_processes", l.max_processes),
@@ -422,12 +475,12 @@ mod tests {
         // Every key of the schema appears in the documented default file.
         let v: serde_yaml::Value = serde_yaml::from_str(DEFAULT_YAML).expect("yaml");
         let sections = v.as_mapping().expect("mapping");
-        assert_eq!(sections.len(), 9);
+        assert_eq!(sections.len(), 10);
         let count: usize = sections
             .values()
             .map(|s| s.as_mapping().map_or(0, |m| m.len()))
             .sum();
-        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 7);
+        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 7 + 5);
     }
 
     #[test]

@@ -196,6 +196,7 @@ fn options(cfg: &Config, window: Duration, align: bool) -> Options {
         max_stacks: cfg.limits.max_stacks_per_window,
         symbol_cache: cfg.limits.symbol_cache_entries,
         queue_batches: cfg.limits.sample_queue_batches,
+        jit: cfg.jit.settings(),
     }
 }
 
