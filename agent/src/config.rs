@@ -67,6 +67,69 @@ pub struct Config {
     pub filters: Filters,
     /// Logging.
     pub log: Log,
+    /// Perf counters and run-queue latency (issue 5).
+    pub counters: Counters,
+    /// OTLP metrics export.
+    pub otlp_metrics: OtlpMetrics,
+}
+
+/// `counters:` keys: perf counters (per CPU and per container) and run-queue latency.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Counters {
+    /// How often the counters and histograms are read into the metrics snapshot.
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    /// Count perf events (hardware where the PMU has them, software always).
+    pub perf: bool,
+    /// Load the run-queue latency BPF program (sched tracepoints).
+    pub runqueue_latency: bool,
+    /// Containers with their own counters and histogram at most.
+    pub max_containers: usize,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(10),
+            perf: true,
+            runqueue_latency: true,
+            max_containers: 64,
+        }
+    }
+}
+
+/// `otlp_metrics:` keys: push the metrics snapshot to an OTLP gRPC endpoint.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpMetrics {
+    /// Export at all.
+    pub enabled: bool,
+    /// gRPC endpoint (`http://` or `https://`).
+    pub endpoint: String,
+    /// How often to push.
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    /// Deadline of one export.
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// gRPC metadata sent with every export (e.g. `authorization`).
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// PEM CA bundle for an `https://` endpoint; empty = the system's roots.
+    pub ca_file: PathBuf,
+}
+
+impl Default for OtlpMetrics {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            endpoint: "http://127.0.0.1:4317".into(),
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(10),
+            headers: std::collections::BTreeMap::new(),
+            ca_file: PathBuf::new(),
+        }
+    }
 }
 
 /// `kubernetes:` keys.
@@ -324,6 +387,22 @@ impl Config {
                 return invalid(key, "must be at least 1");
             }
         }
+        if self.counters.interval < Duration::from_millis(100) {
+            return invalid("counters.interval", "must be at least 100ms");
+        }
+        if self.counters.max_containers == 0 {
+            return invalid("counters.max_containers", "must be at least 1");
+        }
+        let o = &self.otlp_metrics;
+        if !(o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://")) {
+            return invalid(
+                "otlp_metrics.endpoint",
+                "must start with http:// or https://",
+            );
+        }
+        if o.interval < Duration::from_millis(100) {
+            return invalid("otlp_metrics.interval", "must be at least 100ms");
+        }
         for (key, sel) in [
             (
                 "filters.include_pod_selector",
@@ -367,12 +446,12 @@ mod tests {
         // Every key of the schema appears in the documented default file.
         let v: serde_yaml::Value = serde_yaml::from_str(DEFAULT_YAML).expect("yaml");
         let sections = v.as_mapping().expect("mapping");
-        assert_eq!(sections.len(), 8);
+        assert_eq!(sections.len(), 10);
         let count: usize = sections
             .values()
             .map(|s| s.as_mapping().map_or(0, |m| m.len()))
             .sum();
-        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 3 + 8 + 1);
+        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 4 + 6);
     }
 
     #[test]

@@ -187,6 +187,51 @@ fn options(cfg: &Config, window: Duration, align: bool) -> Options {
     }
 }
 
+/// The resource-readings sources this configuration asks for: perf counters and run-queue
+/// latency (`counters:`). One that cannot start is logged once and left out; profiling goes on.
+fn reading_sources(
+    cfg: &Config,
+    meta: Option<&ember::kube::Metadata>,
+    metrics: &Metrics,
+) -> Vec<Box<dyn ember::readings::Source>> {
+    let mut sources: Vec<Box<dyn ember::readings::Source>> = Vec::new();
+    let c = &cfg.counters;
+    if c.perf {
+        let settings = ember::pmc::Settings {
+            max_containers: c.max_containers,
+            cgroup_root: None,
+        };
+        match ember::pmc::Pmc::start(settings, meta.cloned(), metrics.clone()) {
+            Ok(p) => {
+                tracing::info!("perf counters: {} fds open", p.fds_open());
+                sources.push(Box::new(p));
+            }
+            Err(e) => tracing::warn!("perf counters are off: {e}"),
+        }
+    }
+    if c.runqueue_latency {
+        let settings = ember::runqlat::Settings {
+            max_containers: c.max_containers,
+            cgroup_root: None,
+        };
+        match ember::runqlat::Runqlat::start(settings, meta.cloned(), metrics.clone()) {
+            Ok(r) => sources.push(Box::new(r)),
+            Err(e) => tracing::warn!("run-queue latency is off: {e}"),
+        }
+    }
+    sources
+}
+
+/// `k8s.node.name` for OTLP: only when configured or given by the downward API.
+fn known_node_name(cfg: &Config) -> Option<String> {
+    if !cfg.kubernetes.enabled {
+        return None;
+    }
+    Some(cfg.kubernetes.node_name.clone())
+        .filter(|n| !n.is_empty())
+        .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
+}
+
 /// One line per window: when, how many samples, how many lost, the three hottest functions.
 fn summary(w: &Encoded, lost: u64) -> String {
     let stamp = time::OffsetDateTime::from(w.start)
@@ -274,6 +319,31 @@ fn run(args: RunArgs) -> Result<()> {
         let filter = Filter::new(&cfg.filters)?;
         let opts = options(&cfg, cfg.window.duration, true);
         let meta = metadata(&cfg).await;
+        let sources = reading_sources(&cfg, meta.as_ref(), &metrics);
+        let readings = if sources.is_empty() {
+            None
+        } else {
+            Some(
+                ember::readings::Readings::start(sources, cfg.counters.interval, metrics.clone())
+                    .context("starting the readings thread")?,
+            )
+        };
+        let otlp = if cfg.otlp_metrics.enabled {
+            let o = &cfg.otlp_metrics;
+            let settings = ember::otlp_metrics::Settings {
+                endpoint: o.endpoint.clone(),
+                interval: o.interval,
+                timeout: o.timeout,
+                headers: o.headers.clone().into_iter().collect(),
+                ca_file: o.ca_file.clone(),
+                node_name: known_node_name(&cfg),
+            };
+            let e = ember::otlp_metrics::start(settings, metrics.readings.clone())?;
+            tracing::info!("pushing OTLP metrics to {} every {:?}", o.endpoint, o.interval);
+            Some(e)
+        } else {
+            None
+        };
         let pipeline = Pipeline::start(opts, metrics.clone(), meta, filter, move |enc| {
             let lost = m.lost_total();
             eprintln!("{}", summary(&enc, lost - last_lost));
@@ -309,6 +379,12 @@ fn run(args: RunArgs) -> Result<()> {
         stop_signal().await;
         tracing::info!("stopping: flushing the current window");
         let _ = tokio::task::spawn_blocking(move || pipeline.stop()).await;
+        if let Some(r) = readings {
+            let _ = tokio::task::spawn_blocking(move || r.stop()).await;
+        }
+        if let Some(e) = otlp {
+            let _ = tokio::task::spawn_blocking(move || e.shutdown()).await;
+        }
         let _ = stop_tx.send(());
         if let Some(t) = server_task {
             let _ = t.await;
