@@ -222,11 +222,9 @@ fn reading_sources(
     sources
 }
 
-/// `k8s.node.name` for OTLP: only when configured or given by the downward API.
+/// `k8s.node.name` for OTLP: only when configured or given by the downward API (never the
+/// host name guessed in host mode).
 fn known_node_name(cfg: &Config) -> Option<String> {
-    if !cfg.kubernetes.enabled {
-        return None;
-    }
     Some(cfg.kubernetes.node_name.clone())
         .filter(|n| !n.is_empty())
         .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
@@ -319,15 +317,7 @@ fn run(args: RunArgs) -> Result<()> {
         let filter = Filter::new(&cfg.filters)?;
         let opts = options(&cfg, cfg.window.duration, true);
         let meta = metadata(&cfg).await;
-        let sources = reading_sources(&cfg, meta.as_ref(), &metrics);
-        let readings = if sources.is_empty() {
-            None
-        } else {
-            Some(
-                ember::readings::Readings::start(sources, cfg.counters.interval, metrics.clone())
-                    .context("starting the readings thread")?,
-            )
-        };
+        let readings_meta = meta.clone();
         let otlp = if cfg.otlp_metrics.enabled {
             let o = &cfg.otlp_metrics;
             let settings = ember::otlp_metrics::Settings {
@@ -354,6 +344,16 @@ fn run(args: RunArgs) -> Result<()> {
             }
             h.beat();
         })?;
+        // After the sampler: its perf events are the first ember opens (tests wait on them).
+        let sources = reading_sources(&cfg, readings_meta.as_ref(), &metrics);
+        let readings = if sources.is_empty() {
+            None
+        } else {
+            Some(
+                ember::readings::Readings::start(sources, cfg.counters.interval, metrics.clone())
+                    .context("starting the readings thread")?,
+            )
+        };
         tracing::info!(
             "profiling every CPU at {} Hz; windows of {:?} go to {}",
             cfg.sampling.frequency_hz,
