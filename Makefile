@@ -31,12 +31,17 @@ export RUSTFLAGS
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 EMBER := $(TARGET_DIR)/release/ember
 PPROFCHECK := $(TARGET_DIR)/pprofcheck
+# A real OTLP/gRPC receiver for the OTLP metrics test: the official protos and grpcio.
+OTLP_VENV := $(TARGET_DIR)/otlp-venv
+OTLP_PIP_PINS := grpcio==1.85.1 opentelemetry-proto==1.45.2
 
 # Debian/Ubuntu packages: build (clang, llvm, libelf, zlib, pkg-config, make),
 # the Go pprof tools the tests validate profiles with, and perf + bpftool for
 # the overhead benchmark.
 DEB_PKGS := clang llvm libelf-dev zlib1g-dev pkg-config make golang-go \
 	golang-github-google-pprof-dev linux-perf bpftool
+# The OTLP metrics test's receiver runs in a Python venv (otlp-venv below).
+DEB_PKGS += python3-venv
 # Only `make bench` needs these.
 BENCH_PKGS := python3
 
@@ -72,7 +77,8 @@ define ensure_pkgs
 endef
 
 .PHONY: deps bench-deps rust-deps build run test bench clean \
-	fmt-check clippy pprofcheck test-only bench-only k8s-apiserver deploy-check
+	fmt-check clippy pprofcheck test-only bench-only k8s-apiserver deploy-check \
+	otlp-venv
 
 deps: rust-deps
 	$(call ensure_pkgs,$(DEB_PKGS))
@@ -114,8 +120,15 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
+# Made once; remove the directory to re-install.
+otlp-venv: $(OTLP_VENV)/.installed
+$(OTLP_VENV)/.installed:
+	$(PYTHON) -m venv $(OTLP_VENV)
+	$(OTLP_VENV)/bin/pip install -q --disable-pip-version-check $(OTLP_PIP_PINS)
+	touch $@
+
 test-only:
-	EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) \
+	EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) EMBER_OTLP_PYTHON=$(OTLP_VENV)/bin/python \
 		$(CARGO) test --release --workspace
 
 # A real kube-apiserver (built once from Debian's source, cached outside the tree) for the
@@ -135,6 +148,7 @@ test: deps
 	$(MAKE) --no-print-directory pprofcheck
 	$(MAKE) --no-print-directory k8s-apiserver
 	$(MAKE) --no-print-directory deploy-check
+	$(MAKE) --no-print-directory otlp-venv
 	$(MAKE) --no-print-directory test-only
 
 bench-only:

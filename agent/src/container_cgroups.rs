@@ -54,9 +54,7 @@ pub fn perf_event_root_from(mountinfo: &str) -> Option<PathBuf> {
         };
         let mount_point = PathBuf::from(unescape(mount_point));
         match fstype {
-            "cgroup" if options.split(',').any(|o| o == "perf_event") => {
-                return Some(mount_point)
-            }
+            "cgroup" if options.split(',').any(|o| o == "perf_event") => return Some(mount_point),
             "cgroup2" if v2.is_none() => v2 = Some(mount_point),
             _ => {}
         }
@@ -70,7 +68,10 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
             i += 4;
         } else {
@@ -196,9 +197,14 @@ mod tests {
             uid.replace('-', "_")
         );
         std::fs::create_dir_all(root.path().join(&kubelet).join("inner")).unwrap();
-        std::fs::create_dir_all(root.path().join(format!("system.slice/docker-{id2}.scope"))).unwrap();
+        std::fs::create_dir_all(root.path().join(format!("system.slice/docker-{id2}.scope")))
+            .unwrap();
         std::fs::create_dir_all(root.path().join("system.slice/ssh.service")).unwrap();
-        std::fs::create_dir_all(root.path().join(format!("system.slice/crio-conmon-{id2}.scope"))).unwrap();
+        std::fs::create_dir_all(
+            root.path()
+                .join(format!("system.slice/crio-conmon-{id2}.scope")),
+        )
+        .unwrap();
         let s = scan(root.path());
         assert!(!s.truncated);
         let mut found: Vec<(String, String)> = s
@@ -209,7 +215,10 @@ mod tests {
         found.sort();
         assert_eq!(
             found,
-            vec![(id2.to_owned(), String::new()), (id.to_owned(), uid.to_owned())]
+            vec![
+                (id2.to_owned(), String::new()),
+                (id.to_owned(), uid.to_owned())
+            ]
         );
         let c = s.containers.iter().find(|c| c.container_id == id).unwrap();
         assert_eq!(c.dir, root.path().join(&kubelet));

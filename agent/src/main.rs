@@ -329,7 +329,11 @@ fn run(args: RunArgs) -> Result<()> {
                 node_name: known_node_name(&cfg),
             };
             let e = ember::otlp_metrics::start(settings, metrics.readings.clone())?;
-            tracing::info!("pushing OTLP metrics to {} every {:?}", o.endpoint, o.interval);
+            tracing::info!(
+                "pushing OTLP metrics to {} every {:?}",
+                o.endpoint,
+                o.interval
+            );
             Some(e)
         } else {
             None

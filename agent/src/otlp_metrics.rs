@@ -181,12 +181,15 @@ fn with_families(published: &Published, name: &str, mut f: impl FnMut(&Family)) 
     }
 }
 
+/// `(le-labelled cumulative buckets, count, sum)` of one histogram point.
+pub type HistogramSeries = (Vec<(Vec<KeyValue>, f64)>, f64, f64);
+
 /// The observations of one histogram point as Prometheus writes them: cumulative `le`
 /// buckets, count and sum.
 pub fn histogram_series(
     labels: &[(&'static str, String)],
     value: &Value,
-) -> Option<(Vec<(Vec<KeyValue>, f64)>, f64, f64)> {
+) -> Option<HistogramSeries> {
     let Value::Histogram {
         sum,
         count,
@@ -340,10 +343,18 @@ mod tests {
     fn resource_names_the_service_host_and_node() {
         let r = resource(Some("node-1"));
         let get = |k: &'static str| r.get(&opentelemetry::Key::from_static_str(k));
-        assert_eq!(get("service.name").map(|v| v.to_string()), Some("ember".into()));
-        assert_eq!(get("k8s.node.name").map(|v| v.to_string()), Some("node-1".into()));
+        assert_eq!(
+            get("service.name").map(|v| v.to_string()),
+            Some("ember".into())
+        );
+        assert_eq!(
+            get("k8s.node.name").map(|v| v.to_string()),
+            Some("node-1".into())
+        );
         assert!(get("host.name").is_some());
-        assert!(resource(None).get(&opentelemetry::Key::from_static_str("k8s.node.name")).is_none());
+        assert!(resource(None)
+            .get(&opentelemetry::Key::from_static_str("k8s.node.name"))
+            .is_none());
     }
 
     #[test]

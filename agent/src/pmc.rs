@@ -61,9 +61,15 @@ pub const EVENTS: &[Event] = &[
     hw("cycles", libbpf_sys::PERF_COUNT_HW_CPU_CYCLES),
     hw("instructions", libbpf_sys::PERF_COUNT_HW_INSTRUCTIONS),
     hw("ref-cycles", libbpf_sys::PERF_COUNT_HW_REF_CPU_CYCLES),
-    hw("cache-references", libbpf_sys::PERF_COUNT_HW_CACHE_REFERENCES),
+    hw(
+        "cache-references",
+        libbpf_sys::PERF_COUNT_HW_CACHE_REFERENCES,
+    ),
     hw("cache-misses", libbpf_sys::PERF_COUNT_HW_CACHE_MISSES),
-    hw("branch-instructions", libbpf_sys::PERF_COUNT_HW_BRANCH_INSTRUCTIONS),
+    hw(
+        "branch-instructions",
+        libbpf_sys::PERF_COUNT_HW_BRANCH_INSTRUCTIONS,
+    ),
     hw("branch-misses", libbpf_sys::PERF_COUNT_HW_BRANCH_MISSES),
     hw(
         "stalled-cycles-frontend",
@@ -73,7 +79,10 @@ pub const EVENTS: &[Event] = &[
         "stalled-cycles-backend",
         libbpf_sys::PERF_COUNT_HW_STALLED_CYCLES_BACKEND,
     ),
-    sw("context-switches", libbpf_sys::PERF_COUNT_SW_CONTEXT_SWITCHES),
+    sw(
+        "context-switches",
+        libbpf_sys::PERF_COUNT_SW_CONTEXT_SWITCHES,
+    ),
     sw("cpu-migrations", libbpf_sys::PERF_COUNT_SW_CPU_MIGRATIONS),
     sw("minor-faults", libbpf_sys::PERF_COUNT_SW_PAGE_FAULTS_MIN),
     sw("major-faults", libbpf_sys::PERF_COUNT_SW_PAGE_FAULTS_MAJ),
@@ -165,6 +174,22 @@ fn open(event: &Event, cpu: u32, cgroup: Option<&OwnedFd>) -> std::io::Result<Ow
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// Counting per container takes one fd per event per CPU per container (thousands on a
+/// big host): lift the soft `RLIMIT_NOFILE` to the hard limit, which needs no privilege.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: lim is a valid rlimit for getrlimit/setrlimit to read and write.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 fn read(fd: &OwnedFd) -> Option<Reading> {
     let mut buf = [0u64; 3];
     // SAFETY: buf is 24 writable bytes; the kernel writes at most that for this read_format.
@@ -221,6 +246,7 @@ impl Pmc {
         let cpus = crate::procfs::online_cpus()
             .filter(|c| !c.is_empty())
             .ok_or("cannot read /sys/devices/system/cpu/online")?;
+        raise_fd_limit();
         let mut events = Vec::new();
         let mut unsupported = Vec::new();
         let mut reason = String::new();
@@ -393,7 +419,11 @@ impl Source for Pmc {
         for (ci, cpu) in self.cpus.iter().enumerate() {
             let mut pair = (None, None);
             for (ei, e) in self.events.iter().enumerate() {
-                let Some(fd) = self.host.get(ei).and_then(|v| v.get(ci)).and_then(Option::as_ref)
+                let Some(fd) = self
+                    .host
+                    .get(ei)
+                    .and_then(|v| v.get(ci))
+                    .and_then(Option::as_ref)
                 else {
                     continue;
                 };

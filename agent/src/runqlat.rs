@@ -270,7 +270,10 @@ impl Source for Runqlat {
             None,
             Kind::Counter,
         );
-        lost.push(vec![], self.counter(ember_rq_counter::EMBER_RQ_CNT_START_FULL) as f64);
+        lost.push(
+            vec![],
+            self.counter(ember_rq_counter::EMBER_RQ_CNT_START_FULL) as f64,
+        );
         let mut tracked = Family::new(
             "runqueue_containers",
             "Containers with their own run-queue latency histogram",

@@ -63,7 +63,13 @@ fn start_ember(dir: &Path, extra: &str) -> (Ember, String) {
     let (cfg, addr) = config(dir, extra);
     let data = dir.join("windows");
     let ember = Ember::spawn(
-        &["run", "-c", cfg.to_str().unwrap(), "--data-dir", data.to_str().unwrap()],
+        &[
+            "run",
+            "-c",
+            cfg.to_str().expect("utf-8 path"),
+            "--data-dir",
+            data.to_str().expect("utf-8 path"),
+        ],
         dir,
     )
     .expect("starting ember");
@@ -84,13 +90,21 @@ fn scrape_until(ember: &mut Ember, addr: &str, what: &str, pred: impl Fn(&str) -
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    panic!("{what} never showed\n--- metrics ---\n{last}\n--- stderr ---\n{}", ember.stderr());
+    panic!(
+        "{what} never showed\n--- metrics ---\n{last}\n--- stderr ---\n{}",
+        ember.stderr()
+    );
 }
 
 /// Value of the series whose name and labels are exactly `series` (`name{a="b",...}`).
 fn series(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 /// Whether `perf_event_open` can count hardware cycles here (what ember should report).
@@ -100,9 +114,7 @@ fn cycles_supported() -> bool {
     let mut attr = [0u8; 128];
     attr[4..8].copy_from_slice(&128u32.to_ne_bytes());
     // SAFETY: attr is a valid, initialised buffer that outlives the call.
-    let fd = unsafe {
-        libc::syscall(libc::SYS_perf_event_open, attr.as_ptr(), -1, 0, -1, 0)
-    };
+    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, attr.as_ptr(), -1, 0, -1, 0) };
     if fd >= 0 {
         // SAFETY: fd was just returned to us.
         unsafe { libc::close(fd as i32) };
@@ -151,8 +163,13 @@ fn software_counters_per_cpu_and_container_and_pmc_support_probed_once() {
     for cpu in 0..cpus {
         let s = format!("ember_perf_events_total{{cpu=\"{cpu}\",event=\"context-switches\"}}");
         assert!(series(&text, &s).is_some_and(|v| v > 0.0), "{s}\n{text}");
-        let r = format!("ember_perf_events_scaling_ratio{{cpu=\"{cpu}\",event=\"context-switches\"}}");
-        assert_eq!(series(&text, &r), Some(1.0), "software events never multiplex");
+        let r =
+            format!("ember_perf_events_scaling_ratio{{cpu=\"{cpu}\",event=\"context-switches\"}}");
+        assert_eq!(
+            series(&text, &r),
+            Some(1.0),
+            "software events never multiplex"
+        );
     }
     // fds: supported events × CPUs × (host + containers counted).
     let supported = text
@@ -179,15 +196,18 @@ fn software_counters_per_cpu_and_container_and_pmc_support_probed_once() {
     assert_eq!(lines, usize::from(!hw), "{}", ember.stderr());
     if !hw {
         assert!(
-            !text.contains("event=\"cycles\"}") || !text.contains("ember_perf_events_total{cpu=\"0\",event=\"cycles\"}"),
-            "unsupported events are not counted"
+            !text.contains("ember_perf_events_total{cpu=\"0\",event=\"cycles\"}"),
+            "an unsupported event is not counted"
         );
     }
     // The container's own run-queue latency histogram counts its waits.
     let count = format!(
         "ember_runqueue_latency_seconds_count{{namespace=\"\",pod=\"\",container=\"\",container_id=\"{ID_A}\"}}"
     );
-    assert!(series(&text, &count).is_some_and(|v| v > 0.0), "{count}\n{text}");
+    assert!(
+        series(&text, &count).is_some_and(|v| v > 0.0),
+        "{count}\n{text}"
+    );
     drop(hog);
     drop(cg);
     // The container's cgroup is gone: its counters are closed and its series go away.
@@ -223,7 +243,11 @@ fn p99(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> (f64, f
     let mut buckets: Vec<(f64, f64)> = after
         .iter()
         .map(|(le, v)| {
-            let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() };
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().expect("numeric le")
+            };
             (bound, v - before.get(le).copied().unwrap_or(0.0))
         })
         .collect();
@@ -246,17 +270,17 @@ fn measure(ember: &mut Ember, addr: &str, id: &str, threads: &str) -> (f64, f64)
         env!("FIXTURE_CPU_HOG"),
         &["--seconds", "30", "--threads", threads, "--wait-start"],
     )
-    .unwrap();
+    .expect("starting cpu_hog");
     cg.add(hog.pid);
     let text = scrape_until(ember, addr, "the container's histogram", |t| {
         !histogram(t, id).is_empty()
     });
     let before = histogram(&text, id);
-    hog.start().unwrap();
+    hog.start().expect("cpu_hog starts");
     std::thread::sleep(Duration::from_secs(4));
     // Two intervals, so the snapshot holds the whole run.
     std::thread::sleep(Duration::from_millis(1100));
-    let (_, after) = http_get(addr, "/metrics").unwrap();
+    let (_, after) = http_get(addr, "/metrics").expect("scraping /metrics");
     drop(hog);
     p99(&before, &histogram(&after, id))
 }
@@ -344,7 +368,9 @@ fn otlp_metrics_reach_a_real_receiver() {
     let mut seen = String::new();
     while Instant::now() < deadline {
         seen = fs::read_to_string(&out).unwrap_or_default();
-        if seen.contains("ember_runqueue_latency_seconds_bucket") && seen.contains("ember_perf_events_total") {
+        if seen.contains("ember_runqueue_latency_seconds_bucket")
+            && seen.contains("ember_perf_events_total")
+        {
             break;
         }
         assert!(ember.running(), "{}", ember.stderr());
@@ -352,7 +378,11 @@ fn otlp_metrics_reach_a_real_receiver() {
     }
     let (_, prom) = http_get(&addr, "/metrics").unwrap();
     ember.signal(libc::SIGTERM);
-    assert!(ember.wait(Duration::from_secs(20)).success(), "{}", ember.stderr());
+    assert!(
+        ember.wait(Duration::from_secs(20)).success(),
+        "{}",
+        ember.stderr()
+    );
     let last = seen
         .lines()
         .rev()
