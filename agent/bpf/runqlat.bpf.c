@@ -97,9 +97,13 @@ static __always_inline void count(__u32 idx)
 		*c += 1;
 }
 
+/*
+ * The task pointers come from tp_btf arguments, which the verifier trusts: their fields
+ * are plain (CO-RE relocated) loads, not bpf_probe_read_kernel calls.
+ */
 static __always_inline void enqueue(struct task_struct *p)
 {
-	__u32 tid = BPF_CORE_READ(p, pid);
+	__u32 tid = p->pid;
 	__u64 now;
 
 	if (!tid) /* the idle task never waits */
@@ -112,7 +116,7 @@ static __always_inline void enqueue(struct task_struct *p)
 /* kernfs id of the task's cgroup in the hierarchy that holds perf_event. */
 static __always_inline __u64 perf_cgroup_id(struct task_struct *p)
 {
-	struct css_set *cset = BPF_CORE_READ(p, cgroups);
+	struct css_set *cset = p->cgroups;
 	struct cgroup_subsys_state *css = 0;
 	int idx = bpf_core_enum_value(enum cgroup_subsys_id, perf_event_cgrp_id);
 
@@ -144,7 +148,7 @@ static __always_inline __u32 slot_of(__u64 ns)
 
 static __always_inline void running(struct task_struct *p)
 {
-	__u32 tid = BPF_CORE_READ(p, pid);
+	__u32 tid = p->pid;
 	__u32 zero = 0, slot;
 	struct ember_rq_hist *h;
 	__u64 *start, delta, cg;
@@ -196,7 +200,7 @@ int BPF_PROG(ember_rq_switch, bool preempt, struct task_struct *prev, struct tas
 
 	/* A task switched out while still runnable (preempted) waits again from now. */
 	if (bpf_core_field_exists(prev->__state))
-		state = BPF_CORE_READ(prev, __state);
+		state = prev->__state;
 	else
 		state = BPF_CORE_READ((struct task_struct___pre514 *)prev, state);
 	if (state == TASK_RUNNING)
