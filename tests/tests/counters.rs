@@ -444,3 +444,41 @@ fn otlp_metrics_reach_a_real_receiver() {
         .collect();
     assert!(keys.contains(&"cpu") && keys.contains(&"event"), "{keys:?}");
 }
+
+#[test]
+fn containers_beyond_the_cap_are_counted_as_dropped() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let _a = ContainerCgroup::create(ID_A);
+    let _b = ContainerCgroup::create(ID_B);
+    let (mut ember, addr) = start_ember(dir.path(), "  max_containers: 1\n");
+    let text = scrape_until(&mut ember, &addr, "both caches' drops", |t| {
+        t.contains("ember_cache_dropped_total{cache=\"perf_containers\"}")
+            && t.contains("ember_cache_dropped_total{cache=\"runqueue_containers\"}")
+    });
+    assert_eq!(series(&text, "ember_perf_containers"), Some(1.0), "{text}");
+    assert_eq!(
+        series(&text, "ember_runqueue_containers"),
+        Some(1.0),
+        "{text}"
+    );
+    for cache in ["perf_containers", "runqueue_containers"] {
+        let s = format!("ember_cache_dropped_total{{cache=\"{cache}\"}}");
+        assert!(series(&text, &s).is_some_and(|v| v >= 1.0), "{s}\n{text}");
+    }
+    // One fd set for the host and one for the single counted container.
+    let cpus = online_cpus() as f64;
+    let supported = text
+        .lines()
+        .filter(|l| l.starts_with("ember_pmc_supported{") && l.ends_with(" 1.0"))
+        .count() as f64;
+    assert_eq!(
+        series(&text, "ember_perf_counter_fds"),
+        Some(2.0 * supported * cpus)
+    );
+    ember.signal(libc::SIGTERM);
+    assert!(ember.wait(Duration::from_secs(20)).success());
+}
