@@ -12,7 +12,7 @@
 //! it tracks (at most `max_containers`, the map's size) and deletes it when the container
 //! goes, so the program never inserts and a full map cannot lose anything silently.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::mem::MaybeUninit;
 use std::path::PathBuf;
 
@@ -126,7 +126,7 @@ pub struct Runqlat {
     cgroups: MapHandle,
     counters: MapHandle,
     tracked: HashMap<u64, ContainerCgroup>,
-    refused: HashMap<u64, ()>,
+    refused: HashSet<u64>,
     settings: Settings,
     root: Option<PathBuf>,
     metadata: Option<Metadata>,
@@ -166,7 +166,7 @@ impl Runqlat {
             counters: MapHandle::try_from(&maps.rq_counters)?,
             _links: links,
             tracked: HashMap::new(),
-            refused: HashMap::new(),
+            refused: HashSet::new(),
             settings,
             root,
             metadata,
@@ -189,14 +189,14 @@ impl Runqlat {
             let _ = self.cgroups.delete(&k.to_ne_bytes());
             self.tracked.remove(&k);
         }
-        self.refused.retain(|k, _| present.contains_key(k));
+        self.refused.retain(|k| present.contains_key(k));
         let zero = [0u8; HIST_BYTES];
         for c in &scan.containers {
-            if self.tracked.contains_key(&c.inode) || self.refused.contains_key(&c.inode) {
+            if self.tracked.contains_key(&c.inode) || self.refused.contains(&c.inode) {
                 continue;
             }
             if self.tracked.len() >= self.settings.max_containers {
-                self.refused.insert(c.inode, ());
+                self.refused.insert(c.inode);
                 self.metrics.dropped("runqueue_containers", 1);
                 continue;
             }
