@@ -31,6 +31,9 @@ export RUSTFLAGS
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 EMBER := $(TARGET_DIR)/release/ember
 PPROFCHECK := $(TARGET_DIR)/pprofcheck
+# A real OTLP/gRPC receiver for the OTLP metrics test: the official protos and grpcio.
+OTLP_VENV := $(TARGET_DIR)/otlp-venv
+OTLP_PIP_PINS := grpcio==1.85.1 opentelemetry-proto==1.45.2
 
 # Debian/Ubuntu packages: build (clang, llvm, libelf, zlib, pkg-config, make),
 # the Go pprof tools the tests validate profiles with, and perf + bpftool for
@@ -39,6 +42,8 @@ DEB_PKGS := clang llvm libelf-dev zlib1g-dev pkg-config make golang-go \
 	golang-github-google-pprof-dev linux-perf bpftool
 # The JIT tests profile Node and a JVM (javac compiles their Java fixture at test time).
 DEB_PKGS += nodejs openjdk-17-jdk-headless
+# The OTLP metrics test's receiver runs in a Python venv (otlp-venv below).
+DEB_PKGS += python3-venv
 # Only `make bench` needs these.
 BENCH_PKGS := python3
 # Daemons the resource-metrics tests start themselves on free loopback ports
@@ -106,7 +111,8 @@ define ensure_daemon_pkgs
 endef
 
 .PHONY: deps bench-deps rust-deps build run test bench clean \
-	fmt-check clippy pprofcheck test-only bench-only k8s-apiserver deploy-check fuzz
+	fmt-check clippy pprofcheck test-only bench-only k8s-apiserver deploy-check \
+	otlp-venv fuzz
 
 deps: rust-deps
 	$(call ensure_pkgs,$(DEB_PKGS))
@@ -149,8 +155,15 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
+# Made once; remove the directory to re-install.
+otlp-venv: $(OTLP_VENV)/.installed
+$(OTLP_VENV)/.installed:
+	$(PYTHON) -m venv $(OTLP_VENV)
+	$(OTLP_VENV)/bin/pip install -q --disable-pip-version-check $(OTLP_PIP_PINS)
+	touch $@
+
 test-only:
-	EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) \
+	EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) EMBER_OTLP_PYTHON=$(OTLP_VENV)/bin/python \
 		$(CARGO) test --release --workspace
 
 # A real kube-apiserver (built once from Debian's source, cached outside the tree) for the
@@ -170,6 +183,7 @@ test: deps
 	$(MAKE) --no-print-directory pprofcheck
 	$(MAKE) --no-print-directory k8s-apiserver
 	$(MAKE) --no-print-directory deploy-check
+	$(MAKE) --no-print-directory otlp-venv
 	$(MAKE) --no-print-directory test-only
 
 # cargo-fuzz targets of the JIT parsers (perf map, jitdump), FUZZ_SECONDS each; not part

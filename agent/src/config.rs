@@ -71,6 +71,10 @@ pub struct Config {
     pub readings: Readings,
     /// JIT frames: perf maps, jitdumps, JVM perf map refresh.
     pub jit: Jit,
+    /// Perf counters and run-queue latency.
+    pub counters: Counters,
+    /// OTLP metrics export.
+    pub otlp_metrics: OtlpMetrics,
 }
 
 /// `readings:` keys: USE metrics of the host and its containers, read on their own thread.
@@ -104,6 +108,30 @@ impl Default for Readings {
             max_devices: 256,
             disk_exclude: r"^(z?ram|loop|fd|(h|s|v|xv)d[a-z]|nvme\d+n\d+p)\d+$".into(),
             network_exclude: String::new(),
+        }
+    }
+}
+
+
+/// `counters:` keys: perf counters (per CPU and per container) and run-queue latency,
+/// read every `readings.interval`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Counters {
+    /// Count perf events (hardware where the PMU has them, software always).
+    pub perf: bool,
+    /// Load the run-queue latency BPF program (sched tracepoints).
+    pub runqueue_latency: bool,
+    /// Containers with their own counters and histogram at most.
+    pub max_containers: usize,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            perf: true,
+            runqueue_latency: true,
+            max_containers: 64,
         }
     }
 }
@@ -147,6 +175,39 @@ impl Jit {
             max_entries_per_process: self.max_entries_per_process,
             max_total_entries: self.max_total_entries,
             jvm_perfmap_refresh: self.jvm_perfmap_refresh,
+        }
+    }
+}
+
+/// `otlp_metrics:` keys: push the metrics snapshot to an OTLP gRPC endpoint.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpMetrics {
+    /// Export at all.
+    pub enabled: bool,
+    /// gRPC endpoint (`http://` or `https://`).
+    pub endpoint: String,
+    /// How often to push.
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    /// Deadline of one export.
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// gRPC metadata sent with every export (e.g. `authorization`).
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// PEM CA bundle for an `https://` endpoint; empty = the system's roots.
+    pub ca_file: PathBuf,
+}
+
+impl Default for OtlpMetrics {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            endpoint: "http://127.0.0.1:4317".into(),
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(10),
+            headers: std::collections::BTreeMap::new(),
+            ca_file: PathBuf::new(),
         }
     }
 }
@@ -432,6 +493,19 @@ impl Config {
                 return invalid(key, &e.to_string());
             }
         }
+        if self.counters.max_containers == 0 {
+            return invalid("counters.max_containers", "must be at least 1");
+        }
+        let o = &self.otlp_metrics;
+        if !(o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://")) {
+            return invalid(
+                "otlp_metrics.endpoint",
+                "must start with http:// or https://",
+            );
+        }
+        if o.interval < Duration::from_millis(100) {
+            return invalid("otlp_metrics.interval", "must be at least 100ms");
+        }
         for (key, sel) in [
             (
                 "filters.include_pod_selector",
@@ -475,12 +549,12 @@ mod tests {
         // Every key of the schema appears in the documented default file.
         let v: serde_yaml::Value = serde_yaml::from_str(DEFAULT_YAML).expect("yaml");
         let sections = v.as_mapping().expect("mapping");
-        assert_eq!(sections.len(), 10);
+        assert_eq!(sections.len(), 12);
         let count: usize = sections
             .values()
             .map(|s| s.as_mapping().map_or(0, |m| m.len()))
             .sum();
-        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 7 + 5);
+        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 7 + 5 + 3 + 6);
     }
 
     #[test]
