@@ -112,7 +112,6 @@ impl Default for Readings {
     }
 }
 
-
 /// `counters:` keys: perf counters (per CPU and per container) and run-queue latency,
 /// read every `readings.interval`.
 #[derive(Debug, Clone, Deserialize, PartialEq)]

@@ -501,7 +501,7 @@ impl Source for Pmc {
             }
         }
         let mut fds = Family::new(
-            "perf_counter_fds",
+            "perf_event_fds",
             "Perf event fds open for counting (events × CPUs × (1 + containers))",
             None,
             Kind::Gauge,

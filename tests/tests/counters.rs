@@ -179,7 +179,7 @@ fn software_counters_per_cpu_and_container_and_pmc_support_probed_once() {
     let containers = series(&text, "ember_perf_containers").unwrap();
     assert!(containers >= 1.0);
     assert_eq!(
-        series(&text, "ember_perf_counter_fds"),
+        series(&text, "ember_perf_event_fds"),
         Some((supported * cpus) as f64 * (1.0 + containers)),
         "{text}"
     );
@@ -414,7 +414,7 @@ fn otlp_metrics_reach_a_real_receiver() {
         "ember_pmc_supported",
         "ember_perf_events_total",
         "ember_perf_events_scaling_ratio",
-        "ember_perf_counter_fds",
+        "ember_perf_event_fds",
         "ember_runqueue_latency_seconds_bucket",
         "ember_runqueue_latency_seconds_count",
         "ember_runqueue_latency_seconds_sum",
@@ -476,7 +476,7 @@ fn containers_beyond_the_cap_are_counted_as_dropped() {
         .filter(|l| l.starts_with("ember_pmc_supported{") && l.ends_with(" 1.0"))
         .count() as f64;
     assert_eq!(
-        series(&text, "ember_perf_counter_fds"),
+        series(&text, "ember_perf_event_fds"),
         Some(2.0 * supported * cpus)
     );
     ember.signal(libc::SIGTERM);
