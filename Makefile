@@ -31,14 +31,26 @@ export RUSTFLAGS
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 EMBER := $(TARGET_DIR)/release/ember
 PPROFCHECK := $(TARGET_DIR)/pprofcheck
+# A real OTLP/gRPC receiver for the OTLP metrics test: the official protos and grpcio.
+OTLP_VENV := $(TARGET_DIR)/otlp-venv
+OTLP_PIP_PINS := grpcio==1.85.1 opentelemetry-proto==1.45.2
 
 # Debian/Ubuntu packages: build (clang, llvm, libelf, zlib, pkg-config, make),
 # the Go pprof tools the tests validate profiles with, and perf + bpftool for
 # the overhead benchmark.
 DEB_PKGS := clang llvm libelf-dev zlib1g-dev pkg-config make golang-go \
 	golang-github-google-pprof-dev linux-perf bpftool
+# The JIT tests profile Node and a JVM (javac compiles their Java fixture at test time).
+DEB_PKGS += nodejs openjdk-17-jdk-headless
+# The OTLP metrics test's receiver runs in a Python venv (otlp-venv below).
+DEB_PKGS += python3-venv
 # Only `make bench` needs these.
 BENCH_PKGS := python3
+# Daemons the resource-metrics tests start themselves on free loopback ports
+# (Prometheus scrapes ember, node_exporter is the cross-check; promtool comes with
+# prometheus). Installed with a policy-rc.d that forbids starting services, so
+# the packages leave nothing listening on :9090/:9100, with or without systemd.
+DAEMON_PKGS := prometheus prometheus-node-exporter
 
 # Ubuntu ships perf and bpftool in linux-tools-* instead.
 OS_ID := $(shell . /etc/os-release 2>/dev/null && echo $$ID)
@@ -71,11 +83,40 @@ define ensure_pkgs
 	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends $$missing
 endef
 
+# $(call ensure_daemon_pkgs,PACKAGES): ensure_pkgs for packages that ship a service,
+# which the install must not start (invoke-rc.d and deb-systemd-invoke both obey
+# /usr/sbin/policy-rc.d exit 101). An existing policy-rc.d is left alone.
+define ensure_daemon_pkgs
+	@set -e; \
+	missing=""; \
+	for p in $(1); do \
+		dpkg -s "$$p" 2>/dev/null | grep -q '^Status: install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+		echo "Missing packages:$$missing" >&2; \
+		echo "Install them (as root) with:" >&2; \
+		echo "  apt-get update && apt-get install -y --no-install-recommends$$missing" >&2; \
+		exit 1; \
+	fi; \
+	policy=/usr/sbin/policy-rc.d; \
+	if [ ! -e $$policy ]; then \
+		trap 'rm -f '$$policy EXIT; \
+		printf '#!/bin/sh\n# ember make deps: do not start services while installing\nexit 101\n' >$$policy; \
+		chmod 755 $$policy; \
+	fi; \
+	echo "make deps: installing$$missing (services not started)"; \
+	apt-get update; \
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends $$missing
+endef
+
 .PHONY: deps bench-deps rust-deps build run test bench clean \
-	fmt-check clippy pprofcheck test-only bench-only k8s-apiserver deploy-check
+	fmt-check clippy pprofcheck test-only bench-only k8s-apiserver deploy-check \
+	otlp-venv fuzz
 
 deps: rust-deps
 	$(call ensure_pkgs,$(DEB_PKGS))
+	$(call ensure_daemon_pkgs,$(DAEMON_PKGS))
 
 bench-deps: deps
 	$(call ensure_pkgs,$(BENCH_PKGS))
@@ -114,8 +155,15 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
+# Made once; remove the directory to re-install.
+otlp-venv: $(OTLP_VENV)/.installed
+$(OTLP_VENV)/.installed:
+	$(PYTHON) -m venv $(OTLP_VENV)
+	$(OTLP_VENV)/bin/pip install -q --disable-pip-version-check $(OTLP_PIP_PINS)
+	touch $@
+
 test-only:
-	EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) \
+	EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) EMBER_OTLP_PYTHON=$(OTLP_VENV)/bin/python \
 		$(CARGO) test --release --workspace
 
 # A real kube-apiserver (built once from Debian's source, cached outside the tree) for the
@@ -135,7 +183,18 @@ test: deps
 	$(MAKE) --no-print-directory pprofcheck
 	$(MAKE) --no-print-directory k8s-apiserver
 	$(MAKE) --no-print-directory deploy-check
+	$(MAKE) --no-print-directory otlp-venv
 	$(MAKE) --no-print-directory test-only
+
+# cargo-fuzz targets of the JIT parsers (perf map, jitdump), FUZZ_SECONDS each; not part
+# of `make test`. libFuzzer needs nightly flags: RUSTC_BOOTSTRAP lets stable Rust take them.
+FUZZ_SECONDS ?= 60
+fuzz: rust-deps
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+	cd fuzz && for t in perfmap jitdump; do \
+		RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run -O $$t -- -max_total_time=$(FUZZ_SECONDS) \
+			-print_final_stats=1 || exit 1; \
+	done
 
 bench-only:
 	$(CARGO) bench -p ember

@@ -13,7 +13,18 @@ fn main() {
         .clang_args(["-I", "bpf", "-O2", "-g", "-Wall"])
         .build_and_generate(out.join("ember.skel.rs"))
         .expect("building the BPF program (is clang installed? `make deps`)");
-    for f in ["bpf/ember.bpf.c", "bpf/ember.h", "bpf/types.h"] {
+    // Run-queue latency: a second program, loaded only when `counters.runqueue_latency` is on.
+    SkeletonBuilder::new()
+        .source("bpf/runqlat.bpf.c")
+        .clang_args(["-I", "bpf", "-O2", "-g", "-Wall"])
+        .build_and_generate(out.join("runqlat.skel.rs"))
+        .expect("building the run-queue latency BPF program");
+    for f in [
+        "bpf/ember.bpf.c",
+        "bpf/runqlat.bpf.c",
+        "bpf/ember.h",
+        "bpf/types.h",
+    ] {
         println!("cargo:rerun-if-changed={f}");
     }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Fixture sources (without `.c`).
-const FIXTURES: &[&str] = &["cpu_hog", "syscall_hog", "short_lived"];
+const FIXTURES: &[&str] = &["cpu_hog", "syscall_hog", "short_lived", "jit_hog"];
 
 const CFLAGS: &[&str] = &[
     "-O2",

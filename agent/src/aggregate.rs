@@ -123,6 +123,11 @@ impl Aggregator {
         }
     }
 
+    /// Replaces the JIT settings of the process table.
+    pub fn set_jit(&mut self, settings: crate::jit::Settings) {
+        self.table.set_jit(settings);
+    }
+
     /// Counts one sample; the first sample of a process reads its mappings.
     pub fn add(&mut self, s: Sample) {
         if self.denied.contains(&s.pid) {

@@ -68,8 +68,150 @@ pub struct Config {
     pub filters: Filters,
     /// Logging.
     pub log: Log,
+    /// Resource readings (USE metrics of the host and its containers).
+    pub readings: Readings,
+    /// JIT frames: perf maps, jitdumps, JVM perf map refresh.
+    pub jit: Jit,
+    /// Perf counters and run-queue latency.
+    pub counters: Counters,
+    /// OTLP metrics export.
+    pub otlp_metrics: OtlpMetrics,
     /// Where windows are shipped besides the local files (Pyroscope, OTLP).
     pub sinks: Sinks,
+}
+
+/// `readings:` keys: USE metrics of the host and its containers, read on their own thread.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Readings {
+    /// How often every source is read; scrapes and exports show the latest reading.
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    /// Read the host's CPU, memory, disk and network counters.
+    pub host: bool,
+    /// Read every container's cgroup counters.
+    pub containers: bool,
+    /// Containers read at most; more are counted in `ember_cache_dropped_total`.
+    pub max_containers: usize,
+    /// Block devices and network interfaces reported at most (each).
+    pub max_devices: usize,
+    /// Block devices left out (a regular expression on the name); empty: none.
+    pub disk_exclude: String,
+    /// Network interfaces left out (a regular expression on the name); empty: none.
+    pub network_exclude: String,
+}
+
+impl Default for Readings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(10),
+            host: true,
+            containers: true,
+            max_containers: 1024,
+            max_devices: 256,
+            disk_exclude: r"^(z?ram|loop|fd|(h|s|v|xv)d[a-z]|nvme\d+n\d+p)\d+$".into(),
+            network_exclude: String::new(),
+        }
+    }
+}
+
+/// `counters:` keys: perf counters (per CPU and per container) and run-queue latency,
+/// read every `readings.interval`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Counters {
+    /// Count perf events (hardware where the PMU has them, software always).
+    pub perf: bool,
+    /// Load the run-queue latency BPF program (sched tracepoints).
+    pub runqueue_latency: bool,
+    /// Containers with their own counters and histogram at most.
+    pub max_containers: usize,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            perf: true,
+            runqueue_latency: true,
+            max_containers: 64,
+        }
+    }
+}
+
+/// `jit:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Jit {
+    /// Name frames in JIT code from `/tmp/perf-<pid>.map` and `jit-<pid>.dump`.
+    pub enabled: bool,
+    /// Largest perf map or jitdump read, in bytes; larger files are refused (counted).
+    pub max_file_bytes: u64,
+    /// JIT symbols kept per process (perf map and jitdump each).
+    pub max_entries_per_process: usize,
+    /// JIT symbols kept across all processes.
+    pub max_total_entries: usize,
+    /// Ask each JVM to rewrite its perf map (like `jcmd PID Compiler.perfmap`) at most this
+    /// often; `0s` = never.
+    #[serde(deserialize_with = "duration")]
+    pub jvm_perfmap_refresh: Duration,
+}
+
+impl Default for Jit {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_file_bytes: 64 << 20,
+            max_entries_per_process: 200_000,
+            max_total_entries: 1_000_000,
+            jvm_perfmap_refresh: Duration::ZERO,
+        }
+    }
+}
+
+impl Jit {
+    /// The JIT stage's settings.
+    pub fn settings(&self) -> crate::jit::Settings {
+        crate::jit::Settings {
+            enabled: self.enabled,
+            max_file_bytes: self.max_file_bytes,
+            max_entries_per_process: self.max_entries_per_process,
+            max_total_entries: self.max_total_entries,
+            jvm_perfmap_refresh: self.jvm_perfmap_refresh,
+        }
+    }
+}
+
+/// `otlp_metrics:` keys: push the metrics snapshot to an OTLP gRPC endpoint.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpMetrics {
+    /// Export at all.
+    pub enabled: bool,
+    /// gRPC endpoint (`http://` or `https://`).
+    pub endpoint: String,
+    /// How often to push.
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    /// Deadline of one export.
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// gRPC metadata sent with every export (e.g. `authorization`).
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// PEM CA bundle for an `https://` endpoint; empty = the system's roots.
+    pub ca_file: PathBuf,
+}
+
+impl Default for OtlpMetrics {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            endpoint: "http://127.0.0.1:4317".into(),
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(10),
+            headers: std::collections::BTreeMap::new(),
+            ca_file: PathBuf::new(),
+        }
+    }
 }
 
 /// `kubernetes:` keys.
@@ -315,6 +457,14 @@ impl Config {
         if self.output.keep_windows == 0 {
             return invalid("output.keep_windows", "must be at least 1");
         }
+        if self.jit.max_entries_per_process == 0 || self.jit.max_total_entries == 0 {
+            return invalid("jit.max_total_entries", "entry caps must be at least 1");
+        }
+        if !self.jit.jvm_perfmap_refresh.is_zero()
+            && self.jit.jvm_perfmap_refresh < Duration::from_secs(1)
+        {
+            return invalid("jit.jvm_perfmap_refresh", "must be 0s (off) or at least 1s");
+        }
         let l = &self.limits;
         for (key, v) in [
             ("limits.max_processes", l.max_processes),
@@ -326,6 +476,37 @@ impl Config {
             if v == 0 {
                 return invalid(key, "must be at least 1");
             }
+        }
+        let r = &self.readings;
+        if r.interval < Duration::from_millis(100) {
+            return invalid("readings.interval", "must be at least 100ms");
+        }
+        if r.max_containers == 0 {
+            return invalid("readings.max_containers", "must be at least 1");
+        }
+        if r.max_devices == 0 {
+            return invalid("readings.max_devices", "must be at least 1");
+        }
+        for (key, re) in [
+            ("readings.disk_exclude", &r.disk_exclude),
+            ("readings.network_exclude", &r.network_exclude),
+        ] {
+            if let Err(e) = regex::Regex::new(re) {
+                return invalid(key, &e.to_string());
+            }
+        }
+        if self.counters.max_containers == 0 {
+            return invalid("counters.max_containers", "must be at least 1");
+        }
+        let o = &self.otlp_metrics;
+        if !(o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://")) {
+            return invalid(
+                "otlp_metrics.endpoint",
+                "must start with http:// or https://",
+            );
+        }
+        if o.interval < Duration::from_millis(100) {
+            return invalid("otlp_metrics.interval", "must be at least 100ms");
         }
         for (key, sel) in [
             (
@@ -586,12 +767,12 @@ mod tests {
         // Every key of the schema appears in the documented default file.
         let v: serde_yaml::Value = serde_yaml::from_str(DEFAULT_YAML).expect("yaml");
         let sections = v.as_mapping().expect("mapping");
-        assert_eq!(sections.len(), 9);
+        assert_eq!(sections.len(), 13);
         let count: usize = sections
             .values()
             .map(|s| s.as_mapping().map_or(0, |m| m.len()))
             .sum();
-        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 8);
+        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 7 + 5 + 3 + 6 + 8);
         let sinks = &v["sinks"];
         assert_eq!(sinks["pyroscope"].as_mapping().map_or(0, |m| m.len()), 13);
         assert_eq!(sinks["otlp"].as_mapping().map_or(0, |m| m.len()), 7);
@@ -670,6 +851,10 @@ mod tests {
             err.to_string().contains("sampling.ring_buffer_bytes"),
             "{err}"
         );
+        let err = Config::from_yaml("readings:\n  disk_exclude: \"(\"\n", "t.yaml").unwrap_err();
+        assert!(err.to_string().contains("readings.disk_exclude"), "{err}");
+        let err = Config::from_yaml("readings:\n  interval: 1ms\n", "t.yaml").unwrap_err();
+        assert!(err.to_string().contains("readings.interval"), "{err}");
         let err = Config::from_yaml("limits:\n  max_objects: 0\n", "t.yaml").unwrap_err();
         assert!(err.to_string().contains("limits.max_objects"), "{err}");
     }

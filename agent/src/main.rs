@@ -184,7 +184,54 @@ fn options(cfg: &Config, window: Duration, align: bool) -> Options {
         max_stacks: cfg.limits.max_stacks_per_window,
         symbol_cache: cfg.limits.symbol_cache_entries,
         queue_batches: cfg.limits.sample_queue_batches,
+        jit: cfg.jit.settings(),
     }
+}
+
+/// Every source the readings thread reads each `readings.interval` (resource metrics shown
+/// on /metrics and sent by the exporters): USE readings (`readings:`), perf counters and
+/// run-queue latency (`counters:`). A counter source that cannot start is logged once and
+/// left out; profiling goes on.
+fn reading_sources(
+    cfg: &Config,
+    meta: Option<&ember::kube::Metadata>,
+    metrics: &Metrics,
+) -> Result<Vec<Box<dyn ember::readings::Source>>> {
+    let mut sources = ember::resources::sources(&cfg.readings, meta.cloned(), metrics)
+        .context("readings: a device filter is not a valid regular expression")?;
+    let c = &cfg.counters;
+    if c.perf {
+        let settings = ember::pmc::Settings {
+            max_containers: c.max_containers,
+            cgroup_root: None,
+        };
+        match ember::pmc::Pmc::start(settings, meta.cloned(), metrics.clone()) {
+            Ok(p) => {
+                tracing::info!("perf counters: {} fds open", p.fds_open());
+                sources.push(Box::new(p));
+            }
+            Err(e) => tracing::warn!("perf counters are off: {e}"),
+        }
+    }
+    if c.runqueue_latency {
+        let settings = ember::runqlat::Settings {
+            max_containers: c.max_containers,
+            cgroup_root: None,
+        };
+        match ember::runqlat::Runqlat::start(settings, meta.cloned(), metrics.clone()) {
+            Ok(r) => sources.push(Box::new(r)),
+            Err(e) => tracing::warn!("run-queue latency is off: {e}"),
+        }
+    }
+    Ok(sources)
+}
+
+/// `k8s.node.name` for OTLP: only when configured or given by the downward API (never the
+/// host name guessed in host mode).
+fn known_node_name(cfg: &Config) -> Option<String> {
+    Some(cfg.kubernetes.node_name.clone())
+        .filter(|n| !n.is_empty())
+        .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
 }
 
 /// One line per window: when, how many samples, how many lost, the three hottest functions.
@@ -280,6 +327,27 @@ fn run(args: RunArgs) -> Result<()> {
         let filter = Filter::new(&cfg.filters)?;
         let opts = options(&cfg, cfg.window.duration, true);
         let meta = metadata(&cfg).await;
+        let readings_meta = meta.clone();
+        let otlp = if cfg.otlp_metrics.enabled {
+            let o = &cfg.otlp_metrics;
+            let settings = ember::otlp_metrics::Settings {
+                endpoint: o.endpoint.clone(),
+                interval: o.interval,
+                timeout: o.timeout,
+                headers: o.headers.clone().into_iter().collect(),
+                ca_file: o.ca_file.clone(),
+                node_name: known_node_name(&cfg),
+            };
+            let e = ember::otlp_metrics::start(settings, metrics.readings.clone())?;
+            tracing::info!(
+                "pushing OTLP metrics to {} every {:?}",
+                o.endpoint,
+                o.interval
+            );
+            Some(e)
+        } else {
+            None
+        };
         let pipeline = Pipeline::start(opts, metrics.clone(), meta, filter, move |enc| {
             let lost = m.lost_total();
             eprintln!("{}", summary(&enc, lost - last_lost));
@@ -287,6 +355,16 @@ fn run(args: RunArgs) -> Result<()> {
             dispatch.accept(&enc);
             h.beat();
         })?;
+        // After the sampler: its perf events are the first ember opens (tests wait on them).
+        let sources = reading_sources(&cfg, readings_meta.as_ref(), &metrics)?;
+        let readings = if sources.is_empty() {
+            None
+        } else {
+            Some(
+                ember::readings::Readings::start(sources, cfg.readings.interval, metrics.clone())
+                    .context("starting the readings thread")?,
+            )
+        };
         tracing::info!(
             "profiling every CPU at {} Hz; windows of {:?} go to {}",
             cfg.sampling.frequency_hz,
@@ -314,6 +392,12 @@ fn run(args: RunArgs) -> Result<()> {
         let _ = tokio::task::spawn_blocking(move || pipeline.stop()).await;
         // The last window is queued now; the sinks get sinks.shutdown_grace to send it.
         let _ = tokio::task::spawn_blocking(move || sinks_shutdown.stop()).await;
+        if let Some(r) = readings {
+            let _ = tokio::task::spawn_blocking(move || r.stop()).await;
+        }
+        if let Some(e) = otlp {
+            let _ = tokio::task::spawn_blocking(move || e.shutdown()).await;
+        }
         let _ = stop_tx.send(());
         if let Some(t) = server_task {
             let _ = t.await;

@@ -91,6 +91,12 @@ pub struct Metrics {
     pub readings: crate::readings::Published,
     /// Shipping windows to network sinks.
     pub export: ExportMetrics,
+    /// JIT map files, lines and records refused, by reason.
+    pub jit_rejects: Family<ReasonLabel, Counter>,
+    /// JIT symbol entries held across all processes.
+    pub jit_entries: Gauge<i64, AtomicI64>,
+    /// JVM perf map refreshes asked for, by result.
+    pub jvm_refreshes: Family<ResultLabel, Counter>,
     lost_sum: Arc<AtomicU64>,
 }
 
@@ -226,7 +232,25 @@ impl Metrics {
                 reason: (*reason).into(),
             });
         }
-        for result in ["named", "unnamed"] {
+        let jit_rejects = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "jit_rejects",
+            "JIT symbol files, lines and records refused (perf maps, jitdumps), by reason",
+            jit_rejects.clone(),
+        );
+        let jit_entries = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "jit_entries",
+            "JIT symbols held across all processes",
+            jit_entries.clone(),
+        );
+        let jvm_refreshes = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "jvm_perfmap_refreshes",
+            "JVMs asked to rewrite their perf map over the attach protocol, by result",
+            jvm_refreshes.clone(),
+        );
+        for result in ["named", "unnamed", "jit"] {
             let _ = frames.get_or_create(&ResultLabel {
                 result: result.into(),
             });
@@ -252,6 +276,9 @@ impl Metrics {
             readings_errors,
             readings,
             export,
+            jit_rejects,
+            jit_entries,
+            jvm_refreshes,
             lost_sum: Arc::default(),
         }
     }

@@ -1,10 +1,11 @@
 //! Parser for JIT symbol maps, `/tmp/perf-<pid>.map`: one `START SIZE name` per line, in
 //! hex, bare (Node) or `0x`-prefixed (the JVM's `jcmd Compiler.perfmap`).
 //!
-//! Groundwork for naming JIT frames (not wired into symbolization yet). The map is read
-//! incrementally: runtimes append to it for as long as they run, so [`PerfMap::feed`] takes
-//! whatever was appended since the last read, and a partial last line waits for the rest.
-//! Later entries win over earlier ones for overlapping ranges, as in perf.
+//! A pure parser over bytes (the JIT stage, [`crate::jit`], does the file handling). The map
+//! is read incrementally: runtimes append to it for as long as they run, so
+//! [`PerfMap::feed_bytes`] takes whatever was appended since the last read, and a partial
+//! last line waits for the rest. Later entries win over earlier ones for overlapping
+//! ranges, as in perf. Names are kept as written, with invalid UTF-8 replaced.
 
 use std::collections::BTreeMap;
 
@@ -23,9 +24,11 @@ pub enum Reject {
 #[derive(Debug, Default)]
 pub struct PerfMap {
     /// Ranges by start address; no two overlap.
-    ranges: BTreeMap<u64, (u64, Box<str>)>,
+    ranges: BTreeMap<u64, (u64, std::sync::Arc<str>)>,
     /// A trailing line without its newline yet.
-    partial: String,
+    partial: Vec<u8>,
+    /// Inside an overlong line: drop bytes up to the next newline.
+    skipping: bool,
     max_entries: usize,
     rejected: BTreeMap<&'static str, u64>,
 }
@@ -41,27 +44,73 @@ impl PerfMap {
 
     /// Adds text appended to the map file; returns the lines skipped, by reason.
     pub fn feed(&mut self, text: &str) -> Vec<Reject> {
+        self.feed_bytes(text.as_bytes())
+    }
+
+    /// Adds bytes appended to the map file; returns the lines skipped, by reason.
+    pub fn feed_bytes(&mut self, mut bytes: &[u8]) -> Vec<Reject> {
         let mut rejects = Vec::new();
-        let mut buf = std::mem::take(&mut self.partial);
-        buf.push_str(text);
-        let complete = match buf.rfind('\n') {
+        if self.skipping {
+            // The rest of an overlong line, already counted.
+            match bytes.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    self.skipping = false;
+                    bytes = &bytes[i + 1..];
+                }
+                None => return rejects,
+            }
+        }
+        let complete = match bytes.iter().rposition(|&b| b == b'\n') {
             Some(i) => i + 1,
             None => {
-                self.partial = buf;
+                self.hold(bytes, &mut rejects);
                 return rejects;
             }
         };
-        self.partial = buf[complete..].to_owned();
-        for line in buf[..complete].lines() {
-            if line.trim().is_empty() {
+        let mut head = std::mem::take(&mut self.partial);
+        let first_end = bytes.iter().position(|&b| b == b'\n').unwrap_or(0) + 1;
+        head.extend_from_slice(&bytes[..first_end]);
+        let lines =
+            std::iter::once(&head[..]).chain(bytes[first_end..complete].split(|&b| b == b'\n'));
+        for raw in lines {
+            let raw = raw.strip_suffix(b"\n").unwrap_or(raw);
+            if raw.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            if let Err(r) = self.add_line(line) {
-                *self.rejected.entry(reason_name(r)).or_default() += 1;
-                rejects.push(r);
+            if raw.len() > MAX_LINE {
+                self.count(Reject::Malformed, &mut rejects);
+                continue;
+            }
+            let line = String::from_utf8_lossy(raw);
+            if let Err(r) = self.add_line(line.trim_end_matches('\r')) {
+                self.count(r, &mut rejects);
             }
         }
+        self.hold(&bytes[complete..], &mut rejects);
         rejects
+    }
+
+    /// Keeps the start of a line whose end has not arrived yet; a line longer than any
+    /// JIT name could make is garbage: counted once, and skipped up to its newline.
+    fn hold(&mut self, bytes: &[u8], rejects: &mut Vec<Reject>) {
+        if self.partial.len() + bytes.len() > MAX_LINE {
+            self.partial.clear();
+            self.skipping = true;
+            self.count(Reject::Malformed, rejects);
+        } else {
+            self.partial.extend_from_slice(bytes);
+        }
+    }
+
+    fn count(&mut self, r: Reject, rejects: &mut Vec<Reject>) {
+        *self.rejected.entry(reason_name(r)).or_default() += 1;
+        rejects.push(r);
+    }
+
+    /// Changes the entry cap (the JIT stage shares a global budget between processes);
+    /// entries already held stay.
+    pub fn set_max_entries(&mut self, max_entries: usize) {
+        self.max_entries = max_entries;
     }
 
     fn add_line(&mut self, line: &str) -> Result<(), Reject> {
@@ -115,6 +164,12 @@ impl PerfMap {
         (addr < *end).then(|| (&**name, addr - start))
     }
 
+    /// Like [`PerfMap::lookup`], with the name shared rather than borrowed.
+    pub fn lookup_shared(&self, addr: u64) -> Option<(std::sync::Arc<str>, u64)> {
+        let (start, (end, name)) = self.ranges.range(..=addr).next_back()?;
+        (addr < *end).then(|| (name.clone(), addr - start))
+    }
+
     /// Ranges held.
     pub fn len(&self) -> usize {
         self.ranges.len()
@@ -131,7 +186,11 @@ impl PerfMap {
     }
 }
 
-fn reason_name(r: Reject) -> &'static str {
+/// Longest line kept while waiting for its end; JIT names are far shorter.
+const MAX_LINE: usize = 64 << 10;
+
+/// The metric reason of a rejected line.
+pub fn reason_name(r: Reject) -> &'static str {
     match r {
         Reject::Malformed => "malformed",
         Reject::BadRange => "bad_range",
@@ -209,6 +268,24 @@ mod tests {
         assert_eq!(m.lookup(0x1001).map(|r| r.0), Some("first"));
         m.feed("0 second\n");
         assert_eq!(m.lookup(0x2001).map(|r| r.0), Some("second"));
+    }
+
+    #[test]
+    fn overlong_lines_are_skipped_whole_however_they_arrive() {
+        let mut long = vec![b'x'; MAX_LINE + 10];
+        long.extend(b" 1000 10 tail_of_junk\n2000 10 good\n");
+        let mut whole = PerfMap::new(10);
+        assert_eq!(whole.feed_bytes(&long), [Reject::Malformed]);
+        let mut chunked = PerfMap::new(10);
+        let mut rejects = Vec::new();
+        for c in long.chunks(1000) {
+            rejects.extend(chunked.feed_bytes(c));
+        }
+        assert_eq!(rejects, [Reject::Malformed]);
+        for m in [&whole, &chunked] {
+            assert_eq!(m.lookup(0x1000), None);
+            assert_eq!(m.lookup(0x2000).map(|r| r.0), Some("good"));
+        }
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub struct Options {
     pub node: String,
     /// Containers with CPU series at a time.
     pub max_containers: usize,
+    /// JIT frames: perf maps, jitdumps, JVM refresh.
+    pub jit: crate::jit::Settings,
 }
 
 /// One finished window.
@@ -98,13 +100,14 @@ impl Pipeline {
             accounting: Some(accounting),
             control: Some(control_tx),
         };
-        let agg = Aggregator::new(
+        let mut agg = Aggregator::new(
             opts.capture.frequency_hz,
             opts.limits,
             opts.max_stacks,
             metrics.clone(),
             workloads,
         );
+        agg.set_jit(opts.jit.clone());
         let (m, window, align) = (metrics.clone(), opts.window, opts.align);
         let aggregate = spawn("ember-aggregate", move || {
             aggregate_loop(batch_rx, window_tx, agg, window, align, m)
@@ -208,7 +211,11 @@ fn output_loop<F: FnMut(Encoded)>(
             .window_encode_seconds
             .observe(started.elapsed().as_secs_f64());
         metrics.windows.inc();
-        for (result, n) in [("named", frames.named), ("unnamed", frames.unnamed)] {
+        for (result, n) in [
+            ("named", frames.named),
+            ("unnamed", frames.unnamed),
+            ("jit", frames.jit),
+        ] {
             metrics
                 .frames
                 .get_or_create(&ResultLabel {

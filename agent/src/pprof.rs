@@ -20,6 +20,8 @@ pub struct FrameCounts {
     pub named: u64,
     /// Frames shown as `object+offset` or `[unknown]`.
     pub unnamed: u64,
+    /// Frames in JIT code named from a perf map or jitdump.
+    pub jit: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -28,6 +30,7 @@ enum MapKey {
     Object(ObjectKey),
     Region(String),
     Unknown,
+    Jit(crate::jit::Source),
 }
 
 #[derive(Default)]
@@ -35,7 +38,8 @@ struct Builder {
     profile: Profile,
     strings: HashMap<String, i64>,
     mappings: HashMap<MapKey, usize>,
-    locations: HashMap<(u64, u64), u64>,
+    /// By mapping, address and (for JIT code, whose addresses are per process) name.
+    locations: HashMap<(u64, u64, i64), u64>,
     functions: HashMap<(i64, i64), u64>,
 }
 
@@ -93,9 +97,14 @@ impl Builder {
         id
     }
 
-    fn location(&mut self, mapping: usize, address: u64, resolved: &Resolved) -> u64 {
+    fn location(&mut self, mapping: usize, address: u64, resolved: &Resolved, jit: bool) -> u64 {
         let mapping_id = mapping as u64 + 1;
-        if let Some(&id) = self.locations.get(&(mapping_id, address)) {
+        // The same JIT address in two processes is two different functions.
+        let name = match resolved.funcs.first() {
+            Some(f) if jit => self.string(&f.name),
+            _ => 0,
+        };
+        if let Some(&id) = self.locations.get(&(mapping_id, address, name)) {
             return id;
         }
         let m = &mut self.profile.mapping[mapping];
@@ -122,7 +131,7 @@ impl Builder {
             line,
             is_folded: false,
         });
-        self.locations.insert((mapping_id, address), id);
+        self.locations.insert((mapping_id, address, name), id);
         id
     }
 
@@ -137,6 +146,20 @@ impl Builder {
             Frame::User(UserAddr::Object(o, off)) => Some(FrameKey::Object(o.key, *off)),
             Frame::User(_) => None,
         };
+        if let Frame::User(UserAddr::Jit(j)) = frame {
+            counts.jit += 1;
+            let resolved = Resolved {
+                funcs: vec![crate::symbolize::Func {
+                    name: j.name.clone(),
+                    file: j.file.clone(),
+                    line: j.line,
+                }]
+                .into(),
+                named: true,
+            };
+            let m = self.mapping(MapKey::Jit(j.source), j.source.mapping_name(), None);
+            return self.location(m, j.addr, &resolved, true);
+        }
         let fallback;
         let resolved = match key.and_then(|k| symbols.get(&k)) {
             Some(r) => r,
@@ -163,8 +186,12 @@ impl Builder {
             Frame::User(UserAddr::Unknown(a)) => {
                 (self.mapping(MapKey::Unknown, "[unknown]", None), *a)
             }
+            // Returned above.
+            Frame::User(UserAddr::Jit(j)) => {
+                (self.mapping(MapKey::Unknown, "[unknown]", None), j.addr)
+            }
         };
-        self.location(mapping, address, resolved)
+        self.location(mapping, address, resolved, false)
     }
 
     fn num_label(&mut self, key: &str, num: i64) -> Label {
@@ -317,7 +344,8 @@ mod tests {
             counts,
             FrameCounts {
                 named: 3,
-                unnamed: 1
+                unnamed: 1,
+                jit: 0
             }
         );
         let bytes = to_gzip(&p).expect("gzip");

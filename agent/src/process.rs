@@ -38,6 +38,11 @@ pub struct Object {
 }
 
 impl Object {
+    /// The open file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     /// A path that opens this very file for as long as the object lives.
     pub fn open_path(&self) -> PathBuf {
         PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
@@ -76,6 +81,9 @@ pub enum UserAddr {
     Region(Arc<str>, u64),
     /// In no known mapping.
     Unknown(u64),
+    /// In JIT code (an anonymous executable region), named from the process's perf map
+    /// or jitdump while it was alive.
+    Jit(Arc<crate::jit::JitFrame>),
 }
 
 #[derive(Debug, Clone)]
@@ -100,6 +108,8 @@ struct Proc {
     maps: Vec<ExecMap>,
     last_seen: u64,
     rescanned: u64,
+    /// What the JIT stage needs: a JVM? a jitdump?
+    jit: crate::jit::Hints,
 }
 
 /// Caps for [`ProcessTable`].
@@ -119,6 +129,8 @@ pub struct ProcessTable {
     proc_root: PathBuf,
     window: u64,
     metrics: Metrics,
+    /// JIT symbol tables of the processes above, freed with them.
+    jit: crate::jit::JitTables,
 }
 
 /// `/proc/PID/maps` can be megabytes for a JVM; read no more than this.
@@ -133,8 +145,14 @@ impl ProcessTable {
             limits,
             proc_root: PathBuf::from("/proc"),
             window: 1,
+            jit: crate::jit::JitTables::new(crate::jit::Settings::default(), metrics.clone()),
             metrics,
         }
+    }
+
+    /// Replaces the JIT settings (the default reads perf maps and jitdumps, no JVM refresh).
+    pub fn set_jit(&mut self, settings: crate::jit::Settings) {
+        self.jit = crate::jit::JitTables::new(settings, self.metrics.clone());
     }
 
     /// Notes that thread `tid` of `pid` was sampled in the current window (named `comm`, in
@@ -154,6 +172,9 @@ impl ProcessTable {
                 if let Some(cg) = Arc::get_mut(&mut fresh.cgroup) {
                     cg.v2_id = cgroup_id;
                 }
+                // A new program: whatever JIT symbols the old one had are meaningless.
+                self.jit.forget(pid);
+                self.jit.seen(pid, &fresh.jit, window);
                 self.procs.insert(pid, fresh);
                 self.gc_objects();
             }
@@ -169,10 +190,12 @@ impl ProcessTable {
             maps: Vec::new(),
             last_seen: window,
             rescanned: window,
+            jit: crate::jit::Hints::default(),
         });
         if let Some(cg) = Arc::get_mut(&mut proc.cgroup) {
             cg.v2_id = cgroup_id;
         }
+        self.jit.seen(pid, &proc.jit, window);
         self.procs.insert(pid, proc);
         self.metrics.processes.set(self.procs.len() as i64);
         self.metrics.objects.set(self.objects.len() as i64);
@@ -197,6 +220,24 @@ impl ProcessTable {
     /// Normalizes a user address of `pid`; rereads the mappings once per window on a miss,
     /// since libraries loaded later (dlopen) were not there at first sight.
     pub fn normalize(&mut self, pid: u32, addr: u64) -> UserAddr {
+        let found = self.normalize_mapped(pid, addr);
+        match &found {
+            UserAddr::Region(label, _) if label.starts_with("[anon") => {
+                let hints = self
+                    .procs
+                    .get(&pid)
+                    .map(|p| p.jit.clone())
+                    .unwrap_or_default();
+                match self.jit.lookup(pid, addr, self.window, &hints) {
+                    Some(frame) => UserAddr::Jit(Arc::new(frame)),
+                    None => found,
+                }
+            }
+            _ => found,
+        }
+    }
+
+    fn normalize_mapped(&mut self, pid: u32, addr: u64) -> UserAddr {
         if let Some(found) = self.procs.get(&pid).and_then(|p| find(&p.maps, addr)) {
             return found;
         }
@@ -238,6 +279,9 @@ impl ProcessTable {
             }
             keep
         });
+        for pid in &evicted {
+            self.jit.forget(*pid);
+        }
         if !evicted.is_empty() {
             self.metrics.processes_evicted.inc_by(evicted.len() as u64);
             self.gc_objects();
@@ -266,6 +310,7 @@ impl ProcessTable {
     fn evict_least_recent(&mut self) {
         if let Some((&pid, _)) = self.procs.iter().min_by_key(|(_, p)| p.last_seen) {
             self.procs.remove(&pid);
+            self.jit.forget(pid);
             self.metrics.dropped("processes", 1);
             self.gc_objects();
         }
@@ -309,8 +354,15 @@ impl ProcessTable {
                 .inc_by(bad as u64);
         }
         let mut maps = Vec::new();
+        let mut jit = crate::jit::Hints::default();
         for e in entries.iter().filter(|e| e.exec) {
             let target = self.target_for(&dir, e);
+            if let Target::File(o) = &target {
+                jit.jvm |= o.base_name() == "libjvm.so";
+                if crate::jit::is_jitdump_path(&o.path) {
+                    jit.jitdump = Some(o.clone());
+                }
+            }
             maps.push(ExecMap {
                 start: e.start,
                 end: e.end,
@@ -333,6 +385,7 @@ impl ProcessTable {
             maps,
             last_seen: self.window,
             rescanned: self.window,
+            jit,
         })
     }
 
@@ -463,6 +516,42 @@ fn open_in_root(root: &File, rel: &str) -> Option<File> {
     // SAFETY: openat2 returned a new descriptor that nothing else owns.
     Some(unsafe { File::from_raw_fd(fd as i32) })
 }
+
+/// Opens `rel` under `root` with `openat2`: `flags` as for `open`, `resolve` the
+/// `RESOLVE_*` bits, always confined to `root` (`RESOLVE_IN_ROOT`) and never through magic
+/// links. Used by the JIT stage, which also refuses every symlink.
+pub(crate) fn openat2_in_root(
+    root: &File,
+    rel: &str,
+    flags: i32,
+    resolve: u64,
+) -> std::io::Result<File> {
+    let path = std::ffi::CString::new(rel)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: resolve | RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: valid dirfd, NUL-terminated path and a correctly sized open_how.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: openat2 returned a new descriptor that nothing else owns.
+    Ok(unsafe { File::from_raw_fd(fd as i32) })
+}
+
+/// `RESOLVE_NO_SYMLINKS`: fail with `ELOOP` on any symlink in the path.
+pub(crate) const RESOLVE_NO_SYMLINKS: u64 = 0x04;
 
 #[cfg(test)]
 mod tests {

@@ -267,6 +267,8 @@ pub fn unnamed(frame: &Frame) -> Resolved {
         Frame::User(UserAddr::Object(o, off)) => format!("{}+{off:#x}", o.base_name()),
         Frame::User(UserAddr::Region(label, off)) => format!("{label}+{off:#x}"),
         Frame::User(UserAddr::Unknown(_)) => "[unknown]".to_owned(),
+        // Named already (the pprof encoder uses the name); only reached by mistake.
+        Frame::User(UserAddr::Jit(j)) => j.name.to_string(),
     };
     Resolved {
         funcs: vec![Func {

@@ -213,8 +213,9 @@ check "yamllint deploy/ and the chart's values.yaml, Chart.yaml" \
 check "hadolint deploy/Dockerfile" "$VENV/bin/hadolint" deploy/Dockerfile
 check "shellcheck tests/deploy/check.sh" shellcheck "$HERE/check.sh"
 
-check "kubernetes-validate deploy/*.yaml (k8s $K8S_MIN)" kv "$K8S_MIN" deploy/*.yaml
-check "kubernetes-validate deploy/*.yaml (k8s $K8S_MAX)" kv "$K8S_MAX" deploy/*.yaml
+# deploy/alerts.yaml holds Prometheus rules, not Kubernetes objects: promtool checks it below.
+check "kubernetes-validate deploy/ember.yaml (k8s $K8S_MIN)" kv "$K8S_MIN" deploy/ember.yaml
+check "kubernetes-validate deploy/ember.yaml (k8s $K8S_MAX)" kv "$K8S_MAX" deploy/ember.yaml
 check "policy deploy/ember.yaml" manifests policy deploy/ember.yaml
 
 check "build tests/deploy/helmrender (go vet, go test, gofmt)" build_helmrender
@@ -265,6 +266,14 @@ else
 fi
 
 check "docker build context is a complete, locked workspace" docker_context
+
+# Prometheus alerting rules: syntax and semantics, then unit tests on synthetic series.
+# promtool comes with Debian's prometheus package (the Makefile's DAEMON_PKGS).
+promtool_rules() {
+    command -v promtool >/dev/null || { echo "promtool not found: apt-get install prometheus (make deps)"; return 1; }
+    promtool check rules deploy/alerts.yaml && promtool test rules "$HERE/alerts-test.yaml"
+}
+check "promtool check rules deploy/alerts.yaml, promtool test rules" promtool_rules
 
 if [ "$skipped" -gt 0 ]; then
     echo "deploy checks: $passed passed, $failed failed, $skipped skipped"

@@ -1,0 +1,591 @@
+//! Resource (USE) readings end to end, checked by third-party tools on this machine:
+//!
+//! - the same run of Debian's `prometheus-node-exporter` agrees with ember on CPU seconds
+//!   per CPU and mode, MemAvailable, disk io time and network bytes (within 2 %);
+//! - `promtool check metrics` accepts ember's /metrics (only the lints node_exporter's own
+//!   names and the OpenMetrics HELP placement cause);
+//! - a real Prometheus scrapes ember, a query returns ember's series, and every rule of
+//!   deploy/alerts.yaml evaluates without error on them;
+//! - containers in kubelet-shaped cgroups (v1 controllers and v2) get their cAdvisor-named
+//!   series, throttling included.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ember_tests::*;
+
+/// How often ember reads its sources in these tests.
+const INTERVAL: Duration = Duration::from_millis(500);
+
+/// A daemon started for a test: killed and reaped on drop.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn daemon(bin: &str, args: &[String], log: &Path) -> Daemon {
+    let out = fs::File::create(log).expect("log file");
+    let err = out.try_clone().expect("log file");
+    let child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("starting {bin}: {e} (installed by `make deps`: Debian packages prometheus, prometheus-node-exporter)")
+        });
+    Daemon(child)
+}
+
+/// Waits until `addr` answers `path` with 200; panics with `log` after `timeout`.
+fn wait_http(addr: &str, path: &str, timeout: Duration, log: &Path) -> String {
+    let start = Instant::now();
+    loop {
+        if let Ok((200, body)) = http_get(addr, path) {
+            return body;
+        }
+        if start.elapsed() > timeout {
+            panic!(
+                "{addr}{path} did not answer within {timeout:?}\n{}",
+                fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Starts `ember run` with a short readings interval; returns once a second reading (which
+/// carries the ratios) is on /metrics.
+fn start_ember(dir: &Path) -> (Ember, String) {
+    let cfg = dir.join("ember.yaml");
+    fs::write(
+        &cfg,
+        format!(
+            "kubernetes:\n  enabled: false\nreadings:\n  interval: {}ms\n",
+            INTERVAL.as_millis()
+        ),
+    )
+    .expect("config");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let data = dir.join("windows");
+    let ember = Ember::spawn(
+        &[
+            "run",
+            "--config",
+            cfg.to_str().expect("utf-8"),
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+            "--listen",
+            &addr,
+        ],
+        dir,
+    )
+    .expect("starting ember");
+    let start = Instant::now();
+    loop {
+        if let Ok((200, body)) = http_get(&addr, "/metrics") {
+            if body.contains("ember_use_ratio{resource=\"cpu\",kind=\"utilization\"}") {
+                break;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no readings on /metrics after 30 s\n{}",
+            ember.stderr()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    (ember, addr)
+}
+
+fn scrape(addr: &str) -> String {
+    let (status, body) = http_get(addr, "/metrics").expect("scrape");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+type Labels = BTreeMap<String, String>;
+
+/// Every sample of `name` in an exposition: (labels, value).
+fn series(exposition: &str, name: &str) -> Vec<(Labels, f64)> {
+    let mut out = Vec::new();
+    for line in exposition.lines().filter(|l| !l.starts_with('#')) {
+        let Some((head, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let (base, labels) = match head.split_once('{') {
+            Some((b, l)) => (b, l.trim_end_matches('}')),
+            None => (head, ""),
+        };
+        if base != name {
+            continue;
+        }
+        let mut map = Labels::new();
+        for pair in labels.split("\",").filter(|p| !p.is_empty()) {
+            if let Some((k, v)) = pair.split_once("=\"") {
+                map.insert(k.to_owned(), v.trim_end_matches('"').to_owned());
+            }
+        }
+        if let Ok(v) = value.trim().parse::<f64>() {
+            out.push((map, v));
+        }
+    }
+    out
+}
+
+fn by_labels(exposition: &str, name: &str, keys: &[&str]) -> BTreeMap<Vec<String>, f64> {
+    series(exposition, name)
+        .into_iter()
+        .map(|(l, v)| {
+            (
+                keys.iter()
+                    .map(|k| l.get(*k).cloned().unwrap_or_default())
+                    .collect(),
+                v,
+            )
+        })
+        .collect()
+}
+
+/// Compares a counter read by node_exporter between two ember scrapes (`before` was read
+/// before it, `after` after it): node_exporter's value must lie in
+/// [before − 2 %, after + 2 %]. Returns, over the series compared, the largest relative
+/// distance of node_exporter's value outside [before, after] and to `before`, and how many
+/// series were compared.
+fn bracket(
+    what: &str,
+    before: &BTreeMap<Vec<String>, f64>,
+    node: &BTreeMap<Vec<String>, f64>,
+    after: &BTreeMap<Vec<String>, f64>,
+) -> (f64, f64, usize) {
+    let (mut outside, mut to_before, mut n): (f64, f64, usize) = (0.0, 0.0, 0);
+    for (k, nv) in node {
+        let (Some(b), Some(a)) = (before.get(k), after.get(k)) else {
+            continue;
+        };
+        n += 1;
+        let tol = 0.02 * nv.abs();
+        assert!(
+            *nv >= b - tol && *nv <= a + tol,
+            "{what} {k:?}: node_exporter {nv} is not within 2% of ember's [{b}, {a}]"
+        );
+        let scale = nv.abs().max(f64::MIN_POSITIVE);
+        outside = outside.max((b - nv).max(nv - a).max(0.0) / scale);
+        if *nv != 0.0 {
+            to_before = to_before.max((nv - b).abs() / scale);
+        }
+    }
+    assert!(n > 0, "{what}: no series in common with node_exporter");
+    (outside, to_before, n)
+}
+
+#[test]
+fn agrees_with_node_exporter_in_the_same_run() {
+    if !require_privileged() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node_addr = format!("127.0.0.1:{}", free_port());
+    let node_log = dir.path().join("node_exporter.log");
+    let _node = daemon(
+        "prometheus-node-exporter",
+        &[
+            format!("--web.listen-address={node_addr}"),
+            "--collector.disable-defaults".into(),
+            "--collector.cpu".into(),
+            "--collector.meminfo".into(),
+            "--collector.diskstats".into(),
+            // ember's default (newer node_exporters' default, which also leaves out zram).
+            format!(
+                "--collector.diskstats.device-exclude={}",
+                ember::config::Config::default().readings.disk_exclude
+            ),
+            "--collector.netdev".into(),
+        ],
+        &node_log,
+    );
+    let (ember, addr) = start_ember(dir.path());
+    wait_http(&node_addr, "/metrics", Duration::from_secs(20), &node_log);
+
+    // ember shows its latest reading (at most INTERVAL old): one scrape before
+    // node_exporter reads, one after ember has surely read again.
+    let before = scrape(&addr);
+    let (status, node) = http_get(&node_addr, "/metrics").expect("node_exporter scrape");
+    assert_eq!(status, 200);
+    thread::sleep(INTERVAL * 2 + Duration::from_millis(200));
+    let after = scrape(&addr);
+
+    let mut report = Vec::new();
+    for (what, ember_name, node_name, keys) in [
+        (
+            "CPU seconds",
+            "ember_node_cpu_seconds_total",
+            "node_cpu_seconds_total",
+            &["cpu", "mode"][..],
+        ),
+        (
+            "disk io time",
+            "ember_node_disk_io_time_seconds_total",
+            "node_disk_io_time_seconds_total",
+            &["device"][..],
+        ),
+        (
+            "network receive bytes",
+            "ember_node_network_receive_bytes_total",
+            "node_network_receive_bytes_total",
+            &["device"][..],
+        ),
+        (
+            "network transmit bytes",
+            "ember_node_network_transmit_bytes_total",
+            "node_network_transmit_bytes_total",
+            &["device"][..],
+        ),
+    ] {
+        let b = by_labels(&before, ember_name, keys);
+        let a = by_labels(&after, ember_name, keys);
+        let n = by_labels(&node, node_name, keys);
+        // Every series node_exporter has, ember has too (ember also keeps `lo`).
+        let missing: BTreeSet<_> = n.keys().filter(|k| !a.contains_key(*k)).collect();
+        assert!(missing.is_empty(), "{what}: ember lacks {missing:?}");
+        let (outside, to_before, count) = bracket(what, &b, &n, &a);
+        report.push(format!(
+            "{what}: {count} series; largest delta outside ember's before/after readings \
+             {:.4}%, to the reading before {:.4}%",
+            outside * 100.0,
+            to_before * 100.0
+        ));
+    }
+    // A gauge: within 2% of either ember reading.
+    let n = metric_value(&node, "node_memory_MemAvailable_bytes").expect("node MemAvailable");
+    let e: Vec<f64> = [&before, &after]
+        .iter()
+        .filter_map(|t| metric_value(t, "ember_node_memory_MemAvailable_bytes"))
+        .collect();
+    let delta = e
+        .iter()
+        .map(|v| (v - n).abs() / n)
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        delta <= 0.02,
+        "MemAvailable: node_exporter {n}, ember {e:?}"
+    );
+    report.push(format!(
+        "MemAvailable: relative delta {:.4}%",
+        delta * 100.0
+    ));
+    println!(
+        "cross-check with node_exporter:\n  {}\nscrape size: {} bytes, {} samples",
+        report.join("\n  "),
+        after.len(),
+        after
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .count()
+    );
+    drop(ember);
+}
+
+#[test]
+fn promtool_accepts_the_exposition() {
+    if !require_privileged() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_ember, addr) = start_ember(dir.path());
+    let text = scrape(&addr);
+    let file = dir.path().join("metrics.txt");
+    fs::write(&file, &text).expect("write");
+    let out = output_with_timeout(
+        Command::new("sh")
+            .arg("-c")
+            .arg("promtool check metrics < \"$0\"")
+            .arg(&file),
+        Duration::from_secs(60),
+    )
+    .expect("running promtool (Debian package prometheus, installed by make deps)");
+    let code = out.status.code();
+    let lints =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    // 0: clean, 3: lint only; anything else is a parse error.
+    assert!(
+        matches!(code, Some(0) | Some(3)),
+        "promtool check metrics failed ({code:?}):\n{lints}"
+    );
+    for line in lints.lines().filter(|l| !l.trim().is_empty()) {
+        let (name, problem) = line.split_once(' ').unwrap_or((line, ""));
+        let ok = match problem {
+            // promtool 2.42 reads the classic text format, where a counter's HELP is on
+            // `x_total`; OpenMetrics (which ember serves) puts it on the family `x`.
+            "no help text" => text.contains(&format!(
+                "# HELP {} ",
+                name.strip_suffix("_total").unwrap_or(name)
+            )),
+            // node_exporter's own names (MemAvailable, Tcp_RetransSegs), kept so that
+            // dashboards port by a prefix swap.
+            p if p.contains("camelCase") => {
+                name.starts_with("ember_node_memory_") || name.starts_with("ember_node_netstat_")
+            }
+            _ => false,
+        };
+        assert!(ok, "unexpected promtool lint: {line}");
+    }
+    assert!(text.contains("ember_node_cpu_seconds_total{cpu=\"0\",mode=\"user\"}"));
+    assert!(text.contains("ember_use_ratio{resource=\"memory\",kind=\"utilization\"}"));
+}
+
+/// Percent-encodes a PromQL query for a URL.
+fn encode(q: &str) -> String {
+    q.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[test]
+fn prometheus_scrapes_ember_and_evaluates_the_alert_rules() {
+    if !require_privileged() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_ember, addr) = start_ember(dir.path());
+    let rules = workspace_root().join("deploy/alerts.yaml");
+    let prom_cfg = dir.path().join("prometheus.yml");
+    fs::write(
+        &prom_cfg,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n\
+             scrape_configs:\n  - job_name: ember\n    static_configs:\n      - targets: ['{addr}']\n",
+            rules.display()
+        ),
+    )
+    .expect("prometheus config");
+    let prom_addr = format!("127.0.0.1:{}", free_port());
+    let log = dir.path().join("prometheus.log");
+    let _prom = daemon(
+        "prometheus",
+        &[
+            format!("--config.file={}", prom_cfg.display()),
+            format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()),
+            format!("--web.listen-address={prom_addr}"),
+        ],
+        &log,
+    );
+    wait_http(&prom_addr, "/-/ready", Duration::from_secs(60), &log);
+    let query = format!(
+        "/api/v1/query?query={}",
+        encode("ember_use_ratio{resource=\"cpu\",kind=\"utilization\"}")
+    );
+    let start = Instant::now();
+    let body = loop {
+        let (status, body) = http_get(&prom_addr, &query).expect("query");
+        assert_eq!(status, 200, "{body}");
+        if body.contains("\"resource\":\"cpu\"") {
+            break body;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "Prometheus has no ember_use_ratio after 60 s: {body}\n{}",
+            fs::read_to_string(&log).unwrap_or_default()
+        );
+        thread::sleep(Duration::from_millis(500));
+    };
+    assert!(body.contains("\"job\":\"ember\""), "{body}");
+    // Every rule of deploy/alerts.yaml has been evaluated on ember's series without error.
+    let start = Instant::now();
+    loop {
+        let (_, rules) = http_get(&prom_addr, "/api/v1/rules").expect("rules");
+        let evaluated = rules.matches("\"health\":\"ok\"").count();
+        assert!(
+            !rules.contains("\"health\":\"err\""),
+            "a rule failed to evaluate: {rules}"
+        );
+        if evaluated >= 11 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "rules not evaluated after 30 s: {rules}"
+        );
+        thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// A cgroup made for the test in several hierarchies; its processes go back to each root
+/// and the directories are removed on drop.
+struct TestCgroup {
+    dirs: Vec<(PathBuf, PathBuf)>,
+}
+
+impl TestCgroup {
+    fn create(roots: &[PathBuf], rel: &str) -> Self {
+        let dirs = roots
+            .iter()
+            .map(|r| {
+                let leaf = r.join(rel);
+                fs::create_dir_all(&leaf)
+                    .unwrap_or_else(|e| panic!("creating {}: {e}", leaf.display()));
+                (r.clone(), leaf)
+            })
+            .collect();
+        Self { dirs }
+    }
+
+    fn add(&self, pid: u32) {
+        for (_, leaf) in &self.dirs {
+            fs::write(leaf.join("cgroup.procs"), pid.to_string())
+                .unwrap_or_else(|e| panic!("moving {pid} into {}: {e}", leaf.display()));
+        }
+    }
+
+    fn leaf(&self, root: &str) -> PathBuf {
+        self.dirs
+            .iter()
+            .find(|(r, _)| r.ends_with(root))
+            .map(|(_, l)| l.clone())
+            .expect("hierarchy")
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for (root, leaf) in &self.dirs {
+            if let Ok(procs) = fs::read_to_string(leaf.join("cgroup.procs")) {
+                for pid in procs.lines() {
+                    let _ = fs::write(root.join("cgroup.procs"), pid);
+                }
+            }
+            let mut dir = leaf.clone();
+            while dir != *root {
+                if fs::remove_dir(&dir).is_err() {
+                    break;
+                }
+                if !dir.pop() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+const ID_V1: &str = "5eed00005eed00005eed00005eed00005eed00005eed00005eed00005eed0001";
+const ID_V2: &str = "5eed11115eed11115eed11115eed11115eed11115eed11115eed11115eed1112";
+
+#[test]
+fn containers_in_v1_and_v2_cgroups_get_cadvisor_series() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let cg = Path::new("/sys/fs/cgroup");
+    let v2 = ["unified", ""]
+        .iter()
+        .map(|d| cg.join(d))
+        .find(|p| p.join("cgroup.controllers").exists())
+        .expect("a cgroup v2 hierarchy");
+    let v1: Vec<PathBuf> = ["cpu", "cpuacct", "memory"]
+        .iter()
+        .map(|c| cg.join(c))
+        .filter(|p| p.join("cgroup.procs").exists())
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    // v1 (cgroupfs driver), where the host has the controllers: a hog limited to 10% of
+    // a CPU, so that it is throttled in most periods.
+    let v1_cg = (v1.len() == 3).then(|| {
+        let cgroup = TestCgroup::create(
+            &v1,
+            &format!("kubepods/burstable/pod5eed5eed-0000-1111-2222-333333333333/{ID_V1}"),
+        );
+        let cpu = cgroup.leaf("cpu");
+        fs::write(cpu.join("cpu.cfs_period_us"), "100000").expect("period");
+        fs::write(cpu.join("cpu.cfs_quota_us"), "10000").expect("quota");
+        cgroup
+    });
+    let v2_cg = TestCgroup::create(
+        std::slice::from_ref(&v2),
+        &format!(
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod5eed5eed_4444_5555_6666_777777777777.slice/cri-containerd-{ID_V2}.scope"
+        ),
+    );
+    let mut hog_v1 = v1_cg.as_ref().map(|c| {
+        let f = Fixture::spawn(CPU_HOG, &["--wait-start", "--seconds", "30"]).expect("fixture");
+        c.add(f.pid);
+        f
+    });
+    let mut hog_v2 =
+        Fixture::spawn(CPU_HOG, &["--wait-start", "--seconds", "30"]).expect("fixture");
+    v2_cg.add(hog_v2.pid);
+    hog_v2.start().expect("start");
+    if let Some(h) = hog_v1.as_mut() {
+        h.start().expect("start");
+    }
+    let (ember, addr) = start_ember(dir.path());
+    thread::sleep(Duration::from_secs(3));
+    let text = scrape(&addr);
+    let get = |name: &str, id: &str| -> Option<f64> {
+        series(&text, name)
+            .into_iter()
+            .find(|(l, _)| l.get("container_id").map(String::as_str) == Some(id))
+            .map(|(_, v)| v)
+    };
+
+    // v2: the hog's PSI is the container's; its CPU usage comes from cpu.stat.
+    assert!(
+        get("ember_container_pressure_cpu_waiting_seconds_total", ID_V2).is_some(),
+        "no PSI series for the v2 container:\n{text}\n{}",
+        ember.stderr()
+    );
+    assert!(get("ember_container_cpu_usage_seconds_total", ID_V2).is_some());
+
+    if let Some(c) = &v1_cg {
+        let usage = get("ember_container_cpu_usage_seconds_total", ID_V1).expect("v1 usage");
+        let direct: f64 = fs::read_to_string(c.leaf("cpuacct").join("cpuacct.usage"))
+            .expect("cpuacct.usage")
+            .trim()
+            .parse::<f64>()
+            .expect("number")
+            / 1e9;
+        // ember's reading is at most one interval older than this read of the file.
+        assert!(
+            usage > 0.0 && usage <= direct,
+            "usage {usage} vs cpuacct.usage {direct}"
+        );
+        let periods = get("ember_container_cpu_cfs_periods_total", ID_V1).expect("periods");
+        let throttled =
+            get("ember_container_cpu_cfs_throttled_periods_total", ID_V1).expect("throttled");
+        assert!(periods > 0.0, "a quota was set, so periods count");
+        assert!(
+            throttled > 0.0 && throttled <= periods,
+            "a hog at 10% of a CPU is throttled: {throttled} of {periods}"
+        );
+        assert!(get("ember_container_cpu_cfs_throttled_seconds_total", ID_V1).expect("time") > 0.0);
+        let ws = get("ember_container_memory_working_set_bytes", ID_V1).expect("working set");
+        let usage_bytes: f64 = fs::read_to_string(c.leaf("memory").join("memory.usage_in_bytes"))
+            .expect("usage_in_bytes")
+            .trim()
+            .parse()
+            .expect("number");
+        // Usage minus inactive file pages, read an interval earlier: not above today's usage
+        // by more than the hog could have freed (it allocates nothing after start).
+        assert!(
+            ws <= usage_bytes + 1048576.0,
+            "working set {ws} vs usage {usage_bytes}"
+        );
+        assert!(get("ember_container_oom_events_total", ID_V1).is_some());
+    }
+    drop(ember);
+    drop(hog_v1);
+    drop(hog_v2);
+}
