@@ -187,8 +187,11 @@ fn share(by: &HashMap<(String, String), i64>, pred: impl Fn(&str) -> bool) -> (i
 /// Starts `jit_hog MODE` in new pid and mount namespaces with its own /tmp.
 /// Returns the process and its host pid; its namespace pid is checked to differ.
 fn namespaced_jit_hog(mode: &str) -> (Spawned, u32) {
+    // The fresh tmpfs is filled on /mnt and then moved onto /tmp: mounting it on /tmp
+    // directly would hide the fixture itself when the checkout lives under /tmp.
     let script = format!(
-        "mount -t tmpfs ember-test /tmp && exec {JIT_HOG} {mode} --seconds 8 --wait-start --linger"
+        "mount -t tmpfs ember-test /mnt && cp {JIT_HOG} /mnt/jit_hog && mount --move /mnt /tmp \
+         && exec /tmp/jit_hog {mode} --seconds 8 --wait-start --linger"
     );
     let hog = Spawned::new(Command::new("unshare").args([
         "--pid",
