@@ -26,7 +26,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use prost::Message;
 
 use super::delivery::{random_u128, Outcome, Transport};
@@ -553,7 +553,9 @@ impl Http {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
+        // The idle timeout needs a timer to take effect.
         let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
         Ok(Self {
