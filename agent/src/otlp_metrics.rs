@@ -174,6 +174,23 @@ fn attributes(labels: &[(&'static str, String)]) -> Vec<KeyValue> {
 }
 
 /// Every point of every family called `name` in the latest snapshot.
+/// Where a callback reports one value with its attributes.
+type Observe<'a> = &'a dyn Fn(f64, &[KeyValue]);
+
+/// Reports every number point of the families named `name` in the latest snapshot
+/// through `observe`: the body of both the counter and the gauge callbacks.
+fn numbers(published: Published, name: String) -> impl Fn(Observe) {
+    move |observe| {
+        with_families(&published, &name, |fam| {
+            for pt in &fam.points {
+                if let Value::Number(v) = pt.value {
+                    observe(v, &attributes(&pt.labels));
+                }
+            }
+        })
+    }
+}
+
 fn with_families(published: &Published, name: &str, mut f: impl FnMut(&Family)) {
     let s = published.latest();
     for fam in s.families.iter().filter(|fam| fam.otlp_name() == name) {
@@ -234,40 +251,24 @@ impl Instruments {
             let p = published.clone();
             match f.kind {
                 Kind::Counter => {
-                    let n = name.clone();
+                    let observe = numbers(p, name.clone());
                     self.counters.push(
                         meter
                             .f64_observable_counter(name)
                             .with_description(f.help)
                             .with_unit(unit_of(f))
-                            .with_callback(move |obs| {
-                                with_families(&p, &n, |fam| {
-                                    for pt in &fam.points {
-                                        if let Value::Number(v) = pt.value {
-                                            obs.observe(v, &attributes(&pt.labels));
-                                        }
-                                    }
-                                })
-                            })
+                            .with_callback(move |obs| observe(&|v, attrs| obs.observe(v, attrs)))
                             .build(),
                     );
                 }
                 Kind::Gauge => {
-                    let n = name.clone();
+                    let observe = numbers(p, name.clone());
                     self.gauges.push(
                         meter
                             .f64_observable_gauge(name)
                             .with_description(f.help)
                             .with_unit(unit_of(f))
-                            .with_callback(move |obs| {
-                                with_families(&p, &n, |fam| {
-                                    for pt in &fam.points {
-                                        if let Value::Number(v) = pt.value {
-                                            obs.observe(v, &attributes(&pt.labels));
-                                        }
-                                    }
-                                })
-                            })
+                            .with_callback(move |obs| observe(&|v, attrs| obs.observe(v, attrs)))
                             .build(),
                     );
                 }

@@ -494,27 +494,7 @@ const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
 const RESOLVE_IN_ROOT: u64 = 0x10;
 
 fn open_in_root(root: &File, rel: &str) -> Option<File> {
-    let path = std::ffi::CString::new(rel).ok()?;
-    let how = OpenHow {
-        flags: (libc::O_RDONLY | libc::O_CLOEXEC) as u64,
-        mode: 0,
-        resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
-    };
-    // SAFETY: valid dirfd, NUL-terminated path and a correctly sized open_how.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            root.as_raw_fd(),
-            path.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: openat2 returned a new descriptor that nothing else owns.
-    Some(unsafe { File::from_raw_fd(fd as i32) })
+    openat2_in_root(root, rel, libc::O_RDONLY, 0).ok()
 }
 
 /// Opens `rel` under `root` with `openat2`: `flags` as for `open`, `resolve` the
