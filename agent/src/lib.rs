@@ -35,6 +35,9 @@ pub mod sink;
 pub mod symbolize;
 pub mod workload;
 
+#[cfg(test)]
+mod golden;
+
 /// The pprof protobuf types, generated from `proto/profile.proto`.
 #[allow(missing_docs, clippy::all)]
 pub mod proto {

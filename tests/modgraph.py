@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""The module graph of agent/src: fails on an import circle or an import that runs
+against the data flow.
+
+Every file is a module (`a/b.rs` and `a/b/mod.rs` are `crate::a::b`). An edge A → B is
+any path A names that resolves to B: `use crate::…`, `crate::…` inside code, and
+`super::…`. A module naming its own ancestor is not an edge (a room's files share its
+`mod.rs`), and tests (`#[cfg(test)]` blocks, `*_tests.rs`, `golden.rs`) are left out:
+they may reach anywhere.
+
+Two checks:
+  1. no cycle among modules (strongly connected components of more than one module);
+  2. the rooms (top-level modules) import only rooms of a lower rank in ROOMS, so a
+     leaf imports no stage and a stage never imports the one after it.
+
+  tests/modgraph.py [--src agent/src] [--dot] [--stats]
+"""
+
+import argparse
+import os
+import re
+import sys
+from collections import defaultdict
+
+# The rooms in data-flow order: a room may import only rooms listed before it.
+# Leaves first (they import no stage), then the stages, then what composes them.
+ROOMS = [
+    "proto", "push_proto", "config", "metrics", "os",
+    "workload",
+    "capture", "normalize", "aggregate", "symbolize", "encode", "export",
+    "readings",
+    "server",
+    "agent",
+]
+# Rooms that are leaves: they may import other leaves only.
+LEAVES = {"proto", "push_proto", "config", "metrics", "os"}
+
+PATH_RE = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
+USE_RE = re.compile(r"\buse\s+(crate|super|self)::(\{.*?\}|[^;]*);", re.S)
+
+
+def module_of(src, path):
+    rel = os.path.relpath(path, src)[:-3].split(os.sep)
+    if rel[-1] == "mod":
+        rel = rel[:-1]
+    if rel in (["lib"], ["main"]):
+        return ()
+    return tuple(rel)
+
+
+def strip_tests(text):
+    """Drops `#[cfg(test)]` items (by brace matching) and comments."""
+    text = re.sub(r"//[^\n]*", "", text)
+    out, i = [], 0
+    while True:
+        j = text.find("#[cfg(test)]", i)
+        if j < 0:
+            out.append(text[i:])
+            break
+        out.append(text[i:j])
+        k = j + len("#[cfg(test)]")
+        semi, brace = text.find(";", k), text.find("{", k)
+        if brace < 0 or (0 <= semi < brace):
+            i = semi + 1
+            continue
+        depth, k = 0, brace
+        while k < len(text):
+            if text[k] == "{":
+                depth += 1
+            elif text[k] == "}":
+                depth -= 1
+                if depth == 0:
+                    break
+            k += 1
+        i = k + 1
+    return "".join(out)
+
+
+def expand_use(head, body):
+    """`{a::b, c::{d, e}}` → ['a::b', 'c::d', 'c::e'] (enough for module resolution)."""
+    body = re.sub(r"\s+", "", body)
+    paths = []
+
+    def walk(prefix, s):
+        if s.startswith("{") and s.endswith("}"):
+            depth, cur = 0, ""
+            for ch in s[1:-1] + ",":
+                if ch == "," and depth == 0:
+                    if cur:
+                        walk(prefix, cur)
+                    cur = ""
+                    continue
+                depth += ch == "{"
+                depth -= ch == "}"
+                cur += ch
+            return
+        m = re.match(r"^([^{]*?)::(\{.*\})$", s)
+        if m:
+            walk(prefix + [m.group(1)], m.group(2))
+            return
+        paths.append("::".join(prefix + [s.split(" as ")[0]]))
+
+    walk([], body)
+    return [(head, p) for p in paths]
+
+
+def resolve(mod, head, rest, modules):
+    if head == "crate":
+        base = ()
+    elif head == "self":
+        base = mod
+    else:
+        base = mod[:-1]
+        while rest.startswith("super::"):
+            base, rest = base[:-1], rest[len("super::"):]
+    parts = [p for p in rest.split("::") if p and p not in ("*", "self")]
+    best = None
+    for n in range(len(parts) + 1):
+        cand = base + tuple(parts[:n])
+        if cand in modules:
+            best = cand
+    return best
+
+
+def graph(src):
+    files = {}
+    for root, _, names in os.walk(src):
+        for n in names:
+            if n.endswith(".rs"):
+                p = os.path.join(root, n)
+                files[module_of(src, p)] = p
+    modules = set(files)
+    edges = defaultdict(set)
+    for mod, path in files.items():
+        if not mod or mod[-1].endswith("_tests") or mod[-1] in ("golden", "tests"):
+            continue
+        text = strip_tests(open(path, encoding="utf-8").read())
+        refs = []
+        for m in USE_RE.finditer(text):
+            refs += expand_use(m.group(1), m.group(2))
+        for m in PATH_RE.finditer(USE_RE.sub("", text)):
+            refs.append((m.group(1), m.group(2)[2:]))
+        for head, rest in refs:
+            target = resolve(mod, head, rest, modules)
+            if target is None or target == mod or mod[: len(target)] == target:
+                continue
+            if target[-1] in ("golden",) or target[-1].endswith("_tests"):
+                continue
+            edges[mod].add(target)
+    return modules, edges
+
+
+def sccs(nodes, edges):
+    index, low, stack, on, out, n = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = n[0]
+        n[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            out.append(comp)
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(nodes):
+        if v not in index:
+            visit(v)
+    return [c for c in out if len(c) > 1]
+
+
+def name(mod):
+    return "::".join(mod) or "crate"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--src", default=os.path.join(os.path.dirname(__file__), "..", "agent", "src"))
+    ap.add_argument("--dot", action="store_true", help="print the room graph as Graphviz")
+    ap.add_argument("--stats", action="store_true", help="print counts, cycles and back-edges, never fail")
+    args = ap.parse_args()
+    modules, edges = graph(args.src)
+    problems = []
+    for comp in sccs(modules, edges):
+        problems.append("import circle: " + " → ".join(name(m) for m in sorted(comp)))
+    rank = {r: i for i, r in enumerate(ROOMS)}
+    room_edges = defaultdict(set)
+    for a, targets in edges.items():
+        for b in targets:
+            ra, rb = a[0], b[0]
+            if ra == rb:
+                continue
+            room_edges[ra].add(rb)
+            if ra not in rank or rb not in rank:
+                problems.append(f"{name(a)} → {name(b)}: room {ra if ra not in rank else rb} is not in ROOMS")
+            elif ra in LEAVES and rb not in LEAVES:
+                problems.append(f"{name(a)} → {name(b)}: the leaf {ra} imports the stage {rb}")
+            elif rank[rb] > rank[ra]:
+                problems.append(f"{name(a)} → {name(b)}: {ra} imports {rb}, which comes after it")
+    if args.dot:
+        print("digraph rooms {")
+        for a in sorted(room_edges):
+            for b in sorted(room_edges[a]):
+                print(f'  "{a}" -> "{b}";')
+        print("}")
+    n_edges = sum(len(t) for t in edges.values())
+    print(f"modgraph: {len(modules) - 1} modules, {n_edges} edges, "
+          f"{len({m[0] for m in modules if m})} rooms, {len(problems)} problems")
+    for p in sorted(set(problems)):
+        print(f"  {p}")
+    return 0 if args.stats or not problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
