@@ -1,7 +1,7 @@
 # ember: build, run, test and benchmark.
 #
 #   make run    ARGS="..."   install what is missing, build, run the agent (root)
-#   make test                fmt, clippy, then unit and end-to-end tests (root for BPF)
+#   make test                fmt, module graph, clippy, then unit and end-to-end tests (root for BPF)
 #   make bench               criterion benches, then the overhead harness (root)
 #   make deps | build | clean
 #
@@ -111,7 +111,7 @@ define ensure_daemon_pkgs
 endef
 
 .PHONY: deps bench-deps rust-deps build run test bench clean \
-	fmt-check clippy pprofcheck test-only bench-only k8s-apiserver deploy-check \
+	fmt-check modgraph clippy pprofcheck test-only bench-only k8s-apiserver deploy-check \
 	otlp-venv fuzz
 
 deps: rust-deps
@@ -152,6 +152,11 @@ $(PPROFCHECK): tests/pprofcheck/main.go
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
+# The module graph of agent/src: no import circles, no import against the data flow.
+modgraph:
+	$(PYTHON) tests/modgraph.py --self-test
+	$(PYTHON) tests/modgraph.py
+
 clippy:
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
@@ -178,6 +183,7 @@ deploy-check:
 
 test: deps
 	$(MAKE) --no-print-directory fmt-check
+	$(MAKE) --no-print-directory modgraph
 	$(MAKE) --no-print-directory clippy
 	$(CARGO_BUILD)
 	$(MAKE) --no-print-directory pprofcheck

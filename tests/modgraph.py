@@ -25,7 +25,7 @@ from collections import defaultdict
 # The rooms in data-flow order: a room may import only rooms listed before it.
 # Leaves first (they import no stage), then the stages, then what composes them.
 ROOMS = [
-    "proto", "push_proto", "config", "metrics", "os",
+    "proto", "push_proto", "os", "config", "metrics",
     "workload",
     "capture", "normalize", "aggregate", "symbolize", "encode", "export",
     "readings",
@@ -185,13 +185,64 @@ def name(mod):
     return "::".join(mod) or "crate"
 
 
+def self_test():
+    """The check must fail on a circle and on a back-edge, and pass a clean tree."""
+    import tempfile
+    cases = {
+        "clean": ({"lib.rs": "", "config/mod.rs": "", "capture/mod.rs": "use crate::config::X;",
+                   "aggregate.rs": "use crate::{capture::Sample, config};"}, 0),
+        "circle": ({"lib.rs": "", "workload/mod.rs": "", "workload/a.rs": "use super::b::X;",
+                    "workload/b.rs": "fn f() { crate::workload::a::g() }"}, 1),
+        "back-edge": ({"lib.rs": "", "capture/mod.rs": "", "encode/mod.rs": "",
+                       "capture/x.rs": "use crate::encode::Y;"}, 1),
+        "leaf imports a stage": ({"lib.rs": "", "metrics/mod.rs": "use crate::readings::Z;",
+                                  "readings/mod.rs": ""}, 1),
+        "test code is free": ({"lib.rs": "", "capture/mod.rs": "#[cfg(test)]\nmod t { use crate::encode::Y; }",
+                               "encode/mod.rs": ""}, 0),
+    }
+    for label, (files, want) in cases.items():
+        with tempfile.TemporaryDirectory() as d:
+            for rel, text in files.items():
+                os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
+                open(os.path.join(d, rel), "w").write(text)
+            got = 1 if problems_of(d) else 0
+            if got != want:
+                print(f"modgraph self-test: {label}: got {got}, want {want}")
+                return 1
+    print(f"modgraph self-test: {len(cases)} cases ok")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", default=os.path.join(os.path.dirname(__file__), "..", "agent", "src"))
     ap.add_argument("--dot", action="store_true", help="print the room graph as Graphviz")
     ap.add_argument("--stats", action="store_true", help="print counts, cycles and back-edges, never fail")
+    ap.add_argument("--self-test", action="store_true", help="check the checker on small trees")
     args = ap.parse_args()
+    if args.self_test:
+        return self_test()
     modules, edges = graph(args.src)
+    problems, room_edges = check(modules, edges)
+    if args.dot:
+        print("digraph rooms {")
+        for a in sorted(room_edges):
+            for b in sorted(room_edges[a]):
+                print(f'  "{a}" -> "{b}";')
+        print("}")
+    n_edges = sum(len(t) for t in edges.values())
+    print(f"modgraph: {len(modules) - 1} modules, {n_edges} edges, "
+          f"{len({m[0] for m in modules if m})} rooms, {len(problems)} problems")
+    for p in sorted(set(problems)):
+        print(f"  {p}")
+    return 0 if args.stats or not problems else 1
+
+
+def problems_of(src):
+    return check(*graph(src))[0]
+
+
+def check(modules, edges):
     problems = []
     for comp in sccs(modules, edges):
         problems.append("import circle: " + " → ".join(name(m) for m in sorted(comp)))
@@ -209,18 +260,7 @@ def main():
                 problems.append(f"{name(a)} → {name(b)}: the leaf {ra} imports the stage {rb}")
             elif rank[rb] > rank[ra]:
                 problems.append(f"{name(a)} → {name(b)}: {ra} imports {rb}, which comes after it")
-    if args.dot:
-        print("digraph rooms {")
-        for a in sorted(room_edges):
-            for b in sorted(room_edges[a]):
-                print(f'  "{a}" -> "{b}";')
-        print("}")
-    n_edges = sum(len(t) for t in edges.values())
-    print(f"modgraph: {len(modules) - 1} modules, {n_edges} edges, "
-          f"{len({m[0] for m in modules if m})} rooms, {len(problems)} problems")
-    for p in sorted(set(problems)):
-        print(f"  {p}")
-    return 0 if args.stats or not problems else 1
+    return problems, room_edges
 
 
 if __name__ == "__main__":

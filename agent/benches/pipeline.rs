@@ -7,7 +7,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use ember::aggregate::{Aggregator, Window, Workloads};
 use ember::capture::Sample;
 use ember::metrics::Metrics;
-use ember::process::Limits;
+use ember::normalize::process::Limits;
 use ember::symbolize::Symbolizer;
 
 const LIMITS: Limits = Limits {
@@ -89,8 +89,8 @@ fn benches(c: &mut Criterion) {
     let symbols = sym.resolve(&w);
     c.bench_function("encode pprof + gzip", |b| {
         b.iter(|| {
-            let (p, _) = ember::pprof::encode(&w, &symbols);
-            black_box(ember::pprof::to_gzip(&p))
+            let (p, _) = ember::encode::pprof::encode(&w, &symbols);
+            black_box(ember::encode::pprof::to_gzip(&p))
         })
     });
 }

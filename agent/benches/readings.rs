@@ -12,8 +12,8 @@ use ember::readings::Snapshot;
 
 fn interval(c: &mut Criterion) {
     let metrics = Metrics::new();
-    let mut sources =
-        ember::resources::sources(&Readings::default(), None, &metrics).expect("default filters");
+    let mut sources = ember::readings::resources::sources(&Readings::default(), None, &metrics)
+        .expect("default filters");
     c.bench_function("readings: read every USE source once", |b| {
         b.iter(|| {
             let mut out = Vec::new();

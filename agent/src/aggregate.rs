@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::capture::{Control, Sample};
-use crate::kube::Metadata;
 use crate::metrics::Metrics;
-use crate::process::{Limits, ProcessTable, UserAddr};
+use crate::normalize::process::{Limits, ProcessTable, UserAddr};
+use crate::workload::kube::Metadata;
 use crate::workload::{self, Accounting, Cgroup, Filter, Labels, Verdict};
 
 /// One frame of a normalized stack.
@@ -124,7 +124,7 @@ impl Aggregator {
     }
 
     /// Replaces the JIT settings of the process table.
-    pub fn set_jit(&mut self, settings: crate::jit::Settings) {
+    pub fn set_jit(&mut self, settings: crate::config::Jit) {
         self.table.set_jit(settings);
     }
 
@@ -351,7 +351,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::sync_channel(8);
         let stat = std::fs::read_to_string("/proc/self/stat").expect("stat");
         let rules = crate::config::Filters {
-            exclude_processes: vec![crate::procfs::parse_stat(&stat).expect("parse").comm],
+            exclude_processes: vec![crate::os::procfs::parse_stat(&stat).expect("parse").comm],
             ..Default::default()
         };
         let workloads = Workloads {

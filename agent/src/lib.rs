@@ -1,42 +1,39 @@
 //! ember: an always-on eBPF continuous profiler.
 //!
-//! Samples flow through one stage per module, each owning its state and
-//! passing owned batches to the next over bounded channels:
+//! The folders are the data flow. Samples go left to right, each stage on its own
+//! thread, owning its state, passing owned batches to the next over bounded channels:
 //!
-//! `capture` (BPF → [`capture::Sample`]) → `aggregate` (per window, with the
-//! `process` table that normalizes addresses while processes live) →
-//! `symbolize` → `pprof` (encode) → `sink` (window files) — wired by `pipeline`.
+//! ```text
+//!  capture ──▶ aggregate ──────────────▶ symbolize ──▶ encode ──▶ export
+//!  (BPF →      (per window; normalize      (ELF/DWARF,   (pprof,     (window files,
+//!   samples)    owns the process table:     kallsyms)     flame       Pyroscope,
+//!               objects, JIT frames)                      graphs)     OTLP profiles)
+//!                  ▲
+//!              workload (cgroup → container, pod, filters, per-container CPU)
+//!
+//!  readings (USE, perf counters, run-queue latency) ──▶ snapshot ──▶ /metrics, OTLP metrics
+//!  server (/metrics, /healthz, windows, flame graphs)
+//!  agent: the one place that starts and stops every thread, in order
+//! ```
+//!
+//! Leaves that import no stage: [`config`], [`metrics`], [`os`]. A module imports only
+//! modules before it in this order (checked by `tests/modgraph.py` in `make test`):
+//! leaves, workload, capture, normalize, aggregate, symbolize, encode, export, readings,
+//! server, agent.
 
+pub mod agent;
 pub mod aggregate;
 pub mod capture;
-pub mod cgroup;
 pub mod config;
-pub mod container_cgroups;
-pub mod flamegraph;
-pub mod jit;
-pub mod jitdump;
-pub mod jvm;
-pub mod kallsyms;
-pub mod kube;
+pub mod encode;
+pub mod export;
 pub mod metrics;
-pub mod otlp_metrics;
-pub mod perfmap;
-pub mod pipeline;
-pub mod pmc;
-pub mod pprof;
-pub mod privileges;
-pub mod process;
-pub mod procfs;
+pub mod normalize;
+pub mod os;
 pub mod readings;
-pub mod resources;
-pub mod runqlat;
 pub mod server;
-pub mod sink;
 pub mod symbolize;
 pub mod workload;
-
-#[cfg(test)]
-mod golden;
 
 /// The pprof protobuf types, generated from `proto/profile.proto`.
 #[allow(missing_docs, clippy::all)]

@@ -8,12 +8,16 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use ember::agent::{Options, Pipeline};
 use ember::config::Config;
+use ember::encode::flamegraph;
+use ember::encode::Encoded;
+use ember::export::files::WindowDir;
 use ember::metrics::Metrics;
-use ember::pipeline::{Encoded, Options, Pipeline};
-use ember::sink::files::WindowDir;
+use ember::normalize::process;
+use ember::os::privileges;
 use ember::workload::Filter;
-use ember::{capture, flamegraph, privileges, process, server};
+use ember::{capture, server};
 
 /// ember: an always-on eBPF continuous profiler.
 #[derive(Parser)]
@@ -149,13 +153,13 @@ fn node_name(cfg: &Config) -> String {
 }
 
 /// Starts the pod watcher (on the current runtime) when Kubernetes is enabled.
-async fn metadata(cfg: &Config) -> Option<ember::kube::Metadata> {
+async fn metadata(cfg: &Config) -> Option<ember::workload::kube::Metadata> {
     if !cfg.kubernetes.enabled {
         return None;
     }
     let kubeconfig = &cfg.kubernetes.kubeconfig;
     Some(
-        ember::kube::start(ember::kube::KubeSettings {
+        ember::workload::kube::start(ember::workload::kube::KubeSettings {
             enabled: true,
             node_name: Some(node_name(cfg)),
             kubeconfig: (!kubeconfig.as_os_str().is_empty()).then(|| kubeconfig.clone()),
@@ -184,7 +188,7 @@ fn options(cfg: &Config, window: Duration, align: bool) -> Options {
         max_stacks: cfg.limits.max_stacks_per_window,
         symbol_cache: cfg.limits.symbol_cache_entries,
         queue_batches: cfg.limits.sample_queue_batches,
-        jit: cfg.jit.settings(),
+        jit: cfg.jit.clone(),
     }
 }
 
@@ -194,18 +198,18 @@ fn options(cfg: &Config, window: Duration, align: bool) -> Options {
 /// left out; profiling goes on.
 fn reading_sources(
     cfg: &Config,
-    meta: Option<&ember::kube::Metadata>,
+    meta: Option<&ember::workload::kube::Metadata>,
     metrics: &Metrics,
 ) -> Result<Vec<Box<dyn ember::readings::Source>>> {
-    let mut sources = ember::resources::sources(&cfg.readings, meta.cloned(), metrics)
+    let mut sources = ember::readings::resources::sources(&cfg.readings, meta.cloned(), metrics)
         .context("readings: a device filter is not a valid regular expression")?;
     let c = &cfg.counters;
     if c.perf {
-        let settings = ember::pmc::Settings {
+        let settings = ember::readings::pmc::Settings {
             max_containers: c.max_containers,
             cgroup_root: None,
         };
-        match ember::pmc::Pmc::start(settings, meta.cloned(), metrics.clone()) {
+        match ember::readings::pmc::Pmc::start(settings, meta.cloned(), metrics.clone()) {
             Ok(p) => {
                 tracing::info!("perf counters: {} fds open", p.fds_open());
                 sources.push(Box::new(p));
@@ -214,11 +218,11 @@ fn reading_sources(
         }
     }
     if c.runqueue_latency {
-        let settings = ember::runqlat::Settings {
+        let settings = ember::readings::runqlat::Settings {
             max_containers: c.max_containers,
             cgroup_root: None,
         };
-        match ember::runqlat::Runqlat::start(settings, meta.cloned(), metrics.clone()) {
+        match ember::readings::runqlat::Runqlat::start(settings, meta.cloned(), metrics.clone()) {
             Ok(r) => sources.push(Box::new(r)),
             Err(e) => tracing::warn!("run-queue latency is off: {e}"),
         }
@@ -316,7 +320,7 @@ fn run(args: RunArgs) -> Result<()> {
         } else {
             None
         };
-        let (mut dispatch, sinks_shutdown) = ember::sink::start(
+        let (mut dispatch, sinks_shutdown) = ember::export::start(
             &cfg.sinks,
             Some(windows.clone()),
             &node_name(&cfg),
@@ -330,7 +334,7 @@ fn run(args: RunArgs) -> Result<()> {
         let readings_meta = meta.clone();
         let otlp = if cfg.otlp_metrics.enabled {
             let o = &cfg.otlp_metrics;
-            let settings = ember::otlp_metrics::Settings {
+            let settings = ember::readings::otlp::Settings {
                 endpoint: o.endpoint.clone(),
                 interval: o.interval,
                 timeout: o.timeout,
@@ -338,7 +342,7 @@ fn run(args: RunArgs) -> Result<()> {
                 ca_file: o.ca_file.clone(),
                 node_name: known_node_name(&cfg),
             };
-            let e = ember::otlp_metrics::start(settings, metrics.readings.clone())?;
+            let e = ember::readings::otlp::start(settings, metrics.readings.clone())?;
             tracing::info!(
                 "pushing OTLP metrics to {} every {:?}",
                 o.endpoint,

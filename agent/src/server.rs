@@ -21,9 +21,9 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::flamegraph::{self, xml_escape, FlameGraphError};
+use crate::encode::flamegraph::{self, xml_escape, FlameGraphError};
+use crate::export::files::{FilesError, WindowDir};
 use crate::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE};
-use crate::sink::files::{FilesError, WindowDir};
 
 /// Flame graphs rendered at once; each may hold a decoded profile in
 /// memory, so more requests get 503 instead of queueing.
@@ -228,7 +228,7 @@ async fn flame_graph(
 ) -> Result<Response, RouteError> {
     let name = file
         .strip_suffix(".svg")
-        .filter(|n| crate::sink::files::is_window_name(n))
+        .filter(|n| crate::export::files::is_window_name(n))
         .ok_or(RouteError::NotFound)?
         .to_string();
     let permit = state

@@ -2,8 +2,8 @@
 //! pure functions over bytes with no dependencies, so the fuzz build needs none of the
 //! agent's (BPF, Kubernetes, ...).
 
-#[path = "../../agent/src/perfmap.rs"]
+#[path = "../../agent/src/normalize/jit/perfmap.rs"]
 pub mod perfmap;
 
-#[path = "../../agent/src/jitdump.rs"]
+#[path = "../../agent/src/normalize/jit/jitdump.rs"]
 pub mod jitdump;

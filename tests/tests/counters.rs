@@ -23,7 +23,7 @@ struct ContainerCgroup {
 
 impl ContainerCgroup {
     fn create(id: &str) -> Self {
-        let root = ember::container_cgroups::perf_event_root().expect("a perf_event hierarchy");
+        let root = ember::workload::walk::perf_event_root().expect("a perf_event hierarchy");
         let dir = root.join(format!("system.slice/docker-{id}.scope"));
         fs::create_dir_all(&dir).expect("creating the test cgroup");
         Self { root, dir }

@@ -1,0 +1,540 @@
+//! Capture stage: loads the BPF sampler, attaches it to every online CPU and turns
+//! ring buffer records into [`Sample`] batches for the aggregator.
+//!
+//! Runs on its own thread because libbpf's ring buffer is polled synchronously.
+//! Batches go out with `try_send`: a full queue drops the batch and counts it, so the
+//! sampler never waits on a slow stage.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::mem::MaybeUninit;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use libbpf_rs::libbpf_sys;
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
+use tracing::{info, warn};
+
+use crate::config::SampleEvent;
+use crate::metrics::{Metrics, SideLabel};
+
+#[allow(missing_docs, clippy::all, clippy::unwrap_used, unsafe_op_in_unsafe_fn)]
+mod skel {
+    include!(concat!(env!("OUT_DIR"), "/ember.skel.rs"));
+}
+use skel::types::{ember_counter, ember_record};
+use skel::EmberSkelBuilder;
+
+/// Frames per stack side, as `EMBER_MAX_FRAMES` in `bpf/ember.h`.
+pub const MAX_FRAMES: usize = 127;
+const HEADER: usize = std::mem::size_of::<ember_record>();
+// The header is the contract: the ips must start 8-byte aligned right after it.
+const _: () = assert!(HEADER % 8 == 0);
+
+/// One stack sample as the BPF program saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    /// CLOCK_MONOTONIC nanoseconds.
+    pub time_ns: u64,
+    /// v2 cgroup id of the task.
+    pub cgroup_id: u64,
+    /// Thread group id (process id) in the host pid namespace.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// CPU the sample was taken on.
+    pub cpu: u32,
+    /// Thread name, NUL-padded.
+    pub comm: [u8; 16],
+    /// Kernel instruction pointers, leaf first.
+    pub kernel: Vec<u64>,
+    /// User instruction pointers, leaf first.
+    pub user: Vec<u64>,
+}
+
+/// Samples moved between stages together.
+pub type Batch = Vec<Sample>;
+
+/// Orders from the aggregator to the sampler: stop (or resume) sampling a workload in BPF.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// Drop this process's samples in BPF.
+    DenyPid(u32),
+    /// Forget a denied pid (its process exited; the pid may be reused).
+    AllowPid(u32),
+    /// Drop samples of this cgroup v2 id in BPF.
+    DenyCgroup(u64),
+    /// Forget a denied cgroup id.
+    AllowCgroup(u64),
+}
+
+/// What the capture stage needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Samples per second per CPU.
+    pub frequency_hz: u64,
+    /// Perf event that drives sampling.
+    pub event: SampleEvent,
+    /// Sample the idle task too.
+    pub include_idle: bool,
+    /// Ring buffer size in bytes (power of two).
+    pub ring_buffer_bytes: u32,
+    /// Only these tgids, or all when empty.
+    pub pids: Vec<u32>,
+}
+
+/// Errors that stop the capture stage from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// libbpf could not open, size or load the BPF object.
+    #[error("loading the BPF sampler: {0}")]
+    Load(#[source] libbpf_rs::Error),
+    /// No CPU could be sampled.
+    #[error("could not open a sampling perf event on any CPU: {0}")]
+    Attach(String),
+    /// The list of online CPUs could not be read.
+    #[error("cannot read /sys/devices/system/cpu/online")]
+    Cpus,
+    /// The capture thread died before saying whether it started.
+    #[error("the capture thread exited during start-up")]
+    Thread,
+}
+
+/// A running capture stage.
+pub struct Capture {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Capture {
+    /// Loads and attaches the sampler, then streams batches into `tx` until [`Capture::stop`],
+    /// applying the [`Control`] orders that arrive on `control`.
+    /// Returns once the program is attached (or failed to attach).
+    pub fn start(
+        settings: Settings,
+        tx: SyncSender<Batch>,
+        control: Receiver<Control>,
+        metrics: Metrics,
+    ) -> Result<Self, CaptureError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let thread_stop = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("ember-capture".into())
+            .spawn(move || run(settings, tx, control, metrics, thread_stop, ready_tx))
+            .map_err(|_| CaptureError::Thread)?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Self {
+                stop,
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => Err(CaptureError::Thread),
+        }
+    }
+
+    /// Drains what the ring buffer still holds, sends it, detaches and returns.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+fn run(
+    settings: Settings,
+    tx: SyncSender<Batch>,
+    control: Receiver<Control>,
+    metrics: Metrics,
+    stop: Arc<AtomicBool>,
+    ready: SyncSender<Result<(), CaptureError>>,
+) {
+    let mut open_object = MaybeUninit::<OpenObject>::uninit();
+    let mut sampler = match Sampler::load(&settings, &mut open_object) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    if let Err(e) = sampler.sync_cpus(&settings, &metrics) {
+        let _ = ready.send(Err(e));
+        return;
+    }
+
+    let batch: Rc<RefCell<Batch>> = Rc::default();
+    let malformed = Rc::new(RefCell::new(0u64));
+    let mut builder = RingBufferBuilder::new();
+    let (cb_batch, cb_bad) = (batch.clone(), malformed.clone());
+    let added = builder
+        .add(&sampler.skel.maps.samples, move |data: &[u8]| {
+            match parse_record(data) {
+                Some(s) => cb_batch.borrow_mut().push(s),
+                None => *cb_bad.borrow_mut() += 1,
+            }
+            0
+        })
+        .map(|_| ());
+    let ring = match added.and_then(|()| builder.build()) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = ready.send(Err(CaptureError::Load(e)));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+
+    let mut counters = CounterSync::default();
+    let mut last_sync = Instant::now();
+    let flush = |blocking: bool| {
+        let out = std::mem::take(&mut *batch.borrow_mut());
+        let bad = std::mem::take(&mut *malformed.borrow_mut());
+        if bad > 0 {
+            metrics.lost("malformed", bad);
+        }
+        if out.is_empty() {
+            return;
+        }
+        let n = out.len() as u64;
+        metrics.samples.inc_by(n);
+        let sent = if blocking {
+            tx.send(out).is_ok()
+        } else {
+            match tx.try_send(out) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => false,
+            }
+        };
+        if !sent {
+            metrics.lost("queue_full", n);
+        }
+    };
+    let mut poll_errors = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        // The program wakes us only when the buffer fills up; otherwise drain on this timer.
+        if let Err(e) = ring
+            .poll(Duration::from_millis(200))
+            .and_then(|_| ring.consume())
+        {
+            poll_errors += 1;
+            if poll_errors == 1 {
+                warn!("ring buffer poll failed (counted, retrying): {e}");
+            }
+        }
+        flush(false);
+        while let Ok(order) = control.try_recv() {
+            sampler.apply(order);
+        }
+        if last_sync.elapsed() >= Duration::from_secs(1) {
+            last_sync = Instant::now();
+            counters.sync(&sampler, &metrics);
+            if let Err(e) = sampler.sync_cpus(&settings, &metrics) {
+                warn!("CPU hotplug check failed: {e}");
+            }
+        }
+    }
+    // Detach first so nothing new arrives, then take everything still buffered.
+    sampler.links.clear();
+    let _ = ring.consume();
+    flush(true);
+    counters.sync(&sampler, &metrics);
+}
+
+/// The loaded BPF object and one perf event link per sampled CPU.
+struct Sampler<'obj> {
+    skel: skel::EmberSkel<'obj>,
+    links: BTreeMap<u32, Link>,
+    event: SampleEvent,
+}
+
+impl<'obj> Sampler<'obj> {
+    fn load(
+        settings: &Settings,
+        object: &'obj mut MaybeUninit<OpenObject>,
+    ) -> Result<Self, CaptureError> {
+        let mut open = EmberSkelBuilder::default()
+            .open(object)
+            .map_err(CaptureError::Load)?;
+        if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
+            rodata.ember_cfg.filter_pids = u32::from(!settings.pids.is_empty());
+            rodata.ember_cfg.include_idle = u32::from(settings.include_idle);
+            rodata.ember_cfg.wakeup_bytes = u64::from(settings.ring_buffer_bytes / 4);
+        }
+        open.maps
+            .samples
+            .set_max_entries(settings.ring_buffer_bytes)
+            .map_err(CaptureError::Load)?;
+        let skel = open.load().map_err(CaptureError::Load)?;
+        for pid in &settings.pids {
+            skel.maps
+                .pid_filter
+                .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+                .map_err(CaptureError::Load)?;
+        }
+        Ok(Self {
+            skel,
+            links: BTreeMap::new(),
+            event: settings.event,
+        })
+    }
+
+    fn apply(&self, order: Control) {
+        let maps = &self.skel.maps;
+        // A failed update leaves a workload sampled (and dropped in userspace): never a loss.
+        let _ = match order {
+            Control::DenyPid(pid) => maps
+                .pid_deny
+                .update(&pid.to_ne_bytes(), &[1], MapFlags::ANY),
+            Control::AllowPid(pid) => maps.pid_deny.delete(&pid.to_ne_bytes()),
+            Control::DenyCgroup(id) => {
+                maps.cgroup_deny
+                    .update(&id.to_ne_bytes(), &[1], MapFlags::ANY)
+            }
+            Control::AllowCgroup(id) => maps.cgroup_deny.delete(&id.to_ne_bytes()),
+        };
+    }
+
+    /// Attaches to CPUs that came online and lets go of CPUs that went away.
+    fn sync_cpus(&mut self, settings: &Settings, metrics: &Metrics) -> Result<(), CaptureError> {
+        let online = crate::os::procfs::online_cpus().ok_or(CaptureError::Cpus)?;
+        self.links.retain(|cpu, _| online.contains(cpu));
+        let mut last_err = None;
+        for cpu in online {
+            if self.links.contains_key(&cpu) {
+                continue;
+            }
+            match self.attach(cpu, settings.frequency_hz) {
+                Ok(link) => {
+                    self.links.insert(cpu, link);
+                }
+                Err(e) => last_err = Some(format!("cpu {cpu}: {e}")),
+            }
+        }
+        metrics.cpus_sampled.set(self.links.len() as i64);
+        match (self.links.is_empty(), last_err) {
+            (true, Some(e)) => Err(CaptureError::Attach(e)),
+            (false, Some(e)) => {
+                warn!("some CPUs are not sampled: {e}");
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn attach(&mut self, cpu: u32, hz: u64) -> std::io::Result<Link> {
+        let fd = match open_perf_event(cpu, self.event, hz) {
+            Ok(fd) => fd,
+            Err(e) if self.event == SampleEvent::Cycles => {
+                info!(
+                    "hardware cycles are not available here ({e}); sampling on cpu-clock instead"
+                );
+                self.event = SampleEvent::CpuClock;
+                open_perf_event(cpu, self.event, hz)?
+            }
+            Err(e) => return Err(e),
+        };
+        match self.skel.progs.ember_sample.attach_perf_event(fd) {
+            Ok(link) => Ok(link), // the link now owns the perf fd
+            Err(e) => {
+                // SAFETY: fd was returned by perf_event_open above and is owned by nobody else.
+                unsafe { libc::close(fd) };
+                Err(std::io::Error::other(e.to_string()))
+            }
+        }
+    }
+}
+
+fn open_perf_event(cpu: u32, event: SampleEvent, hz: u64) -> std::io::Result<i32> {
+    // SAFETY: perf_event_attr is a plain C struct for which all-zero is a valid value.
+    let mut attr: libbpf_sys::perf_event_attr = unsafe { std::mem::zeroed() };
+    attr.size = std::mem::size_of::<libbpf_sys::perf_event_attr>() as u32;
+    (attr.type_, attr.config) = match event {
+        SampleEvent::CpuClock => (
+            libbpf_sys::PERF_TYPE_SOFTWARE,
+            libbpf_sys::PERF_COUNT_SW_CPU_CLOCK as u64,
+        ),
+        SampleEvent::Cycles => (
+            libbpf_sys::PERF_TYPE_HARDWARE,
+            libbpf_sys::PERF_COUNT_HW_CPU_CYCLES as u64,
+        ),
+    };
+    attr.__bindgen_anon_1.sample_freq = hz;
+    attr.set_freq(1);
+    // SAFETY: attr is initialised and outlives the call; pid -1 + cpu = every task on that CPU.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const libbpf_sys::perf_event_attr,
+            -1,
+            cpu as libc::c_int,
+            -1,
+            libbpf_sys::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd as i32)
+}
+
+/// Turns one ring buffer record into a sample; `None` if it is shorter than it claims.
+pub fn parse_record(data: &[u8]) -> Option<Sample> {
+    if data.len() < HEADER {
+        return None;
+    }
+    // SAFETY: the slice holds at least HEADER bytes; ember_record is plain old data.
+    let hdr: ember_record = unsafe { std::ptr::read_unaligned(data.as_ptr().cast()) };
+    let (k, u) = (usize::from(hdr.kern_frames), usize::from(hdr.user_frames));
+    if k > MAX_FRAMES || u > MAX_FRAMES || data.len() < HEADER + 8 * (k + u) {
+        return None;
+    }
+    let mut ips = data[HEADER..HEADER + 8 * (k + u)]
+        .chunks_exact(8)
+        .map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
+    let kernel: Vec<u64> = ips.by_ref().take(k).collect();
+    let user: Vec<u64> = ips.collect();
+    Some(Sample {
+        time_ns: hdr.time_ns,
+        cgroup_id: hdr.cgroup_id,
+        pid: hdr.pid,
+        tid: hdr.tid,
+        cpu: hdr.cpu,
+        comm: hdr.comm.map(|c| c as u8),
+        kernel,
+        user,
+    })
+}
+
+/// Mirrors the BPF per-CPU counters into the metrics, by difference since the last read.
+#[derive(Default)]
+struct CounterSync {
+    last: [u64; ember_counter::EMBER_CNT_MAX.0 as usize],
+}
+
+impl CounterSync {
+    fn sync(&mut self, sampler: &Sampler<'_>, metrics: &Metrics) {
+        // (counter, metric label, whether the whole sample was lost)
+        for (idx, what, lost) in [
+            (ember_counter::EMBER_CNT_LOST_RINGBUF, "ringbuf_full", true),
+            (ember_counter::EMBER_CNT_NO_SCRATCH, "no_scratch", true),
+            (ember_counter::EMBER_CNT_KERN_STACK_ERR, "kernel", false),
+            (ember_counter::EMBER_CNT_USER_STACK_ERR, "user", false),
+            (ember_counter::EMBER_CNT_FILTERED, "filtered", false),
+        ] {
+            let i = idx.0 as usize;
+            let Some(now) = read_counter(sampler, idx.0) else {
+                continue;
+            };
+            let delta = now.saturating_sub(self.last[i]);
+            self.last[i] = now;
+            if delta == 0 {
+                continue;
+            }
+            if lost {
+                metrics.lost(what, delta);
+            } else if what == "filtered" {
+                metrics.samples_filtered.inc_by(delta);
+            } else {
+                metrics
+                    .stack_errors
+                    .get_or_create(&SideLabel { side: what.into() })
+                    .inc_by(delta);
+            }
+        }
+    }
+}
+
+fn read_counter(sampler: &Sampler<'_>, idx: u32) -> Option<u64> {
+    let per_cpu = sampler
+        .skel
+        .maps
+        .counters
+        .lookup_percpu(&idx.to_ne_bytes(), MapFlags::ANY)
+        .ok()??;
+    Some(
+        per_cpu
+            .iter()
+            .filter_map(|v| {
+                v.get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_ne_bytes)
+            })
+            .sum(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(kernel: &[u64], user: &[u64]) -> Vec<u8> {
+        let mut hdr = ember_record {
+            time_ns: 7,
+            cgroup_id: 9,
+            pid: 100,
+            tid: 101,
+            cpu: 1,
+            kern_frames: kernel.len() as u16,
+            user_frames: user.len() as u16,
+            ..Default::default()
+        };
+        hdr.comm[..4].copy_from_slice(&[b'h' as i8, b'o' as i8, b'g' as i8, 0]);
+        // SAFETY: test-only view of a repr(C) POD struct as bytes.
+        let mut out = unsafe {
+            std::slice::from_raw_parts((&hdr as *const ember_record).cast::<u8>(), HEADER)
+        }
+        .to_vec();
+        for ip in kernel.iter().chain(user) {
+            out.extend_from_slice(&ip.to_ne_bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn parses_both_sides() {
+        let s = parse_record(&record(
+            &[0xffff_0001, 0xffff_0002],
+            &[0x401000, 0x402000, 0x403000],
+        ))
+        .expect("valid");
+        assert_eq!(s.kernel, [0xffff_0001, 0xffff_0002]);
+        assert_eq!(s.user, [0x401000, 0x402000, 0x403000]);
+        assert_eq!(
+            (s.pid, s.tid, s.cpu, s.cgroup_id, s.time_ns),
+            (100, 101, 1, 9, 7)
+        );
+        assert_eq!(&s.comm[..3], b"hog");
+    }
+
+    #[test]
+    fn rejects_short_or_lying_records() {
+        let mut r = record(&[1, 2], &[3]);
+        r.truncate(r.len() - 1);
+        assert_eq!(parse_record(&r), None);
+        assert_eq!(parse_record(&[0u8; 10]), None);
+        let mut r = record(&[], &[]);
+        r[28] = 200; // kern_frames > MAX_FRAMES
+        assert_eq!(parse_record(&r), None);
+    }
+
+    #[test]
+    fn header_matches_c_layout() {
+        // time_ns, cgroup_id, pid, tid, cpu, kern_frames, user_frames, comm[16]
+        assert_eq!(HEADER, 8 + 8 + 4 + 4 + 4 + 2 + 2 + 16);
+    }
+}

@@ -1,0 +1,883 @@
+//! ember's configuration: a documented YAML file, validated once into typed settings.
+//!
+//! `config/ember.yaml` is the default and is embedded in the binary; a user file
+//! is layered over it key by key, so every key has exactly one documented default.
+
+pub mod selector;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// The default configuration, as shipped in `config/ember.yaml`.
+pub const DEFAULT_YAML: &str = include_str!("../../../config/ember.yaml");
+
+/// Why a configuration was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// YAML syntax or schema error, with its position.
+    #[error("{origin}:{line}:{column}: {message}")]
+    Parse {
+        /// File name (or `<default>`).
+        origin: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// A value that parses but makes no sense.
+    #[error("{origin}: {key}: {message}")]
+    Invalid {
+        /// File name.
+        origin: String,
+        /// Dotted key path.
+        key: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// How samples are taken.
+    pub sampling: Sampling,
+    /// How samples are grouped in time.
+    pub window: Window,
+    /// Where windows are written.
+    pub output: Output,
+    /// The local HTTP server.
+    pub server: Server,
+    /// Caps on every cache and queue.
+    pub limits: Limits,
+    /// Kubernetes metadata.
+    pub kubernetes: Kubernetes,
+    /// Which workloads to profile.
+    pub filters: Filters,
+    /// Logging.
+    pub log: Log,
+    /// Resource readings (USE metrics of the host and its containers).
+    pub readings: Readings,
+    /// JIT frames: perf maps, jitdumps, JVM perf map refresh.
+    pub jit: Jit,
+    /// Perf counters and run-queue latency.
+    pub counters: Counters,
+    /// OTLP metrics export.
+    pub otlp_metrics: OtlpMetrics,
+    /// Where windows are shipped besides the local files (Pyroscope, OTLP).
+    pub sinks: Sinks,
+}
+
+/// `readings:` keys: USE metrics of the host and its containers, read on their own thread.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Readings {
+    /// How often every source is read; scrapes and exports show the latest reading.
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    /// Read the host's CPU, memory, disk and network counters.
+    pub host: bool,
+    /// Read every container's cgroup counters.
+    pub containers: bool,
+    /// Containers read at most; more are counted in `ember_cache_dropped_total`.
+    pub max_containers: usize,
+    /// Block devices and network interfaces reported at most (each).
+    pub max_devices: usize,
+    /// Block devices left out (a regular expression on the name); empty: none.
+    pub disk_exclude: String,
+    /// Network interfaces left out (a regular expression on the name); empty: none.
+    pub network_exclude: String,
+}
+
+impl Default for Readings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(10),
+            host: true,
+            containers: true,
+            max_containers: 1024,
+            max_devices: 256,
+            disk_exclude: r"^(z?ram|loop|fd|(h|s|v|xv)d[a-z]|nvme\d+n\d+p)\d+$".into(),
+            network_exclude: String::new(),
+        }
+    }
+}
+
+/// `counters:` keys: perf counters (per CPU and per container) and run-queue latency,
+/// read every `readings.interval`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Counters {
+    /// Count perf events (hardware where the PMU has them, software always).
+    pub perf: bool,
+    /// Load the run-queue latency BPF program (sched tracepoints).
+    pub runqueue_latency: bool,
+    /// Containers with their own counters and histogram at most.
+    pub max_containers: usize,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            perf: true,
+            runqueue_latency: true,
+            max_containers: 64,
+        }
+    }
+}
+
+/// `jit:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Jit {
+    /// Name frames in JIT code from `/tmp/perf-<pid>.map` and `jit-<pid>.dump`.
+    pub enabled: bool,
+    /// Largest perf map or jitdump read, in bytes; larger files are refused (counted).
+    pub max_file_bytes: u64,
+    /// JIT symbols kept per process (perf map and jitdump each).
+    pub max_entries_per_process: usize,
+    /// JIT symbols kept across all processes.
+    pub max_total_entries: usize,
+    /// Ask each JVM to rewrite its perf map (like `jcmd PID Compiler.perfmap`) at most this
+    /// often; `0s` = never.
+    #[serde(deserialize_with = "duration")]
+    pub jvm_perfmap_refresh: Duration,
+}
+
+impl Default for Jit {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_file_bytes: 64 << 20,
+            max_entries_per_process: 200_000,
+            max_total_entries: 1_000_000,
+            jvm_perfmap_refresh: Duration::ZERO,
+        }
+    }
+}
+
+/// `otlp_metrics:` keys: push the metrics snapshot to an OTLP gRPC endpoint.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpMetrics {
+    /// Export at all.
+    pub enabled: bool,
+    /// gRPC endpoint (`http://` or `https://`).
+    pub endpoint: String,
+    /// How often to push.
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    /// Deadline of one export.
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// gRPC metadata sent with every export (e.g. `authorization`).
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// PEM CA bundle for an `https://` endpoint; empty = the system's roots.
+    pub ca_file: PathBuf,
+}
+
+impl Default for OtlpMetrics {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            endpoint: "http://127.0.0.1:4317".into(),
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(10),
+            headers: std::collections::BTreeMap::new(),
+            ca_file: PathBuf::new(),
+        }
+    }
+}
+
+/// `kubernetes:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Kubernetes {
+    /// Watch this node's pods to label samples with namespace, pod and container.
+    pub enabled: bool,
+    /// This node's name; empty means the `NODE_NAME` environment variable, then the host name.
+    pub node_name: String,
+    /// Kubeconfig file; empty means in-cluster config, then `KUBECONFIG` / `~/.kube/config`.
+    pub kubeconfig: PathBuf,
+}
+
+impl Default for Kubernetes {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            node_name: String::new(),
+            kubeconfig: PathBuf::new(),
+        }
+    }
+}
+
+/// `filters:` keys. Empty include lists include everything; excludes win over includes.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Filters {
+    /// Only pods in these namespaces (host processes are not in any namespace).
+    pub include_namespaces: Vec<String>,
+    /// Never pods in these namespaces.
+    pub exclude_namespaces: Vec<String>,
+    /// Only pods whose labels match this Kubernetes label selector (`app=web,tier!=db`).
+    pub include_pod_selector: String,
+    /// Never pods whose labels match this selector.
+    pub exclude_pod_selector: String,
+    /// Only containers with these names.
+    pub include_containers: Vec<String>,
+    /// Never containers with these names.
+    pub exclude_containers: Vec<String>,
+    /// Only processes with these names (`comm`, as in `ps -o comm`).
+    pub include_processes: Vec<String>,
+    /// Never processes with these names.
+    pub exclude_processes: Vec<String>,
+}
+
+/// `sampling:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Sampling {
+    /// Samples per second per CPU.
+    pub frequency_hz: u64,
+    /// Perf event driving the sampler.
+    pub event: SampleEvent,
+    /// Sample the idle task too.
+    pub include_idle: bool,
+    /// BPF ring buffer size in bytes.
+    pub ring_buffer_bytes: u32,
+    /// Only these tgids; empty means all.
+    pub pids: Vec<u32>,
+}
+
+/// The perf event that triggers a sample.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum SampleEvent {
+    /// Software CPU clock: works everywhere.
+    CpuClock,
+    /// Hardware CPU cycles, when the PMU provides them.
+    Cycles,
+}
+
+/// `window:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Window {
+    /// Length of one window.
+    #[serde(deserialize_with = "duration")]
+    pub duration: Duration,
+}
+
+/// `output:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Output {
+    /// Directory for window files.
+    pub data_dir: PathBuf,
+    /// Window files kept at most.
+    pub keep_windows: usize,
+    /// Bytes of window files kept at most.
+    pub keep_bytes: u64,
+}
+
+/// `server:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Server {
+    /// Serve HTTP at all.
+    pub enabled: bool,
+    /// Listen address.
+    pub listen: SocketAddr,
+}
+
+/// `limits:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Processes tracked.
+    pub max_processes: usize,
+    /// Object files held open.
+    pub max_objects: usize,
+    /// Distinct stacks per window.
+    pub max_stacks_per_window: usize,
+    /// Symbolized addresses cached.
+    pub symbol_cache_entries: usize,
+    /// Sample batches queued between capture and aggregation.
+    pub sample_queue_batches: usize,
+}
+
+/// `log:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Log {
+    /// Default log level.
+    pub level: String,
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("{s:?}: {e}")))
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self {
+            frequency_hz: 99,
+            event: SampleEvent::CpuClock,
+            include_idle: false,
+            ring_buffer_bytes: 1 << 20,
+            pids: Vec::new(),
+        }
+    }
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Self {
+            duration: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Default for Output {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("/var/lib/ember/windows"),
+            keep_windows: 360,
+            keep_bytes: 256 << 20,
+        }
+    }
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_processes: 16384,
+            max_objects: 4096,
+            max_stacks_per_window: 200_000,
+            symbol_cache_entries: 262_144,
+            sample_queue_batches: 1024,
+        }
+    }
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+        }
+    }
+}
+
+impl Config {
+    /// Loads `path`; keys it leaves out keep their defaults.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_yaml(&text, &path.display().to_string())
+    }
+
+    /// Parses YAML text; `origin` names it in errors. Keys left out keep their defaults
+    /// (the values written in `config/ember.yaml`, which a test keeps equal to `Default`).
+    pub fn from_yaml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let cfg: Option<Config> = serde_yaml::from_str(text).map_err(|e| {
+            let (line, column) = e
+                .location()
+                .map(|l| (l.line(), l.column()))
+                .unwrap_or((1, 1));
+            ConfigError::Parse {
+                origin: origin.to_owned(),
+                line,
+                column,
+                message: strip_location(&e.to_string()),
+            }
+        })?;
+        let cfg = cfg.unwrap_or_default();
+        cfg.validate(origin)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let invalid = |key, message: &str| {
+            Err(ConfigError::Invalid {
+                origin: origin.to_owned(),
+                key,
+                message: message.to_owned(),
+            })
+        };
+        let s = &self.sampling;
+        if !(1..=10_000).contains(&s.frequency_hz) {
+            return invalid("sampling.frequency_hz", "must be between 1 and 10000");
+        }
+        if !s.ring_buffer_bytes.is_power_of_two() || s.ring_buffer_bytes < 4096 {
+            return invalid(
+                "sampling.ring_buffer_bytes",
+                "must be a power of two of at least 4096",
+            );
+        }
+        if self.window.duration < Duration::from_millis(100) {
+            return invalid("window.duration", "must be at least 100ms");
+        }
+        if self.output.keep_windows == 0 {
+            return invalid("output.keep_windows", "must be at least 1");
+        }
+        if self.jit.max_entries_per_process == 0 || self.jit.max_total_entries == 0 {
+            return invalid("jit.max_total_entries", "entry caps must be at least 1");
+        }
+        if !self.jit.jvm_perfmap_refresh.is_zero()
+            && self.jit.jvm_perfmap_refresh < Duration::from_secs(1)
+        {
+            return invalid("jit.jvm_perfmap_refresh", "must be 0s (off) or at least 1s");
+        }
+        let l = &self.limits;
+        for (key, v) in [
+            ("limits.max_processes", l.max_processes),
+            ("limits.max_objects", l.max_objects),
+            ("limits.max_stacks_per_window", l.max_stacks_per_window),
+            ("limits.symbol_cache_entries", l.symbol_cache_entries),
+            ("limits.sample_queue_batches", l.sample_queue_batches),
+        ] {
+            if v == 0 {
+                return invalid(key, "must be at least 1");
+            }
+        }
+        let r = &self.readings;
+        if r.interval < Duration::from_millis(100) {
+            return invalid("readings.interval", "must be at least 100ms");
+        }
+        if r.max_containers == 0 {
+            return invalid("readings.max_containers", "must be at least 1");
+        }
+        if r.max_devices == 0 {
+            return invalid("readings.max_devices", "must be at least 1");
+        }
+        for (key, re) in [
+            ("readings.disk_exclude", &r.disk_exclude),
+            ("readings.network_exclude", &r.network_exclude),
+        ] {
+            if let Err(e) = regex::Regex::new(re) {
+                return invalid(key, &e.to_string());
+            }
+        }
+        if self.counters.max_containers == 0 {
+            return invalid("counters.max_containers", "must be at least 1");
+        }
+        let o = &self.otlp_metrics;
+        if !(o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://")) {
+            return invalid(
+                "otlp_metrics.endpoint",
+                "must start with http:// or https://",
+            );
+        }
+        if o.interval < Duration::from_millis(100) {
+            return invalid("otlp_metrics.interval", "must be at least 100ms");
+        }
+        for (key, sel) in [
+            (
+                "filters.include_pod_selector",
+                &self.filters.include_pod_selector,
+            ),
+            (
+                "filters.exclude_pod_selector",
+                &self.filters.exclude_pod_selector,
+            ),
+        ] {
+            if let Err(e) = selector::Selector::parse(sel) {
+                return invalid(key, &e.to_string());
+            }
+        }
+        self.sinks.validate(origin)?;
+        Ok(())
+    }
+}
+
+/// serde_yaml appends " at line L column C" to messages; the position is reported separately.
+fn strip_location(msg: &str) -> String {
+    match msg.rfind(" at line ") {
+        Some(i) => msg[..i].to_owned(),
+        None => msg.to_owned(),
+    }
+}
+
+/// `sinks:` keys: the network backends windows are shipped to, each with its own
+/// bounded queue and delivery task (see `crate::export`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Sinks {
+    /// Bytes of encoded requests each network sink may hold; beyond this the oldest are dropped.
+    pub queue_bytes: u64,
+    /// Time limit for one request: connect, send and the reply.
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// Backoff before the first retry; it doubles per attempt (full jitter).
+    #[serde(deserialize_with = "duration")]
+    pub retry_initial_backoff: Duration,
+    /// Longest backoff between two attempts.
+    #[serde(deserialize_with = "duration")]
+    pub retry_max_backoff: Duration,
+    /// A window still not delivered after this long is dropped (`retries_exhausted`).
+    #[serde(deserialize_with = "duration")]
+    pub retry_max_elapsed: Duration,
+    /// On stop, queued windows are still delivered for at most this long.
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_grace: Duration,
+    /// Grafana Pyroscope.
+    pub pyroscope: PyroscopeSink,
+    /// OTLP profiles over gRPC.
+    pub otlp: OtlpSink,
+}
+
+impl Default for Sinks {
+    fn default() -> Self {
+        Self {
+            queue_bytes: 16 << 20,
+            timeout: Duration::from_secs(10),
+            retry_initial_backoff: Duration::from_millis(500),
+            retry_max_backoff: Duration::from_secs(30),
+            retry_max_elapsed: Duration::from_secs(120),
+            shutdown_grace: Duration::from_secs(5),
+            pyroscope: PyroscopeSink::default(),
+            otlp: OtlpSink::default(),
+        }
+    }
+}
+
+/// A secret string (password, token, header value): never printed by `Debug`.
+#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
+    }
+}
+
+/// Which Pyroscope API to push with.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum PyroscopeApi {
+    /// `POST /push.v1.PusherService/Push` (Connect, protobuf): current servers.
+    Push,
+    /// `POST /ingest?name=…&format=pprof`: old servers.
+    Ingest,
+}
+
+/// `sinks.pyroscope:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PyroscopeSink {
+    /// Ship windows to Pyroscope.
+    pub enabled: bool,
+    /// Base URL of the server, `http://` or `https://`.
+    pub url: String,
+    /// `push` or `ingest`.
+    pub api: PyroscopeApi,
+    /// Static series labels added to every profile.
+    pub labels: BTreeMap<String, String>,
+    /// pprof sample labels kept in the pushed profiles; Pyroscope turns each into a
+    /// series label, so high-cardinality ones (pid, tid) multiply its series.
+    pub sample_labels: Vec<String>,
+    /// Tenant, sent as `X-Scope-OrgID`; empty: none.
+    pub tenant_id: String,
+    /// Basic auth user; empty: no basic auth.
+    pub basic_auth_user: String,
+    /// Basic auth password.
+    pub basic_auth_password: Secret,
+    /// File holding the basic auth password (wins over `basic_auth_password`).
+    pub basic_auth_password_file: PathBuf,
+    /// Bearer token.
+    pub bearer_token: Secret,
+    /// File holding the bearer token (wins over `bearer_token`).
+    pub bearer_token_file: PathBuf,
+    /// Extra HTTP headers.
+    pub headers: BTreeMap<String, Secret>,
+    /// PEM file of CA certificates to trust instead of the system roots.
+    pub ca_file: PathBuf,
+}
+
+impl Default for PyroscopeSink {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            url: "http://127.0.0.1:4040".into(),
+            api: PyroscopeApi::Push,
+            labels: BTreeMap::new(),
+            sample_labels: vec!["process".into()],
+            tenant_id: String::new(),
+            basic_auth_user: String::new(),
+            basic_auth_password: Secret::default(),
+            basic_auth_password_file: PathBuf::new(),
+            bearer_token: Secret::default(),
+            bearer_token_file: PathBuf::new(),
+            headers: BTreeMap::new(),
+            ca_file: PathBuf::new(),
+        }
+    }
+}
+
+/// What one OTLP `ResourceProfiles` stands for.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ResourcePer {
+    /// One resource per container; host processes get one each.
+    Container,
+    /// One resource per process.
+    Process,
+}
+
+/// `sinks.otlp:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpSink {
+    /// Ship windows as OTLP profiles.
+    pub enabled: bool,
+    /// gRPC endpoint, `http://host:4317` or `https://…` (TLS).
+    pub endpoint: String,
+    /// `container` or `process`.
+    pub resource_per: ResourcePer,
+    /// gzip-compress requests.
+    pub gzip: bool,
+    /// Extra gRPC metadata (headers), e.g. `authorization`.
+    pub headers: BTreeMap<String, Secret>,
+    /// File holding a bearer token sent as `authorization: Bearer …`; empty: none.
+    pub bearer_token_file: PathBuf,
+    /// PEM file of CA certificates to trust instead of the system roots.
+    pub ca_file: PathBuf,
+}
+
+impl Default for OtlpSink {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            endpoint: "http://127.0.0.1:4317".into(),
+            resource_per: ResourcePer::Container,
+            gzip: true,
+            headers: BTreeMap::new(),
+            bearer_token_file: PathBuf::new(),
+            ca_file: PathBuf::new(),
+        }
+    }
+}
+
+impl Sinks {
+    fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let invalid = |key, message: String| {
+            Err(ConfigError::Invalid {
+                origin: origin.to_owned(),
+                key,
+                message,
+            })
+        };
+        if self.queue_bytes < 1024 {
+            return invalid("sinks.queue_bytes", "must be at least 1024".into());
+        }
+        if self.timeout.is_zero() {
+            return invalid("sinks.timeout", "must be more than 0".into());
+        }
+        if self.retry_initial_backoff.is_zero()
+            || self.retry_initial_backoff > self.retry_max_backoff
+        {
+            return invalid(
+                "sinks.retry_initial_backoff",
+                "must be more than 0 and at most retry_max_backoff".into(),
+            );
+        }
+        let p = &self.pyroscope;
+        if p.enabled && !(p.url.starts_with("http://") || p.url.starts_with("https://")) {
+            return invalid(
+                "sinks.pyroscope.url",
+                format!("{:?} must start with http:// or https://", p.url),
+            );
+        }
+        for name in p.labels.keys() {
+            let valid = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid || name.starts_with("__") || name == "service_name" {
+                return invalid(
+                    "sinks.pyroscope.labels",
+                    format!("{name:?} is not a usable label name (letters, digits, _; not __* or service_name)"),
+                );
+            }
+        }
+        let o = &self.otlp;
+        if o.enabled && !(o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://")) {
+            return invalid(
+                "sinks.otlp.endpoint",
+                format!("{:?} must start with http:// or https://", o.endpoint),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_file_is_the_default() {
+        assert_eq!(
+            Config::from_yaml(DEFAULT_YAML, "ember.yaml").expect("valid"),
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn embedded_file_lists_every_key() {
+        // Every key of the schema appears in the documented default file.
+        let v: serde_yaml::Value = serde_yaml::from_str(DEFAULT_YAML).expect("yaml");
+        let sections = v.as_mapping().expect("mapping");
+        assert_eq!(sections.len(), 13);
+        let count: usize = sections
+            .values()
+            .map(|s| s.as_mapping().map_or(0, |m| m.len()))
+            .sum();
+        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 7 + 5 + 3 + 6 + 8);
+        let sinks = &v["sinks"];
+        assert_eq!(sinks["pyroscope"].as_mapping().map_or(0, |m| m.len()), 13);
+        assert_eq!(sinks["otlp"].as_mapping().map_or(0, |m| m.len()), 7);
+    }
+
+    #[test]
+    fn default_parses_and_validates() {
+        let c = Config::default();
+        assert_eq!(c.sampling.frequency_hz, 99);
+        assert_eq!(c.window.duration, Duration::from_secs(10));
+        assert_eq!(c.server.listen.ip().to_string(), "127.0.0.1");
+        assert!(c.sampling.pids.is_empty());
+    }
+
+    #[test]
+    fn user_file_overrides_single_keys() {
+        let c = Config::from_yaml(
+            "window:\n  duration: 2s\nsampling:\n  frequency_hz: 49\n",
+            "t.yaml",
+        )
+        .expect("valid");
+        assert_eq!(c.window.duration, Duration::from_secs(2));
+        assert_eq!(c.sampling.frequency_hz, 49);
+        assert_eq!(
+            c.output.keep_windows, 360,
+            "untouched keys keep their default"
+        );
+    }
+
+    #[test]
+    fn unknown_key_points_at_its_line() {
+        let err =
+            Config::from_yaml("window:\n  duration: 2s\n  durration: 3s\n", "t.yaml").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("t.yaml:3:"), "{msg}");
+        assert!(msg.contains("durration"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_section_points_at_its_line() {
+        let err = Config::from_yaml("# c\n\nsamplin:\n  frequency_hz: 1\n", "t.yaml").unwrap_err();
+        assert!(err.to_string().starts_with("t.yaml:3:"), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_points_at_its_line() {
+        let err = Config::from_yaml("sampling:\n  frequency_hz: fast\n", "t.yaml").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("t.yaml:2:"), "{msg}");
+    }
+
+    #[test]
+    fn bad_duration_is_explained() {
+        let err = Config::from_yaml("window:\n  duration: soon\n", "t.yaml").unwrap_err();
+        assert!(err.to_string().contains("soon"), "{err}");
+        assert!(err.to_string().starts_with("t.yaml:2:"), "{err}");
+    }
+
+    #[test]
+    fn syntax_error_has_position() {
+        let err = Config::from_yaml("window: [1,\n", "t.yaml").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::Parse { line: 2, .. } | ConfigError::Parse { line: 1, .. }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn invalid_values_name_the_key() {
+        let err =
+            Config::from_yaml("sampling:\n  ring_buffer_bytes: 5000\n", "t.yaml").unwrap_err();
+        assert!(
+            err.to_string().contains("sampling.ring_buffer_bytes"),
+            "{err}"
+        );
+        let err = Config::from_yaml("readings:\n  disk_exclude: \"(\"\n", "t.yaml").unwrap_err();
+        assert!(err.to_string().contains("readings.disk_exclude"), "{err}");
+        let err = Config::from_yaml("readings:\n  interval: 1ms\n", "t.yaml").unwrap_err();
+        assert!(err.to_string().contains("readings.interval"), "{err}");
+        let err = Config::from_yaml("limits:\n  max_objects: 0\n", "t.yaml").unwrap_err();
+        assert!(err.to_string().contains("limits.max_objects"), "{err}");
+    }
+
+    #[test]
+    fn sinks_parse_validate_and_hide_secrets() {
+        let c = Config::from_yaml(
+            "sinks:\n  pyroscope:\n    enabled: true\n    url: https://p:4040\n    basic_auth_user: u\n    basic_auth_password: hunter2\n    headers: {X-A: b}\n  otlp:\n    resource_per: process\n",
+            "t.yaml",
+        )
+        .expect("valid");
+        assert_eq!(c.sinks.pyroscope.basic_auth_password.0, "hunter2");
+        assert_eq!(c.sinks.otlp.resource_per, ResourcePer::Process);
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        let err = Config::from_yaml(
+            "sinks:\n  pyroscope:\n    enabled: true\n    url: p:4040\n",
+            "t.yaml",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("sinks.pyroscope.url"), "{err}");
+        let err = Config::from_yaml(
+            "sinks:\n  pyroscope:\n    labels: {__name__: x}\n",
+            "t.yaml",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("sinks.pyroscope.labels"), "{err}");
+    }
+
+    #[test]
+    fn empty_file_is_the_default() {
+        assert_eq!(
+            Config::from_yaml("", "t.yaml").expect("valid"),
+            Config::default()
+        );
+    }
+}

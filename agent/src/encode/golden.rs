@@ -1,0 +1,297 @@
+//! Golden tests of the encoders: one fixed symbolized window (kernel, object, region,
+//! unknown and JIT frames; host, container and pod workloads) encoded as pprof, as
+//! Pyroscope push and ingest requests, and as an OTLP export request, compared byte for
+//! byte with files under `agent/src/encode/testdata/`. A refactor that changes no behaviour
+//! leaves every file identical; `EMBER_BLESS=1 cargo test golden` rewrites them after a
+//! deliberate change (and the diff shows it in review).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use prost::Message;
+
+use crate::aggregate::{Frame, Stack, Window};
+use crate::encode::pprof::{encode, to_gzip};
+use crate::encode::Encoded;
+use crate::normalize::jit::{JitFrame, Source as JitSource};
+use crate::normalize::object::Object;
+use crate::normalize::process::UserAddr;
+use crate::push_proto::PushRequest;
+use crate::symbolize::{FrameKey, Func, Resolved};
+use crate::workload::Labels;
+
+fn func(name: &str, file: Option<&str>, line: u32) -> Func {
+    Func {
+        name: Arc::from(name),
+        file: file.map(Arc::from),
+        line,
+    }
+}
+
+fn named(funcs: Vec<Func>) -> Resolved {
+    Resolved {
+        funcs: funcs.into(),
+        named: true,
+    }
+}
+
+fn object(path: &str, build_id: Option<Vec<u8>>) -> Arc<Object> {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let mut o = Object::open_local(&here).expect("open Cargo.toml as an object");
+    o.path = path.to_owned();
+    o.build_id = build_id;
+    Arc::new(o)
+}
+
+/// The fixed input: three workloads, every kind of frame, inlined functions, shared frames.
+fn fixture() -> (Window, HashMap<FrameKey, Resolved>) {
+    let app = object("/usr/bin/app", Some(vec![0xde, 0xad, 0xbe, 0xef, 0x01]));
+    let libc = object("/usr/lib/x86_64-linux-gnu/libc.so.6", None);
+    let host = Arc::new(Labels {
+        cgroup: "/system.slice/cron.service".into(),
+        systemd_unit: "cron.service".into(),
+        ..Labels::default()
+    });
+    let pod = Arc::new(Labels {
+        container_id: "a".repeat(64),
+        pod_uid: "0f1e2d3c-0000-4000-8000-000000000001".into(),
+        namespace: "shop".into(),
+        pod: "cart-7d9f-abcde".into(),
+        container: "cart".into(),
+        service_name: "shop/cart".into(),
+        pod_labels: BTreeMap::from([("app".into(), "cart".into())]),
+        ..Labels::default()
+    });
+    let bare = Arc::new(Labels {
+        container_id: "b".repeat(64),
+        ..Labels::default()
+    });
+    let jit = |name: &str, file: Option<&str>, line, addr, source| {
+        Frame::User(UserAddr::Jit(Arc::new(JitFrame {
+            source,
+            name: Arc::from(name),
+            file: file.map(Arc::from),
+            line,
+            addr,
+        })))
+    };
+    let obj = |o: &Arc<Object>, off| Frame::User(UserAddr::Object(o.clone(), off));
+    let stack = |pid, tid, comm: &str, process: &str, labels: &Arc<Labels>, frames, count| Stack {
+        pid,
+        tid,
+        comm: comm.into(),
+        process: Arc::from(process),
+        labels: labels.clone(),
+        frames,
+        count,
+    };
+    let stacks = vec![
+        stack(
+            100,
+            100,
+            "app",
+            "app",
+            &host,
+            vec![
+                Frame::Kernel(0xffff_ffff_8100_1000),
+                Frame::Kernel(0xffff_ffff_8100_2000),
+                obj(&libc, 0x9_1000),
+                obj(&app, 0x1200),
+                obj(&app, 0x1100),
+            ],
+            40,
+        ),
+        stack(
+            100,
+            101,
+            "app-worker",
+            "app",
+            &host,
+            vec![obj(&app, 0x1300), obj(&app, 0x1100)],
+            25,
+        ),
+        stack(
+            200,
+            201,
+            "node",
+            "node",
+            &pod,
+            vec![
+                jit(
+                    "LazyCompile:*hot /srv/a.js:3",
+                    None,
+                    0,
+                    0x7f00_0000_1000,
+                    JitSource::PerfMap,
+                ),
+                jit(
+                    "hotB",
+                    Some("/srv/b.js"),
+                    12,
+                    0x7f00_0000_2000,
+                    JitSource::JitDump,
+                ),
+                Frame::User(UserAddr::Region(Arc::from("[anon]"), 0x7f00_0000_3000)),
+                obj(&libc, 0x2_7000),
+            ],
+            17,
+        ),
+        stack(
+            300,
+            300,
+            "sh",
+            "sh",
+            &bare,
+            vec![
+                Frame::Kernel(0xffff_ffff_8100_1000),
+                Frame::User(UserAddr::Region(Arc::from("[vdso]"), 0x9c0)),
+                Frame::User(UserAddr::Unknown(0x5555_0000_0042)),
+            ],
+            3,
+        ),
+        stack(
+            301,
+            301,
+            "sh",
+            "sh",
+            &bare,
+            vec![obj(&libc, 0x9_1000), obj(&libc, 0x5_5000)],
+            1,
+        ),
+    ];
+    let window = Window {
+        start: UNIX_EPOCH + Duration::from_secs(1_790_000_000),
+        duration: Duration::from_secs(10),
+        period_ns: 10_101_010,
+        stacks,
+    };
+    let mut symbols = HashMap::new();
+    symbols.insert(
+        FrameKey::Kernel(0xffff_ffff_8100_1000),
+        named(vec![func("do_syscall_64", None, 0)]),
+    );
+    // 0xffff_ffff_8100_2000 is left out: it stays unnamed.
+    symbols.insert(
+        FrameKey::Object(libc.key, 0x9_1000),
+        named(vec![func("qsort_r", None, 0)]),
+    );
+    symbols.insert(
+        FrameKey::Object(app.key, 0x1200),
+        named(vec![
+            func("compare", Some("app.c"), 14),
+            func("sort_all", Some("app.c"), 30),
+        ]),
+    );
+    symbols.insert(
+        FrameKey::Object(app.key, 0x1100),
+        named(vec![func("main", Some("app.c"), 50)]),
+    );
+    symbols.insert(
+        FrameKey::Object(app.key, 0x1300),
+        named(vec![func("worker", Some("app.c"), 70)]),
+    );
+    symbols.insert(
+        FrameKey::Object(libc.key, 0x2_7000),
+        named(vec![func("__libc_start_call_main", None, 0)]),
+    );
+    (window, symbols)
+}
+
+fn encoded() -> Encoded {
+    let (window, symbols) = fixture();
+    let (profile, frames) = encode(&window, &symbols);
+    let gz = to_gzip(&profile).expect("gzip");
+    Encoded {
+        start: window.start,
+        duration: window.duration,
+        samples: window.samples(),
+        profile,
+        gz,
+        frames,
+    }
+}
+
+/// Compares `bytes` with the golden file `name` (or writes it under `EMBER_BLESS=1`).
+fn golden(name: &str, bytes: &[u8]) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("src/encode/testdata")
+        .join(name);
+    if std::env::var_os("EMBER_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&path, bytes).expect("write golden file");
+        return;
+    }
+    let want = std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (EMBER_BLESS=1 writes it)", path.display()));
+    assert!(
+        want == bytes,
+        "{} differs from the encoder's output ({} vs {} bytes)",
+        path.display(),
+        want.len(),
+        bytes.len()
+    );
+}
+
+#[test]
+fn pprof_bytes_are_golden() {
+    let e = encoded();
+    assert_eq!(e.samples, 86);
+    assert_eq!((e.frames.named, e.frames.unnamed, e.frames.jit), (9, 5, 2));
+    golden("cpu.pb", &e.profile.encode_to_vec());
+    golden("cpu.pb.gz", &e.gz);
+}
+
+#[test]
+fn pyroscope_requests_are_golden() {
+    let e = encoded();
+    let cfg: crate::config::PyroscopeSink = serde_yaml::from_str(
+        "{enabled: true, labels: {cluster: c1}, sample_labels: [process, thread, comm]}",
+    )
+    .expect("pyroscope config");
+    let push = crate::export::pyroscope::Encoder::new(&cfg)
+        .requests(&e)
+        .expect("push requests");
+    assert_eq!(push.len(), 1);
+    let mut body = Vec::new();
+    flate2::read::GzDecoder::new(&push[0].body[..])
+        .read_to_end(&mut body)
+        .expect("gunzip the push body");
+    let mut req = PushRequest::decode(&body[..]).expect("decode the push body");
+    // Profile ids are random UUIDs.
+    for s in req.series.iter_mut().flat_map(|s| &mut s.samples) {
+        assert_eq!(s.id.len(), 36);
+        s.id.clear();
+    }
+    golden("pyroscope-push.pb", &req.encode_to_vec());
+
+    let cfg: crate::config::PyroscopeSink =
+        serde_yaml::from_str("{enabled: true, api: ingest}").expect("ingest config");
+    let ingest = crate::export::pyroscope::Encoder::new(&cfg)
+        .requests(&e)
+        .expect("ingest requests");
+    let mut text = String::new();
+    for r in &ingest {
+        text.push_str(&format!("{} {} {}\n", r.path, r.content_type, r.gzip));
+    }
+    golden("pyroscope-ingest.txt", text.as_bytes());
+    let bodies: Vec<u8> = ingest.iter().flat_map(|r| r.body.to_vec()).collect();
+    golden("pyroscope-ingest.bodies", &bodies);
+}
+
+#[test]
+fn otlp_requests_are_golden() {
+    let e = encoded();
+    for (per, name) in [
+        ("container", "otlp-container.pb"),
+        ("process", "otlp-process.pb"),
+    ] {
+        let cfg: crate::config::OtlpSink =
+            serde_yaml::from_str(&format!("{{enabled: true, resource_per: {per}}}"))
+                .expect("otlp config");
+        let req = crate::export::otlp::Encoder::new(&cfg, "node-1").request(&e);
+        golden(name, &req.encode_to_vec());
+    }
+}

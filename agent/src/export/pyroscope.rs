@@ -1,0 +1,861 @@
+//! Grafana Pyroscope: each window is split into one pprof profile per
+//! `service_name` and pushed as one series per service.
+//!
+//! The push API is Connect unary, `POST /push.v1.PusherService/Push` with a
+//! gzip'ed protobuf `PushRequest` (`application/proto`); the pprof inside each
+//! `RawSample` is not compressed, as the pyroscope-io client sends it. Old
+//! servers get the legacy `POST /ingest?name=…&format=pprof`, one request per
+//! service. Series labels: `__name__=process_cpu`, `service_name`, the
+//! namespace/pod/container/container_id shared by every sample of the service,
+//! and the configured static labels. Pyroscope also turns pprof *sample* labels
+//! into series, so only the configured ones (`sample_labels`) stay in the
+//! profile; samples that become identical are merged.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use base64::Engine;
+use bytes::Bytes;
+use flate2::write::GzEncoder;
+use flate2::Compression;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use prost::Message;
+
+use super::delivery::{random_u128, Outcome, Transport};
+use super::Encode;
+use crate::config::{PyroscopeApi, PyroscopeSink};
+use crate::encode::Encoded;
+use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample};
+use crate::push_proto::{LabelPair, PushRequest, RawProfileSeries, RawSample};
+
+/// Metric and log name of this sink.
+pub const NAME: &str = "pyroscope";
+/// The Connect path of the push API.
+pub const PUSH_PATH: &str = "/push.v1.PusherService/Push";
+/// Series labels copied from the samples when every sample of a service has the same value.
+const UNIFORM_LABELS: [&str; 4] = ["namespace", "pod", "container", "container_id"];
+/// Largest error body read from the server (for the log).
+const MAX_ERROR_BODY: usize = 4096;
+
+/// One HTTP request, ready to send.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Path and query, appended to the base URL.
+    pub path: String,
+    /// `Content-Type`.
+    pub content_type: &'static str,
+    /// Whether the body is gzip'ed (`Content-Encoding: gzip`).
+    pub gzip: bool,
+    /// The body.
+    pub body: Bytes,
+}
+
+/// Turns windows into Pyroscope requests.
+pub struct Encoder {
+    api: PyroscopeApi,
+    labels: BTreeMap<String, String>,
+    keep: HashSet<String>,
+}
+
+impl Encoder {
+    /// An encoder for the `sinks.pyroscope` settings.
+    pub fn new(cfg: &PyroscopeSink) -> Self {
+        Self {
+            api: cfg.api,
+            labels: cfg.labels.clone(),
+            keep: cfg.sample_labels.iter().cloned().collect(),
+        }
+    }
+
+    /// The requests for one window: one push, or one ingest per service.
+    pub fn requests(&self, w: &Encoded) -> Result<Vec<Request>> {
+        let services = split(&w.profile, &self.keep);
+        let mut out = Vec::new();
+        match self.api {
+            PyroscopeApi::Push => {
+                let mut req = PushRequest::default();
+                for s in &services {
+                    req.series.push(RawProfileSeries {
+                        labels: self.series_labels(s),
+                        samples: vec![RawSample {
+                            raw_profile: Bytes::from(s.profile.encode_to_vec()),
+                            id: uuid(),
+                        }],
+                    });
+                }
+                if !req.series.is_empty() {
+                    out.push(Request {
+                        path: PUSH_PATH.to_owned(),
+                        content_type: "application/proto",
+                        gzip: true,
+                        body: Bytes::from(gzip(&req.encode_to_vec())?),
+                    });
+                }
+            }
+            PyroscopeApi::Ingest => {
+                let from = unix_secs(w.start);
+                let until = unix_secs(w.start + w.duration).max(from + 1);
+                let hz = match w.profile.period {
+                    p if p > 0 => 1_000_000_000 / p,
+                    _ => 100,
+                };
+                for s in &services {
+                    let name = self.ingest_name(s);
+                    out.push(Request {
+                        path: format!(
+                            "/ingest?name={}&from={from}&until={until}&format=pprof&sampleRate={hz}&spyName=ember",
+                            percent_encode(&name)
+                        ),
+                        content_type: "application/octet-stream",
+                        gzip: false,
+                        body: Bytes::from(s.profile.encode_to_vec()),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn series_labels(&self, s: &Service) -> Vec<LabelPair> {
+        let mut labels = vec![
+            pair("__name__", "process_cpu"),
+            pair("service_name", &s.name),
+        ];
+        let mut seen: HashSet<&str> = ["__name__", "service_name"].into_iter().collect();
+        for (k, v) in &s.uniform {
+            if seen.insert(k) {
+                labels.push(pair(k, v));
+            }
+        }
+        for (k, v) in &self.labels {
+            if seen.insert(k) {
+                labels.push(pair(k, v));
+            }
+        }
+        labels
+    }
+
+    /// `service{k=v,…}`, the legacy application name with its tags.
+    fn ingest_name(&self, s: &Service) -> String {
+        let mut tags: Vec<String> = s
+            .uniform
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .chain(self.labels.iter().map(|(k, v)| format!("{k}={v}")))
+            .collect();
+        tags.dedup();
+        format!("{}.cpu{{{}}}", s.name, tags.join(","))
+    }
+}
+
+impl Encode for Encoder {
+    type Item = Request;
+    fn encode(&mut self, w: &Encoded) -> Result<Vec<(Request, u64)>> {
+        Ok(self
+            .requests(w)?
+            .into_iter()
+            .map(|r| {
+                let n = r.body.len() as u64;
+                (r, n)
+            })
+            .collect())
+    }
+}
+
+fn pair(name: &str, value: &str) -> LabelPair {
+    LabelPair {
+        name: name.to_owned(),
+        value: value.to_owned(),
+    }
+}
+
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A random version-4 UUID, as text.
+fn uuid() -> String {
+    let mut b = random_u128().to_be_bytes();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+fn gzip(bytes: &[u8]) -> Result<Vec<u8>> {
+    let mut gz = GzEncoder::new(Vec::with_capacity(bytes.len() / 4), Compression::fast());
+    gz.write_all(bytes)?;
+    Ok(gz.finish()?)
+}
+
+/// RFC 3986 percent-encoding of everything but unreserved characters.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The samples of one service, as their own profile.
+pub struct Service {
+    /// `service_name` (else the process name, else `unknown`).
+    pub name: String,
+    /// Labels every sample of the service shares, in [`UNIFORM_LABELS`] order.
+    pub uniform: Vec<(&'static str, String)>,
+    /// The service's profile.
+    pub profile: Profile,
+}
+
+fn label_str<'a>(p: &'a Profile, s: &Sample, key: &str) -> Option<&'a str> {
+    s.label.iter().find_map(|l| {
+        let k = p.string_table.get(usize::try_from(l.key).ok()?)?;
+        if k != key || l.str == 0 {
+            return None;
+        }
+        p.string_table
+            .get(usize::try_from(l.str).ok()?)
+            .map(String::as_str)
+    })
+}
+
+/// Splits `p` by service, keeping only the sample labels named in `keep`.
+pub fn split(p: &Profile, keep: &HashSet<String>) -> Vec<Service> {
+    let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, s) in p.sample.iter().enumerate() {
+        let name = label_str(p, s, "service_name")
+            .or_else(|| label_str(p, s, "process"))
+            .unwrap_or("unknown");
+        groups.entry(name.to_owned()).or_default().push(i);
+    }
+    groups
+        .into_iter()
+        .map(|(name, idx)| {
+            let uniform = UNIFORM_LABELS
+                .iter()
+                .filter_map(|&k| {
+                    let first = label_str(p, &p.sample[idx[0]], k)?;
+                    idx.iter()
+                        .all(|&i| label_str(p, &p.sample[i], k) == Some(first))
+                        .then(|| (k, first.to_owned()))
+                })
+                .collect();
+            Service {
+                name,
+                uniform,
+                profile: subset(p, &idx, keep),
+            }
+        })
+        .collect()
+}
+
+/// Rebuilds `p` with only the samples `idx` and the labels named in `keep`,
+/// and only the strings, locations, functions and mappings they use; samples
+/// that become identical are merged.
+pub fn subset(p: &Profile, idx: &[usize], keep: &HashSet<String>) -> Profile {
+    let mut out = Profile {
+        time_nanos: p.time_nanos,
+        duration_nanos: p.duration_nanos,
+        period: p.period,
+        ..Default::default()
+    };
+    let mut strings: HashMap<i64, i64> = HashMap::new();
+    out.string_table.push(String::new());
+    strings.insert(0, 0);
+    let mut s = |out: &mut Profile, i: i64| -> i64 {
+        if let Some(&n) = strings.get(&i) {
+            return n;
+        }
+        let text = usize::try_from(i)
+            .ok()
+            .and_then(|i| p.string_table.get(i))
+            .cloned()
+            .unwrap_or_default();
+        let n = out.string_table.len() as i64;
+        out.string_table.push(text);
+        strings.insert(i, n);
+        n
+    };
+    for vt in &p.sample_type {
+        let v = crate::proto::ValueType {
+            r#type: s(&mut out, vt.r#type),
+            unit: s(&mut out, vt.unit),
+        };
+        out.sample_type.push(v);
+    }
+    if let Some(pt) = &p.period_type {
+        let v = crate::proto::ValueType {
+            r#type: s(&mut out, pt.r#type),
+            unit: s(&mut out, pt.unit),
+        };
+        out.period_type = Some(v);
+    }
+    out.default_sample_type = s(&mut out, p.default_sample_type);
+    let locations: HashMap<u64, &Location> = p.location.iter().map(|l| (l.id, l)).collect();
+    let functions: HashMap<u64, &Function> = p.function.iter().map(|f| (f.id, f)).collect();
+    let mappings: HashMap<u64, &Mapping> = p.mapping.iter().map(|m| (m.id, m)).collect();
+    let (mut loc_ids, mut fn_ids, mut map_ids) = (HashMap::new(), HashMap::new(), HashMap::new());
+    // (locations, labels as (key, str, num, num_unit)) → index of the merged sample.
+    type SampleKey = (Vec<u64>, Vec<(i64, i64, i64, i64)>);
+    let mut merged: HashMap<SampleKey, usize> = HashMap::new();
+    for &i in idx {
+        let sample = &p.sample[i];
+        let mut location_id = Vec::with_capacity(sample.location_id.len());
+        for old in &sample.location_id {
+            if let Some(&n) = loc_ids.get(old) {
+                location_id.push(n);
+                continue;
+            }
+            let Some(l) = locations.get(old) else {
+                continue;
+            };
+            let mapping_id = match mappings.get(&l.mapping_id) {
+                Some(m) if l.mapping_id != 0 => match map_ids.get(&m.id) {
+                    Some(&n) => n,
+                    None => {
+                        let n = out.mapping.len() as u64 + 1;
+                        let mut nm = **m;
+                        nm.id = n;
+                        nm.filename = s(&mut out, m.filename);
+                        nm.build_id = s(&mut out, m.build_id);
+                        out.mapping.push(nm);
+                        map_ids.insert(m.id, n);
+                        n
+                    }
+                },
+                _ => 0,
+            };
+            let mut line = Vec::with_capacity(l.line.len());
+            for ln in &l.line {
+                let Some(f) = functions.get(&ln.function_id) else {
+                    continue;
+                };
+                let function_id = match fn_ids.get(&f.id) {
+                    Some(&n) => n,
+                    None => {
+                        let n = out.function.len() as u64 + 1;
+                        let nf = Function {
+                            id: n,
+                            name: s(&mut out, f.name),
+                            system_name: s(&mut out, f.system_name),
+                            filename: s(&mut out, f.filename),
+                            start_line: f.start_line,
+                        };
+                        out.function.push(nf);
+                        fn_ids.insert(f.id, n);
+                        n
+                    }
+                };
+                line.push(Line {
+                    function_id,
+                    line: ln.line,
+                    column: ln.column,
+                });
+            }
+            let n = out.location.len() as u64 + 1;
+            out.location.push(Location {
+                id: n,
+                mapping_id,
+                address: l.address,
+                line,
+                is_folded: l.is_folded,
+            });
+            loc_ids.insert(*old, n);
+            location_id.push(n);
+        }
+        let mut label = Vec::new();
+        for l in &sample.label {
+            let k = usize::try_from(l.key)
+                .ok()
+                .and_then(|k| p.string_table.get(k));
+            if k.is_some_and(|k| keep.contains(k)) {
+                let nl = Label {
+                    key: s(&mut out, l.key),
+                    str: s(&mut out, l.str),
+                    num: l.num,
+                    num_unit: s(&mut out, l.num_unit),
+                };
+                label.push(nl);
+            }
+        }
+        let key = (
+            location_id.clone(),
+            label
+                .iter()
+                .map(|l| (l.key, l.str, l.num, l.num_unit))
+                .collect(),
+        );
+        match merged.get(&key) {
+            Some(&j) => {
+                let into: &mut Sample = &mut out.sample[j];
+                for (a, b) in into.value.iter_mut().zip(&sample.value) {
+                    *a += b;
+                }
+            }
+            None => {
+                merged.insert(key, out.sample.len());
+                out.sample.push(Sample {
+                    location_id,
+                    value: sample.value.clone(),
+                    label,
+                });
+            }
+        }
+    }
+    for c in &p.comment {
+        let n = s(&mut out, *c);
+        out.comment.push(n);
+    }
+    out
+}
+
+/// Secrets and headers sent with every request.
+fn headers(cfg: &PyroscopeSink) -> Result<HeaderMap> {
+    let mut h = HeaderMap::new();
+    let sensitive = |h: &mut HeaderMap, name: HeaderName, value: String, what: &str| {
+        let mut v = HeaderValue::from_str(&value)
+            .with_context(|| format!("sinks.pyroscope: {what} is not a valid header value"))?;
+        v.set_sensitive(true);
+        h.insert(name, v);
+        anyhow::Ok(())
+    };
+    let password = super::secret(
+        &cfg.basic_auth_password.0,
+        &cfg.basic_auth_password_file,
+        "sinks.pyroscope.basic_auth_password_file",
+    )?;
+    if !cfg.basic_auth_user.is_empty() {
+        let token = base64::engine::general_purpose::STANDARD
+            .encode(format!("{}:{password}", cfg.basic_auth_user));
+        sensitive(
+            &mut h,
+            http::header::AUTHORIZATION,
+            format!("Basic {token}"),
+            "basic auth",
+        )?;
+    }
+    let token = super::secret(
+        &cfg.bearer_token.0,
+        &cfg.bearer_token_file,
+        "sinks.pyroscope.bearer_token_file",
+    )?;
+    if !token.is_empty() {
+        if !cfg.basic_auth_user.is_empty() {
+            bail!("sinks.pyroscope: set either basic auth or a bearer token, not both");
+        }
+        sensitive(
+            &mut h,
+            http::header::AUTHORIZATION,
+            format!("Bearer {token}"),
+            "the bearer token",
+        )?;
+    }
+    if !cfg.tenant_id.is_empty() {
+        sensitive(
+            &mut h,
+            HeaderName::from_static("x-scope-orgid"),
+            cfg.tenant_id.clone(),
+            "tenant_id",
+        )?;
+    }
+    for (k, v) in &cfg.headers {
+        let name = HeaderName::from_bytes(k.as_bytes())
+            .with_context(|| format!("sinks.pyroscope.headers: {k:?} is not a header name"))?;
+        sensitive(&mut h, name, v.0.clone(), &format!("header {k}"))?;
+    }
+    h.insert(
+        http::header::USER_AGENT,
+        HeaderValue::from_static(concat!("ember/", env!("CARGO_PKG_VERSION"))),
+    );
+    Ok(h)
+}
+
+/// rustls with ring: the PEM CAs in `ca_file`, else the system roots.
+pub fn tls_config(ca_file: &Path) -> Result<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    if ca_file.as_os_str().is_empty() {
+        let native = rustls_native_certs::load_native_certs();
+        for cert in native.certs {
+            // One unusable system certificate must not disable TLS altogether.
+            let _ = roots.add(cert);
+        }
+        if roots.is_empty() {
+            tracing::warn!("no system CA certificates found; https sinks will fail (set ca_file)");
+        }
+    } else {
+        for cert in CertificateDer::pem_file_iter(ca_file)
+            .with_context(|| format!("reading CA file {}", ca_file.display()))?
+        {
+            let cert = cert.with_context(|| format!("parsing CA file {}", ca_file.display()))?;
+            roots
+                .add(cert)
+                .with_context(|| format!("CA file {}", ca_file.display()))?;
+        }
+        if roots.is_empty() {
+            bail!("CA file {} holds no certificate", ca_file.display());
+        }
+    }
+    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .context("TLS setup")?
+    .with_root_certificates(roots)
+    .with_no_client_auth())
+}
+
+type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Sends [`Request`]s to one Pyroscope server.
+pub struct Http {
+    client: HttpsClient,
+    base: String,
+    headers: HeaderMap,
+}
+
+impl Http {
+    /// A client for the `sinks.pyroscope` settings; reads the secret files now.
+    pub fn new(cfg: &PyroscopeSink, connect_timeout: Duration) -> Result<Self> {
+        let headers = headers(cfg)?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(connect_timeout));
+        http.set_nodelay(true);
+        let tls = if cfg.url.starts_with("https://") {
+            tls_config(&cfg.ca_file)?
+        } else {
+            // Plain http: no certificates are needed (and none are read).
+            tls_config_empty()?
+        };
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        // The idle timeout needs a timer to take effect.
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Ok(Self {
+            client,
+            base: cfg.url.trim_end_matches('/').to_owned(),
+            headers,
+        })
+    }
+
+    async fn attempt(&self, r: &Request) -> Outcome {
+        let mut builder = http::Request::post(format!("{}{}", self.base, r.path))
+            .header(http::header::CONTENT_TYPE, r.content_type);
+        if r.gzip {
+            builder = builder.header(http::header::CONTENT_ENCODING, "gzip");
+        }
+        if r.path == PUSH_PATH {
+            builder = builder.header("connect-protocol-version", "1");
+        }
+        let mut req = match builder.body(Full::new(r.body.clone())) {
+            Ok(req) => req,
+            Err(e) => {
+                return Outcome::Reject {
+                    reason: "bad_request".into(),
+                    detail: e.to_string(),
+                }
+            }
+        };
+        req.headers_mut()
+            .extend(self.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let resp = match self.client.request(req).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                let reason = if e.is_connect() { "connect" } else { "io" };
+                return Outcome::Retry {
+                    reason: reason.into(),
+                    after: None,
+                };
+            }
+        };
+        let status = resp.status();
+        let after = retry_after(resp.headers(), SystemTime::now());
+        // Read the body so the connection can be reused; only error bodies are kept.
+        let body = Limited::new(resp.into_body(), MAX_ERROR_BODY)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        classify(status.as_u16(), after, &body, r.body.len() as u64)
+    }
+}
+
+/// A TLS config trusting nothing, for plain-http servers (the connector needs one).
+fn tls_config_empty() -> Result<rustls::ClientConfig> {
+    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .context("TLS setup")?
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth())
+}
+
+/// What an HTTP status means for delivery: 2xx sent; 408, 429 and 5xx retried
+/// (with `Retry-After`); any other status is a permanent rejection.
+pub fn classify(status: u16, after: Option<Duration>, body: &[u8], sent: u64) -> Outcome {
+    match status {
+        200..=299 => Outcome::Sent { bytes: sent },
+        408 | 429 | 500..=599 => Outcome::Retry {
+            reason: format!("http_{status}"),
+            after,
+        },
+        _ => Outcome::Reject {
+            reason: format!("http_{status}"),
+            detail: String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned(),
+        },
+    }
+}
+
+/// `Retry-After` as delay-seconds or an HTTP date, relative to `now`.
+pub fn retry_after(h: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let v = h.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(at.duration_since(now).unwrap_or_default())
+}
+
+impl Transport for Http {
+    type Item = Request;
+    fn send(&mut self, item: &Request) -> impl std::future::Future<Output = Outcome> + Send + '_ {
+        let item = item.clone();
+        async move { self.attempt(&item).await }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::ValueType;
+
+    fn profile() -> Profile {
+        let strings = [
+            "",
+            "samples",
+            "count",
+            "cpu",
+            "nanoseconds",
+            "service_name",
+            "shop/web",
+            "tid",
+            "main",
+            "work",
+            "process",
+            "web",
+            "namespace",
+            "shop",
+            "db",
+            "pid",
+        ];
+        let label = |k: i64, v: i64| Label {
+            key: k,
+            str: v,
+            ..Default::default()
+        };
+        let num = |k: i64, n: i64| Label {
+            key: k,
+            num: n,
+            ..Default::default()
+        };
+        Profile {
+            string_table: strings.iter().map(|s| s.to_string()).collect(),
+            sample_type: vec![
+                ValueType { r#type: 1, unit: 2 },
+                ValueType { r#type: 3, unit: 4 },
+            ],
+            period_type: Some(ValueType { r#type: 3, unit: 4 }),
+            period: 10_101_010,
+            function: vec![
+                Function {
+                    id: 1,
+                    name: 8,
+                    system_name: 8,
+                    ..Default::default()
+                },
+                Function {
+                    id: 2,
+                    name: 9,
+                    system_name: 9,
+                    ..Default::default()
+                },
+            ],
+            location: vec![
+                Location {
+                    id: 1,
+                    line: vec![Line {
+                        function_id: 1,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+                Location {
+                    id: 2,
+                    line: vec![Line {
+                        function_id: 2,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            ],
+            sample: vec![
+                // Two threads of shop/web with the same stack: merged once tid goes.
+                Sample {
+                    location_id: vec![2, 1],
+                    value: vec![1, 10],
+                    label: vec![label(5, 6), num(7, 100), label(10, 11), label(12, 13)],
+                },
+                Sample {
+                    location_id: vec![2, 1],
+                    value: vec![2, 20],
+                    label: vec![label(5, 6), num(7, 101), label(10, 11), label(12, 13)],
+                },
+                // A host process: no service_name, named by its process.
+                Sample {
+                    location_id: vec![1],
+                    value: vec![3, 30],
+                    label: vec![num(15, 7), label(10, 14)],
+                },
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn splits_by_service_and_drops_unwanted_labels() {
+        let keep: HashSet<String> = ["process".to_owned()].into_iter().collect();
+        let services = split(&profile(), &keep);
+        let names: Vec<&str> = services.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["db", "shop/web"]);
+        let web = &services[1];
+        assert_eq!(web.uniform, vec![("namespace", "shop".to_owned())]);
+        assert_eq!(web.profile.sample.len(), 1, "tids dropped, samples merged");
+        assert_eq!(web.profile.sample[0].value, vec![3, 30]);
+        let keys: Vec<&str> = web.profile.sample[0]
+            .label
+            .iter()
+            .map(|l| web.profile.string_table[l.key as usize].as_str())
+            .collect();
+        assert_eq!(keys, ["process"]);
+        let db = &services[0];
+        assert_eq!(db.profile.location.len(), 1, "only used locations");
+        assert_eq!(db.profile.function.len(), 1);
+        assert_eq!(
+            db.profile.string_table[db.profile.function[0].name as usize],
+            "main"
+        );
+        assert!(db.uniform.is_empty());
+    }
+
+    #[test]
+    fn push_request_has_required_labels() -> Result<()> {
+        let cfg = PyroscopeSink {
+            labels: [("cluster".to_owned(), "c1".to_owned())].into(),
+            ..Default::default()
+        };
+        let w = Encoded {
+            start: UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+            duration: Duration::from_secs(10),
+            samples: 6,
+            profile: profile(),
+            gz: Vec::new(),
+            frames: Default::default(),
+        };
+        let reqs = Encoder::new(&cfg).requests(&w)?;
+        assert_eq!(reqs.len(), 1);
+        assert_eq!(reqs[0].path, PUSH_PATH);
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(
+            &mut flate2::read::GzDecoder::new(&reqs[0].body[..]),
+            &mut raw,
+        )?;
+        let push = PushRequest::decode(&raw[..])?;
+        assert_eq!(push.series.len(), 2);
+        let labels: Vec<(&str, &str)> = push.series[1]
+            .labels
+            .iter()
+            .map(|l| (l.name.as_str(), l.value.as_str()))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("__name__", "process_cpu"),
+                ("service_name", "shop/web"),
+                ("namespace", "shop"),
+                ("cluster", "c1")
+            ]
+        );
+        let id = &push.series[1].samples[0].id;
+        assert_eq!(id.len(), 36, "{id}");
+        let p = Profile::decode(&push.series[1].samples[0].raw_profile[..])?;
+        assert_eq!(p.sample.len(), 1);
+
+        let ingest = Encoder::new(&PyroscopeSink {
+            api: PyroscopeApi::Ingest,
+            ..cfg
+        })
+        .requests(&w)?;
+        assert_eq!(ingest.len(), 2);
+        assert!(
+            ingest[1].path.starts_with(
+                "/ingest?name=shop%2Fweb.cpu%7Bnamespace%3Dshop%2Ccluster%3Dc1%7D&from=1800000000&until=1800000010&format=pprof&sampleRate=99"
+            ),
+            "{}",
+            ingest[1].path
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn statuses_and_retry_after() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        let mut h = HeaderMap::new();
+        h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("3"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(3)));
+        let date = httpdate::fmt_http_date(now + Duration::from_secs(20));
+        h.insert(
+            http::header::RETRY_AFTER,
+            HeaderValue::from_str(&date).expect("date"),
+        );
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(20)));
+        assert_eq!(classify(200, None, b"", 5), Outcome::Sent { bytes: 5 });
+        assert!(matches!(classify(503, None, b"", 5), Outcome::Retry { .. }));
+        assert!(matches!(classify(429, None, b"", 5), Outcome::Retry { .. }));
+        assert!(matches!(
+            classify(400, None, b"bad", 5),
+            Outcome::Reject { ref reason, .. } if reason == "http_400"
+        ));
+        assert!(matches!(
+            classify(401, None, b"", 5),
+            Outcome::Reject { .. }
+        ));
+    }
+}

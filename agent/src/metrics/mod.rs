@@ -1,0 +1,439 @@
+//! Every metric ember exports about itself, defined in one place.
+//!
+//! Stages get a clone of [`Metrics`] (its handles are cheap `Arc`s) and update
+//! their own series; the HTTP server encodes the registry on scrape.
+
+pub mod containers;
+pub mod snapshot;
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+/// Label set with a single `reason`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Why the item was lost or dropped.
+    pub reason: String,
+}
+
+/// Label set with a single `result`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `named`, `unnamed` (and later `jit`).
+    pub result: String,
+}
+
+/// Label set naming a side of a stack.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SideLabel {
+    /// `kernel` or `user`.
+    pub side: String,
+}
+
+/// Label set naming a readings source.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    /// Which [`crate::readings::Source`].
+    pub source: String,
+}
+
+/// Label set naming a bounded cache or queue.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabel {
+    /// Which cache or queue.
+    pub cache: String,
+}
+
+/// Handles to all of ember's own metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    /// Samples that reached userspace with their stacks.
+    pub samples: Counter,
+    /// Samples lost, by where they were lost.
+    pub samples_lost: Family<ReasonLabel, Counter>,
+    /// Samples not taken or dropped because a filter excludes their workload.
+    pub samples_filtered: Counter,
+    /// Per-container CPU series.
+    pub containers: containers::ContainerMetrics,
+    /// 1 while Kubernetes metadata is synced with the API server, else 0.
+    pub kubernetes_fresh: Gauge<i64, AtomicI64>,
+    /// Stacks the kernel could not walk (the sample is kept with the other side).
+    pub stack_errors: Family<SideLabel, Counter>,
+    /// Windows closed and written.
+    pub windows: Counter,
+    /// Frames written, by whether a name was found.
+    pub frames: Family<ResultLabel, Counter>,
+    /// Time to symbolize and encode one window.
+    pub window_encode_seconds: Histogram,
+    /// Resident memory of the agent, read on scrape.
+    pub resident_memory: Gauge<i64, AtomicI64>,
+    /// Processes the agent currently knows about.
+    pub processes: Gauge<i64, AtomicI64>,
+    /// Object files (executables and libraries) currently held open.
+    pub objects: Gauge<i64, AtomicI64>,
+    /// Entries dropped from a bounded cache or queue because it was full.
+    pub cache_dropped: Family<CacheLabel, Counter>,
+    /// Processes forgotten after they exited.
+    pub processes_evicted: Counter,
+    /// Online CPUs that have a sampling perf event attached.
+    pub cpus_sampled: Gauge<i64, AtomicI64>,
+    /// Problems reading /proc that were counted and skipped, by file.
+    pub proc_read_errors: Family<ReasonLabel, Counter>,
+    /// Failed reads of a readings source, by source.
+    pub readings_errors: Family<SourceLabel, Counter>,
+    /// The latest resource readings, rendered on every scrape.
+    pub readings: snapshot::Published,
+    /// Shipping windows to network sinks.
+    pub export: ExportMetrics,
+    /// JIT map files, lines and records refused, by reason.
+    pub jit_rejects: Family<ReasonLabel, Counter>,
+    /// JIT symbol entries held across all processes.
+    pub jit_entries: Gauge<i64, AtomicI64>,
+    /// JVM perf map refreshes asked for, by result.
+    pub jvm_refreshes: Family<ResultLabel, Counter>,
+    lost_sum: Arc<AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates the registry and registers every metric under the `ember_` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("ember");
+        let samples = Counter::default();
+        registry.register(
+            "samples",
+            "Samples that reached userspace with their stacks",
+            samples.clone(),
+        );
+        let samples_lost = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "samples_lost",
+            "Samples lost, by reason",
+            samples_lost.clone(),
+        );
+        let samples_filtered = Counter::default();
+        registry.register(
+            "samples_filtered",
+            "Samples not taken or dropped because a filter excludes their workload",
+            samples_filtered.clone(),
+        );
+        let containers = containers::ContainerMetrics::default();
+        registry.register_with_unit(
+            "container_cpu",
+            "CPU time of each container estimated from samples (samples / frequency)",
+            Unit::Seconds,
+            containers.sampled.clone(),
+        );
+        registry.register_with_unit(
+            "container_cgroup_cpu",
+            "CPU time of each container as its cgroup counts it (cpuacct.usage or cpu.stat usage_usec)",
+            Unit::Seconds,
+            containers.cgroup.clone(),
+        );
+        registry.register(
+            "container_info",
+            "Container identity and placement, for joins (always 1)",
+            containers.info.clone(),
+        );
+        let kubernetes_fresh = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "kubernetes_metadata_fresh",
+            "1 while the pod watch is synced with the API server, else 0 (host mode or reconnecting)",
+            kubernetes_fresh.clone(),
+        );
+        let stack_errors = Family::<SideLabel, Counter>::default();
+        registry.register(
+            "stack_errors",
+            "Stacks the kernel could not walk; the sample is kept with the other side",
+            stack_errors.clone(),
+        );
+        let windows = Counter::default();
+        registry.register("windows", "Profile windows written", windows.clone());
+        let frames = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "frames",
+            "Frames written, by whether they were named",
+            frames.clone(),
+        );
+        let window_encode_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        registry.register_with_unit(
+            "window_encode",
+            "Time to symbolize and encode one window",
+            Unit::Seconds,
+            window_encode_seconds.clone(),
+        );
+        let resident_memory = Gauge::<i64, AtomicI64>::default();
+        registry.register_with_unit(
+            "process_resident_memory",
+            "Resident memory of the ember process",
+            Unit::Bytes,
+            resident_memory.clone(),
+        );
+        let processes = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "processes_tracked",
+            "Processes ember holds mappings for",
+            processes.clone(),
+        );
+        let objects = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "objects_open",
+            "Object files held open for symbolization",
+            objects.clone(),
+        );
+        let cache_dropped = Family::<CacheLabel, Counter>::default();
+        registry.register(
+            "cache_dropped",
+            "Entries dropped from a bounded cache or queue because it was full",
+            cache_dropped.clone(),
+        );
+        let processes_evicted = Counter::default();
+        registry.register(
+            "processes_evicted",
+            "Processes forgotten after they exited",
+            processes_evicted.clone(),
+        );
+        let cpus_sampled = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "cpus_sampled",
+            "Online CPUs with a sampling perf event",
+            cpus_sampled.clone(),
+        );
+        let proc_read_errors = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "proc_read_errors",
+            "Unreadable or malformed /proc entries, counted and skipped",
+            proc_read_errors.clone(),
+        );
+        let readings_errors = Family::<SourceLabel, Counter>::default();
+        registry.register(
+            "readings_errors",
+            "Failed reads of a resource-readings source, by source",
+            readings_errors.clone(),
+        );
+        let readings = snapshot::Published::default();
+        let export = ExportMetrics::register(&mut registry);
+        registry.register_collector(Box::new(readings.clone()));
+        // Create every loss reason and frame result up front, so alert expressions such as
+        // `rate(ember_samples_lost_total[5m]) > 0` have a series to read from the start.
+        for reason in LOSS_REASONS {
+            let _ = samples_lost.get_or_create(&ReasonLabel {
+                reason: (*reason).into(),
+            });
+        }
+        let jit_rejects = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "jit_rejects",
+            "JIT symbol files, lines and records refused (perf maps, jitdumps), by reason",
+            jit_rejects.clone(),
+        );
+        let jit_entries = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "jit_entries",
+            "JIT symbols held across all processes",
+            jit_entries.clone(),
+        );
+        let jvm_refreshes = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "jvm_perfmap_refreshes",
+            "JVMs asked to rewrite their perf map over the attach protocol, by result",
+            jvm_refreshes.clone(),
+        );
+        for result in ["named", "unnamed", "jit"] {
+            let _ = frames.get_or_create(&ResultLabel {
+                result: result.into(),
+            });
+        }
+        Self {
+            registry: Arc::new(registry),
+            samples,
+            samples_lost,
+            samples_filtered,
+            containers,
+            kubernetes_fresh,
+            stack_errors,
+            windows,
+            frames,
+            window_encode_seconds,
+            resident_memory,
+            processes,
+            objects,
+            cache_dropped,
+            processes_evicted,
+            cpus_sampled,
+            proc_read_errors,
+            readings_errors,
+            readings,
+            export,
+            jit_rejects,
+            jit_entries,
+            jvm_refreshes,
+            lost_sum: Arc::default(),
+        }
+    }
+
+    /// Counts `n` samples lost for `reason`.
+    pub fn lost(&self, reason: &str, n: u64) {
+        self.samples_lost
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc_by(n);
+        self.lost_sum.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Samples lost so far, all reasons together.
+    pub fn lost_total(&self) -> u64 {
+        self.lost_sum.load(Ordering::Relaxed)
+    }
+
+    /// Counts `n` entries dropped from the cache or queue `cache`.
+    pub fn dropped(&self, cache: &str, n: u64) {
+        self.cache_dropped
+            .get_or_create(&CacheLabel {
+                cache: cache.to_owned(),
+            })
+            .inc_by(n);
+    }
+
+    /// Encodes the registry in the OpenMetrics text format, refreshing the RSS gauge first.
+    pub fn encode(&self) -> String {
+        if let Some(rss) = crate::os::procfs::self_rss_bytes() {
+            self.resident_memory.set(rss as i64);
+        }
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Label set naming a sink.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkLabel {
+    /// `pyroscope` or `otlp`.
+    pub sink: String,
+}
+
+/// Label set naming a sink and why something was dropped.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkReasonLabel {
+    /// `pyroscope` or `otlp`.
+    pub sink: String,
+    /// `queue_full`, `too_large`, `http_400`, `grpc_invalid_argument`, `retries_exhausted`, ...
+    pub reason: String,
+}
+
+/// The latency histogram of one sink.
+type LatencyFamily = Family<SinkLabel, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 1 ms … ~33 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// `ember_export_*`: what the network sinks delivered, dropped and how long it took.
+#[derive(Clone)]
+pub struct ExportMetrics {
+    /// Requests (windows or parts of them) dropped, by sink and reason.
+    pub dropped: Family<SinkReasonLabel, Counter>,
+    /// Requests a backend accepted.
+    pub sent: Family<SinkLabel, Counter>,
+    /// Bytes of accepted requests, as sent (compressed).
+    pub sent_bytes: Family<SinkLabel, Counter>,
+    /// Time from the first attempt to the accepted reply, retries included.
+    pub latency: LatencyFamily,
+    /// Bytes waiting in each sink's queue.
+    pub queue_bytes: Family<SinkLabel, Gauge<i64, AtomicI64>>,
+}
+
+impl ExportMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            dropped: Family::default(),
+            sent: Family::default(),
+            sent_bytes: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            queue_bytes: Family::default(),
+        };
+        registry.register(
+            "export_dropped",
+            "Requests to a sink dropped, by sink and reason",
+            m.dropped.clone(),
+        );
+        registry.register(
+            "export_sent",
+            "Requests a sink's backend accepted",
+            m.sent.clone(),
+        );
+        registry.register_with_unit(
+            "export_sent",
+            "Bytes of requests a sink's backend accepted, as sent",
+            Unit::Bytes,
+            m.sent_bytes.clone(),
+        );
+        registry.register_with_unit(
+            "export_latency",
+            "Time from a request's first attempt to its acceptance, retries included",
+            Unit::Seconds,
+            m.latency.clone(),
+        );
+        registry.register_with_unit(
+            "export_queue",
+            "Bytes waiting in a sink's queue",
+            Unit::Bytes,
+            m.queue_bytes.clone(),
+        );
+        m
+    }
+
+    /// Counts `n` requests of `sink` dropped for `reason`.
+    pub fn drop(&self, sink: &str, reason: &str, n: u64) {
+        self.dropped
+            .get_or_create(&SinkReasonLabel {
+                sink: sink.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc_by(n);
+    }
+
+    /// Creates a sink's series at zero so they exist from the start.
+    pub fn announce(&self, sink: &str) {
+        let l = SinkLabel {
+            sink: sink.to_owned(),
+        };
+        let _ = self.sent.get_or_create(&l);
+        let _ = self.sent_bytes.get_or_create(&l);
+        let _ = self.queue_bytes.get_or_create(&l);
+        let _ = self.latency.get_or_create(&l);
+        self.drop(sink, "queue_full", 0);
+    }
+}
+
+/// Every `reason` of `ember_samples_lost_total`: where along the way a sample can be lost.
+pub const LOSS_REASONS: &[&str] = &[
+    "ringbuf_full", // BPF: the ring buffer to userspace was full
+    "no_scratch",   // BPF: the per-CPU scratch buffer was missing
+    "malformed",    // userspace: a record shorter than its header says
+    "queue_full",   // userspace: the capture → aggregate queue was full
+    "stack_cap",    // userspace: limits.max_stacks_per_window reached
+    "window_queue", // userspace: a closed window could not be queued for encoding
+];
+
+/// Content type of [`Metrics::encode`]'s output.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";

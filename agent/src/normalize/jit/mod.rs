@@ -1,0 +1,742 @@
+//! JIT frames: names for code that runtimes generate at run time (Node, the JVM, ...),
+//! from the process's perf map (`/tmp/perf-<pid>.map`) and jitdump (`jit-<pid>.dump`).
+//!
+//! JIT code lives in anonymous executable memory, so the process table normalizes a JIT
+//! address to a region (`[anon]`). Such an address is looked up here, while the process is
+//! alive, in a per-process table built from the runtime's files; a hit becomes a named
+//! [`JitFrame`]. The tables belong to the process table (the aggregation stage) and are
+//! freed with the process, after its last window.
+//!
+//! The files are written by the profiled process, so they are untrusted input:
+//! - the perf map is opened as `/proc/<pid>/root/tmp/perf-<nspid>.map` (the process's own
+//!   `/tmp` and pid inside its namespaces), with `openat2(RESOLVE_IN_ROOT |
+//!   RESOLVE_NO_SYMLINKS)`, so no symlink is followed, in or out of the container;
+//! - the jitdump is the very file the process maps (through `/proc/PID/map_files`);
+//! - a file is used only when owned by the process's uid or by root (perf's rule), when it
+//!   is a regular file, and when it is no larger than `jit.max_file_bytes`;
+//! - entries are capped per process and across all processes;
+//!
+//! and every refusal is counted in `ember_jit_rejects_total{reason}`. Files are re-read
+//! incrementally: only the bytes appended since the last read, everything again when the
+//! file shrank or was replaced. Each process's files are looked at no more than once per
+//! window, and only for processes whose stacks reach anonymous executable memory, so
+//! processes without JIT code cost nothing.
+
+pub mod jitdump;
+pub mod jvm;
+pub mod perfmap;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::Jit;
+use crate::normalize::jit::jitdump::JitDump;
+
+use crate::metrics::{Metrics, ReasonLabel, ResultLabel};
+use crate::normalize::object::Object;
+use crate::os::openat2::{openat2_in_root, RESOLVE_NO_SYMLINKS};
+use perfmap::PerfMap;
+
+/// Where a JIT frame's name came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// `/tmp/perf-<pid>.map`.
+    PerfMap,
+    /// `jit-<pid>.dump`.
+    JitDump,
+}
+
+impl Source {
+    /// The pprof mapping file name JIT frames of this source are put in.
+    pub fn mapping_name(self) -> &'static str {
+        match self {
+            Source::PerfMap => "[perf-map]",
+            Source::JitDump => "[jitdump]",
+        }
+    }
+}
+
+/// A frame in JIT code, named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JitFrame {
+    /// Which file named it.
+    pub source: Source,
+    /// The function's name as the runtime wrote it.
+    pub name: Arc<str>,
+    /// Source file, when a jitdump's `DEBUG_INFO` gave one.
+    pub file: Option<Arc<str>>,
+    /// Source line, or 0.
+    pub line: u32,
+    /// The address in the process (JIT code has no file to give an offset in).
+    pub addr: u64,
+}
+
+/// What the process table knows about a process that matters here.
+#[derive(Debug, Clone, Default)]
+pub struct Hints {
+    /// `libjvm.so` is mapped.
+    pub jvm: bool,
+    /// The process maps a `jit-<pid>.dump` (held open by the process table).
+    pub jitdump: Option<Arc<Object>>,
+}
+
+/// Where an incremental read stopped.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Cursor {
+    dev: u64,
+    ino: u64,
+    offset: u64,
+}
+
+#[derive(Debug)]
+struct ProcJit {
+    /// The pid in the process's own pid namespace.
+    nspid: u32,
+    /// Effective uid and gid.
+    uid: u32,
+    gid: u32,
+    /// Whether the process has a SIGQUIT handler (a JVM that can be attached to).
+    sigquit: bool,
+    /// The window the files were last looked at.
+    checked: u64,
+    perf: PerfMap,
+    perf_at: Option<Cursor>,
+    dump: JitDump,
+    dump_at: Option<Cursor>,
+    /// A dump tail that stayed incomplete across two reads was counted once.
+    dump_stalled: bool,
+    /// The jitdump's size at the last read.
+    dump_size: u64,
+    /// The perf map was rewritten on our request: read it whole next time.
+    reread: bool,
+    jvm_asked: Option<Instant>,
+}
+
+/// Per-process JIT tables with a global entry cap; owned by the process table.
+pub struct JitTables {
+    settings: Jit,
+    procs: HashMap<u32, ProcJit>,
+    /// Entries held across `procs`, kept up to date (the global cap is checked often).
+    total: usize,
+    metrics: Metrics,
+    attach: Option<jvm::Worker>,
+}
+
+impl JitTables {
+    /// Empty tables; starts the JVM attach thread when JVM refresh is on.
+    pub fn new(settings: Jit, metrics: Metrics) -> Self {
+        let attach = (settings.enabled && !settings.jvm_perfmap_refresh.is_zero())
+            .then(|| jvm::Worker::start(metrics.clone()))
+            .and_then(|r| {
+                r.map_err(|e| tracing::warn!("JVM perf map refresh is off: {e}"))
+                    .ok()
+            });
+        Self {
+            settings,
+            procs: HashMap::new(),
+            total: 0,
+            metrics,
+            attach,
+        }
+    }
+
+    /// A process was (re)read: a JVM is asked for its perf map right away, so the map is
+    /// there by the time its first window closes.
+    pub fn seen(&mut self, pid: u32, hints: &Hints, window: u64) {
+        if hints.jvm && self.attach.is_some() && self.entry(pid, window).is_some() {
+            self.maybe_ask_jvm(pid);
+        }
+    }
+
+    /// Names the JIT code at `addr` of `pid`, reading the process's files first if they
+    /// were not looked at in this `window`.
+    pub fn lookup(&mut self, pid: u32, addr: u64, window: u64, hints: &Hints) -> Option<JitFrame> {
+        if !self.settings.enabled {
+            return None;
+        }
+        let fresh = self.entry(pid, window)?.checked == window;
+        if !fresh {
+            self.refresh(pid, window, hints);
+        }
+        let p = self.procs.get(&pid)?;
+        if let Some(hit) = p.dump.lookup(addr) {
+            return Some(JitFrame {
+                source: Source::JitDump,
+                name: hit.name.clone(),
+                file: hit.source.map(|s| s.file.clone()),
+                line: hit.source.map_or(0, |s| s.line),
+                addr,
+            });
+        }
+        let (name, _) = p.perf.lookup_shared(addr)?;
+        Some(JitFrame {
+            source: Source::PerfMap,
+            name,
+            file: None,
+            line: 0,
+            addr,
+        })
+    }
+
+    /// Frees the tables of a process that is gone (after its last window).
+    pub fn forget(&mut self, pid: u32) {
+        if let Some(p) = self.procs.remove(&pid) {
+            self.total = self.total.saturating_sub(p.perf.len() + p.dump.len());
+            self.publish();
+        }
+    }
+
+    /// Entries held across all processes.
+    pub fn total_entries(&self) -> usize {
+        self.total
+    }
+
+    fn publish(&self) {
+        self.metrics.jit_entries.set(self.total as i64);
+    }
+
+    fn reject(&self, reason: &str, n: u64) {
+        self.metrics
+            .jit_rejects
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc_by(n);
+    }
+
+    /// The state of `pid`, created from `/proc/<pid>/status` on first use.
+    fn entry(&mut self, pid: u32, window: u64) -> Option<&mut ProcJit> {
+        if !self.procs.contains_key(&pid) {
+            let status = crate::os::procfs::read_capped(
+                std::path::Path::new(&format!("/proc/{pid}/status")),
+                64 << 10,
+            )
+            .ok()?;
+            let st = parse_status(&status)?;
+            let cap = self.settings.max_entries_per_process;
+            self.procs.insert(
+                pid,
+                ProcJit {
+                    nspid: st.nspid.unwrap_or(pid),
+                    uid: st.uid,
+                    gid: st.gid,
+                    sigquit: st.sigquit,
+                    checked: window.wrapping_sub(1),
+                    perf: PerfMap::new(cap),
+                    perf_at: None,
+                    dump: JitDump::new(cap),
+                    dump_at: None,
+                    dump_stalled: false,
+                    dump_size: 0,
+                    reread: false,
+                    jvm_asked: None,
+                },
+            );
+        }
+        self.procs.get_mut(&pid)
+    }
+
+    fn refresh(&mut self, pid: u32, window: u64, hints: &Hints) {
+        self.collect_jvm_results();
+        if hints.jvm {
+            self.maybe_ask_jvm(pid);
+        }
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        p.checked = window;
+        let own = p.perf.len() + p.dump.len();
+        // What the global cap leaves this process, on top of what it holds.
+        let room = self
+            .settings
+            .max_total_entries
+            .saturating_sub(self.total.saturating_sub(own))
+            .min(self.settings.max_entries_per_process);
+        let mut rejects: Vec<&'static str> = Vec::new();
+        let limits = (self.settings.max_file_bytes, room);
+        read_perf_map(pid, p, limits, &mut rejects);
+        if let Some(obj) = &hints.jitdump {
+            read_jitdump(obj, p, limits, &mut rejects);
+        }
+        self.total = self.total.saturating_sub(own) + p.perf.len() + p.dump.len();
+        let mut counted: HashMap<&'static str, u64> = HashMap::new();
+        for r in rejects {
+            *counted.entry(r).or_default() += 1;
+        }
+        for (r, n) in counted {
+            self.reject(r, n);
+        }
+        self.publish();
+    }
+
+    fn maybe_ask_jvm(&mut self, pid: u32) {
+        let interval = self.settings.jvm_perfmap_refresh;
+        let Some(attach) = &self.attach else {
+            return;
+        };
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        if p.jvm_asked.is_some_and(|t| t.elapsed() < interval) {
+            return;
+        }
+        p.jvm_asked = Some(Instant::now());
+        attach.request(jvm::Request {
+            pid,
+            nspid: p.nspid,
+            uid: p.uid,
+            gid: p.gid,
+            sigquit: p.sigquit,
+        });
+    }
+
+    fn collect_jvm_results(&mut self) {
+        let Some(attach) = &self.attach else {
+            return;
+        };
+        for pid in attach.refreshed() {
+            if let Some(p) = self.procs.get_mut(&pid) {
+                p.reread = true;
+            }
+        }
+    }
+}
+
+/// Reads what was appended to the perf map of `pid` (all of it when it was replaced).
+fn read_perf_map(pid: u32, p: &mut ProcJit, limits: (u64, usize), rejects: &mut Vec<&'static str>) {
+    let (max_bytes, room) = limits;
+    let Ok(root) = File::open(format!("/proc/{pid}/root")) else {
+        return;
+    };
+    let rel = format!("tmp/perf-{}.map", p.nspid);
+    let file = match openat2_in_root(
+        &root,
+        &rel,
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        RESOLVE_NO_SYMLINKS,
+    ) {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return rejects.push("symlink"),
+        Err(_) => return rejects.push("open"),
+    };
+    let Some((size, at)) = check_file(&file, p.uid, max_bytes, rejects) else {
+        return;
+    };
+    let mut cursor = match p.perf_at {
+        Some(c) if c.dev == at.dev && c.ino == at.ino && c.offset <= size && !p.reread => c,
+        _ => {
+            // New, replaced, shrunk or rewritten on request: start over.
+            p.perf = PerfMap::new(room);
+            at
+        }
+    };
+    p.reread = false;
+    p.perf.set_max_entries(room.max(p.perf.len()));
+    let Some(bytes) = read_range(&file, cursor.offset, size) else {
+        return rejects.push("read");
+    };
+    for r in p.perf.feed_bytes(&bytes) {
+        rejects.push(perfmap::reason_name(r));
+    }
+    cursor.offset = size;
+    p.perf_at = Some(cursor);
+}
+
+/// Reads the records appended to the jitdump the process maps.
+fn read_jitdump(
+    obj: &Object,
+    p: &mut ProcJit,
+    limits: (u64, usize),
+    rejects: &mut Vec<&'static str>,
+) {
+    let (max_bytes, room) = limits;
+    let file = obj.file();
+    let Some((size, at)) = check_file(file, p.uid, max_bytes, rejects) else {
+        return;
+    };
+    let mut cursor = match p.dump_at {
+        Some(c) if c.dev == at.dev && c.ino == at.ino && c.offset <= size => c,
+        _ => {
+            p.dump = JitDump::new(room);
+            p.dump_stalled = false;
+            at
+        }
+    };
+    p.dump.set_max_entries(room.max(p.dump.len()));
+    let Some(bytes) = read_range(file, cursor.offset, size) else {
+        return rejects.push("read");
+    };
+    let (used, rs) = p.dump.feed(&bytes);
+    rejects.extend(rs.into_iter().map(|r| r.name()));
+    let pending = bytes.len() - used;
+    // A tail that did not grow since the last read is a truncated record, not one being
+    // written: count it once (it still gets parsed if the rest ever arrives).
+    let stalled = pending > 0 && used == 0 && p.dump_at.is_some() && size == p.dump_size;
+    if stalled && !p.dump_stalled {
+        rejects.push("jitdump_truncated");
+    }
+    p.dump_stalled = stalled;
+    p.dump_size = size;
+    cursor.offset += used as u64;
+    p.dump_at = Some(cursor);
+}
+
+/// Checks a JIT file before reading it: a regular file, owned by `uid` or root, no larger
+/// than `max_bytes`. Returns its size and identity.
+fn check_file(
+    file: &File,
+    uid: u32,
+    max_bytes: u64,
+    rejects: &mut Vec<&'static str>,
+) -> Option<(u64, Cursor)> {
+    let Ok(meta) = file.metadata() else {
+        rejects.push("open");
+        return None;
+    };
+    if !meta.file_type().is_file() {
+        rejects.push("not_regular");
+        return None;
+    }
+    if meta.uid() != uid && meta.uid() != 0 {
+        rejects.push("owner");
+        return None;
+    }
+    if meta.len() > max_bytes {
+        rejects.push("too_large");
+        return None;
+    }
+    Some((
+        meta.len(),
+        Cursor {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            offset: 0,
+        },
+    ))
+}
+
+/// Bytes `[from, to)` of `file` (fewer if it shrank meanwhile).
+fn read_range(file: &File, from: u64, to: u64) -> Option<Vec<u8>> {
+    let len = usize::try_from(to.saturating_sub(from)).ok()?;
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        match file.read_at(&mut buf[got..], from + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    buf.truncate(got);
+    Some(buf)
+}
+
+/// What `/proc/<pid>/status` says that matters here.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Status {
+    nspid: Option<u32>,
+    uid: u32,
+    gid: u32,
+    sigquit: bool,
+}
+
+fn parse_status(text: &str) -> Option<Status> {
+    let mut st = Status::default();
+    let mut seen_uid = false;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let mut fields = value.split_whitespace();
+        match key {
+            // The last field is the pid in the innermost namespace, the process's own view.
+            "NSpid" => st.nspid = fields.next_back().and_then(|v| v.parse().ok()),
+            // Real, effective, saved, fs: the JVM compares against the effective ids.
+            "Uid" => {
+                st.uid = fields.nth(1)?.parse().ok()?;
+                seen_uid = true;
+            }
+            "Gid" => st.gid = fields.nth(1)?.parse().ok()?,
+            "SigCgt" => {
+                let mask = u64::from_str_radix(fields.next()?, 16).ok()?;
+                st.sigquit = mask & (1 << (libc::SIGQUIT - 1)) != 0;
+            }
+            _ => {}
+        }
+    }
+    seen_uid.then_some(st)
+}
+
+/// Whether a maps path is a jitdump (`.../jit-<pid>.dump`).
+pub fn is_jitdump_path(path: &str) -> bool {
+    let base = path.rsplit('/').next().unwrap_or(path);
+    base.strip_prefix("jit-")
+        .and_then(|r| r.strip_suffix(".dump"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Metric label helper for JVM refresh results.
+pub(crate) fn result_label(result: &str) -> ResultLabel {
+    ResultLabel {
+        result: result.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_fields() {
+        let text = "Name:\tjava\nUid:\t1000\t1001\t1001\t1001\nGid:\t50\t51\t51\t51\n\
+                    NSpid:\t4242\t7\nSigCgt:\t0000000181005ccf\n";
+        assert_eq!(
+            parse_status(text),
+            Some(Status {
+                nspid: Some(7),
+                uid: 1001,
+                gid: 51,
+                sigquit: true
+            })
+        );
+        let host = "Uid:\t0\t0\t0\t0\nNSpid:\t12\nSigCgt:\t0000000000000000\n";
+        let st = parse_status(host).expect("parses");
+        assert_eq!((st.nspid, st.sigquit), (Some(12), false));
+        assert_eq!(parse_status("Name: x\n"), None);
+    }
+
+    /// A live process (so `/proc/<pid>/root` and status exist) and its perf map path.
+    struct Victim {
+        child: std::process::Child,
+        map: std::path::PathBuf,
+    }
+
+    impl Victim {
+        fn new() -> Self {
+            let child = std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .expect("spawn sleep");
+            let map = std::path::PathBuf::from(format!("/tmp/perf-{}.map", child.id()));
+            Self { child, map }
+        }
+        fn pid(&self) -> u32 {
+            self.child.id()
+        }
+    }
+
+    impl Drop for Victim {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.map);
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    fn rejects(m: &Metrics, reason: &str) -> u64 {
+        m.jit_rejects
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .get()
+    }
+
+    fn name(t: &mut JitTables, pid: u32, addr: u64, window: u64) -> Option<String> {
+        t.lookup(pid, addr, window, &Hints::default())
+            .map(|f| f.name.to_string())
+    }
+
+    #[test]
+    fn perf_map_is_read_incrementally_and_reread_when_replaced() {
+        let v = Victim::new();
+        let m = Metrics::new();
+        let mut t = JitTables::new(Jit::default(), m.clone());
+        std::fs::write(&v.map, "1000 100 bare_hex\n0x2000 0x100 prefixed_hex\n").expect("write");
+        assert_eq!(
+            name(&mut t, v.pid(), 0x1010, 1).as_deref(),
+            Some("bare_hex")
+        );
+        assert_eq!(
+            name(&mut t, v.pid(), 0x20ff, 1).as_deref(),
+            Some("prefixed_hex")
+        );
+        let f = t
+            .lookup(v.pid(), 0x1010, 1, &Hints::default())
+            .expect("hit");
+        assert_eq!((f.source, f.addr), (Source::PerfMap, 0x1010));
+        // Appended: a later entry wins over the earlier one for its range.
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&v.map)
+            .expect("open");
+        file.write_all(b"1000 10 newer\n3000 10 third\n")
+            .expect("append");
+        assert_eq!(
+            name(&mut t, v.pid(), 0x3000, 1),
+            None,
+            "read once per window only"
+        );
+        assert_eq!(name(&mut t, v.pid(), 0x3000, 2).as_deref(), Some("third"));
+        assert_eq!(name(&mut t, v.pid(), 0x1008, 2).as_deref(), Some("newer"));
+        assert_eq!(
+            name(&mut t, v.pid(), 0x1050, 2).as_deref(),
+            Some("bare_hex")
+        );
+        assert_eq!(t.total_entries(), 4);
+        // Rewritten shorter: read from scratch.
+        std::fs::write(&v.map, "5000 10 only\n").expect("rewrite");
+        assert_eq!(name(&mut t, v.pid(), 0x1008, 3), None);
+        assert_eq!(name(&mut t, v.pid(), 0x5000, 3).as_deref(), Some("only"));
+        // Replaced by another file (new inode), even a longer one: read from scratch.
+        let tmp = v.map.with_extension("new");
+        std::fs::write(&tmp, "6000 10 replaced\n7000 10 also_replaced\n").expect("write");
+        std::fs::rename(&tmp, &v.map).expect("rename");
+        assert_eq!(name(&mut t, v.pid(), 0x5000, 4), None);
+        assert_eq!(
+            name(&mut t, v.pid(), 0x7000, 4).as_deref(),
+            Some("also_replaced")
+        );
+        assert_eq!(m.jit_entries.get(), 2);
+        t.forget(v.pid());
+        assert_eq!((t.total_entries(), m.jit_entries.get()), (0, 0));
+        assert_eq!(rejects(&m, "malformed"), 0);
+    }
+
+    #[test]
+    fn hostile_perf_maps_are_refused_and_counted() {
+        let m = Metrics::new();
+        let settings = Jit {
+            max_file_bytes: 1 << 20,
+            ..Jit::default()
+        };
+        let mut t = JitTables::new(settings, m.clone());
+
+        // A symlink to a host file: never opened.
+        let v = Victim::new();
+        let secret = tempfile::NamedTempFile::new().expect("tmp");
+        std::fs::write(secret.path(), "1000 10 host_secret\n").expect("write");
+        std::os::unix::fs::symlink(secret.path(), &v.map).expect("symlink");
+        assert_eq!(name(&mut t, v.pid(), 0x1000, 1), None);
+        assert_eq!(rejects(&m, "symlink"), 1);
+
+        // 1 GB (sparse): refused without reading.
+        let v = Victim::new();
+        let f = std::fs::File::create(&v.map).expect("create");
+        f.set_len(1 << 30).expect("1 GB");
+        assert_eq!(name(&mut t, v.pid(), 0x1000, 1), None);
+        assert_eq!(rejects(&m, "too_large"), 1);
+
+        // Garbage lines are skipped, the good ones kept.
+        let v = Victim::new();
+        let mut junk = b"garbage\n\xff\xfe\x00 zz 12\n1000 0 empty\n1000 10 good\n".to_vec();
+        junk.extend(std::iter::repeat_n(b'x', 100_000));
+        junk.extend(b"\n2000 10 after_junk\n");
+        std::fs::write(&v.map, junk).expect("write");
+        assert_eq!(name(&mut t, v.pid(), 0x1000, 1).as_deref(), Some("good"));
+        assert_eq!(
+            name(&mut t, v.pid(), 0x2000, 1).as_deref(),
+            Some("after_junk")
+        );
+        assert_eq!(rejects(&m, "malformed"), 3);
+        assert_eq!(rejects(&m, "bad_range"), 1);
+
+        // Not a regular file.
+        let v = Victim::new();
+        std::fs::create_dir(&v.map).expect("mkdir");
+        assert_eq!(name(&mut t, v.pid(), 0x1000, 1), None);
+        assert!(rejects(&m, "not_regular") + rejects(&m, "open") >= 1);
+        let _ = std::fs::remove_dir(&v.map);
+
+        // Owned by another user: refused (perf's rule). Needs root to chown.
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let v = Victim::new();
+            std::fs::write(&v.map, "1000 10 not_yours\n").expect("write");
+            std::os::unix::fs::chown(&v.map, Some(4242), Some(4242)).expect("chown");
+            assert_eq!(name(&mut t, v.pid(), 0x1000, 1), None);
+            assert_eq!(rejects(&m, "owner"), 1);
+        }
+    }
+
+    #[test]
+    fn entry_caps_per_process_and_global() {
+        let m = Metrics::new();
+        let settings = Jit {
+            max_entries_per_process: 3,
+            max_total_entries: 5,
+            ..Jit::default()
+        };
+        let mut t = JitTables::new(settings, m.clone());
+        let lines: String = (1..=10)
+            .map(|i| format!("{:x} 10 f{i}\n", i * 0x1000))
+            .collect();
+        let (a, b) = (Victim::new(), Victim::new());
+        std::fs::write(&a.map, &lines).expect("write");
+        std::fs::write(&b.map, &lines).expect("write");
+        assert!(name(&mut t, a.pid(), 0x1000, 1).is_some());
+        assert!(name(&mut t, b.pid(), 0x1000, 1).is_some());
+        assert_eq!(
+            t.total_entries(),
+            5,
+            "3 for the first, the 2 left for the second"
+        );
+        assert_eq!(rejects(&m, "too_many"), 7 + 8);
+        t.forget(a.pid());
+        assert_eq!(t.total_entries(), 2);
+    }
+
+    #[test]
+    fn jitdump_is_read_incrementally_and_a_truncated_tail_counted() {
+        use crate::normalize::jit::jitdump::build;
+        let v = Victim::new();
+        let m = Metrics::new();
+        let mut t = JitTables::new(Jit::default(), m.clone());
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join(format!("jit-{}.dump", v.pid()));
+        let mut bytes = build::header(v.pid());
+        bytes.extend(build::debug_info(0x1000, &[(0x1000, 3, "hot.js")]));
+        bytes.extend(build::code_load(0x1000, 0x40, "jitted_a"));
+        let cut = bytes.len();
+        bytes.extend(build::code_load(0x2000, 0x40, "jitted_b"));
+        std::fs::write(&path, &bytes[..cut + 20]).expect("write");
+        let obj = Arc::new(Object::open_local(&path).expect("open"));
+        let hints = Hints {
+            jvm: false,
+            jitdump: Some(obj),
+        };
+        let f = t.lookup(v.pid(), 0x1004, 1, &hints).expect("named");
+        assert_eq!(
+            (&*f.name, f.source, f.line),
+            ("jitted_a", Source::JitDump, 3)
+        );
+        assert_eq!(f.file.as_deref(), Some("hot.js"));
+        assert!(t.lookup(v.pid(), 0x2004, 1, &hints).is_none());
+        assert!(t.lookup(v.pid(), 0x2004, 2, &hints).is_none());
+        assert_eq!(
+            rejects(&m, "jitdump_truncated"),
+            1,
+            "stalled tail counted once"
+        );
+        assert!(t.lookup(v.pid(), 0x2004, 3, &hints).is_none());
+        assert_eq!(rejects(&m, "jitdump_truncated"), 1);
+        // The rest arrives: parsing resumes.
+        std::fs::write(&path, &bytes).expect("write");
+        let f = t.lookup(v.pid(), 0x2004, 4, &hints).expect("named");
+        assert_eq!(&*f.name, "jitted_b");
+    }
+
+    #[test]
+    fn jitdump_paths() {
+        assert!(is_jitdump_path("/tmp/jit-123.dump"));
+        assert!(is_jitdump_path("jit-1.dump"));
+        assert!(!is_jitdump_path("/tmp/jit-.dump"));
+        assert!(!is_jitdump_path("/tmp/jit-12a.dump"));
+        assert!(!is_jitdump_path("/usr/lib/libjit-1.dump.so"));
+    }
+}

@@ -1,0 +1,11 @@
+//! Normalization: turns the absolute addresses of a sample into stable ones while the
+//! process still exists.
+//!
+//! In: pids and user addresses from [`crate::capture`]. Out: [`process::UserAddr`]s — an
+//! object file and a file offset, a named region (`[vdso]`, `[anon]`), or a named JIT frame —
+//! plus each process's name and cgroup, kept by the [`process::ProcessTable`] that the
+//! aggregation stage owns.
+
+pub mod jit;
+pub mod object;
+pub mod process;

@@ -1,0 +1,554 @@
+//! What ember knows about each sampled process, captured when the pid is first seen.
+//!
+//! A process may exit long before its window is symbolized, so at first sight ember
+//! reads its name and executable mappings and opens every mapped object file. The
+//! open file keeps the object readable after the process (or its container) is gone;
+//! objects are shared by `(device, inode)` across processes. Addresses are turned
+//! into `(object, file offset)` here, while the mapping is known ("normalized").
+
+use std::collections::HashMap;
+use std::fs::File;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::metrics::Metrics;
+use crate::normalize::object::{Object, ObjectKey};
+use crate::os::openat2::openat2_in_root;
+use crate::os::procfs::{self, MapsEntry};
+use crate::workload::Cgroup;
+
+/// Where a user address points, after normalization.
+#[derive(Debug, Clone)]
+pub enum UserAddr {
+    /// Inside a mapped file, at this file offset.
+    Object(Arc<Object>, u64),
+    /// Inside a mapping without a usable file (`[vdso]`, anonymous memory such as JIT code,
+    /// or a file ember could not open); the label says which.
+    Region(Arc<str>, u64),
+    /// In no known mapping.
+    Unknown(u64),
+    /// In JIT code (an anonymous executable region), named from the process's perf map
+    /// or jitdump while it was alive.
+    Jit(Arc<crate::normalize::jit::JitFrame>),
+}
+
+#[derive(Debug, Clone)]
+enum Target {
+    File(Arc<Object>),
+    Region(Arc<str>),
+}
+
+#[derive(Debug, Clone)]
+struct ExecMap {
+    start: u64,
+    end: u64,
+    offset: u64,
+    target: Target,
+}
+
+#[derive(Debug)]
+struct Proc {
+    start_time: u64,
+    name: Arc<str>,
+    cgroup: Arc<Cgroup>,
+    maps: Vec<ExecMap>,
+    last_seen: u64,
+    rescanned: u64,
+    /// What the JIT stage needs: a JVM? a jitdump?
+    jit: crate::normalize::jit::Hints,
+}
+
+/// Caps for [`ProcessTable`].
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Processes kept.
+    pub max_processes: usize,
+    /// Object files held open.
+    pub max_objects: usize,
+}
+
+/// Process table, owned by the aggregation stage.
+pub struct ProcessTable {
+    procs: HashMap<u32, Proc>,
+    objects: HashMap<ObjectKey, Arc<Object>>,
+    limits: Limits,
+    proc_root: PathBuf,
+    window: u64,
+    metrics: Metrics,
+    /// JIT symbol tables of the processes above, freed with them.
+    jit: crate::normalize::jit::JitTables,
+}
+
+/// `/proc/PID/maps` can be megabytes for a JVM; read no more than this.
+const MAPS_CAP: u64 = 32 << 20;
+
+impl ProcessTable {
+    /// An empty table reading the host's `/proc`.
+    pub fn new(limits: Limits, metrics: Metrics) -> Self {
+        Self {
+            procs: HashMap::new(),
+            objects: HashMap::new(),
+            limits,
+            proc_root: PathBuf::from("/proc"),
+            window: 1,
+            jit: crate::normalize::jit::JitTables::new(
+                crate::config::Jit::default(),
+                metrics.clone(),
+            ),
+            metrics,
+        }
+    }
+
+    /// Replaces the JIT settings (the default reads perf maps and jitdumps, no JVM refresh).
+    pub fn set_jit(&mut self, settings: crate::config::Jit) {
+        self.jit = crate::normalize::jit::JitTables::new(settings, self.metrics.clone());
+    }
+
+    /// Notes that thread `tid` of `pid` was sampled in the current window (named `comm`, in
+    /// cgroup v2 `cgroup_id`), reading the process if it is new or has exec'd since.
+    pub fn touch(&mut self, pid: u32, tid: u32, comm: &[u8; 16], cgroup_id: u64) {
+        let window = self.window;
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.last_seen = window;
+            // The leader renamed means (almost always) exec: a new program with new mappings,
+            // so the name and maps read at first sight are stale. Reread, once per window.
+            let name_len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+            if tid != pid || p.name.as_bytes() == &comm[..name_len] || p.rescanned == window {
+                return;
+            }
+            p.rescanned = window;
+            if let Some(mut fresh) = self.read_process(pid) {
+                if let Some(cg) = Arc::get_mut(&mut fresh.cgroup) {
+                    cg.v2_id = cgroup_id;
+                }
+                // A new program: whatever JIT symbols the old one had are meaningless.
+                self.jit.forget(pid);
+                self.jit.seen(pid, &fresh.jit, window);
+                self.procs.insert(pid, fresh);
+                self.gc_objects();
+            }
+            return;
+        }
+        if self.procs.len() >= self.limits.max_processes {
+            self.evict_least_recent();
+        }
+        let mut proc = self.read_process(pid).unwrap_or_else(|| Proc {
+            start_time: 0,
+            name: Arc::from(""),
+            cgroup: Arc::default(),
+            maps: Vec::new(),
+            last_seen: window,
+            rescanned: window,
+            jit: crate::normalize::jit::Hints::default(),
+        });
+        if let Some(cg) = Arc::get_mut(&mut proc.cgroup) {
+            cg.v2_id = cgroup_id;
+        }
+        self.jit.seen(pid, &proc.jit, window);
+        self.procs.insert(pid, proc);
+        self.metrics.processes.set(self.procs.len() as i64);
+        self.metrics.objects.set(self.objects.len() as i64);
+    }
+
+    /// The process name (`comm` of the thread group leader), empty if unknown.
+    pub fn name(&self, pid: u32) -> Arc<str> {
+        self.procs
+            .get(&pid)
+            .map(|p| p.name.clone())
+            .unwrap_or_else(|| Arc::from(""))
+    }
+
+    /// The cgroup `pid` was in when first seen.
+    pub fn cgroup(&self, pid: u32) -> Arc<Cgroup> {
+        self.procs
+            .get(&pid)
+            .map(|p| p.cgroup.clone())
+            .unwrap_or_default()
+    }
+
+    /// Normalizes a user address of `pid`; rereads the mappings once per window on a miss,
+    /// since libraries loaded later (dlopen) were not there at first sight.
+    pub fn normalize(&mut self, pid: u32, addr: u64) -> UserAddr {
+        let found = self.normalize_mapped(pid, addr);
+        match &found {
+            UserAddr::Region(label, _) if label.starts_with("[anon") => {
+                let hints = self
+                    .procs
+                    .get(&pid)
+                    .map(|p| p.jit.clone())
+                    .unwrap_or_default();
+                match self.jit.lookup(pid, addr, self.window, &hints) {
+                    Some(frame) => UserAddr::Jit(Arc::new(frame)),
+                    None => found,
+                }
+            }
+            _ => found,
+        }
+    }
+
+    fn normalize_mapped(&mut self, pid: u32, addr: u64) -> UserAddr {
+        if let Some(found) = self.procs.get(&pid).and_then(|p| find(&p.maps, addr)) {
+            return found;
+        }
+        let window = self.window;
+        let stale = self.procs.get(&pid).is_some_and(|p| p.rescanned < window);
+        if stale {
+            if let Some(mut fresh) = self.read_process(pid) {
+                if let Some(old) = self.procs.get(&pid) {
+                    if old.start_time == fresh.start_time {
+                        fresh.last_seen = old.last_seen;
+                        fresh.cgroup = old.cgroup.clone();
+                        self.procs.insert(pid, fresh);
+                    }
+                }
+            }
+            if let Some(p) = self.procs.get_mut(&pid) {
+                p.rescanned = window;
+            }
+            self.gc_objects();
+            if let Some(found) = self.procs.get(&pid).and_then(|p| find(&p.maps, addr)) {
+                return found;
+            }
+        }
+        UserAddr::Unknown(addr)
+    }
+
+    /// Closes the current window: forgets processes that were not sampled in it and have
+    /// exited (or whose pid now belongs to another process), and the objects only they held.
+    /// Returns the pids forgotten.
+    pub fn end_window(&mut self) -> Vec<u32> {
+        let window = self.window;
+        let root = self.proc_root.clone();
+        let mut evicted = Vec::new();
+        self.procs.retain(|pid, p| {
+            let keep = p.last_seen == window
+                || current_start_time(&root, *pid).is_some_and(|t| t == p.start_time);
+            if !keep {
+                evicted.push(*pid);
+            }
+            keep
+        });
+        for pid in &evicted {
+            self.jit.forget(*pid);
+        }
+        if !evicted.is_empty() {
+            self.metrics.processes_evicted.inc_by(evicted.len() as u64);
+            self.gc_objects();
+        }
+        self.window += 1;
+        self.metrics.processes.set(self.procs.len() as i64);
+        self.metrics.objects.set(self.objects.len() as i64);
+        evicted
+    }
+
+    /// Processes currently tracked.
+    pub fn len(&self) -> usize {
+        self.procs.len()
+    }
+
+    /// Whether no process is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+
+    /// Object files currently held open.
+    pub fn objects(&self) -> usize {
+        self.objects.len()
+    }
+
+    fn evict_least_recent(&mut self) {
+        if let Some((&pid, _)) = self.procs.iter().min_by_key(|(_, p)| p.last_seen) {
+            self.procs.remove(&pid);
+            self.jit.forget(pid);
+            self.metrics.dropped("processes", 1);
+            self.gc_objects();
+        }
+    }
+
+    /// Drops objects no process maps any more (windows in flight keep their own `Arc`).
+    fn gc_objects(&mut self) {
+        self.objects.retain(|_, o| Arc::strong_count(o) > 1);
+    }
+
+    fn read_process(&mut self, pid: u32) -> Option<Proc> {
+        let dir = self.proc_root.join(pid.to_string());
+        let stat = match procfs::read_capped(&dir.join("stat"), 4096)
+            .ok()
+            .and_then(|t| procfs::parse_stat(&t))
+        {
+            Some(s) => s,
+            None => {
+                self.metrics
+                    .proc_read_errors
+                    .get_or_create(&reason("stat"))
+                    .inc();
+                return None;
+            }
+        };
+        let maps_text = match procfs::read_capped(&dir.join("maps"), MAPS_CAP) {
+            Ok(t) => t,
+            Err(_) => {
+                self.metrics
+                    .proc_read_errors
+                    .get_or_create(&reason("maps"))
+                    .inc();
+                String::new()
+            }
+        };
+        let (entries, bad) = procfs::parse_maps(&maps_text);
+        if bad > 0 {
+            self.metrics
+                .proc_read_errors
+                .get_or_create(&reason("maps_line"))
+                .inc_by(bad as u64);
+        }
+        let mut maps = Vec::new();
+        let mut jit = crate::normalize::jit::Hints::default();
+        for e in entries.iter().filter(|e| e.exec) {
+            let target = self.target_for(&dir, e);
+            if let Target::File(o) = &target {
+                jit.jvm |= o.base_name() == "libjvm.so";
+                if crate::normalize::jit::is_jitdump_path(&o.path) {
+                    jit.jitdump = Some(o.clone());
+                }
+            }
+            maps.push(ExecMap {
+                start: e.start,
+                end: e.end,
+                offset: e.offset,
+                target,
+            });
+        }
+        maps.sort_by_key(|m| m.start);
+        let cgroup = Cgroup::read(pid).unwrap_or_else(|| {
+            self.metrics
+                .proc_read_errors
+                .get_or_create(&reason("cgroup"))
+                .inc();
+            Cgroup::default()
+        });
+        Some(Proc {
+            start_time: stat.start_time,
+            name: Arc::from(stat.comm.as_str()),
+            cgroup: Arc::new(cgroup),
+            maps,
+            last_seen: self.window,
+            rescanned: self.window,
+            jit,
+        })
+    }
+
+    fn target_for(&mut self, dir: &Path, e: &MapsEntry) -> Target {
+        if e.inode == 0 || !e.path.starts_with('/') {
+            let label = match e.path.as_str() {
+                "" => "[anon]",
+                p => p,
+            };
+            return Target::Region(Arc::from(label));
+        }
+        let key = ObjectKey {
+            dev: e.dev,
+            inode: e.inode,
+        };
+        if let Some(o) = self.objects.get(&key) {
+            return Target::File(o.clone());
+        }
+        if self.objects.len() >= self.limits.max_objects {
+            self.gc_objects();
+            if self.objects.len() >= self.limits.max_objects {
+                self.metrics.dropped("objects", 1);
+                return Target::Region(Arc::from(e.path.as_str()));
+            }
+        }
+        match open_mapped_file(dir, e) {
+            Some(file) => {
+                let obj = Arc::new(Object::new(
+                    key,
+                    e.path.trim_end_matches(" (deleted)").to_owned(),
+                    file,
+                ));
+                self.objects.insert(key, obj.clone());
+                Target::File(obj)
+            }
+            None => {
+                self.metrics
+                    .proc_read_errors
+                    .get_or_create(&reason("open_object"))
+                    .inc();
+                Target::Region(Arc::from(e.path.as_str()))
+            }
+        }
+    }
+}
+
+fn reason(r: &str) -> crate::metrics::ReasonLabel {
+    crate::metrics::ReasonLabel {
+        reason: r.to_owned(),
+    }
+}
+
+fn find(maps: &[ExecMap], addr: u64) -> Option<UserAddr> {
+    let i = maps.partition_point(|m| m.start <= addr);
+    let m = maps.get(i.checked_sub(1)?)?;
+    if addr >= m.end {
+        return None;
+    }
+    let offset = addr - m.start + m.offset;
+    Some(match &m.target {
+        Target::File(o) => UserAddr::Object(o.clone(), offset),
+        Target::Region(label) => UserAddr::Region(label.clone(), addr - m.start),
+    })
+}
+
+fn current_start_time(root: &Path, pid: u32) -> Option<u64> {
+    let text = procfs::read_capped(&root.join(pid.to_string()).join("stat"), 4096).ok()?;
+    procfs::parse_stat(&text).map(|s| s.start_time)
+}
+
+/// Opens the file behind a mapping without resolving its path on the host.
+///
+/// `/proc/PID/map_files/START-END` is the mapped file itself (even if deleted or in
+/// another mount namespace). Where that is refused, the path is resolved inside the
+/// process's root with `openat2(RESOLVE_IN_ROOT)`, so a container's symlinks can never
+/// lead out to a host file.
+fn open_mapped_file(dir: &Path, e: &MapsEntry) -> Option<File> {
+    let direct = dir
+        .join("map_files")
+        .join(format!("{:x}-{:x}", e.start, e.end));
+    if let Ok(f) = File::open(&direct) {
+        return Some(f);
+    }
+    let root = File::open(dir.join("root")).ok()?;
+    openat2_in_root(&root, e.path.trim_start_matches('/'), libc::O_RDONLY, 0).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> ProcessTable {
+        ProcessTable::new(
+            Limits {
+                max_processes: 4,
+                max_objects: 64,
+            },
+            Metrics::new(),
+        )
+    }
+
+    /// Address of a function in this test binary, and the binary's path.
+    fn own_code_addr() -> u64 {
+        own_code_addr as *const () as u64
+    }
+
+    #[test]
+    fn normalizes_own_code_to_file_offset() {
+        let mut t = table();
+        let pid = std::process::id();
+        t.touch(pid, pid, &[0; 16], 1);
+        match t.normalize(pid, own_code_addr()) {
+            UserAddr::Object(o, off) => {
+                assert!(off > 0);
+                let exe = std::fs::read_link("/proc/self/exe").expect("exe");
+                assert_eq!(o.path, exe.display().to_string());
+                assert!(o.build_id.is_some(), "rustc links a build id");
+                assert!(std::fs::metadata(o.open_path()).is_ok());
+            }
+            other => panic!("expected an object, got {other:?}"),
+        }
+        assert!(matches!(t.normalize(pid, 8), UserAddr::Unknown(8)));
+        assert!(!t.name(pid).is_empty());
+    }
+
+    #[test]
+    fn exited_process_keeps_its_mappings_until_the_window_after() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id();
+        let mut t = table();
+        t.touch(pid, pid, &[0; 16], 1);
+        let _ = child.kill();
+        let _ = child.wait();
+        // Still known in the window it was seen in, even though it is gone.
+        assert_eq!(t.name(pid).as_ref(), "sleep");
+        assert!(t.end_window().is_empty());
+        assert_eq!(t.len(), 1, "seen in the closing window: kept");
+        assert_eq!(t.end_window(), [pid]);
+        assert_eq!(t.len(), 0, "not seen, exited: evicted");
+        assert_eq!(t.objects(), 0, "its objects are closed");
+    }
+
+    #[test]
+    fn exec_is_noticed_by_the_new_name() {
+        // sh execs sleep: the same pid, a new name and new mappings.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "read x; exec sleep 30"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn sh");
+        let pid = child.id();
+        let mut t = table();
+        t.touch(pid, pid, b"sh\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 1);
+        assert_eq!(t.name(pid).as_ref(), "sh");
+        if let Some(stdin) = child.stdin.as_mut() {
+            use std::io::Write;
+            let _ = stdin.write_all(b"go\n");
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .unwrap_or_default()
+            .trim()
+            != "sleep"
+        {
+            assert!(std::time::Instant::now() < deadline, "sh did not exec");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        t.end_window();
+        t.touch(pid, pid, b"sleep\0\0\0\0\0\0\0\0\0\0\0", 1);
+        assert_eq!(t.name(pid).as_ref(), "sleep");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[test]
+    fn process_cap_evicts_least_recent() {
+        let mut t = table();
+        for pid in [1, 2, 3, 4] {
+            t.touch(pid, pid, &[0; 16], 1);
+        }
+        t.end_window();
+        t.touch(1, 1, &[0; 16], 1);
+        let me = std::process::id();
+        t.touch(me, me, &[0; 16], 1);
+        assert_eq!(t.len(), 4);
+    }
+
+    #[test]
+    fn find_uses_half_open_ranges() {
+        let maps = vec![
+            ExecMap {
+                start: 0x1000,
+                end: 0x2000,
+                offset: 0x500,
+                target: Target::Region(Arc::from("[vdso]")),
+            },
+            ExecMap {
+                start: 0x3000,
+                end: 0x4000,
+                offset: 0,
+                target: Target::Region(Arc::from("[anon]")),
+            },
+        ];
+        assert!(matches!(find(&maps, 0x1000), Some(UserAddr::Region(_, 0))));
+        assert!(matches!(
+            find(&maps, 0x1fff),
+            Some(UserAddr::Region(_, 0xfff))
+        ));
+        assert!(find(&maps, 0x2000).is_none());
+        assert!(find(&maps, 0xfff).is_none());
+        assert!(matches!(find(&maps, 0x3fff), Some(UserAddr::Region(l, _)) if &*l == "[anon]"));
+    }
+}

@@ -1,0 +1,216 @@
+//! Resource readings: periodic snapshots of host and container metrics
+//! (USE counters from /proc and cgroups, hardware and software counters,
+//! run-queue latency) that more than one exporter renders.
+//!
+//! One collector thread asks every [`Source`] for its families each interval
+//! and publishes the whole [`Snapshot`] at once. The Prometheus scrape and the
+//! OTLP exporter both render the latest snapshot, so a scrape never opens a file
+//! or reads a counter, never waits on a slow source, and never touches the
+//! sampler; and both exporters show the same instruments with the same values.
+
+pub mod otlp;
+pub mod pmc;
+pub mod resources;
+pub mod runqlat;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+pub use crate::metrics::snapshot::{Family, Kind, Point, Published, Snapshot, Value};
+
+/// A producer of families, read once per interval on the collector thread.
+pub trait Source: Send {
+    /// Short name for logs and for `ember_readings_errors_total{source}`.
+    fn name(&self) -> &'static str;
+    /// Appends this source's families to `out`. An error is counted and the
+    /// source is asked again next interval; a source that can partially read
+    /// should push what it has and count the rest itself.
+    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String>;
+}
+
+/// The collector thread: reads every source each interval and publishes the result.
+pub struct Readings {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+/// How often the stop flag is checked while waiting for the next interval.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+impl Readings {
+    /// Starts reading `sources` every `interval` into `metrics.readings`; the
+    /// first snapshot is taken at once. Failed reads are counted in
+    /// `ember_readings_errors_total{source}` and logged once per source.
+    pub fn start(
+        mut sources: Vec<Box<dyn Source>>,
+        interval: Duration,
+        metrics: crate::metrics::Metrics,
+    ) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("ember-readings".into())
+            .spawn(move || {
+                let mut logged = vec![false; sources.len()];
+                while !flag.load(Ordering::Relaxed) {
+                    let began = Instant::now();
+                    let mut families = Vec::new();
+                    for (i, s) in sources.iter_mut().enumerate() {
+                        if let Err(e) = s.read(&mut families) {
+                            metrics
+                                .readings_errors
+                                .get_or_create(&crate::metrics::SourceLabel {
+                                    source: s.name().to_owned(),
+                                })
+                                .inc();
+                            if !logged[i] {
+                                logged[i] = true;
+                                tracing::warn!(source = s.name(), "readings: {e}");
+                            }
+                        }
+                    }
+                    metrics.readings.publish(Snapshot {
+                        time: SystemTime::now(),
+                        families,
+                    });
+                    while !flag.load(Ordering::Relaxed) && began.elapsed() < interval {
+                        std::thread::sleep(STOP_POLL.min(interval.saturating_sub(began.elapsed())));
+                    }
+                }
+            })?;
+        Ok(Self { stop, thread })
+    }
+
+    /// Stops the thread and waits for it.
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::encoding::text::encode;
+    use prometheus_client::registry::{Registry, Unit};
+
+    fn exposition(p: &Published) -> String {
+        let mut r = Registry::with_prefix("ember");
+        r.register_collector(Box::new(p.clone()));
+        let mut s = String::new();
+        encode(&mut s, &r).unwrap();
+        s
+    }
+
+    #[test]
+    fn renders_counters_gauges_and_histograms() {
+        let mut cpu = Family::new(
+            "node_cpu",
+            "CPU time by mode",
+            Some(Unit::Seconds),
+            Kind::Counter,
+        );
+        cpu.push(vec![("cpu", "0".into()), ("mode", "user".into())], 12.5);
+        let mut load = Family::new("node_load1", "1-minute load", None, Kind::Gauge);
+        load.push(vec![], 0.25);
+        let mut rq = Family::new(
+            "runqueue_latency",
+            "Run-queue latency",
+            Some(Unit::Seconds),
+            Kind::Histogram,
+        );
+        rq.points.push(Point {
+            labels: vec![],
+            value: Value::Histogram {
+                sum: 0.003,
+                count: 3,
+                buckets: vec![(0.001, 2), (f64::INFINITY, 1)],
+            },
+        });
+        assert_eq!(cpu.otlp_name(), "ember_node_cpu_seconds_total");
+        let p = Published::default();
+        p.publish(Snapshot {
+            time: SystemTime::now(),
+            families: vec![cpu, load, rq],
+        });
+        let text = exposition(&p);
+        assert!(
+            text.contains("ember_node_cpu_seconds_total{cpu=\"0\",mode=\"user\"} 12.5"),
+            "{text}"
+        );
+        assert!(text.contains("ember_node_load1 0.25"), "{text}");
+        assert!(
+            text.contains("ember_runqueue_latency_seconds_bucket{le=\"0.001\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ember_runqueue_latency_seconds_bucket{le=\"+Inf\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ember_runqueue_latency_seconds_count 3"),
+            "{text}"
+        );
+    }
+
+    struct Fixed(u32);
+    impl Source for Fixed {
+        fn name(&self) -> &'static str {
+            "fixed"
+        }
+        fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String> {
+            self.0 += 1;
+            if self.0 % 2 == 0 {
+                return Err("even".into());
+            }
+            let mut f = Family::new("reads", "reads", None, Kind::Gauge);
+            f.push(vec![], f64::from(self.0));
+            out.push(f);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn thread_publishes_and_counts_errors() {
+        let metrics = crate::metrics::Metrics::new();
+        let r = Readings::start(
+            vec![Box::new(Fixed(0))],
+            Duration::from_millis(20),
+            metrics.clone(),
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !metrics
+            .encode()
+            .contains("ember_readings_errors_total{source=\"fixed\"} 2")
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        r.stop();
+        let text = metrics.encode();
+        assert!(
+            text.contains("ember_readings_errors_total{source=\"fixed\"}"),
+            "{text}"
+        );
+        assert!(metrics.readings.latest().time > SystemTime::UNIX_EPOCH);
+    }
+
+    #[test]
+    fn same_name_from_two_sources_is_one_family() {
+        let mut a = Family::new("x", "x", None, Kind::Gauge);
+        a.push(vec![("k", "a".into())], 1.0);
+        let mut b = Family::new("x", "x", None, Kind::Gauge);
+        b.push(vec![("k", "b".into())], 2.0);
+        let p = Published::default();
+        p.publish(Snapshot {
+            time: SystemTime::now(),
+            families: vec![a, b],
+        });
+        let text = exposition(&p);
+        assert_eq!(text.matches("# TYPE ember_x gauge").count(), 1, "{text}");
+        assert!(text.contains("ember_x{k=\"b\"} 2"), "{text}");
+    }
+}

@@ -1,0 +1,594 @@
+//! Per-container readings from the cgroup filesystems, named as cAdvisor names them.
+//!
+//! Each interval the v1 `cpu`, `cpuacct`, `memory` hierarchies and the v2 (unified) one are
+//! walked (no symlinks, bounded depth and directory count); a directory whose path names a
+//! container ([`crate::workload::cgroup::parse_proc_cgroup`]) is that container's cgroup, the
+//! shallowest one winning (its files count its sub-cgroups too). A container found in several
+//! hierarchies (hybrid hosts) is one container: CPU and memory come from the v1 controllers
+//! when they are there, PSI from v2. Containers are labelled `namespace`, `pod`, `container`
+//! from the pod watch when it knows them, and always `container_id`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use prometheus_client::registry::Unit;
+
+use super::{cgroupfs, pressure, read_optional, Roots};
+use crate::readings::{Family, Kind, Source};
+use crate::workload::kube::Metadata;
+
+/// Deepest cgroup directory looked at below a hierarchy's root.
+const MAX_DEPTH: usize = 16;
+/// Most directories visited per hierarchy per interval; more are counted as dropped.
+const MAX_DIRS: usize = 100_000;
+
+/// Where one container's cgroup is in each hierarchy.
+#[derive(Debug, Default, Clone)]
+struct Found {
+    pod_uid: Option<String>,
+    cpu: Option<PathBuf>,
+    cpuacct: Option<PathBuf>,
+    memory: Option<PathBuf>,
+    v2: Option<PathBuf>,
+}
+
+/// The container source.
+pub struct Containers {
+    roots: Roots,
+    meta: Option<Metadata>,
+    max: usize,
+    metrics: crate::metrics::Metrics,
+}
+
+impl Containers {
+    /// Reads containers under `roots.cgroup`, at most `max` of them.
+    pub fn new(
+        roots: Roots,
+        meta: Option<Metadata>,
+        max: usize,
+        metrics: crate::metrics::Metrics,
+    ) -> Self {
+        Self {
+            roots,
+            meta,
+            max,
+            metrics,
+        }
+    }
+
+    /// The hierarchies: (role, root). v1 controllers may be co-mounted (`cpu,cpuacct`).
+    fn hierarchies(&self) -> Vec<(&'static str, PathBuf)> {
+        let c = &self.roots.cgroup;
+        let mut out = Vec::new();
+        for (role, dirs) in [
+            ("cpu", ["cpu", "cpu,cpuacct"]),
+            ("cpuacct", ["cpuacct", "cpu,cpuacct"]),
+            ("memory", ["memory", "memory"]),
+        ] {
+            if let Some(d) = dirs.iter().map(|d| c.join(d)).find(|d| d.is_dir()) {
+                out.push((role, d));
+            }
+        }
+        for d in [c.join("unified"), c.clone()] {
+            if d.join("cgroup.controllers").exists() {
+                out.push(("v2", d));
+                break;
+            }
+        }
+        out
+    }
+
+    /// Walks every hierarchy; returns the containers and how many directories were skipped.
+    fn discover(&self) -> (BTreeMap<String, Found>, u64) {
+        let mut found: BTreeMap<String, Found> = BTreeMap::new();
+        let mut skipped = 0;
+        for (role, root) in self.hierarchies() {
+            let mut visited = 0;
+            let mut stack = vec![(root.clone(), 0usize)];
+            while let Some((dir, depth)) = stack.pop() {
+                visited += 1;
+                if visited > MAX_DIRS {
+                    skipped += 1 + stack.len() as u64;
+                    break;
+                }
+                if dir != root {
+                    let rel = dir.strip_prefix(&root).unwrap_or(&dir);
+                    let info = crate::workload::cgroup::parse_proc_cgroup(&format!(
+                        "0::/{}\n",
+                        rel.display()
+                    ));
+                    if let Some(id) = info.container_id {
+                        let f = found.entry(id).or_default();
+                        let slot = match role {
+                            "cpu" => &mut f.cpu,
+                            "cpuacct" => &mut f.cpuacct,
+                            "memory" => &mut f.memory,
+                            _ => &mut f.v2,
+                        };
+                        // The shallowest directory: a parent is walked before its children
+                        // only in breadth order, so keep the shorter path.
+                        if slot
+                            .as_ref()
+                            .is_none_or(|p| p.components().count() > dir.components().count())
+                        {
+                            *slot = Some(dir.clone());
+                        }
+                        if f.pod_uid.is_none() {
+                            f.pod_uid = info.pod_uid;
+                        }
+                    }
+                }
+                if depth >= MAX_DEPTH {
+                    continue;
+                }
+                let Ok(entries) = std::fs::read_dir(&dir) else {
+                    continue;
+                };
+                for e in entries.flatten() {
+                    // file_type does not follow symlinks: a link is never walked.
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        stack.push((e.path(), depth + 1));
+                    }
+                }
+            }
+        }
+        (found, skipped)
+    }
+
+    fn labels(&self, id: &str, f: &Found) -> Vec<(&'static str, String)> {
+        let (mut ns, mut pod, mut container) = (String::new(), String::new(), String::new());
+        if let Some(m) = &self.meta {
+            if let Some(p) = m.by_container_id(id) {
+                (ns, pod, container) = (p.namespace.clone(), p.pod.clone(), p.container.clone());
+            } else if let Some(p) = f
+                .pod_uid
+                .as_deref()
+                .and_then(|u| m.by_pod_uid(u).into_iter().next())
+            {
+                // A pod's sandbox (pause) container is in no container status.
+                (ns, pod) = (p.namespace.clone(), p.pod.clone());
+            }
+        }
+        vec![
+            ("namespace", ns),
+            ("pod", pod),
+            ("container", container),
+            ("container_id", id.to_owned()),
+        ]
+    }
+}
+
+fn read_keyed(
+    dir: &Option<PathBuf>,
+    file: &'static str,
+    errors: &mut Vec<String>,
+) -> Option<Vec<(String, u64)>> {
+    let text = read_in(dir, file, errors)?;
+    match cgroupfs::keyed(file, &text) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            errors.push(e.to_string());
+            None
+        }
+    }
+}
+
+fn read_single(dir: &Option<PathBuf>, file: &'static str, errors: &mut Vec<String>) -> Option<u64> {
+    let text = read_in(dir, file, errors)?;
+    match cgroupfs::single(file, &text) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            errors.push(e.to_string());
+            None
+        }
+    }
+}
+
+fn read_in(dir: &Option<PathBuf>, file: &str, errors: &mut Vec<String>) -> Option<String> {
+    let path: &Path = dir.as_deref()?;
+    match read_optional(&path.join(file)) {
+        Ok(t) => t,
+        // A container that exits between the walk and the read is not an error.
+        Err(_) if !path.exists() => None,
+        Err(e) => {
+            errors.push(e);
+            None
+        }
+    }
+}
+
+fn get(v: &[(String, u64)], k: &str) -> Option<u64> {
+    v.iter().find(|(n, _)| n == k).map(|(_, x)| *x)
+}
+
+/// One family per name, filled container by container.
+struct Families(Vec<Family>);
+
+impl Families {
+    fn push(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        unit: Option<Unit>,
+        kind: Kind,
+        labels: &[(&'static str, String)],
+        v: f64,
+    ) {
+        let f = match self.0.iter_mut().position(|f| f.name == name) {
+            Some(i) => &mut self.0[i],
+            None => {
+                self.0.push(Family::new(name, help, unit, kind));
+                let n = self.0.len() - 1;
+                &mut self.0[n]
+            }
+        };
+        f.push(labels.to_vec(), v);
+    }
+}
+
+impl Source for Containers {
+    fn name(&self) -> &'static str {
+        "containers"
+    }
+
+    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String> {
+        let (found, skipped) = self.discover();
+        if skipped > 0 {
+            self.metrics.dropped("readings_cgroup_dirs", skipped);
+        }
+        if found.len() > self.max {
+            self.metrics
+                .dropped("readings_containers", (found.len() - self.max) as u64);
+        }
+        let mut errors = Vec::new();
+        let mut fams = Families(Vec::new());
+        let mut tracked = 0.0;
+        for (id, f) in found.iter().take(self.max) {
+            tracked += 1.0;
+            let l = self.labels(id, f);
+            let v2_cpu = read_keyed(&f.v2, "cpu.stat", &mut errors);
+            // v1 cpuacct when the container has it (hybrid hosts leave v2's usage at 0).
+            let usage = match &f.cpuacct {
+                Some(_) => {
+                    read_single(&f.cpuacct, "cpuacct.usage", &mut errors).map(|ns| ns as f64 / 1e9)
+                }
+                None => v2_cpu
+                    .as_deref()
+                    .and_then(|s| get(s, "usage_usec"))
+                    .map(|us| us as f64 / 1e6),
+            };
+            if let Some(u) = usage {
+                fams.push(
+                    "container_cpu_usage",
+                    "Cumulative CPU time of the container (cgroup)",
+                    Some(Unit::Seconds),
+                    Kind::Counter,
+                    &l,
+                    u,
+                );
+            }
+            let v1_cpu = read_keyed(&f.cpu, "cpu.stat", &mut errors);
+            let throttle = v1_cpu
+                .as_deref()
+                .and_then(cgroupfs::throttling)
+                .or_else(|| v2_cpu.as_deref().and_then(cgroupfs::throttling));
+            if let Some(t) = throttle {
+                fams.push(
+                    "container_cpu_cfs_periods",
+                    "CFS enforcement periods that had a quota",
+                    None,
+                    Kind::Counter,
+                    &l,
+                    t.periods as f64,
+                );
+                fams.push(
+                    "container_cpu_cfs_throttled_periods",
+                    "CFS periods in which the container was throttled",
+                    None,
+                    Kind::Counter,
+                    &l,
+                    t.throttled_periods as f64,
+                );
+                fams.push(
+                    "container_cpu_cfs_throttled",
+                    "Time the container was throttled",
+                    Some(Unit::Seconds),
+                    Kind::Counter,
+                    &l,
+                    t.throttled_seconds,
+                );
+            }
+            // Working set = usage − inactive file pages, as cAdvisor computes it.
+            let (usage, stat, inactive) = if f.memory.is_some() {
+                (
+                    read_single(&f.memory, "memory.usage_in_bytes", &mut errors),
+                    read_keyed(&f.memory, "memory.stat", &mut errors),
+                    "total_inactive_file",
+                )
+            } else {
+                (
+                    read_single(&f.v2, "memory.current", &mut errors),
+                    read_keyed(&f.v2, "memory.stat", &mut errors),
+                    "inactive_file",
+                )
+            };
+            if let Some(u) = usage {
+                let inactive = stat.as_deref().and_then(|s| get(s, inactive)).unwrap_or(0);
+                fams.push(
+                    "container_memory_working_set",
+                    "Memory in use that cannot be reclaimed at once (usage − inactive file)",
+                    Some(Unit::Bytes),
+                    Kind::Gauge,
+                    &l,
+                    u.saturating_sub(inactive) as f64,
+                );
+                fams.push(
+                    "container_memory_usage",
+                    "Memory usage of the container, page cache included",
+                    Some(Unit::Bytes),
+                    Kind::Gauge,
+                    &l,
+                    u as f64,
+                );
+            }
+            let ooms = if f.memory.is_some() {
+                read_keyed(&f.memory, "memory.oom_control", &mut errors)
+                    .and_then(|o| get(&o, "oom_kill"))
+            } else {
+                read_keyed(&f.v2, "memory.events", &mut errors).and_then(|e| get(&e, "oom_kill"))
+            };
+            if let Some(n) = ooms {
+                fams.push(
+                    "container_oom_events",
+                    "Processes of the container killed by the OOM killer",
+                    None,
+                    Kind::Counter,
+                    &l,
+                    n as f64,
+                );
+            }
+            for (file, waiting, stalled) in [
+                (
+                    "cpu.pressure",
+                    "container_pressure_cpu_waiting",
+                    "container_pressure_cpu_stalled",
+                ),
+                (
+                    "memory.pressure",
+                    "container_pressure_memory_waiting",
+                    "container_pressure_memory_stalled",
+                ),
+                (
+                    "io.pressure",
+                    "container_pressure_io_waiting",
+                    "container_pressure_io_stalled",
+                ),
+            ] {
+                let Some(text) = read_in(&f.v2, file, &mut errors) else {
+                    continue;
+                };
+                match pressure::parse(&text) {
+                    Ok(p) => {
+                        fams.push(
+                            waiting,
+                            "Time some task of the container stalled on this resource (PSI some)",
+                            Some(Unit::Seconds),
+                            Kind::Counter,
+                            &l,
+                            p.some_us as f64 / 1e6,
+                        );
+                        if let Some(full) = p.full_us {
+                            fams.push(stalled, "Time all tasks of the container stalled on this resource (PSI full)", Some(Unit::Seconds), Kind::Counter, &l, full as f64 / 1e6);
+                        }
+                    }
+                    Err(e) => errors.push(format!("{id}: {e}")),
+                }
+            }
+        }
+        out.extend(fams.0);
+        let mut n = Family::new(
+            "readings_containers",
+            "Containers whose cgroups are read (at most readings.max_containers)",
+            None,
+            Kind::Gauge,
+        );
+        n.push(vec![], tracked);
+        out.push(n);
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::readings::resources::host::tests::value;
+    use std::fs;
+
+    const A: &str = "aaaa0000aaaa0000aaaa0000aaaa0000aaaa0000aaaa0000aaaa0000aaaa0001";
+    const B: &str = "bbbb0000bbbb0000bbbb0000bbbb0000bbbb0000bbbb0000bbbb0000bbbb0002";
+
+    fn write(dir: &Path, file: &str, text: &str) {
+        fs::create_dir_all(dir).expect("mkdir");
+        fs::write(dir.join(file), text).expect("write");
+    }
+
+    /// A hybrid host: container A in v1 cpu/cpuacct/memory (cgroupfs driver) and in the
+    /// v2 hierarchy (PSI only); container B only in v2 (systemd driver, cpu controller).
+    fn tree(root: &Path) {
+        let v1 = format!("kubepods/burstable/pod11111111-2222-3333-4444-555555555555/{A}");
+        write(
+            &root.join("cpu").join(&v1),
+            "cpu.stat",
+            include_str!("testdata/cgroup-v1-cpu.stat"),
+        );
+        write(
+            &root.join("cpuacct").join(&v1),
+            "cpuacct.usage",
+            "2500000000\n",
+        );
+        // A sub-cgroup of the container is not another container.
+        write(
+            &root.join("cpuacct").join(&v1).join("sub"),
+            "cpuacct.usage",
+            "1\n",
+        );
+        let mem = root.join("memory").join(&v1);
+        write(&mem, "memory.usage_in_bytes", "1000000\n");
+        write(
+            &mem,
+            "memory.stat",
+            "cache 10\ntotal_inactive_file 400000\n",
+        );
+        write(
+            &mem,
+            "memory.oom_control",
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",
+        );
+        let unified = root.join("unified");
+        write(&unified, "cgroup.controllers", "");
+        let a2 = unified.join(&v1);
+        write(
+            &a2,
+            "cpu.pressure",
+            include_str!("testdata/pressure-cpu-6.1"),
+        );
+        write(
+            &a2,
+            "cpu.stat",
+            "usage_usec 0\nuser_usec 0\nsystem_usec 0\n",
+        );
+        let b2 = unified.join(format!(
+            "kubepods.slice/kubepods-pod66666666_7777_8888_9999_aaaaaaaaaaaa.slice/cri-containerd-{B}.scope"
+        ));
+        write(&b2, "cpu.stat", include_str!("testdata/cgroup-v2-cpu.stat"));
+        write(&b2, "memory.current", "5000000\n");
+        write(
+            &b2,
+            "memory.stat",
+            include_str!("testdata/cgroup-v2-memory.stat"),
+        );
+        write(
+            &b2,
+            "memory.events",
+            "low 0\nhigh 0\nmax 0\noom 1\noom_kill 1\n",
+        );
+        write(&b2, "io.pressure", include_str!("testdata/pressure-io-5.4"));
+        // Not containers: the pod's own cgroup, a host service.
+        write(
+            &unified.join("system.slice/ssh.service"),
+            "cpu.stat",
+            "usage_usec 1\n",
+        );
+    }
+
+    fn source(root: &Path, max: usize, metrics: &crate::metrics::Metrics) -> Containers {
+        let roots = Roots {
+            cgroup: root.to_path_buf(),
+            ..Roots::default()
+        };
+        Containers::new(roots, None, max, metrics.clone())
+    }
+
+    #[test]
+    fn v1_and_v2_containers_on_a_hybrid_tree() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        tree(dir.path());
+        let metrics = crate::metrics::Metrics::new();
+        let mut s = source(dir.path(), 10, &metrics);
+        let mut out = Vec::new();
+        s.read(&mut out).expect("reads");
+        let a = [("container_id", A)];
+        let b = [("container_id", B)];
+        assert_eq!(value(&out, "readings_containers", &[]), Some(2.0));
+        assert_eq!(
+            value(&out, "container_cpu_usage", &a),
+            Some(2.5),
+            "v1 cpuacct wins over v2's 0"
+        );
+        assert_eq!(
+            value(&out, "container_cpu_cfs_throttled_periods", &a),
+            Some(250.0)
+        );
+        assert_eq!(value(&out, "container_cpu_cfs_throttled", &a), Some(12.5));
+        assert_eq!(
+            value(&out, "container_memory_working_set", &a),
+            Some(600_000.0)
+        );
+        assert_eq!(value(&out, "container_oom_events", &a), Some(3.0));
+        assert_eq!(
+            value(&out, "container_pressure_cpu_waiting", &a),
+            Some(3052.326154)
+        );
+        assert_eq!(value(&out, "container_cpu_usage", &b), Some(98.765432));
+        assert_eq!(value(&out, "container_cpu_cfs_periods", &b), Some(1200.0));
+        assert_eq!(value(&out, "container_cpu_cfs_throttled", &b), Some(1.5));
+        assert_eq!(
+            value(&out, "container_memory_working_set", &b),
+            Some(5_000_000.0 - 1_048_576.0)
+        );
+        assert_eq!(value(&out, "container_oom_events", &b), Some(1.0));
+        assert_eq!(
+            value(&out, "container_pressure_io_stalled", &b),
+            Some(0.987654)
+        );
+        // Without the pod watch the names are empty; the id is always there.
+        let labels = &out
+            .iter()
+            .find(|f| f.name == "container_cpu_usage")
+            .expect("family")
+            .points[0]
+            .labels;
+        assert_eq!(
+            labels.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+            ["namespace", "pod", "container", "container_id"]
+        );
+    }
+
+    #[test]
+    fn the_cap_counts_what_it_drops() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        tree(dir.path());
+        let metrics = crate::metrics::Metrics::new();
+        let mut out = Vec::new();
+        source(dir.path(), 1, &metrics)
+            .read(&mut out)
+            .expect("reads");
+        assert_eq!(value(&out, "readings_containers", &[]), Some(1.0));
+        assert_eq!(
+            out.iter()
+                .find(|f| f.name == "container_cpu_usage")
+                .map(|f| f.points.len()),
+            Some(1)
+        );
+        assert!(metrics
+            .encode()
+            .contains("ember_cache_dropped_total{cache=\"readings_containers\"} 1"));
+    }
+
+    #[test]
+    fn malformed_files_are_reported_not_fatal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        tree(dir.path());
+        let a = dir.path().join(format!(
+            "cpuacct/kubepods/burstable/pod11111111-2222-3333-4444-555555555555/{A}"
+        ));
+        fs::write(a.join("cpuacct.usage"), "lots\n").expect("write");
+        let metrics = crate::metrics::Metrics::new();
+        let mut out = Vec::new();
+        let err = source(dir.path(), 10, &metrics).read(&mut out).unwrap_err();
+        assert!(err.contains("cpuacct.usage"), "{err}");
+        // No made-up value for A (v2's usage is not A's), and B is still reported.
+        assert_eq!(
+            value(&out, "container_cpu_usage", &[("container_id", A)]),
+            None
+        );
+        assert_eq!(
+            value(&out, "container_cpu_usage", &[("container_id", B)]),
+            Some(98.765432)
+        );
+    }
+}

@@ -1,0 +1,396 @@
+//! Symbolization stage: names every frame of a window, in batches per object file.
+//!
+//! A blazesym symbolizer serves user code (ELF symbols and DWARF lines, demangled); the
+//! kernel is named from a compact kallsyms table, reloaded when the module list changes.
+//! Results are cached by `(object, file offset)`, so a warm window only asks blazesym
+//! about addresses it has never seen. Every cache is capped, and blazesym's own data
+//! (mmapped DWARF, parsed indexes) is let go once a window needs none of it.
+
+pub mod kallsyms;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use blazesym::symbolize::source::{Elf, Source};
+use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer as Blaze};
+
+use crate::aggregate::{Frame, Window};
+use crate::metrics::Metrics;
+use crate::normalize::object::{Object, ObjectKey};
+use crate::normalize::process::UserAddr;
+use crate::symbolize::kallsyms::Kallsyms;
+
+/// One function of a resolved frame (a frame with inlined calls has several).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Func {
+    /// Demangled name.
+    pub name: Arc<str>,
+    /// Source file, when debug info has it.
+    pub file: Option<Arc<str>>,
+    /// Source line, or 0.
+    pub line: u32,
+}
+
+/// What one frame resolved to: functions innermost (inlined) first, and whether a
+/// symbol was found at all (if not, `funcs` holds one placeholder like `libc.so.6+0x1a2b`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// Functions, innermost first.
+    pub funcs: Arc<[Func]>,
+    /// A real symbol was found.
+    pub named: bool,
+}
+
+/// Cache key of a frame: kernel address, or object plus file offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FrameKey {
+    /// Kernel address.
+    Kernel(u64),
+    /// Offset in an object file.
+    Object(ObjectKey, u64),
+}
+
+/// Name of the pseudo-file that kernel frames are attributed to.
+pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+
+/// Long-lived symbolizer with bounded caches.
+pub struct Symbolizer {
+    user: Blaze,
+    kernel: Kallsyms,
+    modules: u64,
+    cache: HashMap<FrameKey, Resolved>,
+    cap: usize,
+    window: u64,
+    metrics: Metrics,
+}
+
+impl Symbolizer {
+    /// A symbolizer whose frame cache holds at most `cache_entries` frames.
+    pub fn new(cache_entries: usize, metrics: Metrics) -> Self {
+        Self {
+            user: new_blaze(),
+            kernel: load_kallsyms(&metrics),
+            modules: modules_fingerprint(),
+            cache: HashMap::new(),
+            cap: cache_entries.max(1),
+            window: 0,
+            metrics,
+        }
+    }
+
+    /// Resolves every distinct frame of `window` (from cache where possible).
+    pub fn resolve(&mut self, window: &Window) -> HashMap<FrameKey, Resolved> {
+        self.window += 1;
+        self.refresh_kernel();
+        let mut kernel: Vec<u64> = Vec::new();
+        let mut by_object: HashMap<ObjectKey, (Arc<Object>, Vec<u64>)> = HashMap::new();
+        let mut out: HashMap<FrameKey, Resolved> = HashMap::new();
+        for frame in window.stacks.iter().flat_map(|s| &s.frames) {
+            let key = match frame {
+                Frame::Kernel(a) => FrameKey::Kernel(*a),
+                Frame::User(UserAddr::Object(o, off)) => FrameKey::Object(o.key, *off),
+                Frame::User(_) => continue,
+            };
+            if out.contains_key(&key) {
+                continue;
+            }
+            if let Some(r) = self.cache.get(&key) {
+                out.insert(key, r.clone());
+                continue;
+            }
+            // Placeholder until resolved; also dedups the batch.
+            out.insert(key, unnamed(frame));
+            match frame {
+                Frame::Kernel(a) => kernel.push(*a),
+                Frame::User(UserAddr::Object(o, off)) => by_object
+                    .entry(o.key)
+                    .or_insert_with(|| (o.clone(), Vec::new()))
+                    .1
+                    .push(*off),
+                Frame::User(_) => {}
+            }
+        }
+        let kernel_misses = kernel.len();
+        for addr in kernel {
+            if let Some(name) = self.kernel.resolve(addr) {
+                let funcs = vec![Func {
+                    name: Arc::from(name),
+                    file: None,
+                    line: 0,
+                }];
+                out.insert(
+                    FrameKey::Kernel(addr),
+                    Resolved {
+                        funcs: funcs.into(),
+                        named: true,
+                    },
+                );
+            }
+        }
+        let misses = !by_object.is_empty();
+        tracing::debug!(
+            "window {}: {} kernel and {} object lookups missed the cache",
+            self.window,
+            kernel_misses,
+            by_object.values().map(|v| v.1.len()).sum::<usize>()
+        );
+        for (key, (obj, offsets)) in by_object {
+            let src = Source::Elf(Elf::new(obj.open_path()));
+            if let Ok(syms) = self.user.symbolize(&src, Input::FileOffset(&offsets)) {
+                for (off, sym) in offsets.iter().zip(syms) {
+                    if let Some(r) = resolved(sym) {
+                        out.insert(FrameKey::Object(key, *off), r);
+                    }
+                }
+            }
+        }
+        self.remember(&out);
+        if misses {
+            // Let go of everything blazesym parsed and mapped for this window (DWARF of big
+            // binaries is tens of MB resident, debug-link files included). The frame cache
+            // keeps the answers; only never-seen addresses pay for a parse, once per window.
+            self.user = new_blaze();
+        }
+        // Hand freed buffers (parse data, the window itself) back to the kernel rather
+        // than keeping them in malloc's pools: steady RSS is what users budget for.
+        // SAFETY: malloc_trim only releases free heap memory.
+        unsafe { libc::malloc_trim(0) };
+        out
+    }
+
+    /// Keeps this window's results for the next ones, within the cap.
+    fn remember(&mut self, results: &HashMap<FrameKey, Resolved>) {
+        let new = results
+            .keys()
+            .filter(|k| !self.cache.contains_key(k))
+            .count();
+        if self.cache.len() + new > self.cap {
+            // Whole-cache reset: O(1) bookkeeping, and the next window refills what is hot.
+            self.metrics.dropped("symbols", self.cache.len() as u64);
+            self.cache.clear();
+        }
+        for (k, v) in results {
+            if self.cache.len() >= self.cap {
+                self.metrics.dropped("symbols", 1);
+                break;
+            }
+            self.cache.entry(*k).or_insert_with(|| v.clone());
+        }
+    }
+
+    /// kallsyms changes when modules load or unload: then reload it.
+    fn refresh_kernel(&mut self) {
+        let now = modules_fingerprint();
+        if now != self.modules {
+            self.modules = now;
+            self.kernel = load_kallsyms(&self.metrics);
+            self.cache.retain(|k, _| !matches!(k, FrameKey::Kernel(_)));
+        }
+    }
+}
+
+fn new_blaze() -> Blaze {
+    Blaze::builder()
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        .enable_demangling(true)
+        .enable_auto_reload(false)
+        .build()
+}
+
+fn load_kallsyms(metrics: &Metrics) -> Kallsyms {
+    Kallsyms::load().unwrap_or_else(|e| {
+        tracing::warn!("cannot read /proc/kallsyms, kernel frames stay unnamed: {e}");
+        metrics
+            .proc_read_errors
+            .get_or_create(&crate::metrics::ReasonLabel {
+                reason: "kallsyms".into(),
+            })
+            .inc();
+        Kallsyms::default()
+    })
+}
+
+fn modules_fingerprint() -> u64 {
+    use std::hash::{Hash, Hasher};
+    let text = crate::os::procfs::read_capped(std::path::Path::new("/proc/modules"), 1 << 20)
+        .unwrap_or_default();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    // Name and load address of each module; the use counts in between change all the time.
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (f.first(), f.get(5)).hash(&mut h);
+    }
+    h.finish()
+}
+
+fn resolved(sym: Symbolized<'_>) -> Option<Resolved> {
+    let Symbolized::Sym(sym) = sym else {
+        return None;
+    };
+    Some(Resolved {
+        funcs: funcs_of(&sym).into(),
+        named: true,
+    })
+}
+
+/// blazesym reports `f` (the symbol) then the calls inlined into it, outermost first;
+/// pprof wants the innermost first.
+fn funcs_of(sym: &Sym<'_>) -> Vec<Func> {
+    let file_line = |ci: Option<&blazesym::symbolize::CodeInfo<'_>>| match ci {
+        Some(ci) => (
+            Some(Arc::from(ci.to_path().display().to_string())),
+            ci.line.unwrap_or(0),
+        ),
+        None => (None, 0),
+    };
+    let mut funcs = Vec::with_capacity(1 + sym.inlined.len());
+    let (file, line) = file_line(sym.code_info.as_deref());
+    funcs.push(Func {
+        name: Arc::from(sym.name.as_ref()),
+        file,
+        line,
+    });
+    for inl in sym.inlined.iter() {
+        let (file, line) = file_line(inl.code_info.as_ref());
+        funcs.push(Func {
+            name: Arc::from(inl.name.as_ref()),
+            file,
+            line,
+        });
+    }
+    funcs.reverse();
+    funcs
+}
+
+/// The name of a frame that has no symbol: `libc.so.6+0x1a2b`, `[vdso]+0x10`, `[unknown]`.
+pub fn unnamed(frame: &Frame) -> Resolved {
+    let name = match frame {
+        Frame::Kernel(a) => format!("{KERNEL_MAPPING}+{a:#x}"),
+        Frame::User(UserAddr::Object(o, off)) => format!("{}+{off:#x}", o.base_name()),
+        Frame::User(UserAddr::Region(label, off)) => format!("{label}+{off:#x}"),
+        Frame::User(UserAddr::Unknown(_)) => "[unknown]".to_owned(),
+        // Named already (the pprof encoder uses the name); only reached by mistake.
+        Frame::User(UserAddr::Jit(j)) => j.name.to_string(),
+    };
+    Resolved {
+        funcs: vec![Func {
+            name: Arc::from(name),
+            file: None,
+            line: 0,
+        }]
+        .into(),
+        named: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::Stack;
+    use std::time::{Duration, SystemTime};
+
+    #[inline(never)]
+    fn a_very_distinct_function_name() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    fn window(frames: Vec<Frame>) -> Window {
+        Window {
+            start: SystemTime::now(),
+            duration: Duration::from_secs(1),
+            period_ns: 1,
+            stacks: vec![Stack {
+                pid: 1,
+                tid: 1,
+                comm: "t".into(),
+                process: Arc::from("t"),
+                labels: Arc::default(),
+                frames,
+                count: 1,
+            }],
+        }
+    }
+
+    #[test]
+    fn names_own_function_with_line() {
+        let _ = a_very_distinct_function_name();
+        let mut table = crate::normalize::process::ProcessTable::new(
+            crate::normalize::process::Limits {
+                max_processes: 4,
+                max_objects: 64,
+            },
+            Metrics::new(),
+        );
+        let pid = std::process::id();
+        table.touch(pid, pid, &[0; 16], 1);
+        let addr = a_very_distinct_function_name as *const () as u64;
+        let ua = table.normalize(pid, addr);
+        let UserAddr::Object(obj, off) = ua.clone() else {
+            panic!("not normalized: {ua:?}")
+        };
+        let mut s = Symbolizer::new(1000, Metrics::new());
+        let w = window(vec![Frame::User(ua), Frame::User(UserAddr::Unknown(5))]);
+        let r = s.resolve(&w);
+        let got = &r[&FrameKey::Object(obj.key, off)];
+        assert!(got.named);
+        // Innermost first: whatever got inlined into our function comes before it.
+        let outer = got.funcs.last().expect("one function at least");
+        assert!(
+            outer.name.contains("a_very_distinct_function_name"),
+            "{got:?}"
+        );
+        assert!(
+            outer
+                .file
+                .as_deref()
+                .is_some_and(|f| f.ends_with("symbolize/mod.rs")),
+            "{got:?}"
+        );
+        assert!(outer.line > 0);
+        // Second window comes from the cache, same answer.
+        let again = s.resolve(&w);
+        assert_eq!(again[&FrameKey::Object(obj.key, off)], *got);
+    }
+
+    #[test]
+    fn names_kernel_frames_from_kallsyms() {
+        let text = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+        let addr = text.lines().find_map(|l| {
+            let mut f = l.split_whitespace();
+            let a = u64::from_str_radix(f.next()?, 16).ok()?;
+            let _t = f.next()?;
+            (f.next()? == "schedule" && a != 0).then_some(a)
+        });
+        let Some(addr) = addr else {
+            eprintln!("skipped: kallsyms addresses are hidden (not root)");
+            return;
+        };
+        let mut s = Symbolizer::new(1000, Metrics::new());
+        let r = s.resolve(&window(vec![Frame::Kernel(addr + 1)]));
+        let got = &r[&FrameKey::Kernel(addr + 1)];
+        assert!(got.named);
+        assert_eq!(&*got.funcs[0].name, "schedule");
+    }
+
+    #[test]
+    fn unnamed_frames_keep_where_they_were() {
+        assert_eq!(
+            &*unnamed(&Frame::User(UserAddr::Unknown(9))).funcs[0].name,
+            "[unknown]"
+        );
+        let r = unnamed(&Frame::User(UserAddr::Region(Arc::from("[vdso]"), 0x10)));
+        assert_eq!(&*r.funcs[0].name, "[vdso]+0x10");
+        assert!(!r.named);
+    }
+
+    #[test]
+    fn cache_is_capped() {
+        let mut s = Symbolizer::new(2, Metrics::new());
+        let frames = (0..5u64)
+            .map(|i| Frame::Kernel(0xffff_ffff_0000_0000 + i))
+            .collect();
+        let _ = s.resolve(&window(frames));
+        assert!(s.cache.len() <= 2);
+    }
+}
