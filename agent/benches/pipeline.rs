@@ -81,15 +81,19 @@ fn benches(c: &mut Criterion) {
 
     let w = window();
     let mut sym = Symbolizer::new(100_000, Metrics::new());
-    let _ = sym.resolve(&w);
+    let _ = sym.symbolize(w.clone());
     c.bench_function("symbolize warm window", |b| {
-        b.iter(|| black_box(sym.resolve(&w)))
+        b.iter_batched(
+            || w.clone(),
+            |w| black_box(sym.symbolize(w)),
+            BatchSize::LargeInput,
+        )
     });
 
-    let symbols = sym.resolve(&w);
+    let symbolized = sym.symbolize(w);
     c.bench_function("encode pprof + gzip", |b| {
         b.iter(|| {
-            let (p, _) = ember::encode::pprof::encode(&w, &symbols);
+            let p = ember::encode::pprof::encode(&symbolized);
             black_box(ember::encode::pprof::to_gzip(&p))
         })
     });

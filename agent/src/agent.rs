@@ -10,7 +10,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::aggregate::{Aggregator, Window, Workloads};
 use crate::capture::{Batch, Capture, CaptureError, Control, Settings};
-use crate::encode::pprof;
 use crate::encode::Encoded;
 use crate::metrics::{Metrics, ResultLabel};
 use crate::normalize::process::Limits;
@@ -180,10 +179,8 @@ fn output_loop<F: FnMut(Encoded)>(
 ) {
     for window in rx {
         let started = Instant::now();
-        let symbols = symbolizer.resolve(&window);
-        let (profile, frames) = pprof::encode(&window, &symbols);
-        let gz = match pprof::to_gzip(&profile) {
-            Ok(gz) => gz,
+        let encoded = match Encoded::new(symbolizer.symbolize(window)) {
+            Ok(encoded) => encoded,
             Err(e) => {
                 tracing::error!("could not compress a window, dropped: {e}");
                 metrics.dropped("window_encode", 1);
@@ -194,6 +191,7 @@ fn output_loop<F: FnMut(Encoded)>(
             .window_encode_seconds
             .observe(started.elapsed().as_secs_f64());
         metrics.windows.inc();
+        let frames = encoded.frames;
         for (result, n) in [
             ("named", frames.named),
             ("unnamed", frames.unnamed),
@@ -206,14 +204,7 @@ fn output_loop<F: FnMut(Encoded)>(
                 })
                 .inc_by(n);
         }
-        on_window(Encoded {
-            start: window.start,
-            duration: window.duration,
-            samples: window.samples(),
-            profile,
-            gz,
-            frames,
-        });
+        on_window(encoded);
     }
 }
 

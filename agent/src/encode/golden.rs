@@ -14,13 +14,12 @@ use std::time::{Duration, UNIX_EPOCH};
 use prost::Message;
 
 use crate::aggregate::{Frame, Stack, Window};
-use crate::encode::pprof::{encode, to_gzip};
 use crate::encode::Encoded;
 use crate::normalize::jit::{JitFrame, Source as JitSource};
 use crate::normalize::object::Object;
 use crate::normalize::process::UserAddr;
 use crate::push_proto::PushRequest;
-use crate::symbolize::{FrameKey, Func, Resolved};
+use crate::symbolize::{assemble, FrameKey, Func, Resolved};
 use crate::workload::Labels;
 
 fn func(name: &str, file: Option<&str>, line: u32) -> Func {
@@ -200,18 +199,10 @@ fn fixture() -> (Window, HashMap<FrameKey, Resolved>) {
     (window, symbols)
 }
 
+/// The fixture, named as the symbolizer names a window, and encoded as the output thread does.
 fn encoded() -> Encoded {
     let (window, symbols) = fixture();
-    let (profile, frames) = encode(&window, &symbols);
-    let gz = to_gzip(&profile).expect("gzip");
-    Encoded {
-        start: window.start,
-        duration: window.duration,
-        samples: window.samples(),
-        profile,
-        gz,
-        frames,
-    }
+    Encoded::new(assemble(window, &symbols)).expect("encode")
 }
 
 /// Compares `bytes` with the golden file `name` (or writes it under `EMBER_BLESS=1`).
@@ -252,7 +243,7 @@ fn pyroscope_requests_are_golden() {
     )
     .expect("pyroscope config");
     let push = crate::export::pyroscope::Encoder::new(&cfg)
-        .requests(&e)
+        .requests(&e.window)
         .expect("push requests");
     assert_eq!(push.len(), 1);
     let mut body = Vec::new();
@@ -270,7 +261,7 @@ fn pyroscope_requests_are_golden() {
     let cfg: crate::config::PyroscopeSink =
         serde_yaml::from_str("{enabled: true, api: ingest}").expect("ingest config");
     let ingest = crate::export::pyroscope::Encoder::new(&cfg)
-        .requests(&e)
+        .requests(&e.window)
         .expect("ingest requests");
     let mut text = String::new();
     for r in &ingest {
@@ -291,7 +282,7 @@ fn otlp_requests_are_golden() {
         let cfg: crate::config::OtlpSink =
             serde_yaml::from_str(&format!("{{enabled: true, resource_per: {per}}}"))
                 .expect("otlp config");
-        let req = crate::export::otlp::Encoder::new(&cfg, "node-1").request(&e);
+        let req = crate::export::otlp::Encoder::new(&cfg, "node-1").request(&e.window);
         golden(name, &req.encode_to_vec());
     }
 }

@@ -1,21 +1,27 @@
 //! Encoding: turns a symbolized window into the formats people and backends read.
 //!
-//! In: a window and the names of its frames from [`crate::symbolize`]. Out: a pprof
-//! profile ([`pprof`]), and views of one for people ([`flamegraph`]: folded stacks, SVG,
-//! top functions).
+//! In: a [`Symbolized`] window from [`crate::symbolize`] (resolved frames, typed workload
+//! labels per stack). Out: a pprof profile ([`pprof`]), Pyroscope's per-service profiles
+//! and series labels ([`pyroscope`]), an OTLP profiles export request ([`otlp`]), and
+//! views of a pprof profile for people ([`flamegraph`]: folded stacks, SVG, top
+//! functions). Every encoder reads the typed window; none reads a label back out of a
+//! pprof string table.
 
 pub mod flamegraph;
+pub mod otlp;
 pub mod pprof;
+pub mod pyroscope;
 
 #[cfg(test)]
 mod golden;
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::proto::Profile;
-use pprof::FrameCounts;
+use crate::symbolize::{FrameCounts, Symbolized};
 
-/// One finished window.
+/// One finished window: the symbolized window, and its pprof profile.
 #[derive(Debug, Clone)]
 pub struct Encoded {
     /// Wall-clock start of the window.
@@ -24,10 +30,29 @@ pub struct Encoded {
     pub duration: Duration,
     /// Samples in it.
     pub samples: u64,
+    /// The window itself, for the sinks that encode it their own way.
+    pub window: Arc<Symbolized>,
     /// The profile.
     pub profile: Profile,
     /// The profile, serialized and gzipped.
     pub gz: Vec<u8>,
     /// Named and unnamed frames.
     pub frames: FrameCounts,
+}
+
+impl Encoded {
+    /// Encodes `window` as pprof (and gzips it, as window files are stored).
+    pub fn new(window: Symbolized) -> std::io::Result<Self> {
+        let profile = pprof::encode(&window);
+        let gz = pprof::to_gzip(&profile)?;
+        Ok(Self {
+            start: window.start,
+            duration: window.duration,
+            samples: window.samples(),
+            frames: window.frame_counts(),
+            window: Arc::new(window),
+            profile,
+            gz,
+        })
+    }
 }

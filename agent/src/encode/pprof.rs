@@ -1,6 +1,8 @@
-//! Encoding stage: turns a symbolized window into a pprof CPU profile, written the way
-//! the Go runtime writes them (`samples/count` + `cpu/nanoseconds`, period 1e9/Hz).
+//! pprof: turns a symbolized window into a CPU profile, written the way the Go runtime
+//! writes them (`samples/count` + `cpu/nanoseconds`, period 1e9/Hz). The [`Builder`] is
+//! shared with the per-service profiles of [`super::pyroscope`].
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::io::Write;
 use std::time::UNIX_EPOCH;
@@ -8,43 +10,190 @@ use std::time::UNIX_EPOCH;
 use flate2::write::GzEncoder;
 use flate2::Compression;
 
-use crate::aggregate::{Frame, Window};
-use crate::normalize::object::ObjectKey;
-use crate::normalize::process::UserAddr;
 use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
-use crate::symbolize::{unnamed, FrameKey, Resolved, KERNEL_MAPPING};
+use crate::symbolize::{Func, Mapping as SymMapping, SymFrame, SymStack, Symbolized};
 
-/// How many frames were named, for `ember_frames_total`.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct FrameCounts {
-    /// Frames with a symbol.
-    pub named: u64,
-    /// Frames shown as `object+offset` or `[unknown]`.
-    pub unnamed: u64,
-    /// Frames in JIT code named from a perf map or jitdump.
-    pub jit: u64,
+/// What a profile says of one mapping beyond its name: the addresses seen in it and
+/// what its functions carry. Per-service profiles keep the window's ([`WindowLocations`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Span {
+    memory_start: u64,
+    memory_limit: u64,
+    has_filenames: bool,
+    has_line_numbers: bool,
+    has_inline_frames: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum MapKey {
-    Kernel,
-    Object(ObjectKey),
-    Region(String),
-    Unknown,
-    Jit(crate::normalize::jit::Source),
+impl Default for Span {
+    fn default() -> Self {
+        Self {
+            memory_start: u64::MAX,
+            memory_limit: 0,
+            has_filenames: false,
+            has_line_numbers: false,
+            has_inline_frames: false,
+        }
+    }
 }
 
-#[derive(Default)]
-struct Builder {
+impl Span {
+    /// Widens the span by one location (a distinct address in the mapping).
+    fn add(&mut self, address: u64, funcs: &[Func]) {
+        self.memory_start = self.memory_start.min(address);
+        self.memory_limit = self.memory_limit.max(address + 1);
+        self.has_filenames |= funcs.iter().any(|f| f.file.is_some());
+        self.has_line_numbers |= funcs.iter().any(|f| f.line > 0);
+        self.has_inline_frames |= funcs.len() > 1;
+    }
+
+    /// The span's start and limit, as pprof and OTLP mappings show them.
+    pub(crate) fn bounds(&self) -> (u64, u64) {
+        let start = if self.memory_start == u64::MAX {
+            0
+        } else {
+            self.memory_start
+        };
+        (start, self.memory_limit)
+    }
+
+    fn apply(&self, m: &mut Mapping) {
+        (m.memory_start, m.memory_limit) = self.bounds();
+        m.has_filenames = self.has_filenames;
+        m.has_line_numbers = self.has_line_numbers;
+        m.has_inline_frames = self.has_inline_frames;
+    }
+}
+
+/// Which frames are one location: same mapping and address and, for JIT code (whose
+/// addresses are per process), the same name. The first frame seen gives the lines.
+pub(crate) type LocationKey<'w> = (&'w SymMapping, u64, Option<&'w str>);
+
+/// The location key of `f`.
+pub(crate) fn location_key(f: &SymFrame) -> LocationKey<'_> {
+    let name = match f.funcs.first() {
+        Some(func) if f.is_jit() => Some(&*func.name),
+        _ => None,
+    };
+    (&f.mapping, f.address, name)
+}
+
+/// What the whole window says of its mappings and locations, for profiles of a part of
+/// it (Pyroscope's per-service ones) and for OTLP's dictionary.
+pub(crate) struct WindowLocations<'w> {
+    /// The address range and contents of each mapping, over its distinct locations.
+    spans: HashMap<&'w SymMapping, Span>,
+    /// The first frame of each location in the window: its lines are the location's.
+    first: HashMap<LocationKey<'w>, &'w SymFrame>,
+}
+
+impl<'w> WindowLocations<'w> {
+    /// Walks every frame of `w` once.
+    pub(crate) fn of(w: &'w Symbolized) -> Self {
+        let mut first: HashMap<LocationKey<'w>, &'w SymFrame> = HashMap::new();
+        let mut spans: HashMap<&'w SymMapping, Span> = HashMap::new();
+        for f in w.stacks.iter().flat_map(|s| &s.frames) {
+            if let Entry::Vacant(e) = first.entry(location_key(f)) {
+                e.insert(f);
+                spans
+                    .entry(&f.mapping)
+                    .or_default()
+                    .add(f.address, &f.funcs);
+            }
+        }
+        Self { spans, first }
+    }
+
+    /// The span of mapping `m` over the window.
+    pub(crate) fn span(&self, m: &SymMapping) -> Option<&Span> {
+        self.spans.get(m)
+    }
+}
+
+/// The value of a pprof sample label.
+pub(crate) enum LabelValue<'a> {
+    /// A number (`pid`, `tid`).
+    Num(i64),
+    /// A string (empty for an unnamed thread or process).
+    Str(&'a str),
+}
+
+/// The sample labels of a stack, in the order profiles list them: `pid`, `tid`, `comm`,
+/// `process`, then the workload's non-empty labels.
+pub(crate) fn sample_labels(s: &SymStack) -> impl Iterator<Item = (&'static str, LabelValue<'_>)> {
+    [
+        ("pid", LabelValue::Num(i64::from(s.pid))),
+        ("tid", LabelValue::Num(i64::from(s.tid))),
+        ("comm", LabelValue::Str(&s.comm)),
+        ("process", LabelValue::Str(&s.process)),
+    ]
+    .into_iter()
+    .chain(
+        s.labels
+            .sample_labels()
+            .map(|(k, v)| (k, LabelValue::Str(v))),
+    )
+}
+
+/// The values of a stack's sample: `samples/count` and `cpu/nanoseconds`.
+pub(crate) fn values(s: &SymStack, period_ns: u64) -> Vec<i64> {
+    vec![s.count as i64, (s.count * period_ns) as i64]
+}
+
+/// A pprof profile under construction: strings, mappings, functions and locations are
+/// interned in the order samples first use them.
+pub(crate) struct Builder<'w> {
+    /// When the profile holds part of a window: the whole window's mappings and locations.
+    window: Option<&'w WindowLocations<'w>>,
     profile: Profile,
     strings: HashMap<String, i64>,
-    mappings: HashMap<MapKey, usize>,
+    mappings: HashMap<&'w SymMapping, usize>,
+    /// What each mapping spans, in this profile.
+    spans: Vec<(&'w SymMapping, Span)>,
     /// By mapping, address and (for JIT code, whose addresses are per process) name.
     locations: HashMap<(u64, u64, i64), u64>,
     functions: HashMap<(i64, i64), u64>,
 }
 
-impl Builder {
+impl<'w> Builder<'w> {
+    /// An empty CPU profile of window `w`: the header, no samples.
+    pub(crate) fn new(w: &Symbolized) -> Self {
+        Self::part_of(w, None)
+    }
+
+    /// An empty CPU profile of part of window `w`. With `window` (what all of `w` says of
+    /// its mappings and locations), its mappings span the whole window and each location
+    /// has the lines of its first frame in the window, as in the window's own profile.
+    pub(crate) fn part_of(w: &Symbolized, window: Option<&'w WindowLocations<'w>>) -> Self {
+        let mut b = Self {
+            window,
+            profile: Profile::default(),
+            strings: HashMap::new(),
+            mappings: HashMap::new(),
+            spans: Vec::new(),
+            locations: HashMap::new(),
+            functions: HashMap::new(),
+        };
+        b.string("");
+        let samples = ValueType {
+            r#type: b.string("samples"),
+            unit: b.string("count"),
+        };
+        let cpu = ValueType {
+            r#type: b.string("cpu"),
+            unit: b.string("nanoseconds"),
+        };
+        b.profile.sample_type = vec![samples, cpu];
+        b.profile.period_type = Some(cpu);
+        b.profile.period = w.period_ns as i64;
+        b.profile.default_sample_type = cpu.r#type;
+        b.profile.time_nanos = w
+            .start
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        b.profile.duration_nanos = w.duration.as_nanos() as i64;
+        b
+    }
+
     fn string(&mut self, s: &str) -> i64 {
         if let Some(&i) = self.strings.get(s) {
             return i;
@@ -55,12 +204,12 @@ impl Builder {
         i
     }
 
-    fn mapping(&mut self, key: MapKey, filename: &str, build_id: Option<&[u8]>) -> usize {
-        if let Some(&i) = self.mappings.get(&key) {
+    fn mapping(&mut self, m: &'w SymMapping) -> usize {
+        if let Some(&i) = self.mappings.get(m) {
             return i;
         }
-        let filename = self.string(filename);
-        let build_id = match build_id {
+        let filename = self.string(m.file_name());
+        let build_id = match m.build_id() {
             Some(b) => {
                 let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
                 self.string(&hex)
@@ -70,13 +219,13 @@ impl Builder {
         let i = self.profile.mapping.len();
         self.profile.mapping.push(Mapping {
             id: i as u64 + 1,
-            memory_start: u64::MAX,
             filename,
             build_id,
             has_functions: true,
             ..Default::default()
         });
-        self.mappings.insert(key, i);
+        self.spans.push((m, Span::default()));
+        self.mappings.insert(m, i);
         i
     }
 
@@ -98,29 +247,30 @@ impl Builder {
         id
     }
 
-    fn location(&mut self, mapping: usize, address: u64, resolved: &Resolved, jit: bool) -> u64 {
+    /// The location of frame `f`, added with its mapping and functions when new.
+    pub(crate) fn frame(&mut self, f: &'w SymFrame) -> u64 {
+        let mapping = self.mapping(&f.mapping);
         let mapping_id = mapping as u64 + 1;
         // The same JIT address in two processes is two different functions.
-        let name = match resolved.funcs.first() {
-            Some(f) if jit => self.string(&f.name),
-            _ => 0,
+        let name = match location_key(f).2 {
+            Some(n) => self.string(n),
+            None => 0,
         };
-        if let Some(&id) = self.locations.get(&(mapping_id, address, name)) {
+        if let Some(&id) = self.locations.get(&(mapping_id, f.address, name)) {
             return id;
         }
-        let m = &mut self.profile.mapping[mapping];
-        // A mapping here spans the addresses seen in it (file offsets for object files).
-        m.memory_start = m.memory_start.min(address);
-        m.memory_limit = m.memory_limit.max(address + 1);
-        m.has_filenames |= resolved.funcs.iter().any(|f| f.file.is_some());
-        m.has_line_numbers |= resolved.funcs.iter().any(|f| f.line > 0);
-        m.has_inline_frames |= resolved.funcs.len() > 1;
-        let line = resolved
+        let f = self
+            .window
+            .and_then(|w| w.first.get(&location_key(f)))
+            .copied()
+            .unwrap_or(f);
+        self.spans[mapping].1.add(f.address, &f.funcs);
+        let line = f
             .funcs
             .iter()
-            .map(|f| Line {
-                function_id: self.function(&f.name, f.file.as_deref()),
-                line: i64::from(f.line),
+            .map(|func| Line {
+                function_id: self.function(&func.name, func.file.as_deref()),
+                line: i64::from(func.line),
                 column: 0,
             })
             .collect();
@@ -128,140 +278,65 @@ impl Builder {
         self.profile.location.push(Location {
             id,
             mapping_id,
-            address,
+            address: f.address,
             line,
             is_folded: false,
         });
-        self.locations.insert((mapping_id, address, name), id);
+        self.locations.insert((mapping_id, f.address, name), id);
         id
     }
 
-    fn frame(
-        &mut self,
-        frame: &Frame,
-        symbols: &HashMap<FrameKey, Resolved>,
-        counts: &mut FrameCounts,
-    ) -> u64 {
-        let key = match frame {
-            Frame::Kernel(a) => Some(FrameKey::Kernel(*a)),
-            Frame::User(UserAddr::Object(o, off)) => Some(FrameKey::Object(o.key, *off)),
-            Frame::User(_) => None,
-        };
-        if let Frame::User(UserAddr::Jit(j)) = frame {
-            counts.jit += 1;
-            let resolved = Resolved {
-                funcs: vec![crate::symbolize::Func {
-                    name: j.name.clone(),
-                    file: j.file.clone(),
-                    line: j.line,
-                }]
-                .into(),
-                named: true,
-            };
-            let m = self.mapping(MapKey::Jit(j.source), j.source.mapping_name(), None);
-            return self.location(m, j.addr, &resolved, true);
-        }
-        let fallback;
-        let resolved = match key.and_then(|k| symbols.get(&k)) {
-            Some(r) => r,
-            None => {
-                fallback = unnamed(frame);
-                &fallback
-            }
-        };
-        if resolved.named {
-            counts.named += 1;
-        } else {
-            counts.unnamed += 1;
-        }
-        let (mapping, address) = match frame {
-            Frame::Kernel(a) => (self.mapping(MapKey::Kernel, KERNEL_MAPPING, None), *a),
-            Frame::User(UserAddr::Object(o, off)) => (
-                self.mapping(MapKey::Object(o.key), &o.path, o.build_id.as_deref()),
-                *off,
-            ),
-            Frame::User(UserAddr::Region(label, off)) => (
-                self.mapping(MapKey::Region(label.to_string()), label, None),
-                *off,
-            ),
-            Frame::User(UserAddr::Unknown(a)) => {
-                (self.mapping(MapKey::Unknown, "[unknown]", None), *a)
-            }
-            // Returned above.
-            Frame::User(UserAddr::Jit(j)) => {
-                (self.mapping(MapKey::Unknown, "[unknown]", None), j.addr)
-            }
-        };
-        self.location(mapping, address, resolved, false)
+    /// The locations of a stack, leaf first.
+    pub(crate) fn stack(&mut self, s: &'w SymStack) -> Vec<u64> {
+        s.frames.iter().map(|f| self.frame(f)).collect()
     }
 
-    fn num_label(&mut self, key: &str, num: i64) -> Label {
-        Label {
-            key: self.string(key),
-            num,
-            ..Default::default()
+    /// One sample label.
+    pub(crate) fn label(&mut self, key: &str, value: &LabelValue<'_>) -> Label {
+        match *value {
+            LabelValue::Num(num) => Label {
+                key: self.string(key),
+                num,
+                ..Default::default()
+            },
+            LabelValue::Str(v) => Label {
+                key: self.string(key),
+                str: self.string(v),
+                ..Default::default()
+            },
         }
     }
 
-    fn str_label(&mut self, key: &str, value: &str) -> Label {
-        Label {
-            key: self.string(key),
-            str: self.string(value),
-            ..Default::default()
+    /// The samples so far, to add or merge into.
+    pub(crate) fn samples(&mut self) -> &mut Vec<Sample> {
+        &mut self.profile.sample
+    }
+
+    /// The profile.
+    pub(crate) fn finish(mut self) -> Profile {
+        for (m, (key, own)) in self.profile.mapping.iter_mut().zip(&self.spans) {
+            self.window
+                .and_then(|w| w.span(key))
+                .unwrap_or(own)
+                .apply(m);
         }
+        self.profile
     }
 }
 
-/// Encodes `window`, naming frames from `symbols` (frames missing there are unnamed).
-pub fn encode(window: &Window, symbols: &HashMap<FrameKey, Resolved>) -> (Profile, FrameCounts) {
-    let mut b = Builder::default();
-    b.string("");
-    let samples = ValueType {
-        r#type: b.string("samples"),
-        unit: b.string("count"),
-    };
-    let cpu = ValueType {
-        r#type: b.string("cpu"),
-        unit: b.string("nanoseconds"),
-    };
-    b.profile.sample_type = vec![samples, cpu];
-    b.profile.period_type = Some(cpu);
-    b.profile.period = window.period_ns as i64;
-    b.profile.default_sample_type = cpu.r#type;
-    b.profile.time_nanos = window
-        .start
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64);
-    b.profile.duration_nanos = window.duration.as_nanos() as i64;
-
-    let mut counts = FrameCounts::default();
-    for stack in &window.stacks {
-        let location_id = stack
-            .frames
-            .iter()
-            .map(|f| b.frame(f, symbols, &mut counts))
-            .collect();
-        let mut label = vec![
-            b.num_label("pid", i64::from(stack.pid)),
-            b.num_label("tid", i64::from(stack.tid)),
-            b.str_label("comm", &stack.comm),
-            b.str_label("process", &stack.process),
-        ];
-        for (k, v) in stack.labels.sample_labels() {
-            label.push(b.str_label(k, v));
-        }
-        b.profile.sample.push(Sample {
+/// Encodes window `w` as one pprof profile: a sample per stack, with every label.
+pub fn encode(w: &Symbolized) -> Profile {
+    let mut b = Builder::new(w);
+    for stack in &w.stacks {
+        let location_id = b.stack(stack);
+        let label = sample_labels(stack).map(|(k, v)| b.label(k, &v)).collect();
+        b.samples().push(Sample {
             location_id,
-            value: vec![stack.count as i64, (stack.count * window.period_ns) as i64],
+            value: values(stack, w.period_ns),
             label,
         });
     }
-    for m in &mut b.profile.mapping {
-        if m.memory_start == u64::MAX {
-            m.memory_start = 0;
-        }
-    }
-    (b.profile, counts)
+    b.finish()
 }
 
 /// Serializes and gzips a profile, as pprof files are stored.
@@ -275,10 +350,17 @@ pub fn to_gzip(profile: &Profile) -> std::io::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aggregate::Stack;
-    use crate::symbolize::Func;
+    use crate::aggregate::{Frame, Stack, Window};
+    use crate::normalize::process::UserAddr;
+    use crate::symbolize::{assemble, FrameCounts, FrameKey, Resolved, KERNEL_MAPPING};
     use std::sync::Arc;
     use std::time::{Duration, SystemTime};
+
+    /// Names `w`'s frames from `symbols` and encodes it, as the output thread does.
+    fn encode_with(w: Window, symbols: &HashMap<FrameKey, Resolved>) -> (Profile, FrameCounts) {
+        let w = assemble(w, symbols);
+        (encode(&w), w.frame_counts())
+    }
 
     fn resolved(names: &[&str]) -> Resolved {
         Resolved {
@@ -340,7 +422,7 @@ mod tests {
         let mut symbols = HashMap::new();
         symbols.insert(FrameKey::Kernel(0xffff_0010), resolved(&["inner", "outer"]));
         symbols.insert(FrameKey::Kernel(0xffff_0020), resolved(&["syscall"]));
-        let (p, counts) = encode(&window(), &symbols);
+        let (p, counts) = encode_with(window(), &symbols);
         assert_eq!(
             counts,
             FrameCounts {
@@ -403,7 +485,7 @@ mod tests {
 
     #[test]
     fn ids_are_dense_and_nonzero() {
-        let (p, _) = encode(&window(), &HashMap::new());
+        let (p, _) = encode_with(window(), &HashMap::new());
         for (i, l) in p.location.iter().enumerate() {
             assert_eq!(l.id, i as u64 + 1);
             assert!(l.mapping_id >= 1 && l.mapping_id as usize <= p.mapping.len());
@@ -421,7 +503,7 @@ mod tests {
             period_ns: 1,
             stacks: vec![],
         };
-        let (p, c) = encode(&w, &HashMap::new());
+        let (p, c) = encode_with(w, &HashMap::new());
         assert!(p.sample.is_empty());
         assert_eq!(c, FrameCounts::default());
         assert_eq!(p.string_table[0], "");

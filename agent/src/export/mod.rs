@@ -27,6 +27,7 @@ use anyhow::{Context, Result};
 use crate::config;
 use crate::encode::Encoded;
 use crate::metrics::Metrics;
+use crate::symbolize::Symbolized;
 use delivery::{Policy, Queue, Transport};
 use files::WindowDir;
 
@@ -39,12 +40,13 @@ pub trait Sink: Send {
     fn accept(&mut self, window: &Encoded);
 }
 
-/// Encodes windows into a network sink's requests (on the output thread).
+/// Encodes windows into a network sink's requests (on the output thread), from the
+/// typed window, not its pprof profile.
 pub trait Encode: Send + 'static {
     /// One request, as queued.
     type Item: Send + 'static;
     /// The requests for one window, each with its size in bytes (for the queue cap).
-    fn encode(&mut self, window: &Encoded) -> Result<Vec<(Self::Item, u64)>>;
+    fn encode(&mut self, window: &Symbolized) -> Result<Vec<(Self::Item, u64)>>;
 }
 
 /// The local window files.
@@ -87,7 +89,7 @@ impl<E: Encode> Sink for Queued<E> {
     }
 
     fn accept(&mut self, w: &Encoded) {
-        match self.encoder.encode(w) {
+        match self.encoder.encode(&w.window) {
             Ok(requests) => {
                 for (r, size) in requests {
                     self.queue.push(r, size);

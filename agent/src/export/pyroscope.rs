@@ -1,5 +1,5 @@
-//! Grafana Pyroscope: each window is split into one pprof profile per
-//! `service_name` and pushed as one series per service.
+//! Grafana Pyroscope: each window, split into one pprof profile per
+//! `service_name` by [`crate::encode::pyroscope`], is pushed as one series per service.
 //!
 //! The push API is Connect unary, `POST /push.v1.PusherService/Push` with a
 //! gzip'ed protobuf `PushRequest` (`application/proto`); the pprof inside each
@@ -7,11 +7,9 @@
 //! servers get the legacy `POST /ingest?name=…&format=pprof`, one request per
 //! service. Series labels: `__name__=process_cpu`, `service_name`, the
 //! namespace/pod/container/container_id shared by every sample of the service,
-//! and the configured static labels. Pyroscope also turns pprof *sample* labels
-//! into series, so only the configured ones (`sample_labels`) stay in the
-//! profile; samples that become identical are merged.
+//! and the configured static labels.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -32,16 +30,14 @@ use prost::Message;
 use super::delivery::{random_u128, Outcome, Transport};
 use super::Encode;
 use crate::config::{PyroscopeApi, PyroscopeSink};
-use crate::encode::Encoded;
-use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample};
-use crate::push_proto::{LabelPair, PushRequest, RawProfileSeries, RawSample};
+use crate::encode::pyroscope::{split, Service};
+use crate::push_proto::{PushRequest, RawProfileSeries, RawSample};
+use crate::symbolize::Symbolized;
 
 /// Metric and log name of this sink.
 pub const NAME: &str = "pyroscope";
 /// The Connect path of the push API.
 pub const PUSH_PATH: &str = "/push.v1.PusherService/Push";
-/// Series labels copied from the samples when every sample of a service has the same value.
-const UNIFORM_LABELS: [&str; 4] = ["namespace", "pod", "container", "container_id"];
 /// Largest error body read from the server (for the log).
 const MAX_ERROR_BODY: usize = 4096;
 
@@ -76,15 +72,15 @@ impl Encoder {
     }
 
     /// The requests for one window: one push, or one ingest per service.
-    pub fn requests(&self, w: &Encoded) -> Result<Vec<Request>> {
-        let services = split(&w.profile, &self.keep);
+    pub fn requests(&self, w: &Symbolized) -> Result<Vec<Request>> {
+        let services = split(w, &self.keep);
         let mut out = Vec::new();
         match self.api {
             PyroscopeApi::Push => {
                 let mut req = PushRequest::default();
                 for s in &services {
                     req.series.push(RawProfileSeries {
-                        labels: self.series_labels(s),
+                        labels: s.series_labels(&self.labels),
                         samples: vec![RawSample {
                             raw_profile: Bytes::from(s.profile.encode_to_vec()),
                             id: uuid(),
@@ -103,7 +99,7 @@ impl Encoder {
             PyroscopeApi::Ingest => {
                 let from = unix_secs(w.start);
                 let until = unix_secs(w.start + w.duration).max(from + 1);
-                let hz = match w.profile.period {
+                let hz = match w.period_ns {
                     p if p > 0 => 1_000_000_000 / p,
                     _ => 100,
                 };
@@ -124,25 +120,6 @@ impl Encoder {
         Ok(out)
     }
 
-    fn series_labels(&self, s: &Service) -> Vec<LabelPair> {
-        let mut labels = vec![
-            pair("__name__", "process_cpu"),
-            pair("service_name", &s.name),
-        ];
-        let mut seen: HashSet<&str> = ["__name__", "service_name"].into_iter().collect();
-        for (k, v) in &s.uniform {
-            if seen.insert(k) {
-                labels.push(pair(k, v));
-            }
-        }
-        for (k, v) in &self.labels {
-            if seen.insert(k) {
-                labels.push(pair(k, v));
-            }
-        }
-        labels
-    }
-
     /// `service{k=v,…}`, the legacy application name with its tags.
     fn ingest_name(&self, s: &Service) -> String {
         let mut tags: Vec<String> = s
@@ -158,7 +135,7 @@ impl Encoder {
 
 impl Encode for Encoder {
     type Item = Request;
-    fn encode(&mut self, w: &Encoded) -> Result<Vec<(Request, u64)>> {
+    fn encode(&mut self, w: &Symbolized) -> Result<Vec<(Request, u64)>> {
         Ok(self
             .requests(w)?
             .into_iter()
@@ -167,13 +144,6 @@ impl Encode for Encoder {
                 (r, n)
             })
             .collect())
-    }
-}
-
-fn pair(name: &str, value: &str) -> LabelPair {
-    LabelPair {
-        name: name.to_owned(),
-        value: value.to_owned(),
     }
 }
 
@@ -212,218 +182,6 @@ fn percent_encode(s: &str) -> String {
         } else {
             out.push_str(&format!("%{b:02X}"));
         }
-    }
-    out
-}
-
-/// The samples of one service, as their own profile.
-pub struct Service {
-    /// `service_name` (else the process name, else `unknown`).
-    pub name: String,
-    /// Labels every sample of the service shares, in [`UNIFORM_LABELS`] order.
-    pub uniform: Vec<(&'static str, String)>,
-    /// The service's profile.
-    pub profile: Profile,
-}
-
-fn label_str<'a>(p: &'a Profile, s: &Sample, key: &str) -> Option<&'a str> {
-    s.label.iter().find_map(|l| {
-        let k = p.string_table.get(usize::try_from(l.key).ok()?)?;
-        if k != key || l.str == 0 {
-            return None;
-        }
-        p.string_table
-            .get(usize::try_from(l.str).ok()?)
-            .map(String::as_str)
-    })
-}
-
-/// Splits `p` by service, keeping only the sample labels named in `keep`.
-pub fn split(p: &Profile, keep: &HashSet<String>) -> Vec<Service> {
-    let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    for (i, s) in p.sample.iter().enumerate() {
-        let name = label_str(p, s, "service_name")
-            .or_else(|| label_str(p, s, "process"))
-            .unwrap_or("unknown");
-        groups.entry(name.to_owned()).or_default().push(i);
-    }
-    groups
-        .into_iter()
-        .map(|(name, idx)| {
-            let uniform = UNIFORM_LABELS
-                .iter()
-                .filter_map(|&k| {
-                    let first = label_str(p, &p.sample[idx[0]], k)?;
-                    idx.iter()
-                        .all(|&i| label_str(p, &p.sample[i], k) == Some(first))
-                        .then(|| (k, first.to_owned()))
-                })
-                .collect();
-            Service {
-                name,
-                uniform,
-                profile: subset(p, &idx, keep),
-            }
-        })
-        .collect()
-}
-
-/// Rebuilds `p` with only the samples `idx` and the labels named in `keep`,
-/// and only the strings, locations, functions and mappings they use; samples
-/// that become identical are merged.
-pub fn subset(p: &Profile, idx: &[usize], keep: &HashSet<String>) -> Profile {
-    let mut out = Profile {
-        time_nanos: p.time_nanos,
-        duration_nanos: p.duration_nanos,
-        period: p.period,
-        ..Default::default()
-    };
-    let mut strings: HashMap<i64, i64> = HashMap::new();
-    out.string_table.push(String::new());
-    strings.insert(0, 0);
-    let mut s = |out: &mut Profile, i: i64| -> i64 {
-        if let Some(&n) = strings.get(&i) {
-            return n;
-        }
-        let text = usize::try_from(i)
-            .ok()
-            .and_then(|i| p.string_table.get(i))
-            .cloned()
-            .unwrap_or_default();
-        let n = out.string_table.len() as i64;
-        out.string_table.push(text);
-        strings.insert(i, n);
-        n
-    };
-    for vt in &p.sample_type {
-        let v = crate::proto::ValueType {
-            r#type: s(&mut out, vt.r#type),
-            unit: s(&mut out, vt.unit),
-        };
-        out.sample_type.push(v);
-    }
-    if let Some(pt) = &p.period_type {
-        let v = crate::proto::ValueType {
-            r#type: s(&mut out, pt.r#type),
-            unit: s(&mut out, pt.unit),
-        };
-        out.period_type = Some(v);
-    }
-    out.default_sample_type = s(&mut out, p.default_sample_type);
-    let locations: HashMap<u64, &Location> = p.location.iter().map(|l| (l.id, l)).collect();
-    let functions: HashMap<u64, &Function> = p.function.iter().map(|f| (f.id, f)).collect();
-    let mappings: HashMap<u64, &Mapping> = p.mapping.iter().map(|m| (m.id, m)).collect();
-    let (mut loc_ids, mut fn_ids, mut map_ids) = (HashMap::new(), HashMap::new(), HashMap::new());
-    // (locations, labels as (key, str, num, num_unit)) → index of the merged sample.
-    type SampleKey = (Vec<u64>, Vec<(i64, i64, i64, i64)>);
-    let mut merged: HashMap<SampleKey, usize> = HashMap::new();
-    for &i in idx {
-        let sample = &p.sample[i];
-        let mut location_id = Vec::with_capacity(sample.location_id.len());
-        for old in &sample.location_id {
-            if let Some(&n) = loc_ids.get(old) {
-                location_id.push(n);
-                continue;
-            }
-            let Some(l) = locations.get(old) else {
-                continue;
-            };
-            let mapping_id = match mappings.get(&l.mapping_id) {
-                Some(m) if l.mapping_id != 0 => match map_ids.get(&m.id) {
-                    Some(&n) => n,
-                    None => {
-                        let n = out.mapping.len() as u64 + 1;
-                        let mut nm = **m;
-                        nm.id = n;
-                        nm.filename = s(&mut out, m.filename);
-                        nm.build_id = s(&mut out, m.build_id);
-                        out.mapping.push(nm);
-                        map_ids.insert(m.id, n);
-                        n
-                    }
-                },
-                _ => 0,
-            };
-            let mut line = Vec::with_capacity(l.line.len());
-            for ln in &l.line {
-                let Some(f) = functions.get(&ln.function_id) else {
-                    continue;
-                };
-                let function_id = match fn_ids.get(&f.id) {
-                    Some(&n) => n,
-                    None => {
-                        let n = out.function.len() as u64 + 1;
-                        let nf = Function {
-                            id: n,
-                            name: s(&mut out, f.name),
-                            system_name: s(&mut out, f.system_name),
-                            filename: s(&mut out, f.filename),
-                            start_line: f.start_line,
-                        };
-                        out.function.push(nf);
-                        fn_ids.insert(f.id, n);
-                        n
-                    }
-                };
-                line.push(Line {
-                    function_id,
-                    line: ln.line,
-                    column: ln.column,
-                });
-            }
-            let n = out.location.len() as u64 + 1;
-            out.location.push(Location {
-                id: n,
-                mapping_id,
-                address: l.address,
-                line,
-                is_folded: l.is_folded,
-            });
-            loc_ids.insert(*old, n);
-            location_id.push(n);
-        }
-        let mut label = Vec::new();
-        for l in &sample.label {
-            let k = usize::try_from(l.key)
-                .ok()
-                .and_then(|k| p.string_table.get(k));
-            if k.is_some_and(|k| keep.contains(k)) {
-                let nl = Label {
-                    key: s(&mut out, l.key),
-                    str: s(&mut out, l.str),
-                    num: l.num,
-                    num_unit: s(&mut out, l.num_unit),
-                };
-                label.push(nl);
-            }
-        }
-        let key = (
-            location_id.clone(),
-            label
-                .iter()
-                .map(|l| (l.key, l.str, l.num, l.num_unit))
-                .collect(),
-        );
-        match merged.get(&key) {
-            Some(&j) => {
-                let into: &mut Sample = &mut out.sample[j];
-                for (a, b) in into.value.iter_mut().zip(&sample.value) {
-                    *a += b;
-                }
-            }
-            None => {
-                merged.insert(key, out.sample.len());
-                out.sample.push(Sample {
-                    location_id,
-                    value: sample.value.clone(),
-                    label,
-                });
-            }
-        }
-    }
-    for c in &p.comment {
-        let n = s(&mut out, *c);
-        out.comment.push(n);
     }
     out
 }
@@ -655,125 +413,8 @@ impl Transport for Http {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::ValueType;
-
-    fn profile() -> Profile {
-        let strings = [
-            "",
-            "samples",
-            "count",
-            "cpu",
-            "nanoseconds",
-            "service_name",
-            "shop/web",
-            "tid",
-            "main",
-            "work",
-            "process",
-            "web",
-            "namespace",
-            "shop",
-            "db",
-            "pid",
-        ];
-        let label = |k: i64, v: i64| Label {
-            key: k,
-            str: v,
-            ..Default::default()
-        };
-        let num = |k: i64, n: i64| Label {
-            key: k,
-            num: n,
-            ..Default::default()
-        };
-        Profile {
-            string_table: strings.iter().map(|s| s.to_string()).collect(),
-            sample_type: vec![
-                ValueType { r#type: 1, unit: 2 },
-                ValueType { r#type: 3, unit: 4 },
-            ],
-            period_type: Some(ValueType { r#type: 3, unit: 4 }),
-            period: 10_101_010,
-            function: vec![
-                Function {
-                    id: 1,
-                    name: 8,
-                    system_name: 8,
-                    ..Default::default()
-                },
-                Function {
-                    id: 2,
-                    name: 9,
-                    system_name: 9,
-                    ..Default::default()
-                },
-            ],
-            location: vec![
-                Location {
-                    id: 1,
-                    line: vec![Line {
-                        function_id: 1,
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                },
-                Location {
-                    id: 2,
-                    line: vec![Line {
-                        function_id: 2,
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                },
-            ],
-            sample: vec![
-                // Two threads of shop/web with the same stack: merged once tid goes.
-                Sample {
-                    location_id: vec![2, 1],
-                    value: vec![1, 10],
-                    label: vec![label(5, 6), num(7, 100), label(10, 11), label(12, 13)],
-                },
-                Sample {
-                    location_id: vec![2, 1],
-                    value: vec![2, 20],
-                    label: vec![label(5, 6), num(7, 101), label(10, 11), label(12, 13)],
-                },
-                // A host process: no service_name, named by its process.
-                Sample {
-                    location_id: vec![1],
-                    value: vec![3, 30],
-                    label: vec![num(15, 7), label(10, 14)],
-                },
-            ],
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn splits_by_service_and_drops_unwanted_labels() {
-        let keep: HashSet<String> = ["process".to_owned()].into_iter().collect();
-        let services = split(&profile(), &keep);
-        let names: Vec<&str> = services.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["db", "shop/web"]);
-        let web = &services[1];
-        assert_eq!(web.uniform, vec![("namespace", "shop".to_owned())]);
-        assert_eq!(web.profile.sample.len(), 1, "tids dropped, samples merged");
-        assert_eq!(web.profile.sample[0].value, vec![3, 30]);
-        let keys: Vec<&str> = web.profile.sample[0]
-            .label
-            .iter()
-            .map(|l| web.profile.string_table[l.key as usize].as_str())
-            .collect();
-        assert_eq!(keys, ["process"]);
-        let db = &services[0];
-        assert_eq!(db.profile.location.len(), 1, "only used locations");
-        assert_eq!(db.profile.function.len(), 1);
-        assert_eq!(
-            db.profile.string_table[db.profile.function[0].name as usize],
-            "main"
-        );
-        assert!(db.uniform.is_empty());
-    }
+    use crate::encode::pyroscope::tests::window;
+    use crate::proto::Profile;
 
     #[test]
     fn push_request_has_required_labels() -> Result<()> {
@@ -781,14 +422,7 @@ mod tests {
             labels: [("cluster".to_owned(), "c1".to_owned())].into(),
             ..Default::default()
         };
-        let w = Encoded {
-            start: UNIX_EPOCH + Duration::from_secs(1_800_000_000),
-            duration: Duration::from_secs(10),
-            samples: 6,
-            profile: profile(),
-            gz: Vec::new(),
-            frames: Default::default(),
-        };
+        let w = window();
         let reqs = Encoder::new(&cfg).requests(&w)?;
         assert_eq!(reqs.len(), 1);
         assert_eq!(reqs[0].path, PUSH_PATH);

@@ -1,5 +1,10 @@
 //! Symbolization stage: names every frame of a window, in batches per object file.
 //!
+//! In: an aggregated [`Window`] (normalized frames, workload labels per stack). Out: a
+//! [`Symbolized`] window: the same stacks, each frame resolved to its mapping (kernel,
+//! object file with build id, region, JIT source), address and functions. The encoders
+//! read only this; nothing downstream touches the process table or an open file.
+//!
 //! A blazesym symbolizer serves user code (ELF symbols and DWARF lines, demangled); the
 //! kernel is named from a compact kallsyms table, reloaded when the module list changes.
 //! Results are cached by `(object, file offset)`, so a warm window only asks blazesym
@@ -9,16 +14,20 @@
 pub mod kallsyms;
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use blazesym::symbolize::source::{Elf, Source};
-use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer as Blaze};
+use blazesym::symbolize::{Input, Sym, Symbolized as BlazeSymbolized, Symbolizer as Blaze};
 
 use crate::aggregate::{Frame, Window};
 use crate::metrics::Metrics;
+use crate::normalize::jit;
 use crate::normalize::object::{Object, ObjectKey};
 use crate::normalize::process::UserAddr;
 use crate::symbolize::kallsyms::Kallsyms;
+use crate::workload::Labels;
 
 /// One function of a resolved frame (a frame with inlined calls has several).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +43,7 @@ pub struct Func {
 /// What one frame resolved to: functions innermost (inlined) first, and whether a
 /// symbol was found at all (if not, `funcs` holds one placeholder like `libc.so.6+0x1a2b`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     /// Functions, innermost first.
     pub funcs: Arc<[Func]>,
     /// A real symbol was found.
@@ -43,7 +52,7 @@ pub struct Resolved {
 
 /// Cache key of a frame: kernel address, or object plus file offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FrameKey {
+pub(crate) enum FrameKey {
     /// Kernel address.
     Kernel(u64),
     /// Offset in an object file.
@@ -52,6 +61,157 @@ pub enum FrameKey {
 
 /// Name of the pseudo-file that kernel frames are attributed to.
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+
+/// One window with every frame named: what the encoders take.
+#[derive(Debug, Clone)]
+pub struct Symbolized {
+    /// Wall-clock start.
+    pub start: SystemTime,
+    /// Length.
+    pub duration: Duration,
+    /// Nanoseconds of CPU time one sample stands for (1e9 / Hz).
+    pub period_ns: u64,
+    /// Distinct stacks, in the aggregator's order.
+    pub stacks: Vec<SymStack>,
+}
+
+impl Symbolized {
+    /// Total samples in the window.
+    pub fn samples(&self) -> u64 {
+        self.stacks.iter().map(|s| s.count).sum()
+    }
+
+    /// How many frames (counted per stack, not per sample) were named, unnamed or JIT.
+    pub fn frame_counts(&self) -> FrameCounts {
+        let mut c = FrameCounts::default();
+        for f in self.stacks.iter().flat_map(|s| &s.frames) {
+            if f.is_jit() {
+                c.jit += 1;
+            } else if f.named {
+                c.named += 1;
+            } else {
+                c.unnamed += 1;
+            }
+        }
+        c
+    }
+}
+
+/// A distinct stack of one thread, its frames named, and how often it was sampled.
+#[derive(Debug, Clone)]
+pub struct SymStack {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Thread name.
+    pub comm: String,
+    /// Process name.
+    pub process: Arc<str>,
+    /// Container, pod and cgroup of the process.
+    pub labels: Arc<Labels>,
+    /// Kernel frames then user frames, leaf first. Frames are shared between the
+    /// stacks of a window.
+    pub frames: Vec<Arc<SymFrame>>,
+    /// Samples of this stack.
+    pub count: u64,
+}
+
+/// One resolved frame: where its address is, and the functions there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SymFrame {
+    /// The file (or pseudo-file) the address belongs to.
+    pub mapping: Mapping,
+    /// Kernel address, file offset in an object, offset in a region, or the process
+    /// address (unknown memory, JIT code).
+    pub address: u64,
+    /// Functions, innermost (inlined) first; one placeholder such as `libc.so.6+0x1a2b`
+    /// when the frame has no symbol.
+    pub funcs: Arc<[Func]>,
+    /// A real symbol was found (JIT frames are named by their runtime).
+    pub named: bool,
+}
+
+impl SymFrame {
+    /// Whether the frame is JIT code, named from a perf map or jitdump.
+    pub fn is_jit(&self) -> bool {
+        matches!(self.mapping, Mapping::Jit(_))
+    }
+}
+
+/// Where a frame's address lies. Frames with equal mappings share one mapping in the
+/// encoded profiles.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Mapping {
+    /// The kernel ([`KERNEL_MAPPING`]).
+    Kernel,
+    /// An executable or library.
+    Object(Arc<ObjectFile>),
+    /// An anonymous or special region, by label (`[vdso]`, `[anon]`, …).
+    Region(Arc<str>),
+    /// Memory no mapping was found for.
+    Unknown,
+    /// JIT code, by the file that named it.
+    Jit(jit::Source),
+}
+
+impl Mapping {
+    /// The file name profiles show for this mapping.
+    pub fn file_name(&self) -> &str {
+        match self {
+            Mapping::Kernel => KERNEL_MAPPING,
+            Mapping::Object(o) => &o.path,
+            Mapping::Region(label) => label,
+            Mapping::Unknown => "[unknown]",
+            Mapping::Jit(source) => source.mapping_name(),
+        }
+    }
+
+    /// The GNU build id, for object files that have one.
+    pub fn build_id(&self) -> Option<&[u8]> {
+        match self {
+            Mapping::Object(o) => o.build_id.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// An object file as the encoders see it: no open file, only its identity and names.
+#[derive(Debug, Clone)]
+pub struct ObjectFile {
+    /// Identity (device and inode).
+    pub key: ObjectKey,
+    /// Path as the process saw it.
+    pub path: String,
+    /// GNU build id, when the file has one.
+    pub build_id: Option<Vec<u8>>,
+}
+
+// An object is its device and inode: the first path seen in a window names it.
+impl PartialEq for ObjectFile {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+}
+
+impl Eq for ObjectFile {}
+
+impl Hash for ObjectFile {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key.hash(state);
+    }
+}
+
+/// How many frames were named, for `ember_frames_total`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FrameCounts {
+    /// Frames with a symbol.
+    pub named: u64,
+    /// Frames shown as `object+offset` or `[unknown]`.
+    pub unnamed: u64,
+    /// Frames in JIT code named from a perf map or jitdump.
+    pub jit: u64,
+}
 
 /// Long-lived symbolizer with bounded caches.
 pub struct Symbolizer {
@@ -78,8 +238,20 @@ impl Symbolizer {
         }
     }
 
+    /// Names every frame of `window` (from cache where possible).
+    pub fn symbolize(&mut self, window: Window) -> Symbolized {
+        let names = self.resolve(&window);
+        let out = assemble(window, &names);
+        drop(names);
+        // Hand freed buffers (parse data, the window itself) back to the kernel rather
+        // than keeping them in malloc's pools: steady RSS is what users budget for.
+        // SAFETY: malloc_trim only releases free heap memory.
+        unsafe { libc::malloc_trim(0) };
+        out
+    }
+
     /// Resolves every distinct frame of `window` (from cache where possible).
-    pub fn resolve(&mut self, window: &Window) -> HashMap<FrameKey, Resolved> {
+    fn resolve(&mut self, window: &Window) -> HashMap<FrameKey, Resolved> {
         self.window += 1;
         self.refresh_kernel();
         let mut kernel: Vec<u64> = Vec::new();
@@ -151,10 +323,6 @@ impl Symbolizer {
             // keeps the answers; only never-seen addresses pay for a parse, once per window.
             self.user = new_blaze();
         }
-        // Hand freed buffers (parse data, the window itself) back to the kernel rather
-        // than keeping them in malloc's pools: steady RSS is what users budget for.
-        // SAFETY: malloc_trim only releases free heap memory.
-        unsafe { libc::malloc_trim(0) };
         out
     }
 
@@ -212,7 +380,6 @@ fn load_kallsyms(metrics: &Metrics) -> Kallsyms {
 }
 
 fn modules_fingerprint() -> u64 {
-    use std::hash::{Hash, Hasher};
     let text = crate::os::procfs::read_capped(std::path::Path::new("/proc/modules"), 1 << 20)
         .unwrap_or_default();
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -224,8 +391,8 @@ fn modules_fingerprint() -> u64 {
     h.finish()
 }
 
-fn resolved(sym: Symbolized<'_>) -> Option<Resolved> {
-    let Symbolized::Sym(sym) = sym else {
+fn resolved(sym: BlazeSymbolized<'_>) -> Option<Resolved> {
+    let BlazeSymbolized::Sym(sym) = sym else {
         return None;
     };
     Some(Resolved {
@@ -263,14 +430,117 @@ fn funcs_of(sym: &Sym<'_>) -> Vec<Func> {
     funcs
 }
 
+/// Where a frame is, as far as naming it goes: equal sites name alike in one window.
+#[derive(PartialEq, Eq, Hash)]
+enum Site {
+    Kernel(u64),
+    Object(ObjectKey, u64),
+    Region(Arc<str>, u64),
+    Unknown(u64),
+    Jit(jit::Source, u64, Arc<str>, Option<Arc<str>>, u32),
+}
+
+/// Builds the symbolized window from `window` and the names of its frames (`names`;
+/// a frame missing there is unnamed). Consumes the window stack by stack, so its frames
+/// are freed as their resolved ones are made; equal frames are made once.
+pub(crate) fn assemble(window: Window, names: &HashMap<FrameKey, Resolved>) -> Symbolized {
+    let mut frames: HashMap<Site, Arc<SymFrame>> = HashMap::new();
+    let mut objects: HashMap<ObjectKey, Arc<ObjectFile>> = HashMap::new();
+    let mut frame = |f: &Frame| -> Arc<SymFrame> {
+        let site = match f {
+            Frame::Kernel(a) => Site::Kernel(*a),
+            Frame::User(UserAddr::Object(o, off)) => Site::Object(o.key, *off),
+            Frame::User(UserAddr::Region(label, off)) => Site::Region(label.clone(), *off),
+            Frame::User(UserAddr::Unknown(a)) => Site::Unknown(*a),
+            Frame::User(UserAddr::Jit(j)) => {
+                Site::Jit(j.source, j.addr, j.name.clone(), j.file.clone(), j.line)
+            }
+        };
+        frames
+            .entry(site)
+            .or_insert_with(|| Arc::new(sym_frame(f, names, &mut objects)))
+            .clone()
+    };
+    let stacks = window
+        .stacks
+        .into_iter()
+        .map(|s| SymStack {
+            frames: s.frames.iter().map(&mut frame).collect(),
+            pid: s.pid,
+            tid: s.tid,
+            comm: s.comm,
+            process: s.process,
+            labels: s.labels,
+            count: s.count,
+        })
+        .collect();
+    Symbolized {
+        start: window.start,
+        duration: window.duration,
+        period_ns: window.period_ns,
+        stacks,
+    }
+}
+
+/// One frame, resolved: its mapping (objects named by the first path seen in the
+/// window, as `objects` remembers), address and functions.
+fn sym_frame(
+    frame: &Frame,
+    names: &HashMap<FrameKey, Resolved>,
+    objects: &mut HashMap<ObjectKey, Arc<ObjectFile>>,
+) -> SymFrame {
+    let (mapping, address, key) = match frame {
+        Frame::Kernel(a) => (Mapping::Kernel, *a, Some(FrameKey::Kernel(*a))),
+        Frame::User(UserAddr::Object(o, off)) => {
+            let file = objects.entry(o.key).or_insert_with(|| {
+                Arc::new(ObjectFile {
+                    key: o.key,
+                    path: o.path.clone(),
+                    build_id: o.build_id.clone(),
+                })
+            });
+            (
+                Mapping::Object(file.clone()),
+                *off,
+                Some(FrameKey::Object(o.key, *off)),
+            )
+        }
+        Frame::User(UserAddr::Region(label, off)) => (Mapping::Region(label.clone()), *off, None),
+        Frame::User(UserAddr::Unknown(a)) => (Mapping::Unknown, *a, None),
+        Frame::User(UserAddr::Jit(j)) => {
+            return SymFrame {
+                mapping: Mapping::Jit(j.source),
+                address: j.addr,
+                funcs: vec![Func {
+                    name: j.name.clone(),
+                    file: j.file.clone(),
+                    line: j.line,
+                }]
+                .into(),
+                named: true,
+            }
+        }
+    };
+    let resolved = key
+        .and_then(|k| names.get(&k))
+        .cloned()
+        .unwrap_or_else(|| unnamed(frame));
+    SymFrame {
+        mapping,
+        address,
+        funcs: resolved.funcs,
+        named: resolved.named,
+    }
+}
+
 /// The name of a frame that has no symbol: `libc.so.6+0x1a2b`, `[vdso]+0x10`, `[unknown]`.
-pub fn unnamed(frame: &Frame) -> Resolved {
+fn unnamed(frame: &Frame) -> Resolved {
     let name = match frame {
         Frame::Kernel(a) => format!("{KERNEL_MAPPING}+{a:#x}"),
         Frame::User(UserAddr::Object(o, off)) => format!("{}+{off:#x}", o.base_name()),
         Frame::User(UserAddr::Region(label, off)) => format!("{label}+{off:#x}"),
         Frame::User(UserAddr::Unknown(_)) => "[unknown]".to_owned(),
-        // Named already (the pprof encoder uses the name); only reached by mistake.
+        // Named already (`sym_frame` uses the name); only reached by mistake.
         Frame::User(UserAddr::Jit(j)) => j.name.to_string(),
     };
     Resolved {
@@ -382,6 +652,65 @@ mod tests {
         let r = unnamed(&Frame::User(UserAddr::Region(Arc::from("[vdso]"), 0x10)));
         assert_eq!(&*r.funcs[0].name, "[vdso]+0x10");
         assert!(!r.named);
+    }
+
+    #[test]
+    fn assembles_shared_typed_frames() {
+        let jit = Arc::new(jit::JitFrame {
+            source: jit::Source::PerfMap,
+            name: Arc::from("LazyCompile:hot"),
+            file: None,
+            line: 0,
+            addr: 0x7f00,
+        });
+        let frames = vec![
+            Frame::Kernel(0xffff_0010),
+            Frame::User(UserAddr::Jit(jit)),
+            Frame::User(UserAddr::Region(Arc::from("[vdso]"), 0x10)),
+            Frame::User(UserAddr::Unknown(0x42)),
+        ];
+        let mut w = window(frames);
+        w.stacks.push(w.stacks[0].clone());
+        let mut names = HashMap::new();
+        let schedule = Resolved {
+            funcs: vec![Func {
+                name: Arc::from("schedule"),
+                file: None,
+                line: 0,
+            }]
+            .into(),
+            named: true,
+        };
+        names.insert(FrameKey::Kernel(0xffff_0010), schedule.clone());
+        let s = assemble(w, &names);
+        assert_eq!(s.samples(), 2);
+        let [a, b] = &s.stacks[..] else {
+            panic!("two stacks: {s:?}")
+        };
+        for (x, y) in a.frames.iter().zip(&b.frames) {
+            assert!(Arc::ptr_eq(x, y), "equal frames are made once");
+        }
+        let f = &a.frames;
+        assert_eq!(
+            (&f[0].mapping, f[0].address),
+            (&Mapping::Kernel, 0xffff_0010)
+        );
+        assert_eq!(f[0].funcs, schedule.funcs);
+        assert!(f[1].is_jit() && f[1].named);
+        assert_eq!(f[1].mapping.file_name(), "[perf-map]");
+        assert_eq!(&*f[1].funcs[0].name, "LazyCompile:hot");
+        assert_eq!(f[2].mapping, Mapping::Region(Arc::from("[vdso]")));
+        assert_eq!(&*f[2].funcs[0].name, "[vdso]+0x10");
+        assert!(!f[2].named);
+        assert_eq!((&f[3].mapping, f[3].address), (&Mapping::Unknown, 0x42));
+        assert_eq!(
+            s.frame_counts(),
+            FrameCounts {
+                named: 2,
+                unnamed: 4,
+                jit: 2
+            }
+        );
     }
 
     #[test]
