@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 
 use libbpf_rs::libbpf_sys;
 
-use crate::metrics::Metrics;
-use crate::readings::{Family, Kind, Source};
+use crate::metrics::{Cache, Metrics, ReadingsSource};
+use crate::readings::{Family, Kind, ReadError, Source};
 use crate::workload::kube::Metadata;
 use crate::workload::walk::{self, ContainerCgroup};
 
@@ -201,6 +201,14 @@ fn read(fd: &OwnedFd) -> Option<Reading> {
     })
 }
 
+/// Why the perf counters cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum PmcError {
+    /// The online CPUs are unknown: nothing to open counters on.
+    #[error("cannot read /sys/devices/system/cpu/online")]
+    NoCpus,
+}
+
 /// Counters settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -242,10 +250,10 @@ impl Pmc {
         settings: Settings,
         metadata: Option<Metadata>,
         metrics: Metrics,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, PmcError> {
         let cpus = crate::os::procfs::online_cpus()
             .filter(|c| !c.is_empty())
-            .ok_or("cannot read /sys/devices/system/cpu/online")?;
+            .ok_or(PmcError::NoCpus)?;
         raise_fd_limit();
         let mut events = Vec::new();
         let mut unsupported = Vec::new();
@@ -324,7 +332,7 @@ impl Pmc {
     fn rescan(&mut self, root: &Path) {
         let scan = walk::scan(root);
         if scan.truncated {
-            self.metrics.dropped("perf_cgroup_dirs", 1);
+            self.metrics.dropped(Cache::PerfCgroupDirs, 1);
         }
         let present: HashSet<&Path> = scan.containers.iter().map(|c| c.dir.as_path()).collect();
         self.containers.retain(|dir, c| {
@@ -342,7 +350,7 @@ impl Pmc {
             }
             if self.containers.len() >= self.settings.max_containers {
                 self.refused.insert(c.dir.clone());
-                self.metrics.dropped("perf_containers", 1);
+                self.metrics.dropped(Cache::PerfContainers, 1);
                 continue;
             }
             match self.open_container(c) {
@@ -351,7 +359,7 @@ impl Pmc {
                 }
                 Err(e) => {
                     // Gone between the walk and the open, or out of fds: try again next time.
-                    self.metrics.dropped("perf_containers", 1);
+                    self.metrics.dropped(Cache::PerfContainers, 1);
                     if !self.open_error_logged {
                         self.open_error_logged = true;
                         tracing::warn!(
@@ -370,11 +378,11 @@ fn index_of(events: &[Event], name: &str) -> Option<usize> {
 }
 
 impl Source for Pmc {
-    fn name(&self) -> &'static str {
-        "pmc"
+    fn name(&self) -> ReadingsSource {
+        ReadingsSource::Pmc
     }
 
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String> {
+    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), ReadError> {
         if let Some(root) = self.root.clone() {
             self.rescan(&root);
         }
@@ -515,7 +523,7 @@ impl Source for Pmc {
             supported, total, ratio, ipc_family, c_total, c_ratio, c_ipc, fds, counted,
         ]);
         if errors > 0 {
-            return Err(format!("{errors} perf counter reads failed"));
+            return Err(ReadError::Counters(errors));
         }
         Ok(())
     }

@@ -19,8 +19,8 @@ use std::path::PathBuf;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject};
 
-use crate::metrics::Metrics;
-use crate::readings::{Family, Kind, Point, Source, Value};
+use crate::metrics::{Cache, Metrics, ReadingsSource};
+use crate::readings::{Family, Kind, Point, ReadError, Source, Value};
 use crate::workload::kube::Metadata;
 use crate::workload::walk::{self, ContainerCgroup};
 
@@ -194,7 +194,7 @@ impl Runqlat {
             }
             if self.tracked.len() >= self.settings.max_containers {
                 self.refused.insert(c.inode);
-                self.metrics.dropped("runqueue_containers", 1);
+                self.metrics.dropped(Cache::RunqueueContainers, 1);
                 continue;
             }
             // NOEXIST: a stale entry (an inode reused before we saw the old one go) keeps
@@ -224,11 +224,11 @@ impl Runqlat {
 }
 
 impl Source for Runqlat {
-    fn name(&self) -> &'static str {
-        "runqlat"
+    fn name(&self) -> ReadingsSource {
+        ReadingsSource::Runqlat
     }
 
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String> {
+    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), ReadError> {
         self.rescan();
         let mut hist = Family::new(
             "runqueue_latency",
@@ -239,7 +239,10 @@ impl Source for Runqlat {
         let per_cpu = self
             .host
             .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
-            .map_err(|e| format!("reading rq_host: {e}"))?
+            .map_err(|source| ReadError::Map {
+                map: "rq_host",
+                source,
+            })?
             .unwrap_or_default();
         let mut host = Hist::default();
         for v in per_cpu.iter().filter_map(|b| Hist::from_bytes(b)) {

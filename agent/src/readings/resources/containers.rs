@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use prometheus_client::registry::Unit;
 
 use super::{cgroupfs, pressure, read_optional, Roots};
-use crate::readings::{Family, Kind, Source};
+use crate::metrics::{Cache, ReadingsSource};
+use crate::readings::{Family, Kind, ReadError, Source};
 use crate::workload::kube::Metadata;
 
 /// Deepest cgroup directory looked at below a hierarchy's root.
@@ -161,30 +162,34 @@ impl Containers {
 fn read_keyed(
     dir: &Option<PathBuf>,
     file: &'static str,
-    errors: &mut Vec<String>,
+    errors: &mut Vec<ReadError>,
 ) -> Option<Vec<(String, u64)>> {
     let text = read_in(dir, file, errors)?;
     match cgroupfs::keyed(file, &text) {
         Ok(v) => Some(v),
         Err(e) => {
-            errors.push(e.to_string());
+            errors.push(e.into());
             None
         }
     }
 }
 
-fn read_single(dir: &Option<PathBuf>, file: &'static str, errors: &mut Vec<String>) -> Option<u64> {
+fn read_single(
+    dir: &Option<PathBuf>,
+    file: &'static str,
+    errors: &mut Vec<ReadError>,
+) -> Option<u64> {
     let text = read_in(dir, file, errors)?;
     match cgroupfs::single(file, &text) {
         Ok(v) => Some(v),
         Err(e) => {
-            errors.push(e.to_string());
+            errors.push(e.into());
             None
         }
     }
 }
 
-fn read_in(dir: &Option<PathBuf>, file: &str, errors: &mut Vec<String>) -> Option<String> {
+fn read_in(dir: &Option<PathBuf>, file: &str, errors: &mut Vec<ReadError>) -> Option<String> {
     let path: &Path = dir.as_deref()?;
     match read_optional(&path.join(file)) {
         Ok(t) => t,
@@ -227,18 +232,18 @@ impl Families {
 }
 
 impl Source for Containers {
-    fn name(&self) -> &'static str {
-        "containers"
+    fn name(&self) -> ReadingsSource {
+        ReadingsSource::Containers
     }
 
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String> {
+    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), ReadError> {
         let (found, skipped) = self.discover();
         if skipped > 0 {
-            self.metrics.dropped("readings_cgroup_dirs", skipped);
+            self.metrics.dropped(Cache::ReadingsCgroupDirs, skipped);
         }
         if found.len() > self.max {
             self.metrics
-                .dropped("readings_containers", (found.len() - self.max) as u64);
+                .dropped(Cache::ReadingsContainers, (found.len() - self.max) as u64);
         }
         let mut errors = Vec::new();
         let mut fams = Families(Vec::new());
@@ -381,7 +386,10 @@ impl Source for Containers {
                             fams.push(stalled, "Time all tasks of the container stalled on this resource (PSI full)", Some(Unit::Seconds), Kind::Counter, &l, full as f64 / 1e6);
                         }
                     }
-                    Err(e) => errors.push(format!("{id}: {e}")),
+                    Err(source) => errors.push(ReadError::Container {
+                        container: id.clone(),
+                        source,
+                    }),
                 }
             }
         }
@@ -394,11 +402,7 @@ impl Source for Containers {
         );
         n.push(vec![], tracked);
         out.push(n);
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors.join("; "))
-        }
+        ReadError::collect(errors)
     }
 }
 
@@ -580,7 +584,7 @@ mod tests {
         let metrics = crate::metrics::Metrics::new();
         let mut out = Vec::new();
         let err = source(dir.path(), 10, &metrics).read(&mut out).unwrap_err();
-        assert!(err.contains("cpuacct.usage"), "{err}");
+        assert!(err.to_string().contains("cpuacct.usage"), "{err}");
         // No made-up value for A (v2's usage is not A's), and B is still reported.
         assert_eq!(
             value(&out, "container_cpu_usage", &[("container_id", A)]),
