@@ -7,6 +7,9 @@
 //! OTLP exporter both render the latest snapshot, so a scrape never opens a file
 //! or reads a counter, never waits on a slow source, and never touches the
 //! sampler; and both exporters show the same instruments with the same values.
+//!
+//! Before asking, the thread walks the cgroup hierarchies the sources need, each
+//! once ([`Interval`]), so every per-container source reads the same inventory.
 
 pub mod otlp;
 pub mod pmc;
@@ -19,15 +22,40 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 pub use crate::metrics::snapshot::{Family, Kind, Point, Published, Snapshot, Value};
+use crate::workload::walk::{Inventory, Request};
 
 /// A producer of families, read once per interval on the collector thread.
 pub trait Source: Send {
     /// Short name for logs and for `ember_readings_errors_total{source}`.
     fn name(&self) -> &'static str;
-    /// Appends this source's families to `out`. An error is counted and the
-    /// source is asked again next interval; a source that can partially read
-    /// should push what it has and count the rest itself.
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String>;
+    /// The cgroup hierarchies this source reads containers from this interval; the
+    /// collector walks each once for all sources and hands the result to [`Source::read`].
+    fn cgroups(&self) -> Vec<Request> {
+        Vec::new()
+    }
+    /// Appends this source's families to `out`, given what was gathered for this
+    /// `interval`. An error is counted and the source is asked again next interval; a
+    /// source that can partially read should push what it has and count the rest itself.
+    fn read(&mut self, out: &mut Vec<Family>, interval: &Interval) -> Result<(), String>;
+}
+
+/// What the collector gathers once per interval and hands to every source.
+#[derive(Debug, Default)]
+pub struct Interval {
+    /// The container cgroups of every hierarchy the sources asked for
+    /// ([`Source::cgroups`]), from one walk of each: the USE readings and the counters
+    /// see the same containers.
+    pub cgroups: Inventory,
+}
+
+impl Interval {
+    /// Gathers what `sources` need this interval: walks the cgroup hierarchies they ask for.
+    pub fn gather(sources: &[Box<dyn Source>]) -> Self {
+        let requests: Vec<Request> = sources.iter().flat_map(|s| s.cgroups()).collect();
+        Self {
+            cgroups: Inventory::walk(&requests),
+        }
+    }
 }
 
 /// The collector thread: reads every source each interval and publishes the result.
@@ -57,8 +85,9 @@ impl Readings {
                 while !flag.load(Ordering::Relaxed) {
                     let began = Instant::now();
                     let mut families = Vec::new();
+                    let gathered = Interval::gather(&sources);
                     for (i, s) in sources.iter_mut().enumerate() {
-                        if let Err(e) = s.read(&mut families) {
+                        if let Err(e) = s.read(&mut families, &gathered) {
                             metrics
                                 .readings_errors
                                 .get_or_create(&crate::metrics::SourceLabel {
@@ -160,7 +189,7 @@ mod tests {
         fn name(&self) -> &'static str {
             "fixed"
         }
-        fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String> {
+        fn read(&mut self, out: &mut Vec<Family>, _: &Interval) -> Result<(), String> {
             self.0 += 1;
             if self.0 % 2 == 0 {
                 return Err("even".into());
