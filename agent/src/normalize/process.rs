@@ -312,7 +312,7 @@ impl ProcessTable {
             });
         }
         maps.sort_by_key(|m| m.start);
-        let cgroup = Cgroup::read(pid).unwrap_or_else(|| {
+        let cgroup = Cgroup::read(pid).unwrap_or_else(|_| {
             self.metrics.proc_read_error(ProcRead::Cgroup, 1);
             Cgroup::default()
         });

@@ -7,6 +7,9 @@
 //! OTLP exporter both render the latest snapshot, so a scrape never opens a file
 //! or reads a counter, never waits on a slow source, and never touches the
 //! sampler; and both exporters show the same instruments with the same values.
+//!
+//! Before asking, the thread walks the cgroup hierarchies the sources need, each
+//! once ([`Interval`]), so every per-container source reads the same inventory.
 
 pub mod otlp;
 pub mod pmc;
@@ -22,15 +25,40 @@ use std::time::{Duration, Instant, SystemTime};
 
 pub use crate::metrics::snapshot::{Family, Kind, Point, Published, Snapshot, Value};
 use crate::metrics::ReadingsSource;
+use crate::workload::walk::{Inventory, Request};
 
 /// A producer of families, read once per interval on the collector thread.
 pub trait Source: Send {
     /// Which source this is, for logs and for `ember_readings_errors_total{source}`.
     fn name(&self) -> ReadingsSource;
-    /// Appends this source's families to `out`. An error is counted and the
-    /// source is asked again next interval; a source that can partially read
-    /// should push what it has and return what failed.
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), ReadError>;
+    /// The cgroup hierarchies this source reads containers from this interval; the
+    /// collector walks each once for all sources and hands the result to [`Source::read`].
+    fn cgroups(&self) -> Vec<Request> {
+        Vec::new()
+    }
+    /// Appends this source's families to `out`, given what was gathered for this
+    /// `interval`. An error is counted and the source is asked again next interval; a
+    /// source that can partially read should push what it has and return what failed.
+    fn read(&mut self, out: &mut Vec<Family>, interval: &Interval) -> Result<(), ReadError>;
+}
+
+/// What the collector gathers once per interval and hands to every source.
+#[derive(Debug, Default)]
+pub struct Interval {
+    /// The container cgroups of every hierarchy the sources asked for
+    /// ([`Source::cgroups`]), from one walk of each: the USE readings and the counters
+    /// see the same containers.
+    pub cgroups: Inventory,
+}
+
+impl Interval {
+    /// Gathers what `sources` need this interval: walks the cgroup hierarchies they ask for.
+    pub fn gather(sources: &[Box<dyn Source>]) -> Self {
+        let requests: Vec<Request> = sources.iter().flat_map(|s| s.cgroups()).collect();
+        Self {
+            cgroups: Inventory::walk(&requests),
+        }
+    }
 }
 
 /// Why a [`Source`] could not read (all or part of) what it reports. The log line shows it.
@@ -124,8 +152,9 @@ impl Readings {
                 while !flag.load(Ordering::Relaxed) {
                     let began = Instant::now();
                     let mut families = Vec::new();
+                    let gathered = Interval::gather(&sources);
                     for (i, s) in sources.iter_mut().enumerate() {
-                        if let Err(e) = s.read(&mut families) {
+                        if let Err(e) = s.read(&mut families, &gathered) {
                             metrics.readings_error(s.name());
                             if !logged[i] {
                                 logged[i] = true;
@@ -223,7 +252,7 @@ mod tests {
         fn name(&self) -> ReadingsSource {
             ReadingsSource::Cpu
         }
-        fn read(&mut self, out: &mut Vec<Family>) -> Result<(), ReadError> {
+        fn read(&mut self, out: &mut Vec<Family>, _: &Interval) -> Result<(), ReadError> {
             self.0 += 1;
             if self.0 % 2 == 0 {
                 return Err(ReadError::Counters(1));

@@ -14,7 +14,8 @@
 //! logged in one line, and never tried again. Software events (context switches, CPU
 //! migrations, page faults) work everywhere.
 //!
-//! Containers are found by re-walking the hierarchy each interval; fds of containers that
+//! Containers are taken each interval from the collector's walk of the hierarchy (the
+//! [`walk::COUNTERS`] view, the one run-queue latency sees too); fds of containers that
 //! went away are closed; at most `max_containers` are counted, and the rest are counted in
 //! `ember_cache_dropped_total{cache="perf_containers"}` once each.
 
@@ -25,9 +26,10 @@ use std::path::{Path, PathBuf};
 use libbpf_rs::libbpf_sys;
 
 use crate::metrics::{Cache, Metrics, ReadingsSource};
-use crate::readings::{Family, Kind, ReadError, Source};
+use crate::readings::{Family, Interval, Kind, ReadError, Source};
 use crate::workload::kube::Metadata;
-use crate::workload::walk::{self, ContainerCgroup};
+use crate::workload::labels::container_labels;
+use crate::workload::walk::{self, ContainerCgroup, Request};
 
 /// One counter ember opens, named as `perf list` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -329,9 +331,11 @@ impl Pmc {
     }
 
     /// Opens counters for new containers and closes those of vanished ones.
-    fn rescan(&mut self, root: &Path) {
-        let scan = walk::scan(root);
-        if scan.truncated {
+    fn rescan(&mut self, root: &Path, interval: &Interval) {
+        let Some(scan) = interval.cgroups.scan(root, walk::COUNTERS) else {
+            return;
+        };
+        if scan.dropped_dirs > 0 {
             self.metrics.dropped(Cache::PerfCgroupDirs, 1);
         }
         let present: HashSet<&Path> = scan.containers.iter().map(|c| c.dir.as_path()).collect();
@@ -382,9 +386,19 @@ impl Source for Pmc {
         ReadingsSource::Pmc
     }
 
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), ReadError> {
+    fn cgroups(&self) -> Vec<Request> {
+        self.root
+            .iter()
+            .map(|root| Request {
+                root: root.clone(),
+                rules: walk::COUNTERS,
+            })
+            .collect()
+    }
+
+    fn read(&mut self, out: &mut Vec<Family>, interval: &Interval) -> Result<(), ReadError> {
         if let Some(root) = self.root.clone() {
-            self.rescan(&root);
+            self.rescan(&root, interval);
         }
         let mut supported = Family::new(
             "pmc_supported",
@@ -473,7 +487,7 @@ impl Source for Pmc {
         );
         let meta = self.metadata.as_ref();
         for c in self.containers.values_mut() {
-            let labels = walk::labels(&c.cgroup, meta);
+            let labels = container_labels(&c.cgroup.container_id, None, meta);
             let mut pair = (None, None);
             for (ei, e) in self.events.iter().enumerate() {
                 let mut sum = Reading::default();

@@ -26,7 +26,7 @@ use super::{
     diskstats, elapsed, loadavg, meminfo, netdev, pressure, read_optional, snmp, stat, Roots,
 };
 use crate::metrics::{Cache, ReadingsSource};
-use crate::readings::{Family, Kind, ReadError, Source};
+use crate::readings::{Family, Interval, Kind, ReadError, Source};
 
 /// Device filters and caps of the disk and network sources.
 #[derive(Clone)]
@@ -208,7 +208,7 @@ impl Source for Cpu {
         ReadingsSource::Cpu
     }
 
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), ReadError> {
+    fn read(&mut self, out: &mut Vec<Family>, _: &Interval) -> Result<(), ReadError> {
         let mut errors = Vec::new();
         let text =
             crate::os::procfs::read_capped(&self.roots.proc.join("stat"), super::MAX_FILE_BYTES)
@@ -399,7 +399,7 @@ impl Source for Memory {
         ReadingsSource::Memory
     }
 
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), ReadError> {
+    fn read(&mut self, out: &mut Vec<Family>, _: &Interval) -> Result<(), ReadError> {
         let mut errors = Vec::new();
         let text =
             crate::os::procfs::read_capped(&self.roots.proc.join("meminfo"), super::MAX_FILE_BYTES)
@@ -575,7 +575,7 @@ impl Source for Disk {
         ReadingsSource::Disk
     }
 
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), ReadError> {
+    fn read(&mut self, out: &mut Vec<Family>, _: &Interval) -> Result<(), ReadError> {
         let mut errors = Vec::new();
         let text = crate::os::procfs::read_capped(
             &self.roots.proc.join("diskstats"),
@@ -710,7 +710,7 @@ impl Source for Network {
         ReadingsSource::Network
     }
 
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), ReadError> {
+    fn read(&mut self, out: &mut Vec<Family>, _: &Interval) -> Result<(), ReadError> {
         let mut errors = Vec::new();
         let path = self.roots.proc_net.join("dev");
         let text =
@@ -870,7 +870,8 @@ pub(crate) mod tests {
         write(&r.proc, "loadavg", "1.50 1.00 0.50 2/100 1234\n");
         let mut cpu = Cpu::new(r.clone());
         let mut out = Vec::new();
-        cpu.read(&mut out).expect("first read");
+        cpu.read(&mut out, &Interval::default())
+            .expect("first read");
         let tick = tick_seconds();
         assert_eq!(
             value(&out, "node_cpu", &[("cpu", "0"), ("mode", "idle")]),
@@ -894,7 +895,8 @@ pub(crate) mod tests {
             "cpu  250 0 250 900 0 0 0 0 0 0\ncpu0 250 0 250 900 0 0 0 0 0 0\nprocs_running 1\n",
         );
         let mut out = Vec::new();
-        cpu.read(&mut out).expect("second read");
+        cpu.read(&mut out, &Interval::default())
+            .expect("second read");
         assert_eq!(
             value(
                 &out,
@@ -910,7 +912,7 @@ pub(crate) mod tests {
         // A malformed file is an error, not a panic, and the next good one reads again.
         write(&r.proc, "stat", "cpu 1 2\n");
         assert!(cpu
-            .read(&mut Vec::new())
+            .read(&mut Vec::new(), &Interval::default())
             .unwrap_err()
             .to_string()
             .contains("/proc/stat"));
@@ -929,7 +931,7 @@ pub(crate) mod tests {
         );
         let mut cpu = Cpu::new(r.clone());
         let mut out = Vec::new();
-        cpu.read(&mut out).expect("reads");
+        cpu.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             value(&out, "use_ratio", &[("kind", "saturation")]),
             None,
@@ -943,7 +945,7 @@ pub(crate) mod tests {
             "some avg10=0.00 avg60=0.00 avg300=0.00 total=10000000000\n",
         );
         let mut out = Vec::new();
-        cpu.read(&mut out).expect("reads");
+        cpu.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             value(&out, "use_ratio", &[("kind", "saturation")]),
             Some(1.0)
@@ -964,7 +966,7 @@ pub(crate) mod tests {
         write(&r.proc, "pressure/memory", "some avg10=0.00 avg60=0.00 avg300=0.00 total=100\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=50\n");
         let mut m = Memory::new(r.clone());
         let mut out = Vec::new();
-        m.read(&mut out).expect("reads");
+        m.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             value(&out, "node_memory_MemAvailable", &[]),
             Some(256_000.0)
@@ -988,7 +990,7 @@ pub(crate) mod tests {
         write(&r.proc, "pressure/memory", "some avg10=0.00\n");
         let mut out = Vec::new();
         assert!(m
-            .read(&mut out)
+            .read(&mut out, &Interval::default())
             .unwrap_err()
             .to_string()
             .contains("pressure"));
@@ -1010,7 +1012,7 @@ pub(crate) mod tests {
         o.metrics = metrics.clone();
         let mut d = Disk::new(r.clone(), o);
         let mut out = Vec::new();
-        d.read(&mut out).expect("reads");
+        d.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             value(&out, "node_disk_read", &[("device", "sda")]),
             Some(4096.0)
@@ -1033,7 +1035,7 @@ pub(crate) mod tests {
         // 100 s of io time in a moment: the ratio is clamped to 1.
         write(&r.proc, "diskstats", &line("sda", 100_000));
         let mut out = Vec::new();
-        d.read(&mut out).expect("reads");
+        d.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             value(
                 &out,
@@ -1052,7 +1054,7 @@ pub(crate) mod tests {
         let mut d = Disk::new(r.clone(), o);
         write(&r.proc, "diskstats", &(line("sda", 0) + &line("sdb", 0)));
         let mut out = Vec::new();
-        d.read(&mut out).expect("reads");
+        d.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             out.iter()
                 .find(|f| f.name == "node_disk_read")
@@ -1074,7 +1076,7 @@ pub(crate) mod tests {
         write(&r.sys, "class/net/eth0/speed", "1000\n");
         let mut n = Network::new(r.clone(), opts(8));
         let mut out = Vec::new();
-        n.read(&mut out).expect("reads");
+        n.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             value(&out, "node_network_speed", &[("device", "eth0")]),
             Some(125e6)
@@ -1091,7 +1093,7 @@ pub(crate) mod tests {
         // 100 packets, 5 dropped and 5 overrun; 10 GB received in a moment (clamped to 1).
         write(&r.proc_net, "dev", &format!("{hdr}  eth0: 10000000000 100 1 5 5 0 0 0 0 0 2 0 0 0 0 0\n    lo: 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n"));
         let mut out = Vec::new();
-        n.read(&mut out).expect("reads");
+        n.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             value(
                 &out,
@@ -1113,6 +1115,6 @@ pub(crate) mod tests {
             Some(1e10)
         );
         write(&r.proc_net, "dev", "garbage\n");
-        assert!(n.read(&mut Vec::new()).is_err());
+        assert!(n.read(&mut Vec::new(), &Interval::default()).is_err());
     }
 }
