@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::aggregate::{Aggregator, Window, Workloads};
 use crate::capture::{Batch, Capture, CaptureError, Control, Settings};
 use crate::encode::Encoded;
-use crate::metrics::{Metrics, ResultLabel};
+use crate::metrics::{Cache, FrameResult, Loss, Metrics};
 use crate::normalize::process::Limits;
 use crate::symbolize::Symbolizer;
 use crate::workload::kube::Metadata;
@@ -157,8 +157,8 @@ fn aggregate_loop(
                 let w = agg.close();
                 let n = w.samples();
                 if let Err(TrySendError::Full(_)) = tx.try_send(w) {
-                    metrics.dropped("window_queue", 1);
-                    metrics.lost("window_queue", n);
+                    metrics.dropped(Cache::WindowQueue, 1);
+                    metrics.lost(Loss::WindowQueue, n);
                 }
                 deadline = Instant::now() + until_boundary(window, align);
             }
@@ -183,7 +183,7 @@ fn output_loop<F: FnMut(Encoded)>(
             Ok(encoded) => encoded,
             Err(e) => {
                 tracing::error!("could not compress a window, dropped: {e}");
-                metrics.dropped("window_encode", 1);
+                metrics.dropped(Cache::WindowEncode, 1);
                 continue;
             }
         };
@@ -193,16 +193,11 @@ fn output_loop<F: FnMut(Encoded)>(
         metrics.windows.inc();
         let frames = encoded.frames;
         for (result, n) in [
-            ("named", frames.named),
-            ("unnamed", frames.unnamed),
-            ("jit", frames.jit),
+            (FrameResult::Named, frames.named),
+            (FrameResult::Unnamed, frames.unnamed),
+            (FrameResult::Jit, frames.jit),
         ] {
-            metrics
-                .frames
-                .get_or_create(&ResultLabel {
-                    result: result.into(),
-                })
-                .inc_by(n);
+            metrics.frames_written(result, n);
         }
         on_window(encoded);
     }
