@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 
 use libbpf_rs::libbpf_sys;
 
+use crate::config::Counters;
 use crate::metrics::Metrics;
 use crate::readings::{Family, Kind, Source};
 use crate::workload::kube::Metadata;
@@ -201,15 +202,6 @@ fn read(fd: &OwnedFd) -> Option<Reading> {
     })
 }
 
-/// Counters settings.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Containers counted at most (each costs one fd per supported event per CPU).
-    pub max_containers: usize,
-    /// The hierarchy holding `perf_event` (`None`: find it in /proc/self/mountinfo).
-    pub cgroup_root: Option<PathBuf>,
-}
-
 struct Container {
     cgroup: ContainerCgroup,
     /// `[event][cpu]`, events as in `Pmc::events`.
@@ -228,7 +220,9 @@ pub struct Pmc {
     host_last: Vec<Option<(f64, f64)>>,
     containers: HashMap<PathBuf, Container>,
     refused: HashSet<PathBuf>,
-    settings: Settings,
+    /// `counters.max_containers`: containers counted at most (each costs one fd per
+    /// supported event per CPU).
+    max_containers: usize,
     root: Option<PathBuf>,
     metadata: Option<Metadata>,
     metrics: Metrics,
@@ -239,7 +233,7 @@ impl Pmc {
     /// Probes which events this machine has (one log line for those it lacks) and opens the
     /// per-CPU host counters.
     pub fn start(
-        settings: Settings,
+        cfg: &Counters,
         metadata: Option<Metadata>,
         metrics: Metrics,
     ) -> Result<Self, String> {
@@ -273,7 +267,7 @@ impl Pmc {
             .iter()
             .map(|e| cpus.iter().map(|&c| open(e, c, None).ok()).collect())
             .collect();
-        let root = settings.cgroup_root.clone().or_else(walk::perf_event_root);
+        let root = walk::perf_event_root();
         Ok(Self {
             host_last: vec![None; cpus.len()],
             events,
@@ -282,7 +276,7 @@ impl Pmc {
             host,
             containers: HashMap::new(),
             refused: HashSet::new(),
-            settings,
+            max_containers: cfg.max_containers,
             root,
             metadata,
             metrics,
@@ -340,7 +334,7 @@ impl Pmc {
             if self.containers.contains_key(&c.dir) || self.refused.contains(&c.dir) {
                 continue;
             }
-            if self.containers.len() >= self.settings.max_containers {
+            if self.containers.len() >= self.max_containers {
                 self.refused.insert(c.dir.clone());
                 self.metrics.dropped("perf_containers", 1);
                 continue;

@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject};
 
+use crate::config::Counters;
 use crate::metrics::Metrics;
 use crate::readings::{Family, Kind, Point, Source, Value};
 use crate::workload::kube::Metadata;
@@ -109,15 +110,6 @@ pub fn upper_bound_seconds(i: usize) -> f64 {
     }
 }
 
-/// Run-queue latency settings.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Containers with their own histogram at most (the BPF map's size).
-    pub max_containers: usize,
-    /// The hierarchy holding `perf_event` (`None`: find it in /proc/self/mountinfo).
-    pub cgroup_root: Option<PathBuf>,
-}
-
 /// The run-queue latency source (`source="runqlat"`): the attached programs and handles on
 /// their maps.
 pub struct Runqlat {
@@ -127,7 +119,9 @@ pub struct Runqlat {
     counters: MapHandle,
     tracked: HashMap<u64, ContainerCgroup>,
     refused: HashSet<u64>,
-    settings: Settings,
+    /// `counters.max_containers`: containers with their own histogram at most (the BPF
+    /// map's size).
+    max_containers: usize,
     root: Option<PathBuf>,
     metadata: Option<Metadata>,
     metrics: Metrics,
@@ -136,7 +130,7 @@ pub struct Runqlat {
 impl Runqlat {
     /// Loads and attaches the tracepoint programs.
     pub fn start(
-        settings: Settings,
+        cfg: &Counters,
         metadata: Option<Metadata>,
         metrics: Metrics,
     ) -> Result<Self, libbpf_rs::Error> {
@@ -147,7 +141,7 @@ impl Runqlat {
         let mut open = RunqlatSkelBuilder::default().open(object)?;
         open.maps
             .rq_cgroups
-            .set_max_entries(settings.max_containers.clamp(1, u32::MAX as usize) as u32)?;
+            .set_max_entries(cfg.max_containers.clamp(1, u32::MAX as usize) as u32)?;
         let skel = open.load()?;
         let progs = &skel.progs;
         let links = vec![
@@ -156,7 +150,7 @@ impl Runqlat {
             progs.ember_rq_switch.attach()?,
         ];
         let maps = &skel.maps;
-        let root = settings.cgroup_root.clone().or_else(walk::perf_event_root);
+        let root = walk::perf_event_root();
         Ok(Self {
             host: MapHandle::try_from(&maps.rq_host)?,
             cgroups: MapHandle::try_from(&maps.rq_cgroups)?,
@@ -164,7 +158,7 @@ impl Runqlat {
             _links: links,
             tracked: HashMap::new(),
             refused: HashSet::new(),
-            settings,
+            max_containers: cfg.max_containers,
             root,
             metadata,
             metrics,
@@ -192,7 +186,7 @@ impl Runqlat {
             if self.tracked.contains_key(&c.inode) || self.refused.contains(&c.inode) {
                 continue;
             }
-            if self.tracked.len() >= self.settings.max_containers {
+            if self.tracked.len() >= self.max_containers {
                 self.refused.insert(c.inode);
                 self.metrics.dropped("runqueue_containers", 1);
                 continue;
