@@ -357,12 +357,14 @@ impl Agent {
             tracing::info!("stopping: flushing the current window");
         }
         let mut part = "";
-        let stopped = rt.block_on(tokio::time::timeout(deadline, async {
+        let stop_all = async {
             for p in parts.into_iter().rev() {
                 part = p.name();
                 p.stop().await;
             }
-        }));
+        };
+        // The timer must be made on the runtime: inside `block_on`, not before it.
+        let stopped = rt.block_on(async { tokio::time::timeout(deadline, stop_all).await });
         if stopped.is_err() {
             // Dropping the runtime would wait for its blocking threads, the stuck one too.
             rt.shutdown_background();
