@@ -36,7 +36,7 @@ use crate::config::{Config, NodeName};
 use crate::encode::pprof;
 use crate::encode::Encoded;
 use crate::export::files::{FilesError, WindowDir};
-use crate::metrics::{Metrics, ResultLabel};
+use crate::metrics::{Cache, FrameResult, Metrics};
 use crate::os::privileges;
 use crate::readings::otlp::OtlpError;
 use crate::readings::{self, Readings};
@@ -523,7 +523,7 @@ fn output_loop<F: FnMut(Encoded)>(
             Ok(gz) => gz,
             Err(e) => {
                 tracing::error!("could not compress a window, dropped: {e}");
-                metrics.dropped("window_encode", 1);
+                metrics.dropped(Cache::WindowEncode, 1);
                 continue;
             }
         };
@@ -532,16 +532,11 @@ fn output_loop<F: FnMut(Encoded)>(
             .observe(started.elapsed().as_secs_f64());
         metrics.windows.inc();
         for (result, n) in [
-            ("named", frames.named),
-            ("unnamed", frames.unnamed),
-            ("jit", frames.jit),
+            (FrameResult::Named, frames.named),
+            (FrameResult::Unnamed, frames.unnamed),
+            (FrameResult::Jit, frames.jit),
         ] {
-            metrics
-                .frames
-                .get_or_create(&ResultLabel {
-                    result: result.into(),
-                })
-                .inc_by(n);
+            metrics.frames_written(result, n);
         }
         on_window(Encoded {
             start: window.start,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::capture::{Batch, Control, Sample};
 use crate::config::Limits;
-use crate::metrics::Metrics;
+use crate::metrics::{Cache, Loss, Metrics};
 use crate::normalize::process::{ProcessTable, UserAddr};
 use crate::workload::kube::Metadata;
 use crate::workload::{self, Accounting, Cgroup, Filter, Labels, Verdict};
@@ -144,7 +144,7 @@ impl Aggregator {
         let full = self.counts.len() >= self.max_stacks;
         match self.counts.get_mut(&key) {
             Some(c) => *c += 1,
-            None if full => self.metrics.lost("stack_cap", 1),
+            None if full => self.metrics.lost(Loss::StackCap, 1),
             None => {
                 self.counts.insert(key, 1);
             }
@@ -190,7 +190,7 @@ impl Aggregator {
     fn send(&self, order: Control) {
         if let Some(tx) = &self.workloads.control {
             if tx.try_send(order).is_err() {
-                self.metrics.dropped("control_queue", 1);
+                self.metrics.dropped(Cache::ControlQueue, 1);
             }
         }
     }
@@ -275,8 +275,8 @@ impl Aggregator {
                     let w = self.close();
                     let n = w.samples();
                     if let Err(TrySendError::Full(_)) = tx.try_send(w) {
-                        self.metrics.dropped("window_queue", 1);
-                        self.metrics.lost("window_queue", n);
+                        self.metrics.dropped(Cache::WindowQueue, 1);
+                        self.metrics.lost(Loss::WindowQueue, n);
                     }
                     deadline = Instant::now() + until_boundary(window, align);
                 }
