@@ -6,14 +6,18 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use ember::aggregate::{Aggregator, Window, Workloads};
 use ember::capture::Sample;
+use ember::config::Limits;
 use ember::metrics::Metrics;
-use ember::normalize::process::Limits;
 use ember::symbolize::Symbolizer;
 
-const LIMITS: Limits = Limits {
-    max_processes: 1024,
-    max_objects: 1024,
-};
+fn limits() -> Limits {
+    Limits {
+        max_processes: 1024,
+        max_objects: 1024,
+        max_stacks_per_window: 100_000,
+        ..Default::default()
+    }
+}
 
 /// Addresses inside this benchmark's own code, so they normalize and symbolize for real.
 fn own_addresses() -> Vec<u64> {
@@ -53,7 +57,7 @@ fn samples() -> Vec<Sample> {
 }
 
 fn window() -> Window {
-    let mut agg = Aggregator::new(99, LIMITS, 100_000, Metrics::new(), Workloads::default());
+    let mut agg = Aggregator::new(99, &limits(), Metrics::new(), Workloads::default());
     for s in samples() {
         agg.add(s);
     }
@@ -65,7 +69,7 @@ fn benches(c: &mut Criterion) {
         b.iter_batched(
             || {
                 (
-                    Aggregator::new(99, LIMITS, 100_000, Metrics::new(), Workloads::default()),
+                    Aggregator::new(99, &limits(), Metrics::new(), Workloads::default()),
                     samples(),
                 )
             },

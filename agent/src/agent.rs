@@ -1,49 +1,429 @@
-//! Wires the stages together: capture → aggregate → symbolize → encode → a window callback.
+//! The one composition root: starts every thread and subsystem of `ember run` and
+//! `ember record` in order, and stops them in the reverse order within a deadline.
 //!
-//! Each stage runs on its own thread and owns its state; stages hand each other owned
-//! batches over bounded channels, and every `try_send` that finds a queue full counts
-//! what it dropped. Stopping drains front to back, so the last window is complete.
+//! In: the validated [`Config`] and this node's [`NodeName`]. Out: each finished window,
+//! handed to the caller's callback (and, for `run`, to every sink).
+//!
+//! Start order (stop runs it backwards):
+//! 1. the window directory (`run`);
+//! 2. metrics, and the health clock `/healthz` reads;
+//! 3. the HTTP listener (`run`, `server.enabled`), bound before BPF is loaded so a taken
+//!    port fails at once;
+//! 4. the sinks (`run`): window files, Pyroscope, OTLP profiles, on their own thread;
+//! 5. the pod watcher (`kubernetes.enabled`), a task on the agent's runtime;
+//! 6. OTLP metrics (`run`, `otlp_metrics.enabled`), on the agent's runtime;
+//! 7. the pipeline: capture → aggregate → output (symbolize → encode → hand out), one
+//!    thread each. Stages hand each other owned batches over bounded channels, and every
+//!    `try_send` that finds a queue full counts what it dropped. Stopping drains front to
+//!    back, so the last window is complete;
+//! 8. the readings thread (`run`): USE readings, perf counters, run-queue latency;
+//! 9. the HTTP server (`run`).
+//!
+//! The window directory, metrics, the listener and the pod watcher need no stop of their
+//! own: they go with the agent (the listener with the server, the watcher with the runtime).
 
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver};
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::aggregate::{Aggregator, Window, Workloads};
-use crate::capture::{Batch, Capture, CaptureError, Control, Settings};
+use crate::capture::{Batch, Capture, CaptureError, Control};
+use crate::config::selector::SelectorError;
+use crate::config::{Config, NodeName};
 use crate::encode::Encoded;
-use crate::metrics::{Cache, FrameResult, Loss, Metrics};
-use crate::normalize::process::Limits;
+use crate::export::files::{FilesError, WindowDir};
+use crate::metrics::{Cache, FrameResult, Metrics};
+use crate::os::privileges;
+use crate::readings::otlp::OtlpError;
+use crate::readings::{self, Readings};
+use crate::server::{self, Health};
 use crate::symbolize::Symbolizer;
-use crate::workload::kube::Metadata;
+use crate::workload::kube::{self, Metadata};
 use crate::workload::{Accounting, Filter};
 
-/// How the pipeline is set up.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Capture settings.
-    pub capture: Settings,
-    /// Window length.
-    pub window: Duration,
-    /// Align window ends to multiples of `window` on the wall clock (for `run`).
-    pub align: bool,
-    /// Process and object caps.
-    pub limits: Limits,
-    /// Distinct stacks per window.
-    pub max_stacks: usize,
-    /// Symbolized frames cached between windows.
-    pub symbol_cache: usize,
-    /// Sample batches queued between capture and aggregation.
-    pub queue_batches: usize,
-    /// This node's name, for `ember_container_info`.
-    pub node: String,
-    /// Containers with CPU series at a time.
-    pub max_containers: usize,
-    /// JIT frames: perf maps, jitdumps, JVM refresh.
-    pub jit: crate::config::Jit,
+/// What the agent is started for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `ember run`: windows of `window.duration`, aligned on the wall clock, go to the
+    /// window files and every sink; readings, OTLP metrics and the HTTP server run too.
+    /// [`Agent::wait`] returns on SIGTERM or SIGINT.
+    Run,
+    /// `ember record`: one unaligned window, closed when recording stops, goes to the
+    /// callback only; no files, sinks, readings or server. [`Agent::wait`] returns after
+    /// `duration`, or earlier on SIGTERM or SIGINT.
+    Record {
+        /// How long to record.
+        duration: Duration,
+    },
 }
 
-/// A running pipeline.
-pub struct Pipeline {
+/// Why the agent could not start, or did not stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// ember lacks a privilege it cannot work without; the sentence names it.
+    #[error("{0}")]
+    Privileges(String),
+    /// The window directory could not be opened.
+    #[error("opening the data directory {}", path.display())]
+    DataDir {
+        /// `output.data_dir`.
+        path: PathBuf,
+        /// Why.
+        source: FilesError,
+    },
+    /// The async runtime could not be built.
+    #[error("starting the async runtime")]
+    Runtime(#[source] std::io::Error),
+    /// `server.listen` could not be bound.
+    #[error("listening on {addr}")]
+    Listen {
+        /// `server.listen`.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A sink could not start.
+    #[error(transparent)]
+    Sinks(anyhow::Error),
+    /// A pod selector of `filters:` is invalid.
+    #[error(transparent)]
+    Filter(#[from] SelectorError),
+    /// The OTLP metrics exporter could not start.
+    #[error(transparent)]
+    OtlpMetrics(#[from] OtlpError),
+    /// The sampler (or a pipeline thread) could not start.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    /// A `readings.*_exclude` expression is invalid.
+    #[error("readings: a device filter is not a valid regular expression")]
+    DeviceFilter(#[source] regex::Error),
+    /// The readings thread could not start.
+    #[error("starting the readings thread")]
+    Readings(#[source] std::io::Error),
+    /// Stopping took longer than the shutdown deadline; what was still running was abandoned.
+    #[error("stopping took longer than {limit:?} ({part} had not stopped): abandoned what was still running")]
+    Deadline {
+        /// The shutdown deadline.
+        limit: Duration,
+        /// The part being stopped when time ran out.
+        part: &'static str,
+    },
+}
+
+/// Time to stop what has no time limit of its own in the config: the sampler (a 200 ms
+/// poll), the readings thread, the server's in-flight requests.
+const STOP_MARGIN: Duration = Duration::from_secs(5);
+
+/// A part that has a stop of its own, in the order started.
+enum Part {
+    Sinks(crate::export::Shutdown),
+    OtlpMetrics(readings::otlp::Exporter),
+    Pipeline(Pipeline),
+    Readings(Readings),
+    Server {
+        stop: tokio::sync::oneshot::Sender<()>,
+        task: tokio::task::JoinHandle<std::io::Result<()>>,
+    },
+}
+
+impl Part {
+    fn name(&self) -> &'static str {
+        match self {
+            Part::Sinks(_) => "the sinks",
+            Part::OtlpMetrics(_) => "OTLP metrics",
+            Part::Pipeline(_) => "the pipeline",
+            Part::Readings(_) => "the readings thread",
+            Part::Server { .. } => "the HTTP server",
+        }
+    }
+
+    /// Stops the part; blocking stops run off the runtime thread so the runtime can carry
+    /// what they wait for (the server's last requests, OTLP's last export).
+    async fn stop(self) {
+        let blocking: Box<dyn FnOnce() + Send> = match self {
+            Part::Server { stop, task } => {
+                let _ = stop.send(());
+                let _ = task.await;
+                return;
+            }
+            // The last window is queued now; the sinks get sinks.shutdown_grace to send it.
+            Part::Sinks(s) => Box::new(move || s.stop()),
+            Part::OtlpMetrics(e) => Box::new(move || e.shutdown()),
+            Part::Pipeline(p) => Box::new(move || p.stop()),
+            Part::Readings(r) => Box::new(move || r.stop()),
+        };
+        let _ = tokio::task::spawn_blocking(blocking).await;
+    }
+}
+
+/// A running agent: [`Agent::start`], [`Agent::wait`], [`Agent::stop`].
+pub struct Agent {
+    /// Carries the pod watcher, OTLP metrics and the HTTP server, while [`Agent::wait`]
+    /// and [`Agent::stop`] run on it.
+    rt: tokio::runtime::Runtime,
+    mode: Mode,
+    /// Started parts with a stop of their own, in start order.
+    parts: Vec<Part>,
+    /// Total time [`Agent::stop`] may take.
+    deadline: Duration,
+}
+
+impl Agent {
+    /// Starts everything `mode` needs, in the order of the module doc. `on_window` runs on
+    /// the output thread with each finished window and the samples lost since the previous
+    /// one (for `run`, before the sinks get the window).
+    pub fn start<F>(
+        cfg: &Config,
+        node: &NodeName,
+        mode: Mode,
+        mut on_window: F,
+    ) -> Result<Self, AgentError>
+    where
+        F: FnMut(&Encoded, u64) + Send + 'static,
+    {
+        if let Some(sentence) = privileges::check() {
+            return Err(AgentError::Privileges(sentence));
+        }
+        if let Some(warning) = privileges::effective().and_then(privileges::degraded) {
+            tracing::warn!("{warning}");
+        }
+        let run = mode == Mode::Run;
+        let windows = if run {
+            let o = &cfg.output;
+            let dir =
+                WindowDir::open(&o.data_dir, o.keep_windows, o.keep_bytes).map_err(|source| {
+                    AgentError::DataDir {
+                        path: o.data_dir.clone(),
+                        source,
+                    }
+                })?;
+            Some(Arc::new(dir))
+        } else {
+            None
+        };
+        let metrics = Metrics::new();
+        let health = Health::new(cfg.window.duration);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(AgentError::Runtime)?;
+        let listener = if run && cfg.server.enabled {
+            let addr = cfg.server.listen;
+            Some(
+                rt.block_on(server::bind(addr))
+                    .map_err(|source| AgentError::Listen { addr, source })?,
+            )
+        } else {
+            None
+        };
+        let mut parts = Vec::new();
+        let mut dispatch = if run {
+            let (dispatch, shutdown) =
+                crate::export::start(&cfg.sinks, windows.clone(), &node.name, &metrics)
+                    .map_err(AgentError::Sinks)?;
+            parts.push(Part::Sinks(shutdown));
+            Some(dispatch)
+        } else {
+            None
+        };
+        let filter = Filter::new(&cfg.filters)?;
+        let meta = if cfg.kubernetes.enabled {
+            Some(rt.block_on(kube::start(&cfg.kubernetes, &node.name)))
+        } else {
+            None
+        };
+        if run && cfg.otlp_metrics.enabled {
+            let o = &cfg.otlp_metrics;
+            // The exporter's tasks and connection live on the agent's runtime.
+            let _guard = rt.enter();
+            let e = readings::otlp::start(o, node.known(), metrics.readings.clone())?;
+            tracing::info!(
+                "pushing OTLP metrics to {} every {:?}",
+                o.endpoint,
+                o.interval
+            );
+            parts.push(Part::OtlpMetrics(e));
+        }
+        let (h, m) = (health.clone(), metrics.clone());
+        let mut last_lost = 0;
+        let on_window = move |enc: Encoded| {
+            let lost = m.lost_total();
+            on_window(&enc, lost - last_lost);
+            last_lost = lost;
+            if let Some(d) = &mut dispatch {
+                d.accept(&enc);
+            }
+            h.beat();
+        };
+        // `record`'s one window closes when recording stops, never on a timer.
+        let (window, align, deadline_window) = match mode {
+            Mode::Run => (cfg.window.duration, true, cfg.window.duration),
+            Mode::Record { duration } => (
+                duration + Duration::from_secs(365 * 24 * 3600),
+                false,
+                duration,
+            ),
+        };
+        let pipeline = Pipeline::start(
+            cfg,
+            node,
+            window,
+            align,
+            metrics.clone(),
+            meta.clone(),
+            filter,
+            on_window,
+        )?;
+        parts.push(Part::Pipeline(pipeline));
+        if run {
+            // After the sampler: its perf events are the first ember opens (tests wait on them).
+            let sources = reading_sources(cfg, meta.as_ref(), &metrics)?;
+            if !sources.is_empty() {
+                let r = Readings::start(sources, cfg.readings.interval, metrics.clone())
+                    .map_err(AgentError::Readings)?;
+                parts.push(Part::Readings(r));
+            }
+            tracing::info!(
+                "profiling every CPU at {} Hz; windows of {:?} go to {}",
+                cfg.sampling.frequency_hz,
+                cfg.window.duration,
+                cfg.output.data_dir.display()
+            );
+        }
+        if let (Some(listener), Some(windows)) = (listener, windows) {
+            tracing::info!(
+                "serving /metrics, /healthz and flame graphs on http://{}",
+                cfg.server.listen
+            );
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let task = rt.spawn(server::serve(
+                listener,
+                metrics.clone(),
+                windows,
+                health,
+                async {
+                    let _ = stopped.await;
+                },
+            ));
+            parts.push(Part::Server { stop, task });
+        }
+        // The shutdown deadline: the last window must be handed out (symbolizing and
+        // encoding it takes less than one window, or `run` could not keep up), OTLP metrics
+        // get their last export (otlp_metrics.timeout), the sinks send the last window
+        // (sinks.shutdown_grace), and STOP_MARGIN covers the rest.
+        let otlp = if run && cfg.otlp_metrics.enabled {
+            cfg.otlp_metrics.timeout
+        } else {
+            Duration::ZERO
+        };
+        let deadline = deadline_window + otlp + cfg.sinks.shutdown_grace + STOP_MARGIN;
+        Ok(Self {
+            rt,
+            mode,
+            parts,
+            deadline,
+        })
+    }
+
+    /// Blocks until SIGTERM or SIGINT (or, for `record`, until its duration has passed).
+    /// The pod watcher, OTLP metrics and the HTTP server run meanwhile.
+    pub fn wait(&self) {
+        self.rt.block_on(async {
+            match self.mode {
+                Mode::Run => stop_signal().await,
+                Mode::Record { duration } => tokio::select! {
+                    _ = tokio::time::sleep(duration) => {}
+                    _ = stop_signal() => {}
+                },
+            }
+        });
+    }
+
+    /// Stops every part in the reverse order of start, the pipeline handing out its last
+    /// window first. If that takes longer than the shutdown deadline, whatever is still
+    /// running is abandoned (the process is expected to exit) and the error says so.
+    pub fn stop(self) -> Result<(), AgentError> {
+        let Self {
+            rt,
+            mode,
+            parts,
+            deadline,
+        } = self;
+        if mode == Mode::Run {
+            tracing::info!("stopping: flushing the current window");
+        }
+        let mut part = "";
+        let stop_all = async {
+            for p in parts.into_iter().rev() {
+                part = p.name();
+                p.stop().await;
+            }
+        };
+        // The timer must be made on the runtime: inside `block_on`, not before it.
+        let stopped = rt.block_on(async { tokio::time::timeout(deadline, stop_all).await });
+        if stopped.is_err() {
+            // Dropping the runtime would wait for its blocking threads, the stuck one too.
+            rt.shutdown_background();
+            return Err(AgentError::Deadline {
+                limit: deadline,
+                part,
+            });
+        }
+        Ok(())
+    }
+}
+
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers, wait forever: the default action still ends the process.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Every source the readings thread reads each `readings.interval` (resource metrics shown
+/// on /metrics and sent by the exporters): USE readings (`readings:`), perf counters and
+/// run-queue latency (`counters:`). A counter source that cannot start is logged once and
+/// left out; profiling goes on.
+fn reading_sources(
+    cfg: &Config,
+    meta: Option<&Metadata>,
+    metrics: &Metrics,
+) -> Result<Vec<Box<dyn readings::Source>>, AgentError> {
+    let mut sources = readings::resources::sources(&cfg.readings, meta.cloned(), metrics)
+        .map_err(AgentError::DeviceFilter)?;
+    let c = &cfg.counters;
+    if c.perf {
+        match readings::pmc::Pmc::start(c, meta.cloned(), metrics.clone()) {
+            Ok(p) => {
+                tracing::info!("perf counters: {} fds open", p.fds_open());
+                sources.push(Box::new(p));
+            }
+            Err(e) => tracing::warn!("perf counters are off: {e}"),
+        }
+    }
+    if c.runqueue_latency {
+        match readings::runqlat::Runqlat::start(c, meta.cloned(), metrics.clone()) {
+            Ok(r) => sources.push(Box::new(r)),
+            Err(e) => tracing::warn!("run-queue latency is off: {e}"),
+        }
+    }
+    Ok(sources)
+}
+
+/// The capture → aggregate → output threads.
+struct Pipeline {
     capture: Capture,
     aggregate: JoinHandle<()>,
     output: JoinHandle<()>,
@@ -55,10 +435,16 @@ const WINDOW_QUEUE: usize = 2;
 const CONTROL_QUEUE: usize = 4096;
 
 impl Pipeline {
-    /// Starts every stage; `on_window` runs on the output thread for each window.
-    /// `metadata` names pods (when Kubernetes is enabled); `filter` decides what is profiled.
-    pub fn start<F>(
-        opts: Options,
+    /// Starts the stages, the sampler last (it returns once attached); `on_window` runs
+    /// on the output thread for each window of length `window` (aligned on the wall clock
+    /// if `align`). `metadata` names pods (when Kubernetes is enabled); `filter` decides
+    /// what is profiled.
+    #[allow(clippy::too_many_arguments)]
+    fn start<F>(
+        cfg: &Config,
+        node: &NodeName,
+        window: Duration,
+        align: bool,
         metrics: Metrics,
         metadata: Option<Metadata>,
         filter: Filter,
@@ -67,14 +453,14 @@ impl Pipeline {
     where
         F: FnMut(Encoded) + Send + 'static,
     {
-        let (batch_tx, batch_rx) = mpsc::sync_channel::<Batch>(opts.queue_batches);
+        let (batch_tx, batch_rx) = mpsc::sync_channel::<Batch>(cfg.limits.sample_queue_batches);
         let (window_tx, window_rx) = mpsc::sync_channel::<Window>(WINDOW_QUEUE);
         let (control_tx, control_rx) = mpsc::sync_channel::<Control>(CONTROL_QUEUE);
 
         let accounting = Accounting::new(
             metrics.containers.clone(),
-            opts.node.clone(),
-            opts.max_containers,
+            node.name.clone(),
+            cfg.limits.max_processes,
         );
         let workloads = Workloads {
             metadata,
@@ -83,25 +469,23 @@ impl Pipeline {
             control: Some(control_tx),
         };
         let mut agg = Aggregator::new(
-            opts.capture.frequency_hz,
-            opts.limits,
-            opts.max_stacks,
+            cfg.sampling.frequency_hz,
+            &cfg.limits,
             metrics.clone(),
             workloads,
         );
-        agg.set_jit(opts.jit.clone());
-        let (m, window, align) = (metrics.clone(), opts.window, opts.align);
+        agg.set_jit(cfg.jit.clone());
         let aggregate = spawn("ember-aggregate", move || {
-            aggregate_loop(batch_rx, window_tx, agg, window, align, m)
+            agg.run(batch_rx, window_tx, window, align)
         })?;
 
-        let (m, cache) = (metrics.clone(), opts.symbol_cache);
+        let (m, cache) = (metrics.clone(), cfg.limits.symbol_cache_entries);
         // blazesym's symbolizer is not Send: it is born on the thread that uses it.
         let output = spawn("ember-output", move || {
             output_loop(window_rx, Symbolizer::new(cache, m.clone()), m, on_window)
         })?;
 
-        let capture = Capture::start(opts.capture, batch_tx, control_rx, metrics)?;
+        let capture = Capture::start(&cfg.sampling, batch_tx, control_rx, metrics)?;
         Ok(Self {
             capture,
             aggregate,
@@ -110,7 +494,7 @@ impl Pipeline {
     }
 
     /// Stops sampling, closes the current window and waits until it has been handed out.
-    pub fn stop(self) {
+    fn stop(self) {
         self.capture.stop();
         let _ = self.aggregate.join();
         let _ = self.output.join();
@@ -122,53 +506,6 @@ fn spawn<F: FnOnce() + Send + 'static>(name: &str, f: F) -> Result<JoinHandle<()
         .name(name.into())
         .spawn(f)
         .map_err(|_| CaptureError::Thread)
-}
-
-/// Time until the next window boundary: a multiple of `window` since the epoch when
-/// aligned (so windows of many hosts line up), else a full window.
-fn until_boundary(window: Duration, align: bool) -> Duration {
-    if !align {
-        return window;
-    }
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    let w = window.as_nanos().max(1);
-    let left = w - now % w;
-    // A first window shorter than a second is not worth a file: fold it into the next.
-    let left = if left < 1_000_000_000 { left + w } else { left };
-    Duration::from_nanos(u64::try_from(left).unwrap_or(u64::MAX))
-}
-
-fn aggregate_loop(
-    rx: Receiver<Batch>,
-    tx: SyncSender<Window>,
-    mut agg: Aggregator,
-    window: Duration,
-    align: bool,
-    metrics: Metrics,
-) {
-    let mut deadline = Instant::now() + until_boundary(window, align);
-    loop {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(batch) => batch.into_iter().for_each(|s| agg.add(s)),
-            Err(RecvTimeoutError::Timeout) => {
-                let w = agg.close();
-                let n = w.samples();
-                if let Err(TrySendError::Full(_)) = tx.try_send(w) {
-                    metrics.dropped(Cache::WindowQueue, 1);
-                    metrics.lost(Loss::WindowQueue, n);
-                }
-                deadline = Instant::now() + until_boundary(window, align);
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                // Capture has stopped and drained: the last window is complete.
-                let _ = tx.send(agg.close());
-                return;
-            }
-        }
-    }
 }
 
 fn output_loop<F: FnMut(Encoded)>(
@@ -200,28 +537,5 @@ fn output_loop<F: FnMut(Encoded)>(
             metrics.frames_written(result, n);
         }
         on_window(encoded);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn aligned_boundaries_land_on_multiples() {
-        let w = Duration::from_secs(10);
-        let left = until_boundary(w, true);
-        assert!(
-            left >= Duration::from_secs(1) && left <= Duration::from_secs(11),
-            "{left:?}"
-        );
-        let end = SystemTime::now() + left;
-        let ms = end
-            .duration_since(UNIX_EPOCH)
-            .expect("after epoch")
-            .as_millis()
-            % 10_000;
-        assert!(!(50..9_950).contains(&ms), "ends {ms} ms past a boundary");
-        assert_eq!(until_boundary(w, false), w);
     }
 }

@@ -1,14 +1,18 @@
 //! Aggregation stage: counts samples per (process, thread, stack) for one window,
 //! then normalizes every distinct stack against the process table.
+//!
+//! In: sample batches from capture. Out: one [`Window`] per window length (to symbolize)
+//! and [`Control`] orders back to capture. [`Aggregator::run`] is the stage's thread loop.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::mpsc::SyncSender;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::capture::{Control, Sample};
+use crate::capture::{Batch, Control, Sample};
+use crate::config::Limits;
 use crate::metrics::{Cache, Loss, Metrics};
-use crate::normalize::process::{Limits, ProcessTable, UserAddr};
+use crate::normalize::process::{ProcessTable, UserAddr};
 use crate::workload::kube::Metadata;
 use crate::workload::{self, Accounting, Cgroup, Filter, Labels, Verdict};
 
@@ -102,18 +106,13 @@ pub struct Aggregator {
 }
 
 impl Aggregator {
-    /// A new aggregator for samples taken at `frequency_hz`.
-    pub fn new(
-        frequency_hz: u64,
-        limits: Limits,
-        max_stacks: usize,
-        metrics: Metrics,
-        workloads: Workloads,
-    ) -> Self {
+    /// A new aggregator for samples taken at `frequency_hz`, keeping at most
+    /// `limits.max_stacks_per_window` stacks (its process table capped by `limits` too).
+    pub fn new(frequency_hz: u64, limits: &Limits, metrics: Metrics, workloads: Workloads) -> Self {
         Self {
             table: ProcessTable::new(limits, metrics.clone()),
             counts: HashMap::new(),
-            max_stacks,
+            max_stacks: limits.max_stacks_per_window,
             period_ns: 1_000_000_000 / frequency_hz.max(1),
             start: SystemTime::now(),
             started: Instant::now(),
@@ -257,6 +256,57 @@ impl Aggregator {
     }
 }
 
+impl Aggregator {
+    /// The stage's thread: adds every batch from `rx` and sends a window into `tx` at each
+    /// boundary (a full queue drops the window and counts it); when capture stops and `rx`
+    /// is drained, sends the last window and returns.
+    pub fn run(
+        mut self,
+        rx: Receiver<Batch>,
+        tx: SyncSender<Window>,
+        window: Duration,
+        align: bool,
+    ) {
+        let mut deadline = Instant::now() + until_boundary(window, align);
+        loop {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(batch) => batch.into_iter().for_each(|s| self.add(s)),
+                Err(RecvTimeoutError::Timeout) => {
+                    let w = self.close();
+                    let n = w.samples();
+                    if let Err(TrySendError::Full(_)) = tx.try_send(w) {
+                        self.metrics.dropped(Cache::WindowQueue, 1);
+                        self.metrics.lost(Loss::WindowQueue, n);
+                    }
+                    deadline = Instant::now() + until_boundary(window, align);
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    // Capture has stopped and drained: the last window is complete.
+                    let _ = tx.send(self.close());
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Time until the next window boundary: a multiple of `window` since the epoch when
+/// aligned (so windows of many hosts line up), else a full window.
+fn until_boundary(window: Duration, align: bool) -> Duration {
+    if !align {
+        return window;
+    }
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let w = window.as_nanos().max(1);
+    let left = w - now % w;
+    // A first window shorter than a second is not worth a file: fold it into the next.
+    let left = if left < 1_000_000_000 { left + w } else { left };
+    Duration::from_nanos(u64::try_from(left).unwrap_or(u64::MAX))
+}
+
 /// Frame `i` of a stack side: the leaf is where the CPU was; every other frame is a
 /// return address, one past its call instruction.
 fn caller(i: usize, addr: u64) -> u64 {
@@ -284,12 +334,40 @@ mod tests {
         }
     }
 
-    fn agg(max_stacks: usize) -> Aggregator {
-        let limits = Limits {
+    fn limits(max_stacks: usize) -> Limits {
+        Limits {
             max_processes: 16,
             max_objects: 16,
-        };
-        Aggregator::new(99, limits, max_stacks, Metrics::new(), Workloads::default())
+            max_stacks_per_window: max_stacks,
+            ..Default::default()
+        }
+    }
+
+    fn agg(max_stacks: usize) -> Aggregator {
+        Aggregator::new(
+            99,
+            &limits(max_stacks),
+            Metrics::new(),
+            Workloads::default(),
+        )
+    }
+
+    #[test]
+    fn aligned_boundaries_land_on_multiples() {
+        let w = Duration::from_secs(10);
+        let left = until_boundary(w, true);
+        assert!(
+            left >= Duration::from_secs(1) && left <= Duration::from_secs(11),
+            "{left:?}"
+        );
+        let end = SystemTime::now() + left;
+        let ms = end
+            .duration_since(UNIX_EPOCH)
+            .expect("after epoch")
+            .as_millis()
+            % 10_000;
+        assert!(!(50..9_950).contains(&ms), "ends {ms} ms past a boundary");
+        assert_eq!(until_boundary(w, false), w);
     }
 
     #[test]
@@ -359,11 +437,7 @@ mod tests {
             control: Some(tx),
             ..Default::default()
         };
-        let limits = Limits {
-            max_processes: 16,
-            max_objects: 16,
-        };
-        let mut a = Aggregator::new(99, limits, 100, Metrics::new(), workloads);
+        let mut a = Aggregator::new(99, &limits(100), Metrics::new(), workloads);
         let pid = std::process::id();
         a.add(sample(pid, pid, &[0x10]));
         let w = a.close();

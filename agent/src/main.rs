@@ -3,21 +3,14 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use ember::agent::{Options, Pipeline};
-use ember::config::Config;
+use ember::agent::{Agent, Mode};
+use ember::config::{Config, NodeName};
 use ember::encode::flamegraph;
 use ember::encode::Encoded;
-use ember::export::files::WindowDir;
-use ember::metrics::Metrics;
-use ember::normalize::process;
-use ember::os::privileges;
-use ember::workload::Filter;
-use ember::{capture, server};
 
 /// ember: an always-on eBPF continuous profiler.
 #[derive(Parser)]
@@ -127,117 +120,6 @@ fn init_logging(cfg: &Config) {
         .try_init();
 }
 
-fn require_privileges() -> Result<()> {
-    if let Some(sentence) = privileges::check() {
-        bail!("{sentence}");
-    }
-    if let Some(warning) = privileges::effective().and_then(privileges::degraded) {
-        tracing::warn!("{warning}");
-    }
-    Ok(())
-}
-
-/// This node's name: the config key, else `NODE_NAME` (the downward API), else the host name.
-fn node_name(cfg: &Config) -> String {
-    if !cfg.kubernetes.node_name.is_empty() {
-        return cfg.kubernetes.node_name.clone();
-    }
-    std::env::var("NODE_NAME")
-        .ok()
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_owned())
-                .unwrap_or_default()
-        })
-}
-
-/// Starts the pod watcher (on the current runtime) when Kubernetes is enabled.
-async fn metadata(cfg: &Config) -> Option<ember::workload::kube::Metadata> {
-    if !cfg.kubernetes.enabled {
-        return None;
-    }
-    let kubeconfig = &cfg.kubernetes.kubeconfig;
-    Some(
-        ember::workload::kube::start(ember::workload::kube::KubeSettings {
-            enabled: true,
-            node_name: Some(node_name(cfg)),
-            kubeconfig: (!kubeconfig.as_os_str().is_empty()).then(|| kubeconfig.clone()),
-        })
-        .await,
-    )
-}
-
-fn options(cfg: &Config, window: Duration, align: bool) -> Options {
-    Options {
-        node: node_name(cfg),
-        max_containers: cfg.limits.max_processes,
-        capture: capture::Settings {
-            frequency_hz: cfg.sampling.frequency_hz,
-            event: cfg.sampling.event,
-            include_idle: cfg.sampling.include_idle,
-            ring_buffer_bytes: cfg.sampling.ring_buffer_bytes,
-            pids: cfg.sampling.pids.clone(),
-        },
-        window,
-        align,
-        limits: process::Limits {
-            max_processes: cfg.limits.max_processes,
-            max_objects: cfg.limits.max_objects,
-        },
-        max_stacks: cfg.limits.max_stacks_per_window,
-        symbol_cache: cfg.limits.symbol_cache_entries,
-        queue_batches: cfg.limits.sample_queue_batches,
-        jit: cfg.jit.clone(),
-    }
-}
-
-/// Every source the readings thread reads each `readings.interval` (resource metrics shown
-/// on /metrics and sent by the exporters): USE readings (`readings:`), perf counters and
-/// run-queue latency (`counters:`). A counter source that cannot start is logged once and
-/// left out; profiling goes on.
-fn reading_sources(
-    cfg: &Config,
-    meta: Option<&ember::workload::kube::Metadata>,
-    metrics: &Metrics,
-) -> Result<Vec<Box<dyn ember::readings::Source>>> {
-    let mut sources = ember::readings::resources::sources(&cfg.readings, meta.cloned(), metrics)
-        .context("readings: a device filter is not a valid regular expression")?;
-    let c = &cfg.counters;
-    if c.perf {
-        let settings = ember::readings::pmc::Settings {
-            max_containers: c.max_containers,
-            cgroup_root: None,
-        };
-        match ember::readings::pmc::Pmc::start(settings, meta.cloned(), metrics.clone()) {
-            Ok(p) => {
-                tracing::info!("perf counters: {} fds open", p.fds_open());
-                sources.push(Box::new(p));
-            }
-            Err(e) => tracing::warn!("perf counters are off: {e}"),
-        }
-    }
-    if c.runqueue_latency {
-        let settings = ember::readings::runqlat::Settings {
-            max_containers: c.max_containers,
-            cgroup_root: None,
-        };
-        match ember::readings::runqlat::Runqlat::start(settings, meta.cloned(), metrics.clone()) {
-            Ok(r) => sources.push(Box::new(r)),
-            Err(e) => tracing::warn!("run-queue latency is off: {e}"),
-        }
-    }
-    Ok(sources)
-}
-
-/// `k8s.node.name` for OTLP: only when configured or given by the downward API (never the
-/// host name guessed in host mode).
-fn known_node_name(cfg: &Config) -> Option<String> {
-    Some(cfg.kubernetes.node_name.clone())
-        .filter(|n| !n.is_empty())
-        .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
-}
-
 /// One line per window: when, how many samples, how many lost, the three hottest functions.
 fn summary(w: &Encoded, lost: u64) -> String {
     let stamp = time::OffsetDateTime::from(w.start)
@@ -259,29 +141,6 @@ fn summary(w: &Encoded, lost: u64) -> String {
     )
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")
-}
-
-async fn stop_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        // Without signal handlers, wait forever: the default action still ends the process.
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-}
-
 fn run(args: RunArgs) -> Result<()> {
     let mut cfg = load(&args.common)?;
     if let Some(dir) = args.data_dir {
@@ -294,120 +153,13 @@ fn run(args: RunArgs) -> Result<()> {
         cfg.window.duration = w;
     }
     init_logging(&cfg);
-    require_privileges()?;
-    let windows = Arc::new(
-        WindowDir::open(
-            &cfg.output.data_dir,
-            cfg.output.keep_windows,
-            cfg.output.keep_bytes,
-        )
-        .with_context(|| {
-            format!(
-                "opening the data directory {}",
-                cfg.output.data_dir.display()
-            )
-        })?,
-    );
-    let metrics = Metrics::new();
-    let health = server::Health::new(cfg.window.duration);
-    let rt = runtime()?;
-    rt.block_on(async {
-        let listener = if cfg.server.enabled {
-            let l = server::bind(cfg.server.listen)
-                .await
-                .with_context(|| format!("listening on {}", cfg.server.listen))?;
-            Some(l)
-        } else {
-            None
-        };
-        let (mut dispatch, sinks_shutdown) = ember::export::start(
-            &cfg.sinks,
-            Some(windows.clone()),
-            &node_name(&cfg),
-            &metrics,
-        )?;
-        let (h, m) = (health.clone(), metrics.clone());
-        let mut last_lost = 0;
-        let filter = Filter::new(&cfg.filters)?;
-        let opts = options(&cfg, cfg.window.duration, true);
-        let meta = metadata(&cfg).await;
-        let readings_meta = meta.clone();
-        let otlp = if cfg.otlp_metrics.enabled {
-            let o = &cfg.otlp_metrics;
-            let settings = ember::readings::otlp::Settings {
-                endpoint: o.endpoint.clone(),
-                interval: o.interval,
-                timeout: o.timeout,
-                headers: o.headers.clone().into_iter().collect(),
-                ca_file: o.ca_file.clone(),
-                node_name: known_node_name(&cfg),
-            };
-            let e = ember::readings::otlp::start(settings, metrics.readings.clone())?;
-            tracing::info!(
-                "pushing OTLP metrics to {} every {:?}",
-                o.endpoint,
-                o.interval
-            );
-            Some(e)
-        } else {
-            None
-        };
-        let pipeline = Pipeline::start(opts, metrics.clone(), meta, filter, move |enc| {
-            let lost = m.lost_total();
-            eprintln!("{}", summary(&enc, lost - last_lost));
-            last_lost = lost;
-            dispatch.accept(&enc);
-            h.beat();
-        })?;
-        // After the sampler: its perf events are the first ember opens (tests wait on them).
-        let sources = reading_sources(&cfg, readings_meta.as_ref(), &metrics)?;
-        let readings = if sources.is_empty() {
-            None
-        } else {
-            Some(
-                ember::readings::Readings::start(sources, cfg.readings.interval, metrics.clone())
-                    .context("starting the readings thread")?,
-            )
-        };
-        tracing::info!(
-            "profiling every CPU at {} Hz; windows of {:?} go to {}",
-            cfg.sampling.frequency_hz,
-            cfg.window.duration,
-            cfg.output.data_dir.display()
-        );
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server_task = listener.map(|l| {
-            tracing::info!(
-                "serving /metrics, /healthz and flame graphs on http://{}",
-                cfg.server.listen
-            );
-            tokio::spawn(server::serve(
-                l,
-                metrics.clone(),
-                windows.clone(),
-                health.clone(),
-                async {
-                    let _ = stop_rx.await;
-                },
-            ))
-        });
-        stop_signal().await;
-        tracing::info!("stopping: flushing the current window");
-        let _ = tokio::task::spawn_blocking(move || pipeline.stop()).await;
-        // The last window is queued now; the sinks get sinks.shutdown_grace to send it.
-        let _ = tokio::task::spawn_blocking(move || sinks_shutdown.stop()).await;
-        if let Some(r) = readings {
-            let _ = tokio::task::spawn_blocking(move || r.stop()).await;
-        }
-        if let Some(e) = otlp {
-            let _ = tokio::task::spawn_blocking(move || e.shutdown()).await;
-        }
-        let _ = stop_tx.send(());
-        if let Some(t) = server_task {
-            let _ = t.await;
-        }
-        Ok(())
-    })
+    let node = NodeName::resolve(&cfg.kubernetes);
+    let agent = Agent::start(&cfg, &node, Mode::Run, |enc, lost| {
+        eprintln!("{}", summary(enc, lost));
+    })?;
+    agent.wait();
+    agent.stop()?;
+    Ok(())
 }
 
 /// What `record` writes, chosen by the output file's name.
@@ -438,38 +190,32 @@ fn record(args: RecordArgs) -> Result<()> {
     let cfg = load(&args.common)?;
     let format = format_of(&args.output)?;
     init_logging(&cfg);
-    require_privileges()?;
-    let metrics = Metrics::new();
-    let (tx, rx) = std::sync::mpsc::channel::<Encoded>();
-    // One window: it closes when recording stops, never on a timer.
-    let never = args.duration + Duration::from_secs(365 * 24 * 3600);
-    let filter = Filter::new(&cfg.filters)?;
+    let node = NodeName::resolve(&cfg.kubernetes);
+    let (tx, rx) = std::sync::mpsc::channel::<(Encoded, u64)>();
     let started = SystemTime::now();
-    // The pod watcher runs on this runtime while recording; its store stays readable after.
-    let pipeline = runtime()?.block_on(async {
-        let opts = options(&cfg, never, false);
-        let meta = metadata(&cfg).await;
-        let pipeline = Pipeline::start(opts, metrics.clone(), meta, filter, move |enc| {
-            let _ = tx.send(enc);
-        })?;
-        eprintln!(
-            "ember: recording {} for {:?} at {} Hz",
-            if cfg.sampling.pids.is_empty() {
-                "every process".to_owned()
-            } else {
-                format!("pids {:?}", cfg.sampling.pids)
-            },
-            args.duration,
-            cfg.sampling.frequency_hz
-        );
-        tokio::select! {
-            _ = tokio::time::sleep(args.duration) => {}
-            _ = stop_signal() => {}
-        }
-        anyhow::Ok(pipeline)
-    })?;
-    pipeline.stop();
-    let enc = rx.recv().context("the pipeline ended without a profile")?;
+    let agent = Agent::start(
+        &cfg,
+        &node,
+        Mode::Record {
+            duration: args.duration,
+        },
+        move |enc, lost| {
+            let _ = tx.send((enc.clone(), lost));
+        },
+    )?;
+    eprintln!(
+        "ember: recording {} for {:?} at {} Hz",
+        if cfg.sampling.pids.is_empty() {
+            "every process".to_owned()
+        } else {
+            format!("pids {:?}", cfg.sampling.pids)
+        },
+        args.duration,
+        cfg.sampling.frequency_hz
+    );
+    agent.wait();
+    agent.stop()?;
+    let (enc, lost) = rx.recv().context("the pipeline ended without a profile")?;
     let bytes = match format {
         Format::Pprof => enc.gz.clone(),
         Format::Folded => {
@@ -483,7 +229,7 @@ fn record(args: RecordArgs) -> Result<()> {
     };
     std::fs::write(&args.output, bytes)
         .with_context(|| format!("writing {}", args.output.display()))?;
-    eprintln!("{}", summary(&enc, metrics.lost_total()));
+    eprintln!("{}", summary(&enc, lost));
     eprintln!(
         "ember: wrote {} ({:.1}s recorded, {} named / {} unnamed frames)",
         args.output.display(),

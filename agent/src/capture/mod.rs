@@ -20,7 +20,7 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 use tracing::{info, warn};
 
-use crate::config::SampleEvent;
+use crate::config::{SampleEvent, Sampling};
 use crate::metrics::{Loss, Metrics, StackSide};
 
 #[allow(missing_docs, clippy::all, clippy::unwrap_used, unsafe_op_in_unsafe_fn)]
@@ -73,21 +73,6 @@ pub enum Control {
     AllowCgroup(u64),
 }
 
-/// What the capture stage needs from the configuration.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Samples per second per CPU.
-    pub frequency_hz: u64,
-    /// Perf event that drives sampling.
-    pub event: SampleEvent,
-    /// Sample the idle task too.
-    pub include_idle: bool,
-    /// Ring buffer size in bytes (power of two).
-    pub ring_buffer_bytes: u32,
-    /// Only these tgids, or all when empty.
-    pub pids: Vec<u32>,
-}
-
 /// Errors that stop the capture stage from starting.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
@@ -116,7 +101,7 @@ impl Capture {
     /// applying the [`Control`] orders that arrive on `control`.
     /// Returns once the program is attached (or failed to attach).
     pub fn start(
-        settings: Settings,
+        settings: &Sampling,
         tx: SyncSender<Batch>,
         control: Receiver<Control>,
         metrics: Metrics,
@@ -124,6 +109,7 @@ impl Capture {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let thread_stop = stop.clone();
+        let settings = settings.clone();
         let thread = std::thread::Builder::new()
             .name("ember-capture".into())
             .spawn(move || run(settings, tx, control, metrics, thread_stop, ready_tx))
@@ -157,7 +143,7 @@ impl Drop for Capture {
 }
 
 fn run(
-    settings: Settings,
+    settings: Sampling,
     tx: SyncSender<Batch>,
     control: Receiver<Control>,
     metrics: Metrics,
@@ -264,7 +250,7 @@ struct Sampler<'obj> {
 
 impl<'obj> Sampler<'obj> {
     fn load(
-        settings: &Settings,
+        settings: &Sampling,
         object: &'obj mut MaybeUninit<OpenObject>,
     ) -> Result<Self, CaptureError> {
         let mut open = EmberSkelBuilder::default()
@@ -310,7 +296,7 @@ impl<'obj> Sampler<'obj> {
     }
 
     /// Attaches to CPUs that came online and lets go of CPUs that went away.
-    fn sync_cpus(&mut self, settings: &Settings, metrics: &Metrics) -> Result<(), CaptureError> {
+    fn sync_cpus(&mut self, settings: &Sampling, metrics: &Metrics) -> Result<(), CaptureError> {
         let online = crate::os::procfs::online_cpus().ok_or(CaptureError::Cpus)?;
         self.links.retain(|cpu, _| online.contains(cpu));
         let mut last_err = None;

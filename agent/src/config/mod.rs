@@ -225,6 +225,54 @@ impl Default for Kubernetes {
     }
 }
 
+/// The environment variable holding the node name (downward API `fieldRef: spec.nodeName`).
+pub const NODE_NAME_ENV: &str = "NODE_NAME";
+
+/// This node's name, resolved once at start and passed to every stage that names the node
+/// (`ember_container_info`, the pod watcher, OTLP resources).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeName {
+    /// `kubernetes.node_name`, else `$NODE_NAME`, else the host name (each trimmed; a blank
+    /// one counts as unset). Empty only when all three are.
+    pub name: String,
+    /// Whether the name came from the config or the downward API, not guessed from the host
+    /// name: only a known name is exported as `k8s.node.name`.
+    pub known: bool,
+}
+
+impl NodeName {
+    /// Resolves the name from `cfg`, the environment and `/proc/sys/kernel/hostname`.
+    pub fn resolve(cfg: &Kubernetes) -> Self {
+        let env = std::env::var(NODE_NAME_ENV).ok();
+        Self::from_sources(&cfg.node_name, env.as_deref(), || {
+            std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default()
+        })
+    }
+
+    fn from_sources(configured: &str, env: Option<&str>, host: impl FnOnce() -> String) -> Self {
+        match [Some(configured), env]
+            .into_iter()
+            .flatten()
+            .map(str::trim)
+            .find(|n| !n.is_empty())
+        {
+            Some(name) => Self {
+                name: name.to_owned(),
+                known: true,
+            },
+            None => Self {
+                name: host().trim().to_owned(),
+                known: false,
+            },
+        }
+    }
+
+    /// The name when it is known (configured or from the downward API), else `None`.
+    pub fn known(&self) -> Option<&str> {
+        self.known.then_some(self.name.as_str())
+    }
+}
+
 /// `filters:` keys. Empty include lists include everything; excludes win over includes.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -871,6 +919,23 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("sinks.pyroscope.labels"), "{err}");
+    }
+
+    #[test]
+    fn node_name_from_config_then_env_then_host() {
+        let host = || " host-1\n".to_owned();
+        let n = |c, e| NodeName::from_sources(c, e, host);
+        let known = |name: &str| NodeName {
+            name: name.into(),
+            known: true,
+        };
+        assert_eq!(n("a", Some("b")), known("a"));
+        assert_eq!(n(" ", Some("b")), known("b"));
+        assert_eq!(n("", Some(" b ")), known("b"));
+        let guessed = n("", Some(""));
+        assert_eq!((guessed.name.as_str(), guessed.known()), ("host-1", None));
+        assert_eq!(n("", None).known(), None);
+        assert_eq!(n("a", None).known(), Some("a"));
     }
 
     #[test]

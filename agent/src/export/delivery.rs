@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use crate::config::Sinks;
 use crate::metrics::{ExportDrop, ExportMetrics, SinkLabel};
 
 /// What one attempt to send a request came to.
@@ -76,30 +77,15 @@ pub trait Transport: Send + 'static {
     fn send(&mut self, item: &Self::Item) -> impl Future<Output = Outcome> + Send + '_;
 }
 
-/// Timeouts and retry limits, shared by every sink.
-#[derive(Debug, Clone, Copy)]
-pub struct Policy {
-    /// Time limit for one attempt.
-    pub timeout: Duration,
-    /// Backoff ceiling of the first retry.
-    pub initial_backoff: Duration,
-    /// Largest backoff ceiling.
-    pub max_backoff: Duration,
-    /// Total time a request may take, retries included, before it is dropped.
-    pub max_elapsed: Duration,
-}
-
-impl Policy {
-    /// Full jitter: a uniform wait in `[0, min(max, initial * 2^attempt)]`, but never
-    /// less than what the server asked for with `Retry-After`.
-    pub fn backoff(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
-        let ceiling = self
-            .initial_backoff
-            .saturating_mul(1u32 << attempt.min(20))
-            .min(self.max_backoff);
-        let jittered = ceiling.mul_f64(random_unit());
-        retry_after.map_or(jittered, |a| a.max(jittered))
-    }
+/// Full jitter: a uniform wait in `[0, min(retry_max_backoff, retry_initial_backoff *
+/// 2^attempt)]`, but never less than what the server asked for with `Retry-After`.
+pub fn backoff(policy: &Sinks, attempt: u32, retry_after: Option<Duration>) -> Duration {
+    let ceiling = policy
+        .retry_initial_backoff
+        .saturating_mul(1u32 << attempt.min(20))
+        .min(policy.retry_max_backoff);
+    let jittered = ceiling.mul_f64(random_unit());
+    retry_after.map_or(jittered, |a| a.max(jittered))
 }
 
 /// A uniform number in [0, 1) from the standard library's per-process random keys
@@ -279,8 +265,9 @@ impl OnceLog {
     }
 }
 
-/// Sends `queue` in order through `transport` until the queue is closed and empty.
-pub async fn run<T: Transport>(queue: Arc<Queue<T::Item>>, mut transport: T, policy: Policy) {
+/// Sends `queue` in order through `transport` until the queue is closed and empty, with
+/// the timeout and retry limits of `policy` (`sinks.timeout`, `sinks.retry_*`).
+pub async fn run<T: Transport>(queue: Arc<Queue<T::Item>>, mut transport: T, policy: Arc<Sinks>) {
     let sink = queue.sink;
     let metrics = queue.metrics.clone();
     let label = SinkLabel {
@@ -323,9 +310,9 @@ pub async fn run<T: Transport>(queue: Arc<Queue<T::Item>>, mut transport: T, pol
                     break;
                 }
                 Outcome::Retry { reason, after } => {
-                    let wait = policy.backoff(attempt, after);
+                    let wait = backoff(&policy, attempt, after);
                     attempt = attempt.saturating_add(1);
-                    if first.elapsed() + wait > policy.max_elapsed {
+                    if first.elapsed() + wait > policy.retry_max_elapsed {
                         metrics.drop(sink, ExportDrop::RetriesExhausted, 1);
                         let key = format!("retries_exhausted:{reason}");
                         if logged.first(&key) {
@@ -394,15 +381,16 @@ mod tests {
 
     #[test]
     fn backoff_is_capped_jittered_and_honours_retry_after() {
-        let p = Policy {
+        let p = Sinks {
             timeout: Duration::from_secs(1),
-            initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(2),
-            max_elapsed: Duration::from_secs(60),
+            retry_initial_backoff: Duration::from_millis(100),
+            retry_max_backoff: Duration::from_secs(2),
+            retry_max_elapsed: Duration::from_secs(60),
+            ..Default::default()
         };
         let mut distinct = HashSet::new();
         for attempt in 0..40 {
-            let b = p.backoff(attempt, None);
+            let b = backoff(&p, attempt, None);
             let ceiling = Duration::from_millis(100)
                 .saturating_mul(1 << attempt.min(20))
                 .min(Duration::from_secs(2));
@@ -410,7 +398,7 @@ mod tests {
             distinct.insert(b);
         }
         assert!(distinct.len() > 20, "not jittered: {distinct:?}");
-        let b = p.backoff(0, Some(Duration::from_secs(7)));
+        let b = backoff(&p, 0, Some(Duration::from_secs(7)));
         assert!(b >= Duration::from_secs(7), "{b:?}");
     }
 
@@ -451,12 +439,13 @@ mod tests {
             ],
             calls.clone(),
         );
-        let p = Policy {
+        let p = Arc::new(Sinks {
             timeout: Duration::from_secs(1),
-            initial_backoff: Duration::from_millis(1),
-            max_backoff: Duration::from_millis(5),
-            max_elapsed: Duration::from_secs(5),
-        };
+            retry_initial_backoff: Duration::from_millis(1),
+            retry_max_backoff: Duration::from_millis(5),
+            retry_max_elapsed: Duration::from_secs(5),
+            ..Default::default()
+        });
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()

@@ -28,7 +28,7 @@ use crate::config;
 use crate::encode::Encoded;
 use crate::metrics::{Cache, ExportDrop, Metrics};
 use crate::symbolize::Symbolized;
-use delivery::{Policy, Queue, Transport};
+use delivery::{Queue, Transport};
 use files::WindowDir;
 
 /// A destination for finished windows. `accept` runs on the output thread and
@@ -178,12 +178,8 @@ pub fn start(
     if let Some(dir) = files {
         sinks.push(Box::new(Files::new(dir, metrics.clone())));
     }
-    let policy = Policy {
-        timeout: cfg.timeout,
-        initial_backoff: cfg.retry_initial_backoff,
-        max_backoff: cfg.retry_max_backoff,
-        max_elapsed: cfg.retry_max_elapsed,
-    };
+    // One copy for the delivery tasks: they read the timeout and retry limits from it.
+    let policy = Arc::new(cfg.clone());
     let mut shutdown = Shutdown {
         closers: Vec::new(),
         abandon: Vec::new(),
@@ -211,8 +207,7 @@ pub fn start(
                 pyroscope::NAME,
                 encoder,
                 transport,
-                cfg,
-                policy,
+                &policy,
                 metrics,
                 &mut sinks,
                 &mut shutdown,
@@ -227,8 +222,7 @@ pub fn start(
                 otlp::NAME,
                 encoder,
                 transport,
-                cfg,
-                policy,
+                &policy,
                 metrics,
                 &mut sinks,
                 &mut shutdown,
@@ -264,8 +258,7 @@ fn queue_sink<E: Encode, T: Transport<Item = E::Item>>(
     name: &'static str,
     encoder: E,
     transport: T,
-    cfg: &config::Sinks,
-    policy: Policy,
+    cfg: &Arc<config::Sinks>,
     metrics: &Metrics,
     sinks: &mut Vec<Box<dyn Sink>>,
     shutdown: &mut Shutdown,
@@ -281,5 +274,5 @@ fn queue_sink<E: Encode, T: Transport<Item = E::Item>>(
     shutdown.closers.push(Box::new(move || q.close()));
     let q = queue.clone();
     shutdown.abandon.push(Box::new(move || q.abandon()));
-    rt.spawn(delivery::run(queue, transport, policy))
+    rt.spawn(delivery::run(queue, transport, cfg.clone()))
 }

@@ -12,6 +12,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::config::Limits;
 use crate::metrics::{Cache, Metrics, ProcRead};
 use crate::normalize::object::{Object, ObjectKey};
 use crate::os::openat2::openat2_in_root;
@@ -59,19 +60,11 @@ struct Proc {
     jit: crate::normalize::jit::Hints,
 }
 
-/// Caps for [`ProcessTable`].
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// Processes kept.
-    pub max_processes: usize,
-    /// Object files held open.
-    pub max_objects: usize,
-}
-
 /// Process table, owned by the aggregation stage.
 pub struct ProcessTable {
     procs: HashMap<u32, Proc>,
     objects: HashMap<ObjectKey, Arc<Object>>,
+    /// `max_processes` and `max_objects` cap the table.
     limits: Limits,
     proc_root: PathBuf,
     window: u64,
@@ -85,11 +78,11 @@ const MAPS_CAP: u64 = 32 << 20;
 
 impl ProcessTable {
     /// An empty table reading the host's `/proc`.
-    pub fn new(limits: Limits, metrics: Metrics) -> Self {
+    pub fn new(limits: &Limits, metrics: Metrics) -> Self {
         Self {
             procs: HashMap::new(),
             objects: HashMap::new(),
-            limits,
+            limits: limits.clone(),
             proc_root: PathBuf::from("/proc"),
             window: 1,
             jit: crate::normalize::jit::JitTables::new(
@@ -408,9 +401,10 @@ mod tests {
 
     fn table() -> ProcessTable {
         ProcessTable::new(
-            Limits {
+            &Limits {
                 max_processes: 4,
                 max_objects: 64,
+                ..Default::default()
             },
             Metrics::new(),
         )

@@ -15,7 +15,7 @@
 //! `le`), `<name>_count` and `<name>_sum`. `histogram_quantile` over the receiver's
 //! Prometheus view works unchanged.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -25,24 +25,8 @@ use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::Resource;
 
+use crate::config::OtlpMetrics;
 use crate::readings::{Family, Kind, Published, Value};
-
-/// What to export where.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// gRPC endpoint, `http://host:4317` or `https://...`.
-    pub endpoint: String,
-    /// How often to push.
-    pub interval: Duration,
-    /// Deadline of one export.
-    pub timeout: Duration,
-    /// gRPC metadata sent with every export (e.g. authorization); values never logged.
-    pub headers: HashMap<String, String>,
-    /// PEM CA bundle to verify the endpoint with (https); empty = the system roots.
-    pub ca_file: PathBuf,
-    /// `k8s.node.name`, when known.
-    pub node_name: Option<String>,
-}
 
 /// Why the exporter could not start.
 #[derive(Debug, thiserror::Error)]
@@ -88,7 +72,7 @@ pub fn resource(node_name: Option<&str>) -> Resource {
         .build()
 }
 
-fn metadata(headers: &HashMap<String, String>) -> Result<tonic::metadata::MetadataMap, OtlpError> {
+fn metadata(headers: &BTreeMap<String, String>) -> Result<tonic::metadata::MetadataMap, OtlpError> {
     let mut map = tonic::metadata::MetadataMap::new();
     for (k, v) in headers {
         let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
@@ -100,9 +84,14 @@ fn metadata(headers: &HashMap<String, String>) -> Result<tonic::metadata::Metada
     Ok(map)
 }
 
-/// Starts pushing `published` to the endpoint; must be called inside a Tokio runtime,
-/// which then carries the gRPC connection.
-pub fn start(settings: Settings, published: Published) -> Result<Exporter, OtlpError> {
+/// Starts pushing `published` to `settings.endpoint`, with `k8s.node.name` set to
+/// `node_name` when known; must be called inside a Tokio runtime, which then carries the
+/// gRPC connection.
+pub fn start(
+    settings: &OtlpMetrics,
+    node_name: Option<&str>,
+    published: Published,
+) -> Result<Exporter, OtlpError> {
     let mut builder = opentelemetry_otlp::MetricExporter::builder()
         .with_tonic()
         .with_endpoint(settings.endpoint.clone())
@@ -128,7 +117,7 @@ pub fn start(settings: Settings, published: Published) -> Result<Exporter, OtlpE
         .with_interval(settings.interval)
         .build();
     let provider = SdkMeterProvider::builder()
-        .with_resource(resource(settings.node_name.as_deref()))
+        .with_resource(resource(node_name))
         .with_reader(reader)
         .build();
     let meter = provider.meter("ember");
@@ -360,7 +349,7 @@ mod tests {
 
     #[test]
     fn bad_headers_are_refused() {
-        let mut h = HashMap::new();
+        let mut h = BTreeMap::new();
         h.insert("x-scope-orgid".into(), "tenant".into());
         assert!(metadata(&h).is_ok());
         h.insert("bad key".into(), "v".into());

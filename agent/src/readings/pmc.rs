@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 
 use libbpf_rs::libbpf_sys;
 
+use crate::config::Counters;
 use crate::metrics::{Cache, Metrics, ReadingsSource};
 use crate::readings::{Family, Interval, Kind, ReadError, Source};
 use crate::workload::kube::Metadata;
@@ -211,15 +212,6 @@ pub enum PmcError {
     NoCpus,
 }
 
-/// Counters settings.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Containers counted at most (each costs one fd per supported event per CPU).
-    pub max_containers: usize,
-    /// The hierarchy holding `perf_event` (`None`: find it in /proc/self/mountinfo).
-    pub cgroup_root: Option<PathBuf>,
-}
-
 struct Container {
     cgroup: ContainerCgroup,
     /// `[event][cpu]`, events as in `Pmc::events`.
@@ -238,7 +230,9 @@ pub struct Pmc {
     host_last: Vec<Option<(f64, f64)>>,
     containers: HashMap<PathBuf, Container>,
     refused: HashSet<PathBuf>,
-    settings: Settings,
+    /// `counters.max_containers`: containers counted at most (each costs one fd per
+    /// supported event per CPU).
+    max_containers: usize,
     root: Option<PathBuf>,
     metadata: Option<Metadata>,
     metrics: Metrics,
@@ -249,7 +243,7 @@ impl Pmc {
     /// Probes which events this machine has (one log line for those it lacks) and opens the
     /// per-CPU host counters.
     pub fn start(
-        settings: Settings,
+        cfg: &Counters,
         metadata: Option<Metadata>,
         metrics: Metrics,
     ) -> Result<Self, PmcError> {
@@ -283,7 +277,7 @@ impl Pmc {
             .iter()
             .map(|e| cpus.iter().map(|&c| open(e, c, None).ok()).collect())
             .collect();
-        let root = settings.cgroup_root.clone().or_else(walk::perf_event_root);
+        let root = walk::perf_event_root();
         Ok(Self {
             host_last: vec![None; cpus.len()],
             events,
@@ -292,7 +286,7 @@ impl Pmc {
             host,
             containers: HashMap::new(),
             refused: HashSet::new(),
-            settings,
+            max_containers: cfg.max_containers,
             root,
             metadata,
             metrics,
@@ -352,7 +346,7 @@ impl Pmc {
             if self.containers.contains_key(&c.dir) || self.refused.contains(&c.dir) {
                 continue;
             }
-            if self.containers.len() >= self.settings.max_containers {
+            if self.containers.len() >= self.max_containers {
                 self.refused.insert(c.dir.clone());
                 self.metrics.dropped(Cache::PerfContainers, 1);
                 continue;

@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject};
 
+use crate::config::Counters;
 use crate::metrics::{Cache, Metrics, ReadingsSource};
 use crate::readings::{Family, Interval, Kind, Point, ReadError, Source, Value};
 use crate::workload::kube::Metadata;
@@ -110,15 +111,6 @@ pub fn upper_bound_seconds(i: usize) -> f64 {
     }
 }
 
-/// Run-queue latency settings.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Containers with their own histogram at most (the BPF map's size).
-    pub max_containers: usize,
-    /// The hierarchy holding `perf_event` (`None`: find it in /proc/self/mountinfo).
-    pub cgroup_root: Option<PathBuf>,
-}
-
 /// The run-queue latency source (`source="runqlat"`): the attached programs and handles on
 /// their maps.
 pub struct Runqlat {
@@ -128,7 +120,9 @@ pub struct Runqlat {
     counters: MapHandle,
     tracked: HashMap<u64, ContainerCgroup>,
     refused: HashSet<u64>,
-    settings: Settings,
+    /// `counters.max_containers`: containers with their own histogram at most (the BPF
+    /// map's size).
+    max_containers: usize,
     root: Option<PathBuf>,
     metadata: Option<Metadata>,
     metrics: Metrics,
@@ -137,7 +131,7 @@ pub struct Runqlat {
 impl Runqlat {
     /// Loads and attaches the tracepoint programs.
     pub fn start(
-        settings: Settings,
+        cfg: &Counters,
         metadata: Option<Metadata>,
         metrics: Metrics,
     ) -> Result<Self, libbpf_rs::Error> {
@@ -148,7 +142,7 @@ impl Runqlat {
         let mut open = RunqlatSkelBuilder::default().open(object)?;
         open.maps
             .rq_cgroups
-            .set_max_entries(settings.max_containers.clamp(1, u32::MAX as usize) as u32)?;
+            .set_max_entries(cfg.max_containers.clamp(1, u32::MAX as usize) as u32)?;
         let skel = open.load()?;
         let progs = &skel.progs;
         let links = vec![
@@ -157,7 +151,7 @@ impl Runqlat {
             progs.ember_rq_switch.attach()?,
         ];
         let maps = &skel.maps;
-        let root = settings.cgroup_root.clone().or_else(walk::perf_event_root);
+        let root = walk::perf_event_root();
         Ok(Self {
             host: MapHandle::try_from(&maps.rq_host)?,
             cgroups: MapHandle::try_from(&maps.rq_cgroups)?,
@@ -165,7 +159,7 @@ impl Runqlat {
             _links: links,
             tracked: HashMap::new(),
             refused: HashSet::new(),
-            settings,
+            max_containers: cfg.max_containers,
             root,
             metadata,
             metrics,
@@ -195,7 +189,7 @@ impl Runqlat {
             if self.tracked.contains_key(&c.inode) || self.refused.contains(&c.inode) {
                 continue;
             }
-            if self.tracked.len() >= self.settings.max_containers {
+            if self.tracked.len() >= self.max_containers {
                 self.refused.insert(c.inode);
                 self.metrics.dropped(Cache::RunqueueContainers, 1);
                 continue;

@@ -608,9 +608,10 @@ mod tests {
     fn names_own_function_with_line() {
         let _ = a_very_distinct_function_name();
         let mut table = crate::normalize::process::ProcessTable::new(
-            crate::normalize::process::Limits {
+            &crate::config::Limits {
                 max_processes: 4,
                 max_objects: 64,
+                ..Default::default()
             },
             Metrics::new(),
         );

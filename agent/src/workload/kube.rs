@@ -34,6 +34,8 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use tracing::{debug, info, warn};
 
+use crate::config::{self, NODE_NAME_ENV};
+
 /// Pod annotation naming the service, read first.
 pub const SERVICE_NAME_ANNOTATION: &str = "ember.io/service-name";
 /// Pyroscope's (and Grafana Alloy's) pod annotation naming the service, read second.
@@ -44,22 +46,8 @@ const CONFIG_HASH_ANNOTATIONS: [&str; 2] =
     ["kubernetes.io/config.mirror", "kubernetes.io/config.hash"];
 /// Label the Deployment controller puts on a ReplicaSet's pods, equal to its name suffix.
 const POD_TEMPLATE_HASH_LABEL: &str = "pod-template-hash";
-/// Environment variable holding the node name (downward API `fieldRef: spec.nodeName`).
-pub const NODE_NAME_ENV: &str = "NODE_NAME";
 /// Longest wait between retries: a cap on kube's default backoff (30 s, plus jitter).
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
-
-/// What [`start`] needs to know.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KubeSettings {
-    /// Watch the API at all; `false` gives a [`Status::Disabled`] [`Metadata`].
-    pub enabled: bool,
-    /// This node's name as Kubernetes knows it; `None` (or empty) reads `NODE_NAME`.
-    pub node_name: Option<String>,
-    /// A kubeconfig file to use instead of the in-cluster service account (which is used when
-    /// running in a pod) and of `KUBECONFIG` / `~/.kube/config` (used otherwise).
-    pub kubeconfig: Option<PathBuf>,
-}
 
 /// One container of one pod on this node, as samples get labelled with it.
 ///
@@ -209,40 +197,31 @@ impl Metadata {
 
 /// Starts watching this node's pods on the current Tokio runtime and returns at once.
 ///
-/// The node is `settings.node_name`, else `$NODE_NAME`; without one (or when disabled) the
-/// result is [`Metadata::disabled`], since a watch of every pod in the cluster is unbounded.
-/// The API config is the explicit `settings.kubeconfig` if given, else the in-cluster service
-/// account when running in a pod, else `KUBECONFIG` / `~/.kube/config`. Failures to build it or
-/// to reach the API are retried in the background with backoff; one line is logged per state
-/// change, not per retry.
-pub async fn start(settings: KubeSettings) -> Metadata {
-    if !settings.enabled {
+/// `node` is this node's name (resolved once, see [`crate::config::NodeName`]); without one (or
+/// when `cfg.enabled` is off) the result is [`Metadata::disabled`], since a watch of every pod in
+/// the cluster is unbounded. The API config is `cfg.kubeconfig` if given, else the in-cluster
+/// service account when running in a pod, else `KUBECONFIG` / `~/.kube/config`. Failures to
+/// build it or to reach the API are retried in the background with backoff; one line is logged
+/// per state change, not per retry.
+pub async fn start(cfg: &config::Kubernetes, node: &str) -> Metadata {
+    if !cfg.enabled {
         return Metadata::disabled();
     }
-    let env = std::env::var(NODE_NAME_ENV).ok();
-    let Some(node) = node_name(settings.node_name.as_deref(), env.as_deref()) else {
+    if node.is_empty() {
         warn!(
             "kubernetes metadata disabled: no node name (set {NODE_NAME_ENV} from the downward \
              API fieldRef spec.nodeName, or the node name in the config)"
         );
         return Metadata::disabled();
-    };
+    }
+    let node = node.to_owned();
+    let kubeconfig = (!cfg.kubeconfig.as_os_str().is_empty()).then(|| cfg.kubeconfig.clone());
     install_crypto_provider();
     info!("kubernetes metadata: watching the pods of node {node}");
     let metadata = Metadata::with_status(node.clone(), Status::Connecting);
     let weak = Arc::downgrade(&metadata.shared);
-    tokio::spawn(Task::new(weak, node, settings.kubeconfig).run());
+    tokio::spawn(Task::new(weak, node, kubeconfig).run());
     metadata
-}
-
-/// The configured node name, else the environment's; empty counts as unset.
-fn node_name(configured: Option<&str>, env: Option<&str>) -> Option<String> {
-    [configured, env]
-        .into_iter()
-        .flatten()
-        .map(str::trim)
-        .find(|name| !name.is_empty())
-        .map(str::to_owned)
 }
 
 /// rustls picks a crypto provider by itself only while exactly one is compiled in; installing
@@ -1077,19 +1056,19 @@ mod tests {
     }
 
     #[test]
-    fn node_name_from_config_then_env() {
-        assert_eq!(node_name(Some("a"), Some("b")).as_deref(), Some("a"));
-        assert_eq!(node_name(Some(" "), Some("b")).as_deref(), Some("b"));
-        assert_eq!(node_name(None, Some("b")).as_deref(), Some("b"));
-        assert_eq!(node_name(None, Some("")), None);
-        assert_eq!(node_name(None, None), None);
-    }
-
-    #[test]
     fn metadata_is_cheap_to_share() {
         fn shareable<T: Clone + Send + Sync + 'static>() {}
         shareable::<Metadata>();
         shareable::<Arc<PodMeta>>();
+    }
+
+    /// `kubernetes:` enabled, with this kubeconfig.
+    fn kube_cfg(kubeconfig: PathBuf) -> config::Kubernetes {
+        config::Kubernetes {
+            enabled: true,
+            kubeconfig,
+            ..Default::default()
+        }
     }
 
     /// A kubeconfig naming `https://127.0.0.1:1`, where nothing listens.
@@ -1108,7 +1087,11 @@ mod tests {
 
     #[tokio::test]
     async fn disabled_start_is_immediate_and_empty() {
-        let md = start(KubeSettings::default()).await;
+        let disabled = config::Kubernetes {
+            enabled: false,
+            ..Default::default()
+        };
+        let md = start(&disabled, "node-a").await;
         assert_eq!(md.status(), Status::Disabled);
         assert!(!md.fresh());
         assert!(md.by_container_id(ID1).is_none());
@@ -1120,12 +1103,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let kubeconfig = unreachable_kubeconfig(dir.path());
         let began = Instant::now();
-        let md = start(KubeSettings {
-            enabled: true,
-            node_name: Some("node-a".to_owned()),
-            kubeconfig: Some(kubeconfig),
-        })
-        .await;
+        let md = start(&kube_cfg(kubeconfig), "node-a").await;
         assert!(began.elapsed() < Duration::from_secs(1));
         assert_eq!(md.status(), Status::Connecting);
         assert_eq!(md.node(), "node-a");
@@ -1180,12 +1158,7 @@ mod tests {
 
         let kubeconfig = PathBuf::from(std::env::var("EMBER_K8S_KUBECONFIG").expect("env"));
         let node = format!("e2e-{}", std::process::id());
-        let md = start(KubeSettings {
-            enabled: true,
-            node_name: Some(node.clone()),
-            kubeconfig: Some(kubeconfig.clone()),
-        })
-        .await;
+        let md = start(&kube_cfg(kubeconfig.clone()), &node).await;
         let client = connect(Some(&kubeconfig)).await.expect("client");
         let pods = Api::<Pod>::namespaced(client, "default");
         wait_for("synced", || md.fresh()).await;
@@ -1259,11 +1232,10 @@ mod tests {
 
     #[tokio::test]
     async fn missing_kubeconfig_is_retried_not_fatal() {
-        let md = start(KubeSettings {
-            enabled: true,
-            node_name: Some("node-a".to_owned()),
-            kubeconfig: Some(PathBuf::from("/nonexistent/ember/kubeconfig")),
-        })
+        let md = start(
+            &kube_cfg(PathBuf::from("/nonexistent/ember/kubeconfig")),
+            "node-a",
+        )
         .await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(md.status(), Status::Connecting);
