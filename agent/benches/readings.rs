@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use criterion::{criterion_group, criterion_main, Criterion};
 use ember::config::Readings;
 use ember::metrics::Metrics;
-use ember::readings::Snapshot;
+use ember::readings::{Interval, Snapshot};
 
 fn interval(c: &mut Criterion) {
     let metrics = Metrics::new();
@@ -17,16 +17,19 @@ fn interval(c: &mut Criterion) {
     c.bench_function("readings: read every USE source once", |b| {
         b.iter(|| {
             let mut out = Vec::new();
+            // The cgroup walk, once for every source, as the collector thread does it.
+            let interval = Interval::gather(&sources);
             for s in sources.iter_mut() {
                 // Unreadable files (no PSI, no cgroup v1 here) are the machine's, not the bench's.
-                let _ = s.read(&mut out);
+                let _ = s.read(&mut out, &interval);
             }
             black_box(out)
         })
     });
     let mut out = Vec::new();
+    let interval = Interval::gather(&sources);
     for s in sources.iter_mut() {
-        let _ = s.read(&mut out);
+        let _ = s.read(&mut out, &interval);
     }
     metrics.readings.publish(Snapshot {
         time: SystemTime::now(),

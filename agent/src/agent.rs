@@ -12,7 +12,7 @@ use crate::aggregate::{Aggregator, Window, Workloads};
 use crate::capture::{Batch, Capture, CaptureError, Control, Settings};
 use crate::encode::pprof;
 use crate::encode::Encoded;
-use crate::metrics::{Metrics, ResultLabel};
+use crate::metrics::{Cache, FrameResult, Loss, Metrics};
 use crate::normalize::process::Limits;
 use crate::symbolize::Symbolizer;
 use crate::workload::kube::Metadata;
@@ -158,8 +158,8 @@ fn aggregate_loop(
                 let w = agg.close();
                 let n = w.samples();
                 if let Err(TrySendError::Full(_)) = tx.try_send(w) {
-                    metrics.dropped("window_queue", 1);
-                    metrics.lost("window_queue", n);
+                    metrics.dropped(Cache::WindowQueue, 1);
+                    metrics.lost(Loss::WindowQueue, n);
                 }
                 deadline = Instant::now() + until_boundary(window, align);
             }
@@ -186,7 +186,7 @@ fn output_loop<F: FnMut(Encoded)>(
             Ok(gz) => gz,
             Err(e) => {
                 tracing::error!("could not compress a window, dropped: {e}");
-                metrics.dropped("window_encode", 1);
+                metrics.dropped(Cache::WindowEncode, 1);
                 continue;
             }
         };
@@ -195,16 +195,11 @@ fn output_loop<F: FnMut(Encoded)>(
             .observe(started.elapsed().as_secs_f64());
         metrics.windows.inc();
         for (result, n) in [
-            ("named", frames.named),
-            ("unnamed", frames.unnamed),
-            ("jit", frames.jit),
+            (FrameResult::Named, frames.named),
+            (FrameResult::Unnamed, frames.unnamed),
+            (FrameResult::Jit, frames.jit),
         ] {
-            metrics
-                .frames
-                .get_or_create(&ResultLabel {
-                    result: result.into(),
-                })
-                .inc_by(n);
+            metrics.frames_written(result, n);
         }
         on_window(Encoded {
             start: window.start,

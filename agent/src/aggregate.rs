@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::capture::{Control, Sample};
-use crate::metrics::Metrics;
+use crate::metrics::{Cache, Loss, Metrics};
 use crate::normalize::process::{Limits, ProcessTable, UserAddr};
 use crate::workload::kube::Metadata;
 use crate::workload::{self, Accounting, Cgroup, Filter, Labels, Verdict};
@@ -145,7 +145,7 @@ impl Aggregator {
         let full = self.counts.len() >= self.max_stacks;
         match self.counts.get_mut(&key) {
             Some(c) => *c += 1,
-            None if full => self.metrics.lost("stack_cap", 1),
+            None if full => self.metrics.lost(Loss::StackCap, 1),
             None => {
                 self.counts.insert(key, 1);
             }
@@ -191,7 +191,7 @@ impl Aggregator {
     fn send(&self, order: Control) {
         if let Some(tx) = &self.workloads.control {
             if tx.try_send(order).is_err() {
-                self.metrics.dropped("control_queue", 1);
+                self.metrics.dropped(Cache::ControlQueue, 1);
             }
         }
     }

@@ -61,12 +61,12 @@ impl Health {
         self.last_beat_ms.store(ms, Ordering::Relaxed);
     }
 
-    /// `Ok` while healthy, else a sentence saying why not.
-    pub fn check(&self) -> Result<(), String> {
+    /// `Ok` while healthy, else why not.
+    pub fn check(&self) -> Result<(), HealthError> {
         self.check_at(Instant::now())
     }
 
-    fn check_at(&self, now: Instant) -> Result<(), String> {
+    fn check_at(&self, now: Instant) -> Result<(), HealthError> {
         let last = Duration::from_millis(self.last_beat_ms.load(Ordering::Relaxed));
         let since = now
             .saturating_duration_since(self.started)
@@ -74,13 +74,29 @@ impl Health {
         if since <= self.limit {
             Ok(())
         } else {
-            Err(format!(
-                "no profiling window closed in the last {} s (limit {} s)",
-                since.as_secs(),
-                self.limit.as_secs()
-            ))
+            Err(HealthError::Stalled {
+                since,
+                limit: self.limit,
+            })
         }
     }
+}
+
+/// Why `/healthz` fails; its text is the body of the 503.
+#[derive(Debug, thiserror::Error)]
+pub enum HealthError {
+    /// No window closed (and, before the first, the pipeline did not start) within the limit.
+    #[error(
+        "no profiling window closed in the last {} s (limit {} s)",
+        .since.as_secs(),
+        .limit.as_secs()
+    )]
+    Stalled {
+        /// Time since the last window closed (or since the start).
+        since: Duration,
+        /// 3 × window + 30 s.
+        limit: Duration,
+    },
 }
 
 /// Binds a TCP listener for [`serve`].
@@ -441,7 +457,7 @@ mod tests {
         let start = health.started;
         assert!(health.check_at(start + Duration::from_secs(60)).is_ok());
         let late = health.check_at(start + Duration::from_secs(61));
-        assert!(late.is_err_and(|why| why.contains("limit 60 s")));
+        assert!(late.is_err_and(|why| why.to_string().contains("limit 60 s")));
         health.beat();
         assert!(health.check().is_ok());
     }

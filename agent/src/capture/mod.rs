@@ -21,7 +21,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 use tracing::{info, warn};
 
 use crate::config::SampleEvent;
-use crate::metrics::{Metrics, SideLabel};
+use crate::metrics::{Loss, Metrics, StackSide};
 
 #[allow(missing_docs, clippy::all, clippy::unwrap_used, unsafe_op_in_unsafe_fn)]
 mod skel {
@@ -205,7 +205,7 @@ fn run(
         let out = std::mem::take(&mut *batch.borrow_mut());
         let bad = std::mem::take(&mut *malformed.borrow_mut());
         if bad > 0 {
-            metrics.lost("malformed", bad);
+            metrics.lost(Loss::Malformed, bad);
         }
         if out.is_empty() {
             return;
@@ -221,7 +221,7 @@ fn run(
             }
         };
         if !sent {
-            metrics.lost("queue_full", n);
+            metrics.lost(Loss::QueueFull, n);
         }
     };
     let mut poll_errors = 0u64;
@@ -420,6 +420,17 @@ pub fn parse_record(data: &[u8]) -> Option<Sample> {
     })
 }
 
+/// Where the increase of one BPF counter is counted.
+#[derive(Clone, Copy)]
+enum Counted {
+    /// Whole samples lost: `ember_samples_lost_total{reason}`.
+    Lost(Loss),
+    /// A stack not walked, the sample kept: `ember_stack_errors_total{side}`.
+    StackError(StackSide),
+    /// Samples a filter excluded in BPF: `ember_samples_filtered_total`.
+    Filtered,
+}
+
 /// Mirrors the BPF per-CPU counters into the metrics, by difference since the last read.
 #[derive(Default)]
 struct CounterSync {
@@ -428,13 +439,25 @@ struct CounterSync {
 
 impl CounterSync {
     fn sync(&mut self, sampler: &Sampler<'_>, metrics: &Metrics) {
-        // (counter, metric label, whether the whole sample was lost)
-        for (idx, what, lost) in [
-            (ember_counter::EMBER_CNT_LOST_RINGBUF, "ringbuf_full", true),
-            (ember_counter::EMBER_CNT_NO_SCRATCH, "no_scratch", true),
-            (ember_counter::EMBER_CNT_KERN_STACK_ERR, "kernel", false),
-            (ember_counter::EMBER_CNT_USER_STACK_ERR, "user", false),
-            (ember_counter::EMBER_CNT_FILTERED, "filtered", false),
+        // Each BPF counter and the series its increase goes to.
+        for (idx, into) in [
+            (
+                ember_counter::EMBER_CNT_LOST_RINGBUF,
+                Counted::Lost(Loss::RingbufFull),
+            ),
+            (
+                ember_counter::EMBER_CNT_NO_SCRATCH,
+                Counted::Lost(Loss::NoScratch),
+            ),
+            (
+                ember_counter::EMBER_CNT_KERN_STACK_ERR,
+                Counted::StackError(StackSide::Kernel),
+            ),
+            (
+                ember_counter::EMBER_CNT_USER_STACK_ERR,
+                Counted::StackError(StackSide::User),
+            ),
+            (ember_counter::EMBER_CNT_FILTERED, Counted::Filtered),
         ] {
             let i = idx.0 as usize;
             let Some(now) = read_counter(sampler, idx.0) else {
@@ -445,15 +468,12 @@ impl CounterSync {
             if delta == 0 {
                 continue;
             }
-            if lost {
-                metrics.lost(what, delta);
-            } else if what == "filtered" {
-                metrics.samples_filtered.inc_by(delta);
-            } else {
-                metrics
-                    .stack_errors
-                    .get_or_create(&SideLabel { side: what.into() })
-                    .inc_by(delta);
+            match into {
+                Counted::Lost(reason) => metrics.lost(reason, delta),
+                Counted::StackError(side) => metrics.stack_error(side, delta),
+                Counted::Filtered => {
+                    metrics.samples_filtered.inc_by(delta);
+                }
             }
         }
     }

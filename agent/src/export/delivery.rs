@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::metrics::{ExportMetrics, SinkLabel};
+use crate::metrics::{ExportDrop, ExportMetrics, SinkLabel};
 
 /// What one attempt to send a request came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,18 +28,44 @@ pub enum Outcome {
     },
     /// A transient failure: try again after the backoff, or `after` if the server said so.
     Retry {
-        /// Short reason, e.g. `http_503`, `connect`, `timeout`, `grpc_unavailable`.
-        reason: String,
+        /// What failed, for the log.
+        reason: Transient,
         /// The server's `Retry-After`, if any.
         after: Option<Duration>,
     },
     /// A permanent failure: retrying cannot help; the request is dropped.
     Reject {
-        /// Short reason for the drop metric, e.g. `http_400`, `grpc_invalid_argument`.
-        reason: String,
+        /// The drop metric's reason, e.g. `http_400`, `grpc_invalid_argument`.
+        reason: ExportDrop,
         /// What the server said, for the log.
         detail: String,
     },
+}
+
+/// Why an attempt failed in a way worth retrying. Only logged: a request dropped after
+/// retrying counts as `retries_exhausted`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transient {
+    /// The attempt took longer than `sinks.timeout`.
+    Timeout,
+    /// No connection could be made.
+    Connect,
+    /// The connection failed during the request.
+    Io,
+    /// The backend answered with a status worth retrying (HTTP 408, 429, 5xx; gRPC
+    /// UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED), named as a drop reason would be.
+    Status(ExportDrop),
+}
+
+impl std::fmt::Display for Transient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Transient::Timeout => f.write_str("timeout"),
+            Transient::Connect => f.write_str("connect"),
+            Transient::Io => f.write_str("io"),
+            Transient::Status(s) => s.fmt(f),
+        }
+    }
 }
 
 /// Sends one queued request to a backend.
@@ -148,7 +174,7 @@ impl<T> Queue<T> {
     /// whole cap is dropped itself (`too_large`).
     pub fn push(&self, item: T, size: u64) {
         if size > self.cap {
-            self.metrics.drop(self.sink, "too_large", 1);
+            self.metrics.drop(self.sink, ExportDrop::TooLarge, 1);
             tracing::warn!(
                 sink = self.sink,
                 size,
@@ -162,7 +188,7 @@ impl<T> Queue<T> {
             let mut s = self.lock();
             if s.closed {
                 drop(s);
-                self.metrics.drop(self.sink, "shutdown", 1);
+                self.metrics.drop(self.sink, ExportDrop::Shutdown, 1);
                 return;
             }
             while s.bytes + size > self.cap {
@@ -179,7 +205,7 @@ impl<T> Queue<T> {
             s.bytes
         };
         if dropped > 0 {
-            self.metrics.drop(self.sink, "queue_full", dropped);
+            self.metrics.drop(self.sink, ExportDrop::QueueFull, dropped);
         }
         self.gauge(bytes);
         self.notify.notify_one();
@@ -229,7 +255,7 @@ impl<T> Queue<T> {
             n
         };
         if n > 0 {
-            self.metrics.drop(self.sink, "shutdown", n);
+            self.metrics.drop(self.sink, ExportDrop::Shutdown, n);
         }
         self.gauge(0);
         n
@@ -267,8 +293,8 @@ pub async fn run<T: Transport>(queue: Arc<Queue<T::Item>>, mut transport: T, pol
         loop {
             let outcome = tokio::time::timeout(policy.timeout, transport.send(&item))
                 .await
-                .unwrap_or_else(|_| Outcome::Retry {
-                    reason: "timeout".into(),
+                .unwrap_or(Outcome::Retry {
+                    reason: Transient::Timeout,
                     after: None,
                 });
             match outcome {
@@ -285,8 +311,8 @@ pub async fn run<T: Transport>(queue: Arc<Queue<T::Item>>, mut transport: T, pol
                     break;
                 }
                 Outcome::Reject { reason, detail } => {
-                    metrics.drop(sink, &reason, 1);
-                    if logged.first(&reason) {
+                    metrics.drop(sink, reason, 1);
+                    if logged.first(&reason.to_string()) {
                         tracing::warn!(
                             sink,
                             %reason,
@@ -300,7 +326,7 @@ pub async fn run<T: Transport>(queue: Arc<Queue<T::Item>>, mut transport: T, pol
                     let wait = policy.backoff(attempt, after);
                     attempt = attempt.saturating_add(1);
                     if first.elapsed() + wait > policy.max_elapsed {
-                        metrics.drop(sink, "retries_exhausted", 1);
+                        metrics.drop(sink, ExportDrop::RetriesExhausted, 1);
                         let key = format!("retries_exhausted:{reason}");
                         if logged.first(&key) {
                             tracing::warn!(
@@ -414,12 +440,12 @@ mod tests {
         let script = Script(
             vec![
                 Outcome::Retry {
-                    reason: "http_503".into(),
+                    reason: Transient::Status(ExportDrop::Http(503)),
                     after: None,
                 },
                 Outcome::Sent { bytes: 10 },
                 Outcome::Reject {
-                    reason: "http_400".into(),
+                    reason: ExportDrop::Http(400),
                     detail: "bad".into(),
                 },
             ],

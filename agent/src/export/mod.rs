@@ -26,7 +26,7 @@ use anyhow::{Context, Result};
 
 use crate::config;
 use crate::encode::Encoded;
-use crate::metrics::Metrics;
+use crate::metrics::{Cache, ExportDrop, Metrics};
 use delivery::{Policy, Queue, Transport};
 use files::WindowDir;
 
@@ -68,7 +68,7 @@ impl Sink for Files {
     fn accept(&mut self, w: &Encoded) {
         if let Err(e) = self.dir.write(w.start, &w.gz) {
             tracing::error!("could not write a window: {e}");
-            self.metrics.dropped("window_write", 1);
+            self.metrics.dropped(Cache::WindowWrite, 1);
         }
     }
 }
@@ -94,7 +94,7 @@ impl<E: Encode> Sink for Queued<E> {
                 }
             }
             Err(e) => {
-                self.metrics.export.drop(self.name, "encode", 1);
+                self.metrics.export.drop(self.name, ExportDrop::Encode, 1);
                 tracing::warn!(sink = self.name, "could not encode a window: {e:#}");
             }
         }

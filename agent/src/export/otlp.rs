@@ -23,10 +23,11 @@ use tonic::codec::CompressionEncoding;
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
-use super::delivery::{Outcome, Transport};
+use super::delivery::{Outcome, Transient, Transport};
 use super::Encode;
 use crate::config::{OtlpSink, ResourcePer};
 use crate::encode::Encoded;
+use crate::metrics::ExportDrop;
 use crate::proto::{Profile, Sample};
 
 /// Metric and log name of this sink.
@@ -452,10 +453,10 @@ impl Grpc {
 /// DEADLINE_EXCEEDED are retried; everything else is a permanent rejection.
 pub fn classify(status: &tonic::Status) -> Outcome {
     use tonic::Code;
-    let reason = format!("grpc_{}", snake(status.code()));
+    let reason = ExportDrop::Grpc(status.code());
     match status.code() {
         Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded => Outcome::Retry {
-            reason,
+            reason: Transient::Status(reason),
             after: None,
         },
         _ => Outcome::Reject {
@@ -463,18 +464,6 @@ pub fn classify(status: &tonic::Status) -> Outcome {
             detail: status.message().chars().take(512).collect(),
         },
     }
-}
-
-fn snake(code: tonic::Code) -> String {
-    let name = format!("{code:?}");
-    let mut out = String::new();
-    for (i, c) in name.chars().enumerate() {
-        if c.is_ascii_uppercase() && i > 0 {
-            out.push('_');
-        }
-        out.push(c.to_ascii_lowercase());
-    }
-    out
 }
 
 impl Transport for Grpc {
@@ -685,7 +674,7 @@ mod tests {
         ));
         assert!(matches!(
             classify(&tonic::Status::invalid_argument("x")),
-            Outcome::Reject { ref reason, .. } if reason == "grpc_invalid_argument"
+            Outcome::Reject { reason, .. } if reason.to_string() == "grpc_invalid_argument"
         ));
     }
 }

@@ -29,10 +29,11 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use prost::Message;
 
-use super::delivery::{random_u128, Outcome, Transport};
+use super::delivery::{random_u128, Outcome, Transient, Transport};
 use super::Encode;
 use crate::config::{PyroscopeApi, PyroscopeSink};
 use crate::encode::Encoded;
+use crate::metrics::ExportDrop;
 use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample};
 use crate::push_proto::{LabelPair, PushRequest, RawProfileSeries, RawSample};
 
@@ -578,7 +579,7 @@ impl Http {
             Ok(req) => req,
             Err(e) => {
                 return Outcome::Reject {
-                    reason: "bad_request".into(),
+                    reason: ExportDrop::BadRequest,
                     detail: e.to_string(),
                 }
             }
@@ -588,9 +589,13 @@ impl Http {
         let resp = match self.client.request(req).await {
             Ok(resp) => resp,
             Err(e) => {
-                let reason = if e.is_connect() { "connect" } else { "io" };
+                let reason = if e.is_connect() {
+                    Transient::Connect
+                } else {
+                    Transient::Io
+                };
                 return Outcome::Retry {
-                    reason: reason.into(),
+                    reason,
                     after: None,
                 };
             }
@@ -624,11 +629,11 @@ pub fn classify(status: u16, after: Option<Duration>, body: &[u8], sent: u64) ->
     match status {
         200..=299 => Outcome::Sent { bytes: sent },
         408 | 429 | 500..=599 => Outcome::Retry {
-            reason: format!("http_{status}"),
+            reason: Transient::Status(ExportDrop::Http(status)),
             after,
         },
         _ => Outcome::Reject {
-            reason: format!("http_{status}"),
+            reason: ExportDrop::Http(status),
             detail: String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned(),
         },
     }
@@ -851,7 +856,7 @@ mod tests {
         assert!(matches!(classify(429, None, b"", 5), Outcome::Retry { .. }));
         assert!(matches!(
             classify(400, None, b"bad", 5),
-            Outcome::Reject { ref reason, .. } if reason == "http_400"
+            Outcome::Reject { reason, .. } if reason.to_string() == "http_400"
         ));
         assert!(matches!(
             classify(401, None, b"", 5),

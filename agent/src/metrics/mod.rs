@@ -4,52 +4,70 @@
 //! their own series; the HTTP server encodes the registry on scrape.
 
 pub mod containers;
+pub mod reasons;
 pub mod snapshot;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, EncodeLabelValue, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
-/// Label set with a single `reason`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    /// Why the item was lost or dropped.
-    pub reason: String,
+pub use reasons::{
+    Cache, ExportDrop, FrameResult, JitReject, JvmRefresh, Loss, ProcRead, ReadingsSource,
+    StackSide, SymbolMiss,
+};
+
+/// Label set with a single `reason`, one of the enums of [`reasons`].
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub struct ReasonLabel<R> {
+    /// Why the item was lost, dropped, refused or missed.
+    pub reason: R,
 }
 
-/// Label set with a single `result`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
-    /// `named`, `unnamed` (and later `jit`).
-    pub result: String,
+impl<R: EncodeLabelValue + Copy> EncodeLabelSet for ReasonLabel<R> {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        ("reason", self.reason).encode(encoder.encode_label())
+    }
+}
+
+/// Label set with a single `result`, one of the enums of [`reasons`].
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub struct ResultLabel<R> {
+    /// How the thing counted ended.
+    pub result: R,
+}
+
+impl<R: EncodeLabelValue + Copy> EncodeLabelSet for ResultLabel<R> {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        ("result", self.result).encode(encoder.encode_label())
+    }
 }
 
 /// Label set naming a side of a stack.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SideLabel {
     /// `kernel` or `user`.
-    pub side: String,
+    pub side: StackSide,
 }
 
 /// Label set naming a readings source.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabel {
     /// Which [`crate::readings::Source`].
-    pub source: String,
+    pub source: ReadingsSource,
 }
 
 /// Label set naming a bounded cache or queue.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CacheLabel {
     /// Which cache or queue.
-    pub cache: String,
+    pub cache: Cache,
 }
 
 /// Handles to all of ember's own metrics.
@@ -59,7 +77,7 @@ pub struct Metrics {
     /// Samples that reached userspace with their stacks.
     pub samples: Counter,
     /// Samples lost, by where they were lost.
-    pub samples_lost: Family<ReasonLabel, Counter>,
+    pub samples_lost: Family<ReasonLabel<Loss>, Counter>,
     /// Samples not taken or dropped because a filter excludes their workload.
     pub samples_filtered: Counter,
     /// Per-container CPU series.
@@ -71,7 +89,7 @@ pub struct Metrics {
     /// Windows closed and written.
     pub windows: Counter,
     /// Frames written, by whether a name was found.
-    pub frames: Family<ResultLabel, Counter>,
+    pub frames: Family<ResultLabel<FrameResult>, Counter>,
     /// Time to symbolize and encode one window.
     pub window_encode_seconds: Histogram,
     /// Resident memory of the agent, read on scrape.
@@ -87,7 +105,7 @@ pub struct Metrics {
     /// Online CPUs that have a sampling perf event attached.
     pub cpus_sampled: Gauge<i64, AtomicI64>,
     /// Problems reading /proc that were counted and skipped, by file.
-    pub proc_read_errors: Family<ReasonLabel, Counter>,
+    pub proc_read_errors: Family<ReasonLabel<ProcRead>, Counter>,
     /// Failed reads of a readings source, by source.
     pub readings_errors: Family<SourceLabel, Counter>,
     /// The latest resource readings, rendered on every scrape.
@@ -95,11 +113,13 @@ pub struct Metrics {
     /// Shipping windows to network sinks.
     pub export: ExportMetrics,
     /// JIT map files, lines and records refused, by reason.
-    pub jit_rejects: Family<ReasonLabel, Counter>,
+    pub jit_rejects: Family<ReasonLabel<JitReject>, Counter>,
     /// JIT symbol entries held across all processes.
     pub jit_entries: Gauge<i64, AtomicI64>,
     /// JVM perf map refreshes asked for, by result.
-    pub jvm_refreshes: Family<ResultLabel, Counter>,
+    pub jvm_refreshes: Family<ResultLabel<JvmRefresh>, Counter>,
+    /// Addresses blazesym could not name, by its reason.
+    pub symbol_misses: Family<ReasonLabel<SymbolMiss>, Counter>,
     lost_sum: Arc<AtomicU64>,
 }
 
@@ -119,7 +139,7 @@ impl Metrics {
             "Samples that reached userspace with their stacks",
             samples.clone(),
         );
-        let samples_lost = Family::<ReasonLabel, Counter>::default();
+        let samples_lost = Family::<ReasonLabel<Loss>, Counter>::default();
         registry.register(
             "samples_lost",
             "Samples lost, by reason",
@@ -163,7 +183,7 @@ impl Metrics {
         );
         let windows = Counter::default();
         registry.register("windows", "Profile windows written", windows.clone());
-        let frames = Family::<ResultLabel, Counter>::default();
+        let frames = Family::<ResultLabel<FrameResult>, Counter>::default();
         registry.register(
             "frames",
             "Frames written, by whether they were named",
@@ -213,7 +233,7 @@ impl Metrics {
             "Online CPUs with a sampling perf event",
             cpus_sampled.clone(),
         );
-        let proc_read_errors = Family::<ReasonLabel, Counter>::default();
+        let proc_read_errors = Family::<ReasonLabel<ProcRead>, Counter>::default();
         registry.register(
             "proc_read_errors",
             "Unreadable or malformed /proc entries, counted and skipped",
@@ -230,12 +250,10 @@ impl Metrics {
         registry.register_collector(Box::new(readings.clone()));
         // Create every loss reason and frame result up front, so alert expressions such as
         // `rate(ember_samples_lost_total[5m]) > 0` have a series to read from the start.
-        for reason in LOSS_REASONS {
-            let _ = samples_lost.get_or_create(&ReasonLabel {
-                reason: (*reason).into(),
-            });
+        for &reason in Loss::ALL {
+            let _ = samples_lost.get_or_create(&ReasonLabel { reason });
         }
-        let jit_rejects = Family::<ReasonLabel, Counter>::default();
+        let jit_rejects = Family::<ReasonLabel<JitReject>, Counter>::default();
         registry.register(
             "jit_rejects",
             "JIT symbol files, lines and records refused (perf maps, jitdumps), by reason",
@@ -247,16 +265,20 @@ impl Metrics {
             "JIT symbols held across all processes",
             jit_entries.clone(),
         );
-        let jvm_refreshes = Family::<ResultLabel, Counter>::default();
+        let jvm_refreshes = Family::<ResultLabel<JvmRefresh>, Counter>::default();
         registry.register(
             "jvm_perfmap_refreshes",
             "JVMs asked to rewrite their perf map over the attach protocol, by result",
             jvm_refreshes.clone(),
         );
-        for result in ["named", "unnamed", "jit"] {
-            let _ = frames.get_or_create(&ResultLabel {
-                result: result.into(),
-            });
+        let symbol_misses = Family::<ReasonLabel<SymbolMiss>, Counter>::default();
+        registry.register(
+            "symbol_misses",
+            "Addresses in object files blazesym could not name, by reason (error: the call failed)",
+            symbol_misses.clone(),
+        );
+        for &result in FrameResult::ALL {
+            let _ = frames.get_or_create(&ResultLabel { result });
         }
         Self {
             registry: Arc::new(registry),
@@ -282,16 +304,15 @@ impl Metrics {
             jit_rejects,
             jit_entries,
             jvm_refreshes,
+            symbol_misses,
             lost_sum: Arc::default(),
         }
     }
 
     /// Counts `n` samples lost for `reason`.
-    pub fn lost(&self, reason: &str, n: u64) {
+    pub fn lost(&self, reason: Loss, n: u64) {
         self.samples_lost
-            .get_or_create(&ReasonLabel {
-                reason: reason.to_owned(),
-            })
+            .get_or_create(&ReasonLabel { reason })
             .inc_by(n);
         self.lost_sum.fetch_add(n, Ordering::Relaxed);
     }
@@ -302,11 +323,56 @@ impl Metrics {
     }
 
     /// Counts `n` entries dropped from the cache or queue `cache`.
-    pub fn dropped(&self, cache: &str, n: u64) {
+    pub fn dropped(&self, cache: Cache, n: u64) {
         self.cache_dropped
-            .get_or_create(&CacheLabel {
-                cache: cache.to_owned(),
-            })
+            .get_or_create(&CacheLabel { cache })
+            .inc_by(n);
+    }
+
+    /// Counts `n` stacks of `side` the kernel could not walk.
+    pub fn stack_error(&self, side: StackSide, n: u64) {
+        self.stack_errors
+            .get_or_create(&SideLabel { side })
+            .inc_by(n);
+    }
+
+    /// Counts `n` frames written with `result`.
+    pub fn frames_written(&self, result: FrameResult, n: u64) {
+        self.frames.get_or_create(&ResultLabel { result }).inc_by(n);
+    }
+
+    /// Counts `n` unreadable or malformed `/proc` entries of kind `reason`.
+    pub fn proc_read_error(&self, reason: ProcRead, n: u64) {
+        self.proc_read_errors
+            .get_or_create(&ReasonLabel { reason })
+            .inc_by(n);
+    }
+
+    /// Counts a failed read of the readings source `source`.
+    pub fn readings_error(&self, source: ReadingsSource) {
+        self.readings_errors
+            .get_or_create(&SourceLabel { source })
+            .inc();
+    }
+
+    /// Counts `n` JIT files, lines or records refused for `reason`.
+    pub fn jit_rejected(&self, reason: JitReject, n: u64) {
+        self.jit_rejects
+            .get_or_create(&ReasonLabel { reason })
+            .inc_by(n);
+    }
+
+    /// Counts one JVM perf map refresh that ended with `result`.
+    pub fn jvm_refreshed(&self, result: JvmRefresh) {
+        self.jvm_refreshes
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    /// Counts `n` addresses blazesym could not name, for `reason`.
+    pub fn symbol_missed(&self, reason: SymbolMiss, n: u64) {
+        self.symbol_misses
+            .get_or_create(&ReasonLabel { reason })
             .inc_by(n);
     }
 
@@ -335,7 +401,7 @@ pub struct SinkReasonLabel {
     /// `pyroscope` or `otlp`.
     pub sink: String,
     /// `queue_full`, `too_large`, `http_400`, `grpc_invalid_argument`, `retries_exhausted`, ...
-    pub reason: String,
+    pub reason: ExportDrop,
 }
 
 /// The latency histogram of one sink.
@@ -402,11 +468,11 @@ impl ExportMetrics {
     }
 
     /// Counts `n` requests of `sink` dropped for `reason`.
-    pub fn drop(&self, sink: &str, reason: &str, n: u64) {
+    pub fn drop(&self, sink: &str, reason: ExportDrop, n: u64) {
         self.dropped
             .get_or_create(&SinkReasonLabel {
                 sink: sink.to_owned(),
-                reason: reason.to_owned(),
+                reason,
             })
             .inc_by(n);
     }
@@ -420,19 +486,9 @@ impl ExportMetrics {
         let _ = self.sent_bytes.get_or_create(&l);
         let _ = self.queue_bytes.get_or_create(&l);
         let _ = self.latency.get_or_create(&l);
-        self.drop(sink, "queue_full", 0);
+        self.drop(sink, ExportDrop::QueueFull, 0);
     }
 }
-
-/// Every `reason` of `ember_samples_lost_total`: where along the way a sample can be lost.
-pub const LOSS_REASONS: &[&str] = &[
-    "ringbuf_full", // BPF: the ring buffer to userspace was full
-    "no_scratch",   // BPF: the per-CPU scratch buffer was missing
-    "malformed",    // userspace: a record shorter than its header says
-    "queue_full",   // userspace: the capture → aggregate queue was full
-    "stack_cap",    // userspace: limits.max_stacks_per_window reached
-    "window_queue", // userspace: a closed window could not be queued for encoding
-];
 
 /// Content type of [`Metrics::encode`]'s output.
 pub const OPENMETRICS_CONTENT_TYPE: &str =

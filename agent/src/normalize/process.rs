@@ -12,7 +12,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::metrics::Metrics;
+use crate::metrics::{Cache, Metrics, ProcRead};
 use crate::normalize::object::{Object, ObjectKey};
 use crate::os::openat2::openat2_in_root;
 use crate::os::procfs::{self, MapsEntry};
@@ -261,7 +261,7 @@ impl ProcessTable {
         if let Some((&pid, _)) = self.procs.iter().min_by_key(|(_, p)| p.last_seen) {
             self.procs.remove(&pid);
             self.jit.forget(pid);
-            self.metrics.dropped("processes", 1);
+            self.metrics.dropped(Cache::Processes, 1);
             self.gc_objects();
         }
     }
@@ -279,29 +279,20 @@ impl ProcessTable {
         {
             Some(s) => s,
             None => {
-                self.metrics
-                    .proc_read_errors
-                    .get_or_create(&reason("stat"))
-                    .inc();
+                self.metrics.proc_read_error(ProcRead::Stat, 1);
                 return None;
             }
         };
         let maps_text = match procfs::read_capped(&dir.join("maps"), MAPS_CAP) {
             Ok(t) => t,
             Err(_) => {
-                self.metrics
-                    .proc_read_errors
-                    .get_or_create(&reason("maps"))
-                    .inc();
+                self.metrics.proc_read_error(ProcRead::Maps, 1);
                 String::new()
             }
         };
         let (entries, bad) = procfs::parse_maps(&maps_text);
         if bad > 0 {
-            self.metrics
-                .proc_read_errors
-                .get_or_create(&reason("maps_line"))
-                .inc_by(bad as u64);
+            self.metrics.proc_read_error(ProcRead::MapsLine, bad as u64);
         }
         let mut maps = Vec::new();
         let mut jit = crate::normalize::jit::Hints::default();
@@ -321,11 +312,8 @@ impl ProcessTable {
             });
         }
         maps.sort_by_key(|m| m.start);
-        let cgroup = Cgroup::read(pid).unwrap_or_else(|| {
-            self.metrics
-                .proc_read_errors
-                .get_or_create(&reason("cgroup"))
-                .inc();
+        let cgroup = Cgroup::read(pid).unwrap_or_else(|_| {
+            self.metrics.proc_read_error(ProcRead::Cgroup, 1);
             Cgroup::default()
         });
         Some(Proc {
@@ -357,7 +345,7 @@ impl ProcessTable {
         if self.objects.len() >= self.limits.max_objects {
             self.gc_objects();
             if self.objects.len() >= self.limits.max_objects {
-                self.metrics.dropped("objects", 1);
+                self.metrics.dropped(Cache::Objects, 1);
                 return Target::Region(Arc::from(e.path.as_str()));
             }
         }
@@ -372,19 +360,10 @@ impl ProcessTable {
                 Target::File(obj)
             }
             None => {
-                self.metrics
-                    .proc_read_errors
-                    .get_or_create(&reason("open_object"))
-                    .inc();
+                self.metrics.proc_read_error(ProcRead::OpenObject, 1);
                 Target::Region(Arc::from(e.path.as_str()))
             }
         }
-    }
-}
-
-fn reason(r: &str) -> crate::metrics::ReasonLabel {
-    crate::metrics::ReasonLabel {
-        reason: r.to_owned(),
     }
 }
 

@@ -7,27 +7,122 @@
 //! OTLP exporter both render the latest snapshot, so a scrape never opens a file
 //! or reads a counter, never waits on a slow source, and never touches the
 //! sampler; and both exporters show the same instruments with the same values.
+//!
+//! Before asking, the thread walks the cgroup hierarchies the sources need, each
+//! once ([`Interval`]), so every per-container source reads the same inventory.
 
 pub mod otlp;
 pub mod pmc;
 pub mod resources;
 pub mod runqlat;
 
+use std::fmt;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 pub use crate::metrics::snapshot::{Family, Kind, Point, Published, Snapshot, Value};
+use crate::metrics::ReadingsSource;
+use crate::workload::walk::{Inventory, Request};
 
 /// A producer of families, read once per interval on the collector thread.
 pub trait Source: Send {
-    /// Short name for logs and for `ember_readings_errors_total{source}`.
-    fn name(&self) -> &'static str;
-    /// Appends this source's families to `out`. An error is counted and the
-    /// source is asked again next interval; a source that can partially read
-    /// should push what it has and count the rest itself.
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String>;
+    /// Which source this is, for logs and for `ember_readings_errors_total{source}`.
+    fn name(&self) -> ReadingsSource;
+    /// The cgroup hierarchies this source reads containers from this interval; the
+    /// collector walks each once for all sources and hands the result to [`Source::read`].
+    fn cgroups(&self) -> Vec<Request> {
+        Vec::new()
+    }
+    /// Appends this source's families to `out`, given what was gathered for this
+    /// `interval`. An error is counted and the source is asked again next interval; a
+    /// source that can partially read should push what it has and return what failed.
+    fn read(&mut self, out: &mut Vec<Family>, interval: &Interval) -> Result<(), ReadError>;
+}
+
+/// What the collector gathers once per interval and hands to every source.
+#[derive(Debug, Default)]
+pub struct Interval {
+    /// The container cgroups of every hierarchy the sources asked for
+    /// ([`Source::cgroups`]), from one walk of each: the USE readings and the counters
+    /// see the same containers.
+    pub cgroups: Inventory,
+}
+
+impl Interval {
+    /// Gathers what `sources` need this interval: walks the cgroup hierarchies they ask for.
+    pub fn gather(sources: &[Box<dyn Source>]) -> Self {
+        let requests: Vec<Request> = sources.iter().flat_map(|s| s.cgroups()).collect();
+        Self {
+            cgroups: Inventory::walk(&requests),
+        }
+    }
+}
+
+/// Why a [`Source`] could not read (all or part of) what it reports. The log line shows it.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// A file could not be read.
+    #[error("{}: {source}", path.display())]
+    File {
+        /// The file, as the log names it.
+        path: PathBuf,
+        /// What the read said.
+        source: std::io::Error,
+    },
+    /// A file's text is not in its format.
+    #[error(transparent)]
+    Parse(#[from] resources::ParseError),
+    /// A container's file is not in its format.
+    #[error("{container}: {source}")]
+    Container {
+        /// The container id.
+        container: String,
+        /// What is wrong with the file.
+        source: resources::ParseError,
+    },
+    /// A BPF map could not be read.
+    #[error("reading {map}: {source}")]
+    Map {
+        /// The map's name.
+        map: &'static str,
+        /// What libbpf said.
+        source: libbpf_rs::Error,
+    },
+    /// Reads of open perf counters failed.
+    #[error("{0} perf counter reads failed")]
+    Counters(u64),
+    /// Several parts failed (at least two); what could be read was reported.
+    #[error("{}", Joined(.0))]
+    Several(Vec<ReadError>),
+}
+
+impl ReadError {
+    /// `Ok` when nothing failed, else the one error or all of them.
+    pub fn collect(mut errors: Vec<ReadError>) -> Result<(), ReadError> {
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(ReadError::Several(errors)),
+        }
+    }
+}
+
+/// Errors shown one after the other, separated by `; `.
+struct Joined<'a>(&'a [ReadError]);
+
+impl fmt::Display for Joined<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
 }
 
 /// The collector thread: reads every source each interval and publishes the result.
@@ -57,17 +152,13 @@ impl Readings {
                 while !flag.load(Ordering::Relaxed) {
                     let began = Instant::now();
                     let mut families = Vec::new();
+                    let gathered = Interval::gather(&sources);
                     for (i, s) in sources.iter_mut().enumerate() {
-                        if let Err(e) = s.read(&mut families) {
-                            metrics
-                                .readings_errors
-                                .get_or_create(&crate::metrics::SourceLabel {
-                                    source: s.name().to_owned(),
-                                })
-                                .inc();
+                        if let Err(e) = s.read(&mut families, &gathered) {
+                            metrics.readings_error(s.name());
                             if !logged[i] {
                                 logged[i] = true;
-                                tracing::warn!(source = s.name(), "readings: {e}");
+                                tracing::warn!(source = s.name().as_str(), "readings: {e}");
                             }
                         }
                     }
@@ -155,15 +246,16 @@ mod tests {
         );
     }
 
+    /// Fails every other read. Named `cpu`: sources are named by [`ReadingsSource`] only.
     struct Fixed(u32);
     impl Source for Fixed {
-        fn name(&self) -> &'static str {
-            "fixed"
+        fn name(&self) -> ReadingsSource {
+            ReadingsSource::Cpu
         }
-        fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String> {
+        fn read(&mut self, out: &mut Vec<Family>, _: &Interval) -> Result<(), ReadError> {
             self.0 += 1;
             if self.0 % 2 == 0 {
-                return Err("even".into());
+                return Err(ReadError::Counters(1));
             }
             let mut f = Family::new("reads", "reads", None, Kind::Gauge);
             f.push(vec![], f64::from(self.0));
@@ -184,7 +276,7 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(5);
         while !metrics
             .encode()
-            .contains("ember_readings_errors_total{source=\"fixed\"} 2")
+            .contains("ember_readings_errors_total{source=\"cpu\"} 2")
             && Instant::now() < deadline
         {
             std::thread::sleep(Duration::from_millis(10));
@@ -192,7 +284,7 @@ mod tests {
         r.stop();
         let text = metrics.encode();
         assert!(
-            text.contains("ember_readings_errors_total{source=\"fixed\"}"),
+            text.contains("ember_readings_errors_total{source=\"cpu\"}"),
             "{text}"
         );
         assert!(metrics.readings.latest().time > SystemTime::UNIX_EPOCH);

@@ -14,7 +14,8 @@
 //! logged in one line, and never tried again. Software events (context switches, CPU
 //! migrations, page faults) work everywhere.
 //!
-//! Containers are found by re-walking the hierarchy each interval; fds of containers that
+//! Containers are taken each interval from the collector's walk of the hierarchy (the
+//! [`walk::COUNTERS`] view, the one run-queue latency sees too); fds of containers that
 //! went away are closed; at most `max_containers` are counted, and the rest are counted in
 //! `ember_cache_dropped_total{cache="perf_containers"}` once each.
 
@@ -24,10 +25,11 @@ use std::path::{Path, PathBuf};
 
 use libbpf_rs::libbpf_sys;
 
-use crate::metrics::Metrics;
-use crate::readings::{Family, Kind, Source};
+use crate::metrics::{Cache, Metrics, ReadingsSource};
+use crate::readings::{Family, Interval, Kind, ReadError, Source};
 use crate::workload::kube::Metadata;
-use crate::workload::walk::{self, ContainerCgroup};
+use crate::workload::labels::container_labels;
+use crate::workload::walk::{self, ContainerCgroup, Request};
 
 /// One counter ember opens, named as `perf list` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,6 +203,14 @@ fn read(fd: &OwnedFd) -> Option<Reading> {
     })
 }
 
+/// Why the perf counters cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum PmcError {
+    /// The online CPUs are unknown: nothing to open counters on.
+    #[error("cannot read /sys/devices/system/cpu/online")]
+    NoCpus,
+}
+
 /// Counters settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -242,10 +252,10 @@ impl Pmc {
         settings: Settings,
         metadata: Option<Metadata>,
         metrics: Metrics,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, PmcError> {
         let cpus = crate::os::procfs::online_cpus()
             .filter(|c| !c.is_empty())
-            .ok_or("cannot read /sys/devices/system/cpu/online")?;
+            .ok_or(PmcError::NoCpus)?;
         raise_fd_limit();
         let mut events = Vec::new();
         let mut unsupported = Vec::new();
@@ -321,10 +331,12 @@ impl Pmc {
     }
 
     /// Opens counters for new containers and closes those of vanished ones.
-    fn rescan(&mut self, root: &Path) {
-        let scan = walk::scan(root);
-        if scan.truncated {
-            self.metrics.dropped("perf_cgroup_dirs", 1);
+    fn rescan(&mut self, root: &Path, interval: &Interval) {
+        let Some(scan) = interval.cgroups.scan(root, walk::COUNTERS) else {
+            return;
+        };
+        if scan.dropped_dirs > 0 {
+            self.metrics.dropped(Cache::PerfCgroupDirs, 1);
         }
         let present: HashSet<&Path> = scan.containers.iter().map(|c| c.dir.as_path()).collect();
         self.containers.retain(|dir, c| {
@@ -342,7 +354,7 @@ impl Pmc {
             }
             if self.containers.len() >= self.settings.max_containers {
                 self.refused.insert(c.dir.clone());
-                self.metrics.dropped("perf_containers", 1);
+                self.metrics.dropped(Cache::PerfContainers, 1);
                 continue;
             }
             match self.open_container(c) {
@@ -351,7 +363,7 @@ impl Pmc {
                 }
                 Err(e) => {
                     // Gone between the walk and the open, or out of fds: try again next time.
-                    self.metrics.dropped("perf_containers", 1);
+                    self.metrics.dropped(Cache::PerfContainers, 1);
                     if !self.open_error_logged {
                         self.open_error_logged = true;
                         tracing::warn!(
@@ -370,13 +382,23 @@ fn index_of(events: &[Event], name: &str) -> Option<usize> {
 }
 
 impl Source for Pmc {
-    fn name(&self) -> &'static str {
-        "pmc"
+    fn name(&self) -> ReadingsSource {
+        ReadingsSource::Pmc
     }
 
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String> {
+    fn cgroups(&self) -> Vec<Request> {
+        self.root
+            .iter()
+            .map(|root| Request {
+                root: root.clone(),
+                rules: walk::COUNTERS,
+            })
+            .collect()
+    }
+
+    fn read(&mut self, out: &mut Vec<Family>, interval: &Interval) -> Result<(), ReadError> {
         if let Some(root) = self.root.clone() {
-            self.rescan(&root);
+            self.rescan(&root, interval);
         }
         let mut supported = Family::new(
             "pmc_supported",
@@ -465,7 +487,7 @@ impl Source for Pmc {
         );
         let meta = self.metadata.as_ref();
         for c in self.containers.values_mut() {
-            let labels = walk::labels(&c.cgroup, meta);
+            let labels = container_labels(&c.cgroup.container_id, None, meta);
             let mut pair = (None, None);
             for (ei, e) in self.events.iter().enumerate() {
                 let mut sum = Reading::default();
@@ -515,7 +537,7 @@ impl Source for Pmc {
             supported, total, ratio, ipc_family, c_total, c_ratio, c_ipc, fds, counted,
         ]);
         if errors > 0 {
-            return Err(format!("{errors} perf counter reads failed"));
+            return Err(ReadError::Counters(errors));
         }
         Ok(())
     }

@@ -7,8 +7,8 @@
 //! v2 host that is simply the task's cgroup; on hybrid hosts, whose v2 root is empty and
 //! where `bpf_get_current_cgroup_id()` is 1 for every task, it is still the task's own
 //! directory in whichever hierarchy carries `perf_event` — the same directory the agent
-//! opens for per-container perf counters, found by the same walk
-//! ([`crate::workload::walk`]). The agent creates a zeroed histogram for each container
+//! opens for per-container perf counters, from the same walk
+//! ([`crate::workload::walk`], the [`walk::COUNTERS`] view). The agent creates a zeroed histogram for each container
 //! it tracks (at most `max_containers`, the map's size) and deletes it when the container
 //! goes, so the program never inserts and a full map cannot lose anything silently.
 
@@ -19,10 +19,11 @@ use std::path::PathBuf;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject};
 
-use crate::metrics::Metrics;
-use crate::readings::{Family, Kind, Point, Source, Value};
+use crate::metrics::{Cache, Metrics, ReadingsSource};
+use crate::readings::{Family, Interval, Kind, Point, ReadError, Source, Value};
 use crate::workload::kube::Metadata;
-use crate::workload::walk::{self, ContainerCgroup};
+use crate::workload::labels::container_labels;
+use crate::workload::walk::{self, ContainerCgroup, Request};
 
 #[allow(missing_docs, clippy::all, clippy::unwrap_used)]
 mod skel {
@@ -171,9 +172,11 @@ impl Runqlat {
         })
     }
 
-    fn rescan(&mut self) {
+    fn rescan(&mut self, interval: &Interval) {
         let Some(root) = &self.root else { return };
-        let scan = walk::scan(root);
+        let Some(scan) = interval.cgroups.scan(root, walk::COUNTERS) else {
+            return;
+        };
         let present: HashMap<u64, &ContainerCgroup> =
             scan.containers.iter().map(|c| (c.inode, c)).collect();
         let gone: Vec<u64> = self
@@ -194,7 +197,7 @@ impl Runqlat {
             }
             if self.tracked.len() >= self.settings.max_containers {
                 self.refused.insert(c.inode);
-                self.metrics.dropped("runqueue_containers", 1);
+                self.metrics.dropped(Cache::RunqueueContainers, 1);
                 continue;
             }
             // NOEXIST: a stale entry (an inode reused before we saw the old one go) keeps
@@ -224,12 +227,22 @@ impl Runqlat {
 }
 
 impl Source for Runqlat {
-    fn name(&self) -> &'static str {
-        "runqlat"
+    fn name(&self) -> ReadingsSource {
+        ReadingsSource::Runqlat
     }
 
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String> {
-        self.rescan();
+    fn cgroups(&self) -> Vec<Request> {
+        self.root
+            .iter()
+            .map(|root| Request {
+                root: root.clone(),
+                rules: walk::COUNTERS,
+            })
+            .collect()
+    }
+
+    fn read(&mut self, out: &mut Vec<Family>, interval: &Interval) -> Result<(), ReadError> {
+        self.rescan(interval);
         let mut hist = Family::new(
             "runqueue_latency",
             "Time runnable tasks waited for a CPU (sched_wakeup/sched_switch), host-wide and per container",
@@ -239,7 +252,10 @@ impl Source for Runqlat {
         let per_cpu = self
             .host
             .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
-            .map_err(|e| format!("reading rq_host: {e}"))?
+            .map_err(|source| ReadError::Map {
+                map: "rq_host",
+                source,
+            })?
             .unwrap_or_default();
         let mut host = Hist::default();
         for v in per_cpu.iter().filter_map(|b| Hist::from_bytes(b)) {
@@ -256,7 +272,7 @@ impl Source for Runqlat {
             };
             if let Some(h) = Hist::from_bytes(&bytes) {
                 hist.points.push(Point {
-                    labels: walk::labels(c, meta),
+                    labels: container_labels(&c.container_id, None, meta),
                     value: h.value(),
                 });
             }

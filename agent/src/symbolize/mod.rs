@@ -4,7 +4,8 @@
 //! kernel is named from a compact kallsyms table, reloaded when the module list changes.
 //! Results are cached by `(object, file offset)`, so a warm window only asks blazesym
 //! about addresses it has never seen. Every cache is capped, and blazesym's own data
-//! (mmapped DWARF, parsed indexes) is let go once a window needs none of it.
+//! (mmapped DWARF, parsed indexes) is let go once a window needs none of it. Addresses
+//! blazesym cannot name keep a placeholder and count in `ember_symbol_misses_total{reason}`.
 
 pub mod kallsyms;
 
@@ -12,10 +13,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use blazesym::symbolize::source::{Elf, Source};
-use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer as Blaze};
+use blazesym::symbolize::{Input, Reason, Sym, Symbolized, Symbolizer as Blaze};
 
 use crate::aggregate::{Frame, Window};
-use crate::metrics::Metrics;
+use crate::metrics::{Cache, Metrics, ProcRead, SymbolMiss};
 use crate::normalize::object::{Object, ObjectKey};
 use crate::normalize::process::UserAddr;
 use crate::symbolize::kallsyms::Kallsyms;
@@ -134,15 +135,35 @@ impl Symbolizer {
             kernel_misses,
             by_object.values().map(|v| v.1.len()).sum::<usize>()
         );
+        // Addresses blazesym could not name, by reason, counted once per batch.
+        let mut missed: HashMap<SymbolMiss, u64> = HashMap::new();
         for (key, (obj, offsets)) in by_object {
             let src = Source::Elf(Elf::new(obj.open_path()));
-            if let Ok(syms) = self.user.symbolize(&src, Input::FileOffset(&offsets)) {
-                for (off, sym) in offsets.iter().zip(syms) {
-                    if let Some(r) = resolved(sym) {
-                        out.insert(FrameKey::Object(key, *off), r);
+            match self.user.symbolize(&src, Input::FileOffset(&offsets)) {
+                Ok(syms) => {
+                    for (off, sym) in offsets.iter().zip(syms) {
+                        match sym {
+                            Symbolized::Sym(sym) => {
+                                let r = Resolved {
+                                    funcs: funcs_of(&sym).into(),
+                                    named: true,
+                                };
+                                out.insert(FrameKey::Object(key, *off), r);
+                            }
+                            Symbolized::Unknown(reason) => {
+                                *missed.entry(miss(reason)).or_default() += 1;
+                            }
+                        }
                     }
                 }
+                Err(e) => {
+                    tracing::debug!("cannot symbolize {}: {e:#}", obj.path);
+                    *missed.entry(SymbolMiss::Error).or_default() += offsets.len() as u64;
+                }
             }
+        }
+        for (reason, n) in missed {
+            self.metrics.symbol_missed(reason, n);
         }
         self.remember(&out);
         if misses {
@@ -166,12 +187,13 @@ impl Symbolizer {
             .count();
         if self.cache.len() + new > self.cap {
             // Whole-cache reset: O(1) bookkeeping, and the next window refills what is hot.
-            self.metrics.dropped("symbols", self.cache.len() as u64);
+            self.metrics
+                .dropped(Cache::Symbols, self.cache.len() as u64);
             self.cache.clear();
         }
         for (k, v) in results {
             if self.cache.len() >= self.cap {
-                self.metrics.dropped("symbols", 1);
+                self.metrics.dropped(Cache::Symbols, 1);
                 break;
             }
             self.cache.entry(*k).or_insert_with(|| v.clone());
@@ -201,12 +223,7 @@ fn new_blaze() -> Blaze {
 fn load_kallsyms(metrics: &Metrics) -> Kallsyms {
     Kallsyms::load().unwrap_or_else(|e| {
         tracing::warn!("cannot read /proc/kallsyms, kernel frames stay unnamed: {e}");
-        metrics
-            .proc_read_errors
-            .get_or_create(&crate::metrics::ReasonLabel {
-                reason: "kallsyms".into(),
-            })
-            .inc();
+        metrics.proc_read_error(ProcRead::Kallsyms, 1);
         Kallsyms::default()
     })
 }
@@ -224,14 +241,19 @@ fn modules_fingerprint() -> u64 {
     h.finish()
 }
 
-fn resolved(sym: Symbolized<'_>) -> Option<Resolved> {
-    let Symbolized::Sym(sym) = sym else {
-        return None;
-    };
-    Some(Resolved {
-        funcs: funcs_of(&sym).into(),
-        named: true,
-    })
+/// The metric reason of a blazesym miss.
+fn miss(reason: Reason) -> SymbolMiss {
+    match reason {
+        Reason::Unmapped => SymbolMiss::Unmapped,
+        Reason::InvalidFileOffset => SymbolMiss::InvalidFileOffset,
+        Reason::MissingComponent => SymbolMiss::MissingComponent,
+        Reason::MissingSyms => SymbolMiss::MissingSyms,
+        Reason::Unsupported => SymbolMiss::Unsupported,
+        Reason::UnknownAddr => SymbolMiss::UnknownAddr,
+        Reason::IgnoredError => SymbolMiss::IgnoredError,
+        // `Reason` is non-exhaustive: a newer blazesym may add one.
+        _ => SymbolMiss::Other,
+    }
 }
 
 /// blazesym reports `f` (the symbol) then the calls inlined into it, outermost first;
@@ -382,6 +404,47 @@ mod tests {
         let r = unnamed(&Frame::User(UserAddr::Region(Arc::from("[vdso]"), 0x10)));
         assert_eq!(&*r.funcs[0].name, "[vdso]+0x10");
         assert!(!r.named);
+    }
+
+    #[test]
+    fn misses_are_counted_by_reason() {
+        let m = Metrics::new();
+        let mut s = Symbolizer::new(1000, m.clone());
+        let count = |reason| {
+            m.symbol_misses
+                .get_or_create(&crate::metrics::ReasonLabel { reason })
+                .get()
+        };
+        // Not an ELF file: the call fails, and every address asked about counts.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let junk = dir.path().join("junk.so");
+        std::fs::write(&junk, b"not an ELF file").expect("write");
+        let obj = Arc::new(Object::open_local(&junk).expect("open"));
+        let frames = vec![
+            Frame::User(UserAddr::Object(obj.clone(), 0x10)),
+            Frame::User(UserAddr::Object(obj.clone(), 0x20)),
+        ];
+        let r = s.resolve(&window(frames.clone()));
+        assert!(!r[&FrameKey::Object(obj.key, 0x10)].named);
+        assert_eq!(count(SymbolMiss::Error), 2);
+        // Cached: the same addresses are not asked about (or counted) again.
+        let _ = s.resolve(&window(frames));
+        assert_eq!(count(SymbolMiss::Error), 2);
+        // Our own binary, far past its end: blazesym answers with a reason.
+        let exe =
+            Arc::new(Object::open_local(&std::env::current_exe().expect("exe")).expect("open"));
+        let r = s.resolve(&window(vec![Frame::User(UserAddr::Object(
+            exe.clone(),
+            u64::MAX >> 8,
+        ))]));
+        assert!(!r[&FrameKey::Object(exe.key, u64::MAX >> 8)].named);
+        let reasons: u64 = SymbolMiss::ALL
+            .iter()
+            .filter(|r| **r != SymbolMiss::Error)
+            .map(|r| count(*r))
+            .sum();
+        assert_eq!(reasons, 1, "{}", m.encode());
+        assert!(m.encode().contains("# TYPE ember_symbol_misses counter"));
     }
 
     #[test]

@@ -1,6 +1,11 @@
-//! Which container, pod and systemd unit a process belongs to, from the text of `/proc/PID/cgroup`.
+//! `/proc/PID/cgroup`, read and parsed in one place: which container, pod and systemd unit a
+//! process belongs to, and which cgroup file counts its CPU time.
 //!
-//! Pure parsing, no cache: the process table keeps the answer for the life of a process.
+//! In: a pid ([`Cgroup::read`], the one reader of the file) or the file's text. Out: a
+//! [`Cgroup`]: the [`CgroupInfo`] parsed from the paths, the CPU usage file, and the v2 id
+//! (filled in by the process table from what BPF reports). No cache: the process table keeps
+//! the answer for the life of a process. The cgroup walker ([`super::walk`]) names the
+//! directories it finds with the same parser.
 //!
 //! A path is read component by component, outermost first, and the innermost thing of each
 //! kind wins, so nested set-ups (kind, k3d, docker-in-docker) name the inner container:
@@ -21,8 +26,7 @@
 //! Ids must be lowercase, as every runtime writes them: a component in uppercase hex was not
 //! made by a runtime, so it is not taken as an id (nor normalized into one).
 
-use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Most bytes read from one `/proc/PID/cgroup`: real files are well under 2 KiB, and the cap
 /// bounds memory however deep a (hostile) cgroup tree is.
@@ -114,6 +118,16 @@ pub struct CgroupInfo {
 /// v2 line, then to v1 `cpu`, `cpuacct`, `memory`, `pids`, `name=systemd`, then to the other
 /// controllers in file order. All the other fields come from the chosen path alone.
 pub fn parse_proc_cgroup(text: &str) -> CgroupInfo {
+    parse(text, None)
+}
+
+/// The `(controllers, path)` fields of a line with three `:`-separated fields, as the CPU
+/// usage file is looked up from them (before [`parse_line`]'s checks).
+type RawLine<'a> = (&'a str, &'a str);
+
+/// [`parse_proc_cgroup`]'s one pass over the text, also collecting every line's raw fields
+/// into `raw` when asked (for [`cpu_usage_file`]).
+fn parse<'a>(text: &'a str, mut raw: Option<&mut Vec<RawLine<'a>>>) -> CgroupInfo {
     let mut malformed_lines = 0;
     let mut v2_path = None;
     // (score, (rank, line index), path, found): higher score wins, then lower key.
@@ -122,7 +136,13 @@ pub fn parse_proc_cgroup(text: &str) -> CgroupInfo {
         if line.trim().is_empty() {
             continue;
         }
-        let Some((rank, path)) = parse_line(line) else {
+        let mut fields = line.splitn(3, ':');
+        let fields = (fields.next(), fields.next(), fields.next());
+        if let (Some(raw), (Some(_), Some(controllers), Some(path))) = (raw.as_deref_mut(), fields)
+        {
+            raw.push((controllers, path));
+        }
+        let Some((rank, path)) = parse_line(fields) else {
             malformed_lines += 1;
             continue;
         };
@@ -160,47 +180,130 @@ pub fn parse_proc_cgroup(text: &str) -> CgroupInfo {
     info
 }
 
+/// What a cgroup directory's path (relative to its hierarchy's root) names, parsed as the
+/// v2 line of a `/proc/PID/cgroup` would be: how the walker tells a container's directory.
+pub fn of_dir(rel: &Path) -> CgroupInfo {
+    parse_proc_cgroup(&format!("0::/{}\n", rel.display()))
+}
+
 /// Removes a pod status container id's runtime scheme (`containerd://`, `docker://`,
 /// `cri-o://`, any `<scheme>://`), leaving the id as it appears in cgroup paths.
 pub fn strip_runtime_prefix(id: &str) -> &str {
     id.split_once("://").map_or(id, |(_, rest)| rest)
 }
 
-/// Reads and parses `/proc/<pid>/cgroup`, at most [`MAX_CGROUP_FILE_BYTES`] of it.
-pub fn read_pid(pid: u32) -> std::io::Result<CgroupInfo> {
-    read_path(
-        Path::new(&format!("/proc/{pid}/cgroup")),
-        MAX_CGROUP_FILE_BYTES,
-    )
+/// Where a process runs, as read from `/proc/PID/cgroup` when it was first seen.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cgroup {
+    /// Container, pod and unit parsed from the cgroup paths.
+    pub info: CgroupInfo,
+    /// The cgroup file that counts this process's cgroup's CPU time: v1 `cpuacct.usage`
+    /// (nanoseconds) or v2 `cpu.stat` (`usage_usec`).
+    pub cpu_usage_file: Option<PathBuf>,
+    /// The v2 cgroup id as BPF sees it (0 when unknown); non-root ids can be filtered in BPF.
+    /// The file does not say it: the process table sets it from the sample that made it
+    /// read the process.
+    pub v2_id: u64,
 }
 
-fn read_path(path: &Path, cap: u64) -> std::io::Result<CgroupInfo> {
-    let mut buf = Vec::new();
-    std::fs::File::open(path)?
-        .take(cap + 1)
-        .read_to_end(&mut buf)?;
-    let truncated = buf.len() as u64 > cap;
-    if truncated {
-        // Keep whole lines only: a path cut short would name an ancestor cgroup.
-        buf.truncate(cap as usize);
-        let keep = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        buf.truncate(keep);
+impl Cgroup {
+    /// Reads `/proc/<pid>/cgroup`, at most [`MAX_CGROUP_FILE_BYTES`] of it, and parses it
+    /// once; cgroup files are looked up under `/sys/fs/cgroup`. The one reader of the file:
+    /// an error (the process is gone) is counted by the caller.
+    pub fn read(pid: u32) -> std::io::Result<Self> {
+        read_path(
+            Path::new(&format!("/proc/{pid}/cgroup")),
+            MAX_CGROUP_FILE_BYTES,
+            Path::new("/sys/fs/cgroup"),
+        )
     }
-    // Lossy: cgroup names are bytes, but ids, uids and unit names are ASCII.
-    let mut info = parse_proc_cgroup(&String::from_utf8_lossy(&buf));
-    info.malformed_lines += usize::from(truncated);
-    Ok(info)
+
+    /// Parses the text of a `/proc/PID/cgroup` file, resolving files under `root`.
+    pub fn from_text(text: &str, root: &Path) -> Self {
+        let mut raw = Vec::new();
+        let info = parse(text, Some(&mut raw));
+        Self {
+            cpu_usage_file: cpu_usage_file(&raw, root, &info.path),
+            info,
+            v2_id: 0,
+        }
+    }
+}
+
+fn read_path(path: &Path, cap: u64, root: &Path) -> std::io::Result<Cgroup> {
+    // One byte over the cap tells a file cut at the cap from one that just fits.
+    let text = crate::os::procfs::read_capped(path, cap + 1)?;
+    let truncated = text.len() as u64 > cap;
+    let whole = if truncated {
+        // Keep whole lines only: a path cut short would name an ancestor cgroup.
+        let cut = &text.as_bytes()[..cap as usize];
+        &text[..cut.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)]
+    } else {
+        &text
+    };
+    let mut cg = Cgroup::from_text(whole, root);
+    cg.info.malformed_lines += usize::from(truncated);
+    Ok(cg)
+}
+
+/// The file counting the CPU time of a process's own cgroup: v1 `cpuacct.usage` or v2
+/// `cpu.stat`. Only a cgroup below the root counts (the root's file is the whole host's), and
+/// the one at the path that names the container (`chosen`) is preferred; between v1 and v2,
+/// cpuacct wins, since hybrid hosts account CPU in v1 and leave v2's `usage_usec` at 0.
+fn cpu_usage_file(lines: &[RawLine<'_>], root: &Path, chosen: &str) -> Option<PathBuf> {
+    let mut best: Option<(u8, PathBuf)> = None;
+    for &(controllers, path) in lines {
+        let path = path.trim_end_matches(" (deleted)");
+        let rel = path.trim_start_matches('/');
+        if rel.is_empty() || rel.split('/').any(|c| c == "..") {
+            continue;
+        }
+        let candidates: Vec<PathBuf> = if controllers.split(',').any(|c| c == "cpuacct") {
+            [controllers, "cpuacct", "cpu,cpuacct"]
+                .iter()
+                .map(|m| root.join(m).join(rel).join("cpuacct.usage"))
+                .collect()
+        } else if controllers.is_empty() {
+            [root.to_path_buf(), root.join("unified")]
+                .iter()
+                .filter(|base| base.join("cgroup.controllers").exists())
+                .map(|base| base.join(rel).join("cpu.stat"))
+                .collect()
+        } else {
+            continue;
+        };
+        let score = 2 * u8::from(path == chosen) + u8::from(!controllers.is_empty());
+        if let Some(file) = candidates.into_iter().find(|f| f.exists()) {
+            if best.as_ref().is_none_or(|(s, _)| score > *s) {
+                best = Some((score, file));
+            }
+        }
+    }
+    best.map(|(_, f)| f)
+}
+
+/// Reads a cgroup CPU usage file ([`Cgroup::cpu_usage_file`]) as seconds.
+pub fn read_cpu_seconds(file: &Path) -> Option<f64> {
+    let text = crate::os::procfs::read_capped(file, 4096).ok()?;
+    if file.file_name()? == "cpuacct.usage" {
+        return text.trim().parse::<u64>().ok().map(|ns| ns as f64 / 1e9);
+    }
+    text.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|us| us as f64 / 1e6)
 }
 
 /// Rank of the v2 line: it wins ties, since it is the hierarchy BPF's cgroup id refers to.
 const V2_RANK: u8 = 0;
 
-/// Splits `N:controllers:/path` into (rank, path); `None` if malformed.
-fn parse_line(line: &str) -> Option<(u8, &str)> {
-    let mut fields = line.splitn(3, ':');
-    let hierarchy: u32 = fields.next()?.parse().ok()?;
-    let controllers = fields.next()?;
-    let path = fields.next()?;
+/// Checks the fields of `N:controllers:/path` and gives (rank, path); `None` if malformed.
+fn parse_line<'a>(
+    (hierarchy, controllers, path): (Option<&str>, Option<&str>, Option<&'a str>),
+) -> Option<(u8, &'a str)> {
+    let hierarchy: u32 = hierarchy?.parse().ok()?;
+    let controllers = controllers?;
+    let path = path?;
     if !path.starts_with('/') {
         return None;
     }
@@ -848,10 +951,12 @@ kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{UID_}.slice/cr
 
     #[test]
     fn reads_own_cgroup() {
-        let info = read_pid(std::process::id()).expect("own /proc/PID/cgroup");
+        let info = Cgroup::read(std::process::id())
+            .expect("own /proc/PID/cgroup")
+            .info;
         assert_eq!(info.malformed_lines, 0);
         assert!(info.path.starts_with('/'), "{info:?}");
-        assert!(read_pid(0).is_err());
+        assert!(Cgroup::read(0).is_err());
     }
 
     #[test]
@@ -861,8 +966,9 @@ kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{UID_}.slice/cr
         let p = format!("/system.slice/docker-{ID}.scope");
         let text = format!("0::/\n1:name=systemd:{p}\n");
         std::fs::write(&file, &text).expect("write");
+        let root = Path::new("/nonexistent");
         // Cut inside the id: the partial line must not yield a truncated path.
-        let info = read_path(&file, 40).expect("read");
+        let info = read_path(&file, 40, root).expect("read").info;
         assert_eq!(
             info,
             CgroupInfo {
@@ -870,7 +976,46 @@ kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{UID_}.slice/cr
                 ..plain("/", Some("/"))
             }
         );
-        let info = read_path(&file, text.len() as u64).expect("read");
+        let info = read_path(&file, text.len() as u64, root)
+            .expect("read")
+            .info;
         assert_eq!(info, container(&p, ID, Runtime::Docker, Some("/")));
+    }
+
+    /// The usage file `text` names when the container's path is `chosen`.
+    fn usage(text: &str, root: &Path, chosen: &str) -> Option<PathBuf> {
+        let mut raw = Vec::new();
+        parse(text, Some(&mut raw));
+        cpu_usage_file(&raw, root, chosen)
+    }
+
+    #[test]
+    fn usage_files_v1_and_v2() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let v1 = root.path().join("cpuacct/kubepods/pod1/abc");
+        std::fs::create_dir_all(&v1).expect("mkdir");
+        std::fs::write(v1.join("cpuacct.usage"), "2500000000\n").expect("write");
+        let unified = root.path().join("unified");
+        std::fs::create_dir_all(unified.join("a.slice")).expect("mkdir");
+        std::fs::write(unified.join("cgroup.controllers"), "").expect("write");
+        std::fs::write(
+            unified.join("a.slice/cpu.stat"),
+            "usage_usec 1500000\nuser_usec 1\n",
+        )
+        .expect("write");
+
+        std::fs::write(root.path().join("cpuacct/cpuacct.usage"), "9\n").expect("write");
+        let text = "2:cpuacct:/kubepods/pod1/abc\n0::/\n";
+        let f = usage(text, root.path(), "/kubepods/pod1/abc");
+        assert_eq!(read_cpu_seconds(&f.expect("v1 file")), Some(2.5));
+        // The root's cpuacct.usage is the whole host's: never a container's.
+        let f = usage("2:cpuacct:/\n0::/a.slice\n", root.path(), "/a.slice");
+        assert_eq!(read_cpu_seconds(&f.expect("v2 file")), Some(1.5));
+        assert_eq!(usage("2:cpuacct:/\n0::/\n", root.path(), "/"), None);
+        assert_eq!(usage("2:cpuacct:/../../etc\n", root.path(), ""), None);
+        // Read through the one reader, the file is found from the same parse.
+        let cg = Cgroup::from_text(text, root.path());
+        assert_eq!(cg.info.path, "/kubepods/pod1/abc");
+        assert_eq!(cg.cpu_usage_file, Some(v1.join("cpuacct.usage")));
     }
 }

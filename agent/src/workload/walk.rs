@@ -1,27 +1,70 @@
-//! Container cgroups on the hierarchy that holds the `perf_event` controller.
+//! The one walker of the cgroup hierarchies: which directories are containers' cgroups.
 //!
-//! Per-container perf counters (`PERF_FLAG_PID_CGROUP`) take an fd of a directory in
-//! that hierarchy, and the run-queue latency program keys its per-container histograms
-//! by the kernfs id of the same directory (its inode number). On cgroup v1 hosts with a
-//! `perf_event` mount that is `/sys/fs/cgroup/perf_event`; otherwise the controller is
-//! on the v2 mount (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on hybrid hosts),
-//! where it is implicitly enabled in every cgroup.
+//! In: the hierarchies the readings sources ask for each interval ([`Request`]: a root and
+//! the [`Rules`] the source reads it with). Out: one [`Inventory`] per interval, from which
+//! each source takes its [`Scan`], so the USE container readings, the perf counters and
+//! run-queue latency all see the containers of one walk. A hierarchy several sources ask
+//! for (the v2 mount holds the USE readings' PSI and, on v2 and hybrid hosts, `perf_event`)
+//! is walked once.
 //!
-//! The tree is walked each interval (bounded in depth and directories); a directory whose
-//! path names a container (see [`crate::workload::cgroup`]) is one container and is not descended
-//! into, since a cgroup's perf events also count its descendants.
+//! A walk goes breadth first (shallowest first), never follows a symlink, and is bounded by
+//! its rules in depth and in directories looked at; a directory whose path names a container
+//! (see [`crate::workload::cgroup`]) is that container's cgroup. The two rule sets, the only
+//! place these caps live:
+//!
+//! - [`RESOURCES`] (USE readings): 16 deep, 100 000 directories; a container's directory is
+//!   walked into too (a nested container, kind or docker-in-docker seen from the host, is one
+//!   of its own), and the reader keeps the shallowest directory of each container id;
+//! - [`COUNTERS`] (perf counters, run-queue latency): 8 deep, 20 000 directories; a
+//!   container's directory is not descended into, since a cgroup's perf events also count its
+//!   descendants.
+//!
+//! Per-container perf counters (`PERF_FLAG_PID_CGROUP`) take an fd of a directory in the
+//! hierarchy that holds the `perf_event` controller, and the run-queue latency program keys
+//! its per-container histograms by the kernfs id of the same directory (its inode number). On
+//! cgroup v1 hosts with a `perf_event` mount that is `/sys/fs/cgroup/perf_event`; otherwise
+//! the controller is on the v2 mount (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on hybrid
+//! hosts), where it is implicitly enabled in every cgroup ([`perf_event_root`]).
 
 use std::collections::VecDeque;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::workload::kube::Metadata;
+/// How a source looks at a hierarchy: how deep, how many directories, and whether it walks
+/// into a container's directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// Deepest directory looked at (the root's children are at depth 1).
+    pub max_depth: usize,
+    /// Most directories looked at per walk, however large (or hostile) the tree is; the rest
+    /// are reported in [`Scan::dropped_dirs`].
+    pub max_dirs: usize,
+    /// Whether a container's sub-cgroups (and containers nested in it) are walked too.
+    pub descend: bool,
+}
 
-/// Deepest directory looked at below the root (kubelet's systemd layout is 4 deep).
-pub const MAX_DEPTH: usize = 8;
+/// The USE container readings' rules (kubelet's systemd layout is 4 deep).
+pub const RESOURCES: Rules = Rules {
+    max_depth: 16,
+    max_dirs: 100_000,
+    descend: true,
+};
 
-/// Most directories visited per scan, however large (or hostile) the tree is.
-pub const MAX_DIRS: usize = 20_000;
+/// The perf counters' and run-queue latency's rules.
+pub const COUNTERS: Rules = Rules {
+    max_depth: 8,
+    max_dirs: 20_000,
+    descend: false,
+};
+
+/// A hierarchy a source wants walked this interval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The hierarchy's root directory.
+    pub root: PathBuf,
+    /// How the source looks at it.
+    pub rules: Rules,
+}
 
 /// One container's cgroup directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +77,193 @@ pub struct ContainerCgroup {
     pub container_id: String,
     /// Pod uid from the path, empty outside pods.
     pub pod_uid: String,
+}
+
+/// What one source sees of one hierarchy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scan {
+    /// Containers, in walk order (shallowest first).
+    pub containers: Vec<ContainerCgroup>,
+    /// Directories not looked at because of the rules' `max_dirs`: the one over the cap and
+    /// those whose contents would have been looked at next. 0 when the whole tree was seen.
+    pub dropped_dirs: u64,
+}
+
+/// The container cgroups of one readings interval: each requested hierarchy walked once.
+#[derive(Debug, Default)]
+pub struct Inventory {
+    walks: Vec<Walk>,
+    /// Each requested root and the walk that covers it.
+    roots: Vec<(PathBuf, usize)>,
+}
+
+/// One hierarchy's walk, serving every rule set asked of it.
+#[derive(Debug)]
+struct Walk {
+    /// The directory walked (the first request's root); `Found::rel` is relative to it.
+    root: PathBuf,
+    /// The root with symlinks resolved, so two names of one hierarchy share a walk.
+    key: PathBuf,
+    /// At most [`MAX_RULES`] rule sets; bit `i` of a mask stands for `rules[i]`.
+    rules: Vec<Rules>,
+    found: Vec<Found>,
+    /// Per rule set, as in [`Scan::dropped_dirs`].
+    dropped: Vec<u64>,
+}
+
+/// A container directory and which rule sets saw it (a bit mask over [`Walk::rules`]).
+#[derive(Debug)]
+struct Found {
+    rel: PathBuf,
+    inode: u64,
+    container_id: String,
+    pod_uid: String,
+    seen_by: u64,
+}
+
+/// Distinct rule sets one walk serves (bits of a mask); more are not walked.
+const MAX_RULES: usize = 64;
+
+impl Inventory {
+    /// Walks every hierarchy in `requests` once, for all the rule sets asked of it.
+    pub fn walk(requests: &[Request]) -> Self {
+        let mut inv = Inventory::default();
+        for r in requests {
+            let key = std::fs::canonicalize(&r.root).unwrap_or_else(|_| r.root.clone());
+            let w = match inv.walks.iter().position(|w| w.key == key) {
+                Some(w) => w,
+                None => {
+                    inv.walks.push(Walk {
+                        root: r.root.clone(),
+                        key,
+                        rules: Vec::new(),
+                        found: Vec::new(),
+                        dropped: Vec::new(),
+                    });
+                    inv.walks.len() - 1
+                }
+            };
+            let walk = &mut inv.walks[w];
+            if !walk.rules.contains(&r.rules) && walk.rules.len() < MAX_RULES {
+                walk.rules.push(r.rules);
+            }
+            if !inv.roots.iter().any(|(root, _)| *root == r.root) {
+                inv.roots.push((r.root.clone(), w));
+            }
+        }
+        for w in &mut inv.walks {
+            (w.found, w.dropped) = walk(&w.root, &w.rules);
+        }
+        inv
+    }
+
+    /// What `rules` saw below `root`, directories named under `root`; `None` if that was
+    /// not requested.
+    pub fn scan(&self, root: &Path, rules: Rules) -> Option<Scan> {
+        let &(_, w) = self.roots.iter().find(|(r, _)| r == root)?;
+        let walk = &self.walks[w];
+        let bit = 1u64 << walk.rules.iter().position(|r| *r == rules)?;
+        Some(Scan {
+            containers: walk
+                .found
+                .iter()
+                .filter(|f| f.seen_by & bit != 0)
+                .map(|f| ContainerCgroup {
+                    dir: root.join(&f.rel),
+                    inode: f.inode,
+                    container_id: f.container_id.clone(),
+                    pod_uid: f.pod_uid.clone(),
+                })
+                .collect(),
+            dropped_dirs: walk.dropped[bit.trailing_zeros() as usize],
+        })
+    }
+
+    /// How many hierarchies were walked.
+    pub fn walks(&self) -> usize {
+        self.walks.len()
+    }
+}
+
+/// The rule sets of `rules` (a mask) for which `keep` holds.
+fn select(rules: &[Rules], mask: u64, keep: impl Fn(&Rules) -> bool) -> u64 {
+    rules
+        .iter()
+        .enumerate()
+        .filter(|&(i, r)| mask & (1 << i) != 0 && keep(r))
+        .fold(0, |m, (i, _)| m | 1 << i)
+}
+
+/// Walks `root` breadth first for every rule set in `rules` at once. Each queued directory
+/// carries the mask of rule sets that look at its contents; a rule set that reaches its
+/// `max_dirs` stops looking, and the walk ends when none looks any more.
+fn walk(root: &Path, rules: &[Rules]) -> (Vec<Found>, Vec<u64>) {
+    let mut found = Vec::new();
+    let mut looked = vec![0usize; rules.len()];
+    let mut dropped = vec![0u64; rules.len()];
+    let mut open = select(rules, u64::MAX, |_| true);
+    let mut queue = VecDeque::from([(
+        root.to_path_buf(),
+        0usize,
+        select(rules, open, |r| r.max_depth > 0),
+    )]);
+    while let Some((dir, depth, reads)) = queue.pop_front() {
+        if reads & open == 0 {
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            // file_type does not follow symlinks: a link is never walked.
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let mut sees = reads & open;
+            for (i, r) in rules.iter().enumerate() {
+                if sees & (1 << i) == 0 {
+                    continue;
+                }
+                looked[i] += 1;
+                if looked[i] > r.max_dirs {
+                    open &= !(1 << i);
+                    sees &= !(1 << i);
+                    let queued = queue.iter().filter(|q| q.2 & (1 << i) != 0).count();
+                    dropped[i] = 1 + queued as u64;
+                }
+            }
+            if open == 0 {
+                return (found, dropped);
+            }
+            if sees == 0 {
+                continue;
+            }
+            let path = e.path();
+            let Ok(rel) = path.strip_prefix(root) else {
+                continue;
+            };
+            let info = super::cgroup::of_dir(rel);
+            let container = info.container_id.is_some();
+            if let Some(id) = info.container_id {
+                if let Ok(meta) = e.metadata() {
+                    found.push(Found {
+                        rel: rel.to_path_buf(),
+                        inode: meta.ino(),
+                        container_id: id,
+                        pod_uid: info.pod_uid.unwrap_or_default(),
+                        seen_by: sees,
+                    });
+                }
+            }
+            let next = select(rules, sees, |r| {
+                depth + 1 < r.max_depth && (r.descend || !container)
+            });
+            if next != 0 {
+                queue.push_back((path, depth + 1, next));
+            }
+        }
+    }
+    (found, dropped)
 }
 
 /// The directory where the `perf_event` controller's hierarchy is mounted, from the text
@@ -88,73 +318,6 @@ pub fn perf_event_root() -> Option<PathBuf> {
     perf_event_root_from(&text)
 }
 
-/// What a walk found.
-#[derive(Debug, Default)]
-pub struct Scan {
-    /// Containers, in walk order (outermost first).
-    pub containers: Vec<ContainerCgroup>,
-    /// Directories not visited because of [`MAX_DIRS`].
-    pub truncated: bool,
-}
-
-/// Walks `root` breadth first for container cgroups.
-pub fn scan(root: &Path) -> Scan {
-    let mut out = Scan::default();
-    let mut queue = VecDeque::from([(root.to_path_buf(), 0usize)]);
-    let mut visited = 0usize;
-    while let Some((dir, depth)) = queue.pop_front() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            if !e.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            visited += 1;
-            if visited > MAX_DIRS {
-                out.truncated = true;
-                return out;
-            }
-            let path = e.path();
-            let Ok(rel) = path.strip_prefix(root) else {
-                continue;
-            };
-            let info =
-                crate::workload::cgroup::parse_proc_cgroup(&format!("0::/{}\n", rel.display()));
-            match info.container_id {
-                Some(id) => {
-                    if let Ok(meta) = e.metadata() {
-                        out.containers.push(ContainerCgroup {
-                            dir: path,
-                            inode: meta.ino(),
-                            container_id: id,
-                            pod_uid: info.pod_uid.unwrap_or_default(),
-                        });
-                    }
-                }
-                None if depth + 1 < MAX_DEPTH => queue.push_back((path, depth + 1)),
-                None => {}
-            }
-        }
-    }
-    out
-}
-
-/// `namespace`, `pod`, `container`, `container_id` labels of a container, the first three
-/// from the pod watch when it knows the container (empty otherwise).
-pub fn labels(c: &ContainerCgroup, meta: Option<&Metadata>) -> Vec<(&'static str, String)> {
-    let pod = meta.and_then(|m| m.by_container_id(&c.container_id));
-    let (ns, pod_name, container) = pod
-        .map(|p| (p.namespace.clone(), p.pod.clone(), p.container.clone()))
-        .unwrap_or_default();
-    vec![
-        ("namespace", ns),
-        ("pod", pod_name),
-        ("container", container),
-        ("container_id", c.container_id.clone()),
-    ]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +350,15 @@ mod tests {
         );
     }
 
+    /// A walk of `root` for `rules` alone.
+    fn scan(root: &Path, rules: Rules) -> Scan {
+        let inv = Inventory::walk(&[Request {
+            root: root.to_path_buf(),
+            rules,
+        }]);
+        inv.scan(root, rules).expect("requested")
+    }
+
     #[test]
     fn scan_finds_container_directories_and_not_their_children() {
         let root = tempfile::tempdir().unwrap();
@@ -206,8 +378,8 @@ mod tests {
                 .join(format!("system.slice/crio-conmon-{id2}.scope")),
         )
         .unwrap();
-        let s = scan(root.path());
-        assert!(!s.truncated);
+        let s = scan(root.path(), COUNTERS);
+        assert_eq!(s.dropped_dirs, 0);
         let mut found: Vec<(String, String)> = s
             .containers
             .iter()
@@ -224,8 +396,100 @@ mod tests {
         let c = s.containers.iter().find(|c| c.container_id == id).unwrap();
         assert_eq!(c.dir, root.path().join(&kubelet));
         assert_eq!(c.inode, std::fs::metadata(&c.dir).unwrap().ino());
-        let l = labels(c, None);
+        let l = crate::workload::labels::container_labels(&c.container_id, None, None);
         assert_eq!(l[3], ("container_id", id.to_owned()));
         assert_eq!(l[0], ("namespace", String::new()));
+    }
+
+    const OUTER: &str = "0000000000000000000000000000000000000000000000000000000000000001";
+    const INNER: &str = "0000000000000000000000000000000000000000000000000000000000000002";
+    const DEEP: &str = "0000000000000000000000000000000000000000000000000000000000000003";
+
+    /// A host running kind (a container holding a pod's container), a container with a
+    /// sub-cgroup, and a container 10 directories deep.
+    fn nested_tree(root: &Path) {
+        let kind = format!(
+            "system.slice/docker-{OUTER}.scope/kubelet.slice/kubelet-kubepods.slice/cri-containerd-{INNER}.scope"
+        );
+        std::fs::create_dir_all(root.join(kind).join("sub")).expect("mkdir");
+        let deep = format!("{}docker-{DEEP}.scope", "d/".repeat(9));
+        std::fs::create_dir_all(root.join(deep)).expect("mkdir");
+    }
+
+    fn ids(s: &Scan) -> Vec<&str> {
+        s.containers
+            .iter()
+            .map(|c| c.container_id.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn each_rule_set_keeps_its_depth_and_descent() {
+        let root = tempfile::tempdir().expect("tempdir");
+        nested_tree(root.path());
+        // The counters stop at a container and at depth 8.
+        assert_eq!(ids(&scan(root.path(), COUNTERS)), [OUTER]);
+        // The USE readings walk on: the kind node's sub-cgroups (same id, deeper: the
+        // reader keeps the first, shallowest), the nested container and its sub-cgroup, and
+        // the deep container.
+        assert_eq!(
+            ids(&scan(root.path(), RESOURCES)),
+            [OUTER, OUTER, OUTER, INNER, INNER, DEEP]
+        );
+    }
+
+    #[test]
+    fn one_walk_serves_every_rule_set_as_if_walked_alone() {
+        let root = tempfile::tempdir().expect("tempdir");
+        nested_tree(root.path());
+        std::fs::create_dir_all(root.path().join("a/b/c/e/f")).expect("mkdir");
+        let small = Rules {
+            max_depth: 8,
+            max_dirs: 3,
+            descend: false,
+        };
+        let all = [RESOURCES, COUNTERS, small];
+        let requests: Vec<Request> = all
+            .iter()
+            .map(|&rules| Request {
+                root: root.path().to_path_buf(),
+                rules,
+            })
+            .collect();
+        let inv = Inventory::walk(&requests);
+        assert_eq!(inv.walks(), 1);
+        for rules in all {
+            assert_eq!(
+                inv.scan(root.path(), rules),
+                Some(scan(root.path(), rules)),
+                "{rules:?}"
+            );
+        }
+        // Three directories at depth 1 (system.slice, d, a), then the cap.
+        let capped = inv.scan(root.path(), small).expect("requested");
+        assert!(capped.containers.is_empty());
+        assert!(capped.dropped_dirs > 0);
+        assert_eq!(inv.scan(Path::new("/elsewhere"), COUNTERS), None);
+    }
+
+    #[test]
+    fn two_names_of_one_hierarchy_are_walked_once() {
+        let root = tempfile::tempdir().expect("tempdir");
+        nested_tree(root.path());
+        let link = root.path().join("link");
+        std::os::unix::fs::symlink(root.path().join("system.slice"), &link).expect("symlink");
+        let inv = Inventory::walk(&[
+            Request {
+                root: root.path().join("system.slice"),
+                rules: COUNTERS,
+            },
+            Request {
+                root: link.clone(),
+                rules: COUNTERS,
+            },
+        ]);
+        assert_eq!(inv.walks(), 1);
+        let c = &inv.scan(&link, COUNTERS).expect("requested").containers[0];
+        assert_eq!(c.dir, link.join(format!("docker-{OUTER}.scope")));
     }
 }

@@ -10,6 +10,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use crate::metrics::JitReject;
+
 /// Why (part of) a jitdump was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reject {
@@ -24,13 +26,13 @@ pub enum Reject {
 }
 
 impl Reject {
-    /// The metric reason.
-    pub fn name(self) -> &'static str {
+    /// The reason counted in `ember_jit_rejects_total`.
+    pub fn reason(self) -> JitReject {
         match self {
-            Reject::BadHeader => "jitdump_header",
-            Reject::Malformed => "jitdump_malformed",
-            Reject::BadRange => "bad_range",
-            Reject::TooMany => "too_many",
+            Reject::BadHeader => JitReject::JitdumpHeader,
+            Reject::Malformed => JitReject::JitdumpMalformed,
+            Reject::BadRange => JitReject::BadRange,
+            Reject::TooMany => JitReject::TooMany,
         }
     }
 }

@@ -24,7 +24,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::time::{Duration, Instant};
 
-use crate::metrics::Metrics;
+use crate::metrics::{Cache, JvmRefresh, Metrics};
 use crate::os::openat2::{openat2_in_root, RESOLVE_NO_SYMLINKS};
 
 /// One JVM to ask.
@@ -67,14 +67,14 @@ pub enum AttachError {
 
 impl AttachError {
     /// The metric result.
-    pub fn name(&self) -> &'static str {
+    pub fn result(&self) -> JvmRefresh {
         match self {
-            AttachError::NoHandler => "no_handler",
-            AttachError::Tmp(_) => "tmp",
-            AttachError::Credentials(_) => "credentials",
-            AttachError::NoSocket(_) => "no_socket",
-            AttachError::Io(_) => "io",
-            AttachError::Refused(_) => "refused",
+            AttachError::NoHandler => JvmRefresh::NoHandler,
+            AttachError::Tmp(_) => JvmRefresh::Tmp,
+            AttachError::Credentials(_) => JvmRefresh::Credentials,
+            AttachError::NoSocket(_) => JvmRefresh::NoSocket,
+            AttachError::Io(_) => JvmRefresh::Io,
+            AttachError::Refused(_) => JvmRefresh::Refused,
         }
     }
 }
@@ -102,18 +102,16 @@ impl Worker {
             .spawn(move || {
                 for req in rx {
                     let result = perfmap(&req, TIMEOUT);
-                    let label = match &result {
-                        Ok(()) => "ok",
+                    let counted = match &result {
+                        Ok(()) => JvmRefresh::Ok,
                         Err(e) => {
                             tracing::debug!("JVM {} perf map refresh: {e}", req.pid);
-                            e.name()
+                            e.result()
                         }
                     };
-                    m.jvm_refreshes
-                        .get_or_create(&crate::normalize::jit::result_label(label))
-                        .inc();
+                    m.jvm_refreshed(counted);
                     if result.is_ok() && done_tx.try_send(req.pid).is_err() {
-                        m.dropped("jvm_results", 1);
+                        m.dropped(Cache::JvmResults, 1);
                     }
                 }
             })?;
@@ -123,7 +121,7 @@ impl Worker {
     /// Queues a request; a full queue drops it (counted).
     pub fn request(&self, req: Request) {
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(req) {
-            self.metrics.dropped("jvm_requests", 1);
+            self.metrics.dropped(Cache::JvmRequests, 1);
         }
     }
 

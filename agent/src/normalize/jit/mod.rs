@@ -35,7 +35,7 @@ use std::time::Instant;
 use crate::config::Jit;
 use crate::normalize::jit::jitdump::JitDump;
 
-use crate::metrics::{Metrics, ReasonLabel, ResultLabel};
+use crate::metrics::{JitReject, Metrics};
 use crate::normalize::object::Object;
 use crate::os::openat2::{openat2_in_root, RESOLVE_NO_SYMLINKS};
 use perfmap::PerfMap;
@@ -198,15 +198,6 @@ impl JitTables {
         self.metrics.jit_entries.set(self.total as i64);
     }
 
-    fn reject(&self, reason: &str, n: u64) {
-        self.metrics
-            .jit_rejects
-            .get_or_create(&ReasonLabel {
-                reason: reason.to_owned(),
-            })
-            .inc_by(n);
-    }
-
     /// The state of `pid`, created from `/proc/<pid>/status` on first use.
     fn entry(&mut self, pid: u32, window: u64) -> Option<&mut ProcJit> {
         if !self.procs.contains_key(&pid) {
@@ -255,19 +246,19 @@ impl JitTables {
             .max_total_entries
             .saturating_sub(self.total.saturating_sub(own))
             .min(self.settings.max_entries_per_process);
-        let mut rejects: Vec<&'static str> = Vec::new();
+        let mut rejects: Vec<JitReject> = Vec::new();
         let limits = (self.settings.max_file_bytes, room);
         read_perf_map(pid, p, limits, &mut rejects);
         if let Some(obj) = &hints.jitdump {
             read_jitdump(obj, p, limits, &mut rejects);
         }
         self.total = self.total.saturating_sub(own) + p.perf.len() + p.dump.len();
-        let mut counted: HashMap<&'static str, u64> = HashMap::new();
+        let mut counted: HashMap<JitReject, u64> = HashMap::new();
         for r in rejects {
             *counted.entry(r).or_default() += 1;
         }
         for (r, n) in counted {
-            self.reject(r, n);
+            self.metrics.jit_rejected(r, n);
         }
         self.publish();
     }
@@ -306,7 +297,7 @@ impl JitTables {
 }
 
 /// Reads what was appended to the perf map of `pid` (all of it when it was replaced).
-fn read_perf_map(pid: u32, p: &mut ProcJit, limits: (u64, usize), rejects: &mut Vec<&'static str>) {
+fn read_perf_map(pid: u32, p: &mut ProcJit, limits: (u64, usize), rejects: &mut Vec<JitReject>) {
     let (max_bytes, room) = limits;
     let Ok(root) = File::open(format!("/proc/{pid}/root")) else {
         return;
@@ -320,8 +311,8 @@ fn read_perf_map(pid: u32, p: &mut ProcJit, limits: (u64, usize), rejects: &mut 
     ) {
         Ok(f) => f,
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return,
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return rejects.push("symlink"),
-        Err(_) => return rejects.push("open"),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return rejects.push(JitReject::Symlink),
+        Err(_) => return rejects.push(JitReject::Open),
     };
     let Some((size, at)) = check_file(&file, p.uid, max_bytes, rejects) else {
         return;
@@ -337,22 +328,20 @@ fn read_perf_map(pid: u32, p: &mut ProcJit, limits: (u64, usize), rejects: &mut 
     p.reread = false;
     p.perf.set_max_entries(room.max(p.perf.len()));
     let Some(bytes) = read_range(&file, cursor.offset, size) else {
-        return rejects.push("read");
+        return rejects.push(JitReject::Read);
     };
-    for r in p.perf.feed_bytes(&bytes) {
-        rejects.push(perfmap::reason_name(r));
-    }
+    rejects.extend(
+        p.perf
+            .feed_bytes(&bytes)
+            .into_iter()
+            .map(perfmap::Reject::reason),
+    );
     cursor.offset = size;
     p.perf_at = Some(cursor);
 }
 
 /// Reads the records appended to the jitdump the process maps.
-fn read_jitdump(
-    obj: &Object,
-    p: &mut ProcJit,
-    limits: (u64, usize),
-    rejects: &mut Vec<&'static str>,
-) {
+fn read_jitdump(obj: &Object, p: &mut ProcJit, limits: (u64, usize), rejects: &mut Vec<JitReject>) {
     let (max_bytes, room) = limits;
     let file = obj.file();
     let Some((size, at)) = check_file(file, p.uid, max_bytes, rejects) else {
@@ -368,16 +357,16 @@ fn read_jitdump(
     };
     p.dump.set_max_entries(room.max(p.dump.len()));
     let Some(bytes) = read_range(file, cursor.offset, size) else {
-        return rejects.push("read");
+        return rejects.push(JitReject::Read);
     };
     let (used, rs) = p.dump.feed(&bytes);
-    rejects.extend(rs.into_iter().map(|r| r.name()));
+    rejects.extend(rs.into_iter().map(jitdump::Reject::reason));
     let pending = bytes.len() - used;
     // A tail that did not grow since the last read is a truncated record, not one being
     // written: count it once (it still gets parsed if the rest ever arrives).
     let stalled = pending > 0 && used == 0 && p.dump_at.is_some() && size == p.dump_size;
     if stalled && !p.dump_stalled {
-        rejects.push("jitdump_truncated");
+        rejects.push(JitReject::JitdumpTruncated);
     }
     p.dump_stalled = stalled;
     p.dump_size = size;
@@ -391,22 +380,22 @@ fn check_file(
     file: &File,
     uid: u32,
     max_bytes: u64,
-    rejects: &mut Vec<&'static str>,
+    rejects: &mut Vec<JitReject>,
 ) -> Option<(u64, Cursor)> {
     let Ok(meta) = file.metadata() else {
-        rejects.push("open");
+        rejects.push(JitReject::Open);
         return None;
     };
     if !meta.file_type().is_file() {
-        rejects.push("not_regular");
+        rejects.push(JitReject::NotRegular);
         return None;
     }
     if meta.uid() != uid && meta.uid() != 0 {
-        rejects.push("owner");
+        rejects.push(JitReject::Owner);
         return None;
     }
     if meta.len() > max_bytes {
-        rejects.push("too_large");
+        rejects.push(JitReject::TooLarge);
         return None;
     }
     Some((
@@ -480,13 +469,6 @@ pub fn is_jitdump_path(path: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Metric label helper for JVM refresh results.
-pub(crate) fn result_label(result: &str) -> ResultLabel {
-    ResultLabel {
-        result: result.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -538,11 +520,14 @@ mod tests {
         }
     }
 
+    /// Refusals counted under the label value `reason`.
     fn rejects(m: &Metrics, reason: &str) -> u64 {
+        let reason = *JitReject::ALL
+            .iter()
+            .find(|r| r.as_str() == reason)
+            .unwrap_or_else(|| panic!("{reason} is no JIT reject reason"));
         m.jit_rejects
-            .get_or_create(&ReasonLabel {
-                reason: reason.into(),
-            })
+            .get_or_create(&crate::metrics::ReasonLabel { reason })
             .get()
     }
 

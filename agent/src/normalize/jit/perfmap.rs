@@ -9,6 +9,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::metrics::JitReject;
+
 /// Why a line was skipped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reject {
@@ -30,7 +32,7 @@ pub struct PerfMap {
     /// Inside an overlong line: drop bytes up to the next newline.
     skipping: bool,
     max_entries: usize,
-    rejected: BTreeMap<&'static str, u64>,
+    rejected: BTreeMap<JitReject, u64>,
 }
 
 impl PerfMap {
@@ -103,7 +105,7 @@ impl PerfMap {
     }
 
     fn count(&mut self, r: Reject, rejects: &mut Vec<Reject>) {
-        *self.rejected.entry(reason_name(r)).or_default() += 1;
+        *self.rejected.entry(r.reason()).or_default() += 1;
         rejects.push(r);
     }
 
@@ -181,7 +183,7 @@ impl PerfMap {
     }
 
     /// Lines skipped so far, by reason (`malformed`, `bad_range`, `too_many`).
-    pub fn rejected(&self) -> &BTreeMap<&'static str, u64> {
+    pub fn rejected(&self) -> &BTreeMap<JitReject, u64> {
         &self.rejected
     }
 }
@@ -189,12 +191,14 @@ impl PerfMap {
 /// Longest line kept while waiting for its end; JIT names are far shorter.
 const MAX_LINE: usize = 64 << 10;
 
-/// The metric reason of a rejected line.
-pub fn reason_name(r: Reject) -> &'static str {
-    match r {
-        Reject::Malformed => "malformed",
-        Reject::BadRange => "bad_range",
-        Reject::TooMany => "too_many",
+impl Reject {
+    /// The reason counted in `ember_jit_rejects_total`.
+    pub fn reason(self) -> JitReject {
+        match self {
+            Reject::Malformed => JitReject::Malformed,
+            Reject::BadRange => JitReject::BadRange,
+            Reject::TooMany => JitReject::TooMany,
+        }
     }
 }
 
@@ -308,8 +312,8 @@ mod tests {
             ]
         );
         assert_eq!(m.len(), 2);
-        assert_eq!(m.rejected().get("malformed"), Some(&4));
-        assert_eq!(m.rejected().get("too_many"), Some(&1));
+        assert_eq!(m.rejected().get(&JitReject::Malformed), Some(&4));
+        assert_eq!(m.rejected().get(&JitReject::TooMany), Some(&1));
         // A replacement within the cap still lands.
         assert!(m.feed("1000 10 a2\n").is_empty());
         assert_eq!(m.lookup(0x1000).map(|r| r.0), Some("a2"));

@@ -1,12 +1,13 @@
 //! Per-container readings from the cgroup filesystems, named as cAdvisor names them.
 //!
-//! Each interval the v1 `cpu`, `cpuacct`, `memory` hierarchies and the v2 (unified) one are
-//! walked (no symlinks, bounded depth and directory count); a directory whose path names a
-//! container ([`crate::workload::cgroup::parse_proc_cgroup`]) is that container's cgroup, the
-//! shallowest one winning (its files count its sub-cgroups too). A container found in several
+//! In: each interval's container [`Inventory`] of the v1 `cpu`, `cpuacct`, `memory`
+//! hierarchies and the v2 (unified) one, walked under the [`walk::RESOURCES`] rules (see
+//! [`crate::workload::walk`]); a container's cgroup is its shallowest directory (its files
+//! count its sub-cgroups too). Out: cAdvisor's families. A container found in several
 //! hierarchies (hybrid hosts) is one container: CPU and memory come from the v1 controllers
 //! when they are there, PSI from v2. Containers are labelled `namespace`, `pod`, `container`
-//! from the pod watch when it knows them, and always `container_id`.
+//! from the pod watch when it knows them, and always `container_id`
+//! ([`crate::workload::labels::container_labels`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,13 +15,11 @@ use std::path::{Path, PathBuf};
 use prometheus_client::registry::Unit;
 
 use super::{cgroupfs, pressure, read_optional, Roots};
-use crate::readings::{Family, Kind, Source};
+use crate::metrics::{Cache, ReadingsSource};
+use crate::readings::{Family, Interval, Kind, ReadError, Source};
 use crate::workload::kube::Metadata;
-
-/// Deepest cgroup directory looked at below a hierarchy's root.
-const MAX_DEPTH: usize = 16;
-/// Most directories visited per hierarchy per interval; more are counted as dropped.
-const MAX_DIRS: usize = 100_000;
+use crate::workload::labels::container_labels;
+use crate::workload::walk::{self, Inventory, Request};
 
 /// Where one container's cgroup is in each hierarchy.
 #[derive(Debug, Default, Clone)]
@@ -78,57 +77,29 @@ impl Containers {
         out
     }
 
-    /// Walks every hierarchy; returns the containers and how many directories were skipped.
-    fn discover(&self) -> (BTreeMap<String, Found>, u64) {
+    /// The containers of every hierarchy in `inv`, and how many directories were skipped.
+    fn discover(&self, inv: &Inventory) -> (BTreeMap<String, Found>, u64) {
         let mut found: BTreeMap<String, Found> = BTreeMap::new();
         let mut skipped = 0;
         for (role, root) in self.hierarchies() {
-            let mut visited = 0;
-            let mut stack = vec![(root.clone(), 0usize)];
-            while let Some((dir, depth)) = stack.pop() {
-                visited += 1;
-                if visited > MAX_DIRS {
-                    skipped += 1 + stack.len() as u64;
-                    break;
-                }
-                if dir != root {
-                    let rel = dir.strip_prefix(&root).unwrap_or(&dir);
-                    let info = crate::workload::cgroup::parse_proc_cgroup(&format!(
-                        "0::/{}\n",
-                        rel.display()
-                    ));
-                    if let Some(id) = info.container_id {
-                        let f = found.entry(id).or_default();
-                        let slot = match role {
-                            "cpu" => &mut f.cpu,
-                            "cpuacct" => &mut f.cpuacct,
-                            "memory" => &mut f.memory,
-                            _ => &mut f.v2,
-                        };
-                        // The shallowest directory: a parent is walked before its children
-                        // only in breadth order, so keep the shorter path.
-                        if slot
-                            .as_ref()
-                            .is_none_or(|p| p.components().count() > dir.components().count())
-                        {
-                            *slot = Some(dir.clone());
-                        }
-                        if f.pod_uid.is_none() {
-                            f.pod_uid = info.pod_uid;
-                        }
-                    }
-                }
-                if depth >= MAX_DEPTH {
-                    continue;
-                }
-                let Ok(entries) = std::fs::read_dir(&dir) else {
-                    continue;
+            let Some(scan) = inv.scan(&root, walk::RESOURCES) else {
+                continue;
+            };
+            skipped += scan.dropped_dirs;
+            for c in scan.containers {
+                let f = found.entry(c.container_id).or_default();
+                let slot = match role {
+                    "cpu" => &mut f.cpu,
+                    "cpuacct" => &mut f.cpuacct,
+                    "memory" => &mut f.memory,
+                    _ => &mut f.v2,
                 };
-                for e in entries.flatten() {
-                    // file_type does not follow symlinks: a link is never walked.
-                    if e.file_type().is_ok_and(|t| t.is_dir()) {
-                        stack.push((e.path(), depth + 1));
-                    }
+                // The walk goes shallowest first: the first directory is the container's.
+                if slot.is_none() {
+                    *slot = Some(c.dir);
+                }
+                if f.pod_uid.is_none() && !c.pod_uid.is_empty() {
+                    f.pod_uid = Some(c.pod_uid);
                 }
             }
         }
@@ -136,55 +107,41 @@ impl Containers {
     }
 
     fn labels(&self, id: &str, f: &Found) -> Vec<(&'static str, String)> {
-        let (mut ns, mut pod, mut container) = (String::new(), String::new(), String::new());
-        if let Some(m) = &self.meta {
-            if let Some(p) = m.by_container_id(id) {
-                (ns, pod, container) = (p.namespace.clone(), p.pod.clone(), p.container.clone());
-            } else if let Some(p) = f
-                .pod_uid
-                .as_deref()
-                .and_then(|u| m.by_pod_uid(u).into_iter().next())
-            {
-                // A pod's sandbox (pause) container is in no container status.
-                (ns, pod) = (p.namespace.clone(), p.pod.clone());
-            }
-        }
-        vec![
-            ("namespace", ns),
-            ("pod", pod),
-            ("container", container),
-            ("container_id", id.to_owned()),
-        ]
+        container_labels(id, f.pod_uid.as_deref(), self.meta.as_ref())
     }
 }
 
 fn read_keyed(
     dir: &Option<PathBuf>,
     file: &'static str,
-    errors: &mut Vec<String>,
+    errors: &mut Vec<ReadError>,
 ) -> Option<Vec<(String, u64)>> {
     let text = read_in(dir, file, errors)?;
     match cgroupfs::keyed(file, &text) {
         Ok(v) => Some(v),
         Err(e) => {
-            errors.push(e.to_string());
+            errors.push(e.into());
             None
         }
     }
 }
 
-fn read_single(dir: &Option<PathBuf>, file: &'static str, errors: &mut Vec<String>) -> Option<u64> {
+fn read_single(
+    dir: &Option<PathBuf>,
+    file: &'static str,
+    errors: &mut Vec<ReadError>,
+) -> Option<u64> {
     let text = read_in(dir, file, errors)?;
     match cgroupfs::single(file, &text) {
         Ok(v) => Some(v),
         Err(e) => {
-            errors.push(e.to_string());
+            errors.push(e.into());
             None
         }
     }
 }
 
-fn read_in(dir: &Option<PathBuf>, file: &str, errors: &mut Vec<String>) -> Option<String> {
+fn read_in(dir: &Option<PathBuf>, file: &str, errors: &mut Vec<ReadError>) -> Option<String> {
     let path: &Path = dir.as_deref()?;
     match read_optional(&path.join(file)) {
         Ok(t) => t,
@@ -227,18 +184,28 @@ impl Families {
 }
 
 impl Source for Containers {
-    fn name(&self) -> &'static str {
-        "containers"
+    fn name(&self) -> ReadingsSource {
+        ReadingsSource::Containers
     }
 
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String> {
-        let (found, skipped) = self.discover();
+    fn cgroups(&self) -> Vec<Request> {
+        self.hierarchies()
+            .into_iter()
+            .map(|(_, root)| Request {
+                root,
+                rules: walk::RESOURCES,
+            })
+            .collect()
+    }
+
+    fn read(&mut self, out: &mut Vec<Family>, interval: &Interval) -> Result<(), ReadError> {
+        let (found, skipped) = self.discover(&interval.cgroups);
         if skipped > 0 {
-            self.metrics.dropped("readings_cgroup_dirs", skipped);
+            self.metrics.dropped(Cache::ReadingsCgroupDirs, skipped);
         }
         if found.len() > self.max {
             self.metrics
-                .dropped("readings_containers", (found.len() - self.max) as u64);
+                .dropped(Cache::ReadingsContainers, (found.len() - self.max) as u64);
         }
         let mut errors = Vec::new();
         let mut fams = Families(Vec::new());
@@ -381,7 +348,10 @@ impl Source for Containers {
                             fams.push(stalled, "Time all tasks of the container stalled on this resource (PSI full)", Some(Unit::Seconds), Kind::Counter, &l, full as f64 / 1e6);
                         }
                     }
-                    Err(e) => errors.push(format!("{id}: {e}")),
+                    Err(source) => errors.push(ReadError::Container {
+                        container: id.clone(),
+                        source,
+                    }),
                 }
             }
         }
@@ -394,11 +364,7 @@ impl Source for Containers {
         );
         n.push(vec![], tracked);
         out.push(n);
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors.join("; "))
-        }
+        ReadError::collect(errors)
     }
 }
 
@@ -493,6 +459,76 @@ mod tests {
         Containers::new(roots, None, max, metrics.clone())
     }
 
+    /// Reads `s` with an interval gathered for it alone.
+    fn read_alone(s: &mut Containers, out: &mut Vec<Family>) -> Result<(), ReadError> {
+        let interval = Interval {
+            cgroups: Inventory::walk(&s.cgroups()),
+        };
+        s.read(out, &interval)
+    }
+
+    fn ids<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+        let mut v: Vec<&str> = names.into_iter().collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    #[test]
+    fn use_readings_and_counters_see_the_same_containers_from_one_walk() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        tree(dir.path());
+        let metrics = crate::metrics::Metrics::new();
+        // What the perf counters and run-queue latency ask for on a hybrid host: the v2
+        // mount, which holds perf_event there and which the USE readings walk for PSI.
+        struct Counters(PathBuf);
+        impl Source for Counters {
+            fn name(&self) -> ReadingsSource {
+                ReadingsSource::Pmc
+            }
+            fn cgroups(&self) -> Vec<Request> {
+                vec![Request {
+                    root: self.0.clone(),
+                    rules: walk::COUNTERS,
+                }]
+            }
+            fn read(&mut self, _: &mut Vec<Family>, _: &Interval) -> Result<(), ReadError> {
+                Ok(())
+            }
+        }
+        let perf_root = dir.path().join("unified");
+        let mut sources: Vec<Box<dyn Source>> = vec![
+            Box::new(source(dir.path(), 10, &metrics)),
+            Box::new(Counters(perf_root.clone())),
+        ];
+        let interval = Interval::gather(&sources);
+        assert_eq!(
+            interval.cgroups.walks(),
+            4,
+            "cpu, cpuacct, memory and the v2 mount, each once"
+        );
+        let mut out = Vec::new();
+        for s in sources.iter_mut() {
+            s.read(&mut out, &interval).expect("reads");
+        }
+        let read = out
+            .iter()
+            .filter(|f| f.name.starts_with("container_"))
+            .flat_map(|f| &f.points)
+            .flat_map(|p| &p.labels)
+            .filter(|(k, _)| *k == "container_id")
+            .map(|(_, v)| v.as_str());
+        let counted = interval
+            .cgroups
+            .scan(&perf_root, walk::COUNTERS)
+            .expect("requested");
+        assert_eq!(ids(read), [A, B]);
+        assert_eq!(
+            ids(counted.containers.iter().map(|c| c.container_id.as_str())),
+            [A, B]
+        );
+    }
+
     #[test]
     fn v1_and_v2_containers_on_a_hybrid_tree() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -500,7 +536,7 @@ mod tests {
         let metrics = crate::metrics::Metrics::new();
         let mut s = source(dir.path(), 10, &metrics);
         let mut out = Vec::new();
-        s.read(&mut out).expect("reads");
+        read_alone(&mut s, &mut out).expect("reads");
         let a = [("container_id", A)];
         let b = [("container_id", B)];
         assert_eq!(value(&out, "readings_containers", &[]), Some(2.0));
@@ -554,9 +590,7 @@ mod tests {
         tree(dir.path());
         let metrics = crate::metrics::Metrics::new();
         let mut out = Vec::new();
-        source(dir.path(), 1, &metrics)
-            .read(&mut out)
-            .expect("reads");
+        read_alone(&mut source(dir.path(), 1, &metrics), &mut out).expect("reads");
         assert_eq!(value(&out, "readings_containers", &[]), Some(1.0));
         assert_eq!(
             out.iter()
@@ -579,8 +613,8 @@ mod tests {
         fs::write(a.join("cpuacct.usage"), "lots\n").expect("write");
         let metrics = crate::metrics::Metrics::new();
         let mut out = Vec::new();
-        let err = source(dir.path(), 10, &metrics).read(&mut out).unwrap_err();
-        assert!(err.contains("cpuacct.usage"), "{err}");
+        let err = read_alone(&mut source(dir.path(), 10, &metrics), &mut out).unwrap_err();
+        assert!(err.to_string().contains("cpuacct.usage"), "{err}");
         // No made-up value for A (v2's usage is not A's), and B is still reported.
         assert_eq!(
             value(&out, "container_cpu_usage", &[("container_id", A)]),

@@ -25,7 +25,8 @@ use regex::Regex;
 use super::{
     diskstats, elapsed, loadavg, meminfo, netdev, pressure, read_optional, snmp, stat, Roots,
 };
-use crate::readings::{Family, Kind, Source};
+use crate::metrics::{Cache, ReadingsSource};
+use crate::readings::{Family, Interval, Kind, ReadError, Source};
 
 /// Device filters and caps of the disk and network sources.
 #[derive(Clone)]
@@ -126,7 +127,7 @@ impl Psi {
     }
 
     /// Pushes the families; returns the `some` share since the last read.
-    fn read(&mut self, out: &mut Vec<Family>, errors: &mut Vec<String>) -> Option<f64> {
+    fn read(&mut self, out: &mut Vec<Family>, errors: &mut Vec<ReadError>) -> Option<f64> {
         self.available = false;
         let text = match read_optional(&self.file) {
             Ok(Some(t)) => t,
@@ -139,7 +140,7 @@ impl Psi {
         let p = match pressure::parse(&text) {
             Ok(p) => p,
             Err(e) => {
-                errors.push(e.to_string());
+                errors.push(e.into());
                 return None;
             }
         };
@@ -182,14 +183,6 @@ fn names(resource: &str) -> (&'static str, &'static str) {
     }
 }
 
-fn result(errors: Vec<String>) -> Result<(), String> {
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors.join("; "))
-    }
-}
-
 /// CPU: `/proc/stat`, `/proc/loadavg`, `/proc/pressure/cpu`.
 pub struct Cpu {
     roots: Roots,
@@ -211,16 +204,19 @@ impl Cpu {
 }
 
 impl Source for Cpu {
-    fn name(&self) -> &'static str {
-        "cpu"
+    fn name(&self) -> ReadingsSource {
+        ReadingsSource::Cpu
     }
 
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String> {
+    fn read(&mut self, out: &mut Vec<Family>, _: &Interval) -> Result<(), ReadError> {
         let mut errors = Vec::new();
         let text =
             crate::os::procfs::read_capped(&self.roots.proc.join("stat"), super::MAX_FILE_BYTES)
-                .map_err(|e| format!("/proc/stat: {e}"))?;
-        let s = stat::parse(&text).map_err(|e| e.to_string())?;
+                .map_err(|source| ReadError::File {
+                    path: "/proc/stat".into(),
+                    source,
+                })?;
+        let s = stat::parse(&text)?;
         let mut cpu = counter(
             "node_cpu",
             "Seconds the CPUs spent in each mode",
@@ -307,7 +303,7 @@ impl Source for Cpu {
                     out.push(f);
                 }
             }
-            Ok(Some(Err(e))) => errors.push(e.to_string()),
+            Ok(Some(Err(e))) => errors.push(e.into()),
             Ok(None) => {}
             Err(e) => errors.push(e),
         }
@@ -328,7 +324,7 @@ impl Source for Cpu {
                 .map(|r| ((r.saturating_sub(1)) as f64 - ncpu).max(0.0) / ncpu)
         };
         use_ratio(out, "cpu", utilization, saturation);
-        result(errors)
+        ReadError::collect(errors)
     }
 }
 
@@ -399,16 +395,19 @@ impl Memory {
 }
 
 impl Source for Memory {
-    fn name(&self) -> &'static str {
-        "memory"
+    fn name(&self) -> ReadingsSource {
+        ReadingsSource::Memory
     }
 
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String> {
+    fn read(&mut self, out: &mut Vec<Family>, _: &Interval) -> Result<(), ReadError> {
         let mut errors = Vec::new();
         let text =
             crate::os::procfs::read_capped(&self.roots.proc.join("meminfo"), super::MAX_FILE_BYTES)
-                .map_err(|e| format!("/proc/meminfo: {e}"))?;
-        let m = meminfo::parse_meminfo(&text).map_err(|e| e.to_string())?;
+                .map_err(|source| ReadError::File {
+                    path: "/proc/meminfo".into(),
+                    source,
+                })?;
+        let m = meminfo::parse_meminfo(&text)?;
         for (key, name) in MEMINFO {
             if let Some(e) = m.iter().find(|e| e.key == *key) {
                 let mut f = gauge(
@@ -447,13 +446,13 @@ impl Source for Memory {
                     use_errors(out, "memory", k as f64);
                 }
             }
-            Ok(Some(Err(e))) => errors.push(e.to_string()),
+            Ok(Some(Err(e))) => errors.push(e.into()),
             Ok(None) => {}
             Err(e) => errors.push(e),
         }
         let saturation = self.psi.read(out, &mut errors);
         use_ratio(out, "memory", utilization, saturation);
-        result(errors)
+        ReadError::collect(errors)
     }
 }
 
@@ -572,18 +571,21 @@ const DISK_FIELDS: &[DiskField] = &[
 ];
 
 impl Source for Disk {
-    fn name(&self) -> &'static str {
-        "disk"
+    fn name(&self) -> ReadingsSource {
+        ReadingsSource::Disk
     }
 
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String> {
+    fn read(&mut self, out: &mut Vec<Family>, _: &Interval) -> Result<(), ReadError> {
         let mut errors = Vec::new();
         let text = crate::os::procfs::read_capped(
             &self.roots.proc.join("diskstats"),
             super::MAX_FILE_BYTES,
         )
-        .map_err(|e| format!("/proc/diskstats: {e}"))?;
-        let mut disks = diskstats::parse(&text).map_err(|e| e.to_string())?;
+        .map_err(|source| ReadError::File {
+            path: "/proc/diskstats".into(),
+            source,
+        })?;
+        let mut disks = diskstats::parse(&text)?;
         disks.retain(|d| {
             !self
                 .opts
@@ -593,7 +595,7 @@ impl Source for Disk {
         });
         if disks.len() > self.opts.max_devices {
             self.opts.metrics.dropped(
-                "readings_disks",
+                Cache::ReadingsDisks,
                 (disks.len() - self.opts.max_devices) as u64,
             );
             disks.truncate(self.opts.max_devices);
@@ -629,7 +631,7 @@ impl Source for Disk {
         self.prev = next;
         let saturation = self.psi.read(out, &mut errors);
         use_ratio(out, "disk", busiest, saturation);
-        result(errors)
+        ReadError::collect(errors)
     }
 }
 
@@ -704,16 +706,21 @@ impl Network {
 }
 
 impl Source for Network {
-    fn name(&self) -> &'static str {
-        "network"
+    fn name(&self) -> ReadingsSource {
+        ReadingsSource::Network
     }
 
-    fn read(&mut self, out: &mut Vec<Family>) -> Result<(), String> {
+    fn read(&mut self, out: &mut Vec<Family>, _: &Interval) -> Result<(), ReadError> {
         let mut errors = Vec::new();
         let path = self.roots.proc_net.join("dev");
-        let text = crate::os::procfs::read_capped(&path, super::MAX_FILE_BYTES)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut ifaces = netdev::parse(&text).map_err(|e| e.to_string())?;
+        let text =
+            crate::os::procfs::read_capped(&path, super::MAX_FILE_BYTES).map_err(|source| {
+                ReadError::File {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+        let mut ifaces = netdev::parse(&text)?;
         ifaces.retain(|i| {
             !self
                 .opts
@@ -723,7 +730,7 @@ impl Source for Network {
         });
         if ifaces.len() > self.opts.max_devices {
             self.opts.metrics.dropped(
-                "readings_interfaces",
+                Cache::ReadingsInterfaces,
                 (ifaces.len() - self.opts.max_devices) as u64,
             );
             ifaces.truncate(self.opts.max_devices);
@@ -795,7 +802,7 @@ impl Source for Network {
                     }
                 }
             }
-            Ok(Some(Err(e))) => errors.push(e.to_string()),
+            Ok(Some(Err(e))) => errors.push(e.into()),
             Ok(None) => {}
             Err(e) => errors.push(e),
         }
@@ -807,7 +814,7 @@ impl Source for Network {
         };
         use_ratio(out, "network", busiest, saturation);
         use_errors(out, "network", errs as f64);
-        result(errors)
+        ReadError::collect(errors)
     }
 }
 
@@ -863,7 +870,8 @@ pub(crate) mod tests {
         write(&r.proc, "loadavg", "1.50 1.00 0.50 2/100 1234\n");
         let mut cpu = Cpu::new(r.clone());
         let mut out = Vec::new();
-        cpu.read(&mut out).expect("first read");
+        cpu.read(&mut out, &Interval::default())
+            .expect("first read");
         let tick = tick_seconds();
         assert_eq!(
             value(&out, "node_cpu", &[("cpu", "0"), ("mode", "idle")]),
@@ -887,7 +895,8 @@ pub(crate) mod tests {
             "cpu  250 0 250 900 0 0 0 0 0 0\ncpu0 250 0 250 900 0 0 0 0 0 0\nprocs_running 1\n",
         );
         let mut out = Vec::new();
-        cpu.read(&mut out).expect("second read");
+        cpu.read(&mut out, &Interval::default())
+            .expect("second read");
         assert_eq!(
             value(
                 &out,
@@ -903,8 +912,9 @@ pub(crate) mod tests {
         // A malformed file is an error, not a panic, and the next good one reads again.
         write(&r.proc, "stat", "cpu 1 2\n");
         assert!(cpu
-            .read(&mut Vec::new())
+            .read(&mut Vec::new(), &Interval::default())
             .unwrap_err()
+            .to_string()
             .contains("/proc/stat"));
     }
 
@@ -921,7 +931,7 @@ pub(crate) mod tests {
         );
         let mut cpu = Cpu::new(r.clone());
         let mut out = Vec::new();
-        cpu.read(&mut out).expect("reads");
+        cpu.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             value(&out, "use_ratio", &[("kind", "saturation")]),
             None,
@@ -935,7 +945,7 @@ pub(crate) mod tests {
             "some avg10=0.00 avg60=0.00 avg300=0.00 total=10000000000\n",
         );
         let mut out = Vec::new();
-        cpu.read(&mut out).expect("reads");
+        cpu.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             value(&out, "use_ratio", &[("kind", "saturation")]),
             Some(1.0)
@@ -956,7 +966,7 @@ pub(crate) mod tests {
         write(&r.proc, "pressure/memory", "some avg10=0.00 avg60=0.00 avg300=0.00 total=100\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=50\n");
         let mut m = Memory::new(r.clone());
         let mut out = Vec::new();
-        m.read(&mut out).expect("reads");
+        m.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             value(&out, "node_memory_MemAvailable", &[]),
             Some(256_000.0)
@@ -979,7 +989,11 @@ pub(crate) mod tests {
         // Bad PSI text: the rest is still reported, the error is returned.
         write(&r.proc, "pressure/memory", "some avg10=0.00\n");
         let mut out = Vec::new();
-        assert!(m.read(&mut out).unwrap_err().contains("pressure"));
+        assert!(m
+            .read(&mut out, &Interval::default())
+            .unwrap_err()
+            .to_string()
+            .contains("pressure"));
         assert_eq!(value(&out, "node_memory_MemTotal", &[]), Some(1_024_000.0));
     }
 
@@ -998,7 +1012,7 @@ pub(crate) mod tests {
         o.metrics = metrics.clone();
         let mut d = Disk::new(r.clone(), o);
         let mut out = Vec::new();
-        d.read(&mut out).expect("reads");
+        d.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             value(&out, "node_disk_read", &[("device", "sda")]),
             Some(4096.0)
@@ -1021,7 +1035,7 @@ pub(crate) mod tests {
         // 100 s of io time in a moment: the ratio is clamped to 1.
         write(&r.proc, "diskstats", &line("sda", 100_000));
         let mut out = Vec::new();
-        d.read(&mut out).expect("reads");
+        d.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             value(
                 &out,
@@ -1040,7 +1054,7 @@ pub(crate) mod tests {
         let mut d = Disk::new(r.clone(), o);
         write(&r.proc, "diskstats", &(line("sda", 0) + &line("sdb", 0)));
         let mut out = Vec::new();
-        d.read(&mut out).expect("reads");
+        d.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             out.iter()
                 .find(|f| f.name == "node_disk_read")
@@ -1062,7 +1076,7 @@ pub(crate) mod tests {
         write(&r.sys, "class/net/eth0/speed", "1000\n");
         let mut n = Network::new(r.clone(), opts(8));
         let mut out = Vec::new();
-        n.read(&mut out).expect("reads");
+        n.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             value(&out, "node_network_speed", &[("device", "eth0")]),
             Some(125e6)
@@ -1079,7 +1093,7 @@ pub(crate) mod tests {
         // 100 packets, 5 dropped and 5 overrun; 10 GB received in a moment (clamped to 1).
         write(&r.proc_net, "dev", &format!("{hdr}  eth0: 10000000000 100 1 5 5 0 0 0 0 0 2 0 0 0 0 0\n    lo: 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n"));
         let mut out = Vec::new();
-        n.read(&mut out).expect("reads");
+        n.read(&mut out, &Interval::default()).expect("reads");
         assert_eq!(
             value(
                 &out,
@@ -1101,6 +1115,6 @@ pub(crate) mod tests {
             Some(1e10)
         );
         write(&r.proc_net, "dev", "garbage\n");
-        assert!(n.read(&mut Vec::new()).is_err());
+        assert!(n.read(&mut Vec::new(), &Interval::default()).is_err());
     }
 }

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::readings::Source;
+use crate::readings::{ReadError, Source};
 
 pub mod containers;
 pub mod host;
@@ -55,7 +55,7 @@ fn number(file: &'static str, what: &str, s: &str) -> Result<u64, ParseError> {
 
 /// Reads a file (capped at [`MAX_FILE_BYTES`]); `Ok(None)` when it does not exist, which for
 /// optional files (PSI off, an old kernel, a controller not mounted) is not an error.
-fn read_optional(path: &Path) -> Result<Option<String>, String> {
+fn read_optional(path: &Path) -> Result<Option<String>, ReadError> {
     match crate::os::procfs::read_capped(path, MAX_FILE_BYTES) {
         Ok(t) => Ok(Some(t)),
         Err(e)
@@ -66,7 +66,10 @@ fn read_optional(path: &Path) -> Result<Option<String>, String> {
         {
             Ok(None)
         }
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(source) => Err(ReadError::File {
+            path: path.to_owned(),
+            source,
+        }),
     }
 }
 

@@ -1,0 +1,410 @@
+//! The label values of ember's own metric families, one enum per family whose label takes a
+//! fixed set of values.
+//!
+//! Each variant is rendered to its label value here and nowhere else ([`Loss::as_str`] and
+//! friends), and each variant's doc comment says what it counts: this file is the list that
+//! ties a reason to its help text (the README's metrics table repeats the values). The
+//! [`super::Metrics`] methods take these enums, so a call site cannot invent a new value.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
+
+/// Declares a label enum of unit variants: `Variant => "label_value"`, each with its doc.
+macro_rules! label_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $( $(#[$vmeta:meta])* $variant:ident => $value:literal, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name {
+            $( $(#[$vmeta])* $variant, )+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The label value, as `/metrics` shows it.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $value,)+
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl EncodeLabelValue for $name {
+            fn encode(&self, encoder: &mut LabelValueEncoder) -> fmt::Result {
+                fmt::Write::write_str(encoder, self.as_str())
+            }
+        }
+    };
+}
+
+label_enum! {
+    /// `ember_samples_lost_total{reason}`: where along the way a sample was lost. Every value
+    /// is created at zero at start, so alert expressions have a series to read.
+    pub enum Loss {
+        /// BPF: the ring buffer to userspace was full.
+        RingbufFull => "ringbuf_full",
+        /// BPF: the per-CPU scratch buffer was missing.
+        NoScratch => "no_scratch",
+        /// Userspace: a record shorter than its header says.
+        Malformed => "malformed",
+        /// Userspace: the capture → aggregate queue was full.
+        QueueFull => "queue_full",
+        /// Userspace: `limits.max_stacks_per_window` reached.
+        StackCap => "stack_cap",
+        /// Userspace: a closed window could not be queued for encoding.
+        WindowQueue => "window_queue",
+    }
+}
+
+label_enum! {
+    /// `ember_stack_errors_total{side}`: which stack the kernel could not walk (the sample is
+    /// kept with the other side).
+    pub enum StackSide {
+        /// The kernel stack.
+        Kernel => "kernel",
+        /// The user stack.
+        User => "user",
+    }
+}
+
+label_enum! {
+    /// `ember_frames_total{result}`: frames in written stacks, by how they were named. Every
+    /// value is created at zero at start.
+    pub enum FrameResult {
+        /// Named from symbols (ELF, DWARF, kallsyms).
+        Named => "named",
+        /// No symbol: kept as `libfoo.so+0x1a2b`, `[unknown]`, ….
+        Unnamed => "unnamed",
+        /// Named from a JIT perf map or jitdump.
+        Jit => "jit",
+    }
+}
+
+label_enum! {
+    /// `ember_cache_dropped_total{cache}`: which bounded cache or queue dropped entries because
+    /// it was full.
+    pub enum Cache {
+        /// The process table (`limits.max_processes`): the least recently seen process.
+        Processes => "processes",
+        /// Open object files (`limits.max_objects`): the mapping stays unnamed.
+        Objects => "objects",
+        /// The symbolizer's frame cache (`limits.symbol_cache_entries`): entries let go to make room.
+        Symbols => "symbols",
+        /// Filter orders (deny or allow a pid or cgroup in BPF) from the aggregator to capture.
+        ControlQueue => "control_queue",
+        /// A closed window waiting for encoding.
+        WindowQueue => "window_queue",
+        /// A window that could not be compressed.
+        WindowEncode => "window_encode",
+        /// A window that could not be written to the window directory.
+        WindowWrite => "window_write",
+        /// JVM perf map refresh requests to the attach thread.
+        JvmRequests => "jvm_requests",
+        /// Finished JVM perf map refreshes coming back from the attach thread.
+        JvmResults => "jvm_results",
+        /// The perf counters' cgroup walk stopped at its directory cap.
+        PerfCgroupDirs => "perf_cgroup_dirs",
+        /// Containers beyond `counters.max_containers`, or whose counters could not be opened.
+        PerfContainers => "perf_containers",
+        /// Containers beyond `counters.max_containers` for run-queue latency.
+        RunqueueContainers => "runqueue_containers",
+        /// Disks beyond `readings.max_devices`.
+        ReadingsDisks => "readings_disks",
+        /// Network interfaces beyond `readings.max_devices`.
+        ReadingsInterfaces => "readings_interfaces",
+        /// Cgroup directories the readings' walk skipped at its cap.
+        ReadingsCgroupDirs => "readings_cgroup_dirs",
+        /// Containers beyond `readings.max_containers`.
+        ReadingsContainers => "readings_containers",
+    }
+}
+
+label_enum! {
+    /// `ember_proc_read_errors_total{reason}`: which `/proc` entry was unreadable or
+    /// malformed (counted and skipped).
+    pub enum ProcRead {
+        /// `/proc/<pid>/stat`: the process is not tracked.
+        Stat => "stat",
+        /// `/proc/<pid>/maps`: the process is tracked without mappings.
+        Maps => "maps",
+        /// A line of `/proc/<pid>/maps` that does not parse.
+        MapsLine => "maps_line",
+        /// `/proc/<pid>/cgroup`: the process gets no workload labels.
+        Cgroup => "cgroup",
+        /// A mapped file that could not be opened through `/proc/<pid>/map_files` or its root.
+        OpenObject => "open_object",
+        /// `/proc/kallsyms`: kernel frames stay unnamed.
+        Kallsyms => "kallsyms",
+    }
+}
+
+label_enum! {
+    /// `ember_readings_errors_total{source}`: which readings source failed a read (the log
+    /// names the file).
+    pub enum ReadingsSource {
+        /// Host CPU: `/proc/stat`, `/proc/loadavg`, `/proc/pressure/cpu`.
+        Cpu => "cpu",
+        /// Host memory: `/proc/meminfo`, `/proc/vmstat`, `/proc/pressure/memory`.
+        Memory => "memory",
+        /// Host disks: `/proc/diskstats`, `/proc/pressure/io`.
+        Disk => "disk",
+        /// Host network: `/proc/1/net/dev`, `/proc/1/net/snmp`.
+        Network => "network",
+        /// Per-container cgroup files.
+        Containers => "containers",
+        /// Perf counters (`perf_event_open` in counting mode).
+        Pmc => "pmc",
+        /// Run-queue latency (BPF maps).
+        Runqlat => "runqlat",
+    }
+}
+
+label_enum! {
+    /// `ember_jit_rejects_total{reason}`: why a JIT symbol file, line or record was refused.
+    pub enum JitReject {
+        /// The perf map is a symbolic link.
+        Symlink => "symlink",
+        /// The file could not be opened or its metadata read.
+        Open => "open",
+        /// Not a regular file.
+        NotRegular => "not_regular",
+        /// Owned by neither the process's user nor root.
+        Owner => "owner",
+        /// Larger than `jit.max_file_bytes`.
+        TooLarge => "too_large",
+        /// Reading the file failed.
+        Read => "read",
+        /// A perf map line that is not `START SIZE name` in hex.
+        Malformed => "malformed",
+        /// A zero-sized or wrapping code range.
+        BadRange => "bad_range",
+        /// An entry beyond the per-process or total cap.
+        TooMany => "too_many",
+        /// Not a jitdump (bad magic), another byte order or an unknown version.
+        JitdumpHeader => "jitdump_header",
+        /// A jitdump record whose size cannot be right (the rest of the file is ignored).
+        JitdumpMalformed => "jitdump_malformed",
+        /// A jitdump ending in a partial record that did not grow since the last read.
+        JitdumpTruncated => "jitdump_truncated",
+    }
+}
+
+label_enum! {
+    /// `ember_jvm_perfmap_refreshes_total{result}`: how asking a JVM to rewrite its perf map
+    /// over the attach protocol ended.
+    pub enum JvmRefresh {
+        /// The JVM rewrote its perf map.
+        Ok => "ok",
+        /// The process has no SIGQUIT handler, so it was not signalled.
+        NoHandler => "no_handler",
+        /// The JVM's `/tmp` could not be opened safely.
+        Tmp => "tmp",
+        /// Taking the JVM's uid/gid on the attach thread failed.
+        Credentials => "credentials",
+        /// The JVM did not open its attach socket in time.
+        NoSocket => "no_socket",
+        /// Talking to the attach socket failed.
+        Io => "io",
+        /// The JVM answered with a non-zero result.
+        Refused => "refused",
+    }
+}
+
+label_enum! {
+    /// `ember_symbol_misses_total{reason}`: addresses of object files that blazesym could not
+    /// name, by its reason. Counted once per address looked up (a cached answer is not
+    /// counted again); the frame is kept as `libfoo.so+0x1a2b`.
+    pub enum SymbolMiss {
+        /// The address is not in the process's memory map.
+        Unmapped => "unmapped",
+        /// The file offset does not map to code or data.
+        InvalidFileOffset => "invalid_file_offset",
+        /// The mapping has no file behind it.
+        MissingComponent => "missing_component",
+        /// The object has no (relevant) symbols: stripped, or only dynamic symbols.
+        MissingSyms => "missing_syms",
+        /// The address belongs to something blazesym does not support.
+        Unsupported => "unsupported",
+        /// The object's symbols do not cover the address.
+        UnknownAddr => "unknown_addr",
+        /// An error for this address was ignored in a batch.
+        IgnoredError => "ignored_error",
+        /// A reason this blazesym version does not name.
+        Other => "other",
+        /// The whole call failed for the object (unreadable or unparsable file): every address
+        /// asked about counts.
+        Error => "error",
+    }
+}
+
+/// `ember_export_dropped_total{reason}`: why a network sink dropped a request. The backend's
+/// answers are open-ended, so they carry the status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExportDrop {
+    /// Pushed out of the sink's queue (`sinks.queue_bytes`) by newer requests; the oldest go first.
+    QueueFull,
+    /// Larger than the whole queue on its own.
+    TooLarge,
+    /// Still queued or in flight when the shutdown grace ran out, or pushed after close.
+    Shutdown,
+    /// Retried until `sinks.retry_max_elapsed` ran out.
+    RetriesExhausted,
+    /// The window could not be encoded for this sink.
+    Encode,
+    /// The HTTP request could not be built (a header the client refuses).
+    BadRequest,
+    /// The backend answered with this HTTP status (a permanent one: not 408, 429 or 5xx).
+    Http(u16),
+    /// The backend answered with this gRPC status code (a permanent one).
+    Grpc(tonic::Code),
+}
+
+impl ExportDrop {
+    /// The label value: `queue_full`, …, `http_<status>`, `grpc_<code in snake case>`.
+    pub fn label(self) -> Cow<'static, str> {
+        match self {
+            ExportDrop::QueueFull => "queue_full".into(),
+            ExportDrop::TooLarge => "too_large".into(),
+            ExportDrop::Shutdown => "shutdown".into(),
+            ExportDrop::RetriesExhausted => "retries_exhausted".into(),
+            ExportDrop::Encode => "encode".into(),
+            ExportDrop::BadRequest => "bad_request".into(),
+            ExportDrop::Http(status) => format!("http_{status}").into(),
+            ExportDrop::Grpc(code) => grpc_label(code).into(),
+        }
+    }
+}
+
+/// `grpc_` and the code's name in snake case, as the gRPC spec spells it in lower case.
+fn grpc_label(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "grpc_ok",
+        Code::Cancelled => "grpc_cancelled",
+        Code::Unknown => "grpc_unknown",
+        Code::InvalidArgument => "grpc_invalid_argument",
+        Code::DeadlineExceeded => "grpc_deadline_exceeded",
+        Code::NotFound => "grpc_not_found",
+        Code::AlreadyExists => "grpc_already_exists",
+        Code::PermissionDenied => "grpc_permission_denied",
+        Code::ResourceExhausted => "grpc_resource_exhausted",
+        Code::FailedPrecondition => "grpc_failed_precondition",
+        Code::Aborted => "grpc_aborted",
+        Code::OutOfRange => "grpc_out_of_range",
+        Code::Unimplemented => "grpc_unimplemented",
+        Code::Internal => "grpc_internal",
+        Code::Unavailable => "grpc_unavailable",
+        Code::DataLoss => "grpc_data_loss",
+        Code::Unauthenticated => "grpc_unauthenticated",
+    }
+}
+
+impl fmt::Display for ExportDrop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.label())
+    }
+}
+
+impl EncodeLabelValue for ExportDrop {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> fmt::Result {
+        fmt::Write::write_str(encoder, &self.label())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    /// Label values are unique within a family, snake case, and what alerts and tests read.
+    #[test]
+    fn values_are_unique_and_snake_case() {
+        fn check(values: &[&'static str]) {
+            let set: HashSet<_> = values.iter().collect();
+            assert_eq!(set.len(), values.len(), "{values:?}");
+            for v in values {
+                assert!(
+                    v.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                    "{v}"
+                );
+            }
+        }
+        check(&Loss::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>());
+        check(&Cache::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>());
+        check(&ProcRead::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>());
+        check(
+            &JitReject::ALL
+                .iter()
+                .map(|r| r.as_str())
+                .collect::<Vec<_>>(),
+        );
+        check(
+            &JvmRefresh::ALL
+                .iter()
+                .map(|r| r.as_str())
+                .collect::<Vec<_>>(),
+        );
+        check(
+            &SymbolMiss::ALL
+                .iter()
+                .map(|r| r.as_str())
+                .collect::<Vec<_>>(),
+        );
+        check(
+            &ReadingsSource::ALL
+                .iter()
+                .map(|r| r.as_str())
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(
+            Loss::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>(),
+            [
+                "ringbuf_full",
+                "no_scratch",
+                "malformed",
+                "queue_full",
+                "stack_cap",
+                "window_queue"
+            ]
+        );
+    }
+
+    /// The gRPC labels are the code's `Debug` name in snake case, as they were before the
+    /// table existed (`grpc_invalid_argument`, …).
+    #[test]
+    fn grpc_labels_are_snake_case_debug_names() {
+        fn snake(code: tonic::Code) -> String {
+            let mut out = String::from("grpc_");
+            for (i, c) in format!("{code:?}").chars().enumerate() {
+                if c.is_ascii_uppercase() && i > 0 {
+                    out.push('_');
+                }
+                out.push(c.to_ascii_lowercase());
+            }
+            out
+        }
+        for n in 0..=16 {
+            let code = tonic::Code::from_i32(n);
+            assert_eq!(ExportDrop::Grpc(code).label(), snake(code));
+        }
+        assert_eq!(ExportDrop::Http(400).label(), "http_400");
+        assert_eq!(
+            ExportDrop::RetriesExhausted.to_string(),
+            "retries_exhausted"
+        );
+    }
+}
