@@ -24,11 +24,15 @@
 //!   unsupported row, counted); 8-byte rows keep the table at half the size of 16-byte
 //!   `{u64 pc, ...}` ones and need no alignment padding in an array map.
 //! - A row repeating the rule before it is dropped: a rule holds until the next row.
+//!   The alignment padding between two functions gets no row of its own (it is never
+//!   executed), which lets the next function's first row go too when it repeats the
+//!   previous one's last: 18 % fewer rows for libc.
 //! - Besides rsp/rbp + offset, rows carry the cases an x86-64 walk meets: PLT stubs
 //!   (the linker's CFA expression), gcc's realigned frames (CFA = *(rbp - 8)), signal
-//!   trampolines (the registers are in the `rt_sigframe`), the outermost frame (`_start`,
-//!   thread entry: return address undefined, stop cleanly), gaps no FDE covers (use the
-//!   frame pointer), and what cannot be expressed (stop, counted by reason).
+//!   trampolines (the registers are in the `rt_sigframe`), the outermost frame (the
+//!   entry point's FDE, or CFI that marks the return address undefined: stop cleanly),
+//!   code no FDE covers (use the frame pointer), and what cannot be expressed (stop,
+//!   counted by reason).
 //!
 //! Bounds: [`Limits`] caps the object's size, the rows, the CIE/FDE entries, the pages,
 //! each CIE's length and the total CFA program interpreted; gimli bounds each row's
