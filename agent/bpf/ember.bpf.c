@@ -18,6 +18,11 @@ const volatile struct ember_config ember_cfg = {};
 /* Never written: present so the skeleton carries the Rust types of the record and the counters. */
 struct ember_record ember_record_layout = {};
 enum ember_counter ember_counter_layout = EMBER_CNT_MAX;
+/* Likewise for the unwind table types: normalize/unwind checks its Rust mirror against them. */
+struct ember_unwind_row ember_unwind_row_layout = {};
+struct ember_unwind_page ember_unwind_page_layout = {};
+enum ember_cfa_rule ember_cfa_rule_layout = EMBER_CFA_UNSUPPORTED;
+enum ember_rbp_rule ember_rbp_rule_layout = EMBER_RBP_UNCHANGED;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);

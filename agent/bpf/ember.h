@@ -89,4 +89,55 @@ enum ember_rq_counter {
 	EMBER_RQ_CNT_MAX = 2,
 };
 
+/*
+ * Unwind tables (normalize/unwind builds them from an object's .eh_frame and
+ * .debug_frame; the sampler walks them to unwind code without frame pointers).
+ *
+ * One table per object. Addresses are the object's own virtual addresses (the
+ * sampler subtracts the mapping's bias first). The object's code is cut into
+ * 64 KiB pages, numbered from the table's first page; page i's rows are
+ * rows[first_row .. first_row + row_count), sorted by pc_low, and the first
+ * one always has pc_low 0, so a binary search of at most 17 steps always
+ * finds the row in force: the last one with pc_low <= (pc & 0xffff).
+ *
+ * Rust mirrors these in normalize/unwind/row.rs (the compiler is fuzzed without
+ * the BPF build); normalize/unwind/abi.rs checks the mirrors against the
+ * skeleton's types at compile time.
+ */
+#define EMBER_UNWIND_PAGE_SHIFT 16
+
+/* How to find the caller's frame (the CFA, canonical frame address). */
+enum ember_cfa_rule {
+	EMBER_CFA_UNSUPPORTED = 0,   /* CFI ember cannot express here: stop, counted */
+	EMBER_CFA_RSP = 1,           /* CFA = rsp + cfa_offset */
+	EMBER_CFA_RBP = 2,           /* CFA = rbp + cfa_offset */
+	EMBER_CFA_RBP_DEREF = 3,     /* CFA = *(rbp + (__s16)cfa_offset): realigned stack */
+	EMBER_CFA_PLT = 4,           /* CFA = rsp + cfa_offset + ((rip & 15) >= rbp_offset) * 8 */
+	EMBER_CFA_SIGNAL = 5,        /* signal trampoline: rsp points at the ucontext, its mcontext at rsp + 40 */
+	EMBER_CFA_STOP = 6,          /* outermost frame (the entry point, thread entry): the stack ends here */
+	EMBER_CFA_FRAME_POINTER = 7, /* no CFI covers this address: use the frame pointer */
+};
+
+/* Where the caller's rbp is. The return address is always at CFA - 8. */
+enum ember_rbp_rule {
+	EMBER_RBP_UNCHANGED = 0, /* rbp still holds the caller's value */
+	EMBER_RBP_AT_CFA = 1,    /* saved at CFA + rbp_offset */
+	EMBER_RBP_AT_RBP = 2,    /* saved at rbp + rbp_offset (realigned stack) */
+	EMBER_RBP_UNKNOWN = 3,   /* not recoverable: frames above that need it stop */
+};
+
+/* 8 bytes, so a table costs 8 bytes per row plus 8 per page. */
+struct ember_unwind_row {
+	__u16 pc_low;     /* address & 0xffff of the row's first instruction */
+	__u8 cfa_rule;    /* enum ember_cfa_rule */
+	__u8 rbp_rule;    /* enum ember_rbp_rule */
+	__u16 cfa_offset;
+	__s16 rbp_offset; /* EMBER_CFA_PLT: the (rip & 15) threshold instead */
+};
+
+struct ember_unwind_page {
+	__u32 first_row; /* index of the page's first row in the table's rows */
+	__u32 row_count; /* >= 1 for every page of a table */
+};
+
 #endif /* EMBER_H */

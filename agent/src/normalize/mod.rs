@@ -9,3 +9,4 @@
 pub mod jit;
 pub mod object;
 pub mod process;
+pub mod unwind;

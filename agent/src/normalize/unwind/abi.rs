@@ -1,0 +1,57 @@
+//! The row and page types are `struct ember_unwind_row` and `struct ember_unwind_page` of
+//! `agent/bpf/ember.h`. The compiler keeps its own mirrors (plain Rust, so the fuzz crate
+//! can build it without a skeleton); these compile-time checks fail the build the moment
+//! the header and the mirrors disagree.
+//!
+//! The types come from the BPF program's BTF: `ember.bpf.c` holds one `*_layout` global of
+//! each, so libbpf-cargo generates them into the skeleton.
+
+use std::mem::{align_of, offset_of, size_of};
+
+use super::row::{CfaRule, RbpRule, UnwindPage, UnwindRow, PAGE_SHIFT};
+
+#[allow(
+    dead_code,
+    missing_docs,
+    clippy::all,
+    clippy::unwrap_used,
+    unsafe_op_in_unsafe_fn
+)]
+mod skel {
+    include!(concat!(env!("OUT_DIR"), "/ember.skel.rs"));
+}
+use skel::types::{ember_cfa_rule, ember_rbp_rule, ember_unwind_page, ember_unwind_row};
+
+const _: () = {
+    assert!(size_of::<UnwindRow>() == size_of::<ember_unwind_row>());
+    assert!(size_of::<UnwindRow>() == 8);
+    assert!(align_of::<UnwindRow>() == align_of::<ember_unwind_row>());
+    assert!(offset_of!(UnwindRow, pc_low) == offset_of!(ember_unwind_row, pc_low));
+    assert!(offset_of!(UnwindRow, cfa_rule) == offset_of!(ember_unwind_row, cfa_rule));
+    assert!(offset_of!(UnwindRow, rbp_rule) == offset_of!(ember_unwind_row, rbp_rule));
+    assert!(offset_of!(UnwindRow, cfa_offset) == offset_of!(ember_unwind_row, cfa_offset));
+    assert!(offset_of!(UnwindRow, rbp_offset) == offset_of!(ember_unwind_row, rbp_offset));
+
+    assert!(size_of::<UnwindPage>() == size_of::<ember_unwind_page>());
+    assert!(align_of::<UnwindPage>() == align_of::<ember_unwind_page>());
+    assert!(offset_of!(UnwindPage, first_row) == offset_of!(ember_unwind_page, first_row));
+    assert!(offset_of!(UnwindPage, row_count) == offset_of!(ember_unwind_page, row_count));
+
+    assert!(CfaRule::Unsupported as u32 == ember_cfa_rule::EMBER_CFA_UNSUPPORTED.0);
+    assert!(CfaRule::Rsp as u32 == ember_cfa_rule::EMBER_CFA_RSP.0);
+    assert!(CfaRule::Rbp as u32 == ember_cfa_rule::EMBER_CFA_RBP.0);
+    assert!(CfaRule::RbpDeref as u32 == ember_cfa_rule::EMBER_CFA_RBP_DEREF.0);
+    assert!(CfaRule::Plt as u32 == ember_cfa_rule::EMBER_CFA_PLT.0);
+    assert!(CfaRule::Signal as u32 == ember_cfa_rule::EMBER_CFA_SIGNAL.0);
+    assert!(CfaRule::Stop as u32 == ember_cfa_rule::EMBER_CFA_STOP.0);
+    assert!(CfaRule::FramePointer as u32 == ember_cfa_rule::EMBER_CFA_FRAME_POINTER.0);
+
+    assert!(RbpRule::Unchanged as u32 == ember_rbp_rule::EMBER_RBP_UNCHANGED.0);
+    assert!(RbpRule::AtCfa as u32 == ember_rbp_rule::EMBER_RBP_AT_CFA.0);
+    assert!(RbpRule::AtRbp as u32 == ember_rbp_rule::EMBER_RBP_AT_RBP.0);
+    assert!(RbpRule::Unknown as u32 == ember_rbp_rule::EMBER_RBP_UNKNOWN.0);
+
+    // EMBER_UNWIND_PAGE_SHIFT is a #define, absent from BTF: the row's 16-bit pc_low is
+    // what ties it to PAGE_SHIFT.
+    assert!(PAGE_SHIFT == u16::BITS);
+};
