@@ -26,12 +26,12 @@ pub mod aggregate;
 pub mod capture;
 pub mod config;
 pub mod encode;
-pub mod export;
+pub(crate) mod export;
 pub mod metrics;
 pub mod normalize;
-pub mod os;
+pub(crate) mod os;
 pub mod readings;
-pub mod server;
+pub(crate) mod server;
 pub mod symbolize;
 pub mod workload;
 

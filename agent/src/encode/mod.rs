@@ -8,9 +8,9 @@
 //! pprof string table.
 
 pub mod flamegraph;
-pub mod otlp;
+pub(crate) mod otlp;
 pub mod pprof;
-pub mod pyroscope;
+pub(crate) mod pyroscope;
 
 #[cfg(test)]
 mod golden;

@@ -248,6 +248,7 @@ impl<T> Queue<T> {
     }
 
     /// Requests and bytes queued now.
+    #[cfg(test)]
     pub fn len_bytes(&self) -> (usize, u64) {
         let s = self.lock();
         (s.items.len(), s.bytes)

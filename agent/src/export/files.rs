@@ -118,11 +118,6 @@ impl WindowDir {
         Ok(windows)
     }
 
-    /// The directory holding the windows.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// Writes the gzip'ed profile of the window that started at `start`
     /// and returns its path, then removes the oldest windows beyond the
     /// caps (logged). The file appears under its final name only once
@@ -144,14 +139,6 @@ impl WindowDir {
             tracing::debug!(count = removed.len(), oldest = %removed[0], "removed old windows");
         }
         Ok(path)
-    }
-
-    /// Removes the oldest windows until both caps hold, keeping the newest
-    /// window regardless; returns the names removed. [`WindowDir::write`]
-    /// calls this; call it directly to apply the caps at start-up.
-    pub fn enforce_retention(&self) -> Vec<String> {
-        let _guard = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.prune()
     }
 
     /// The window files, newest first.
@@ -501,7 +488,7 @@ mod tests {
             Err(FilesError::NotFound(_))
         ));
         // A symlink with a window name is neither listed nor followed.
-        symlink(&secret, w.dir().join("20261122T031500.999Z.pb.gz"))?;
+        symlink(&secret, w.dir.join("20261122T031500.999Z.pb.gz"))?;
         assert!(w.list().is_empty());
         assert!(w.read("20261122T031500.999Z.pb.gz").is_err());
         Ok(())

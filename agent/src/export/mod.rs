@@ -34,8 +34,6 @@ use files::WindowDir;
 /// A destination for finished windows. `accept` runs on the output thread and
 /// must not wait on the network.
 pub trait Sink: Send {
-    /// Name for logs and metrics.
-    fn name(&self) -> &'static str;
     /// Takes one window.
     fn accept(&mut self, window: &Encoded);
 }
@@ -63,10 +61,6 @@ impl Files {
 }
 
 impl Sink for Files {
-    fn name(&self) -> &'static str {
-        "files"
-    }
-
     fn accept(&mut self, w: &Encoded) {
         if let Err(e) = self.dir.write(w.start, &w.gz) {
             tracing::error!("could not write a window: {e}");
@@ -84,10 +78,6 @@ struct Queued<E: Encode> {
 }
 
 impl<E: Encode> Sink for Queued<E> {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
     fn accept(&mut self, w: &Encoded) {
         match self.encoder.encode(&w.window) {
             Ok(requests) => {
@@ -114,11 +104,6 @@ impl Dispatcher {
         for s in &mut self.sinks {
             s.accept(w);
         }
-    }
-
-    /// The sinks' names, in order.
-    pub fn names(&self) -> Vec<&'static str> {
-        self.sinks.iter().map(|s| s.name()).collect()
     }
 }
 

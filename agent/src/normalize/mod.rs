@@ -6,7 +6,7 @@
 //! plus each process's name and cgroup, kept by the [`process::ProcessTable`] that the
 //! aggregation stage owns.
 
-pub mod jit;
-pub mod object;
-pub mod process;
+pub(crate) mod jit;
+pub(crate) mod object;
+pub(crate) mod process;
 pub mod unwind;

@@ -236,16 +236,13 @@ impl ProcessTable {
     }
 
     /// Processes currently tracked.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.procs.len()
     }
 
-    /// Whether no process is tracked.
-    pub fn is_empty(&self) -> bool {
-        self.procs.is_empty()
-    }
-
     /// Object files currently held open.
+    #[cfg(test)]
     pub fn objects(&self) -> usize {
         self.objects.len()
     }

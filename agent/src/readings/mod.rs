@@ -11,10 +11,10 @@
 //! Before asking, the thread walks the cgroup hierarchies the sources need, each
 //! once ([`Interval`]), so every per-container source reads the same inventory.
 
-pub mod otlp;
-pub mod pmc;
+pub(crate) mod otlp;
+pub(crate) mod pmc;
 pub mod resources;
-pub mod runqlat;
+pub(crate) mod runqlat;
 
 use std::fmt;
 use std::path::PathBuf;

@@ -33,6 +33,7 @@ impl Kallsyms {
     }
 
     /// Builds the table from text (tests).
+    #[cfg(test)]
     pub fn parse(text: &str) -> Self {
         Self::from_entries(text.lines().filter_map(parse_line).collect())
     }
@@ -64,11 +65,13 @@ impl Kallsyms {
     }
 
     /// Number of symbols.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.addrs.len()
     }
 
     /// Whether the table is empty (e.g. addresses hidden from an unprivileged reader).
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.addrs.is_empty()
     }

@@ -12,7 +12,7 @@
 //! (mmapped DWARF, parsed indexes) is let go once a window needs none of it. Addresses
 //! blazesym cannot name keep a placeholder and count in `ember_symbol_misses_total{reason}`.
 
-pub mod kallsyms;
+mod kallsyms;
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};

@@ -15,11 +15,11 @@
 //! metadata is looked up at every window close instead, because a pod often reaches the
 //! watcher's store a moment after its first process has already been sampled.
 
-pub mod accounting;
-pub mod cgroup;
-pub mod filter;
-pub mod kube;
-pub mod labels;
+pub(crate) mod accounting;
+pub(crate) mod cgroup;
+pub(crate) mod filter;
+pub(crate) mod kube;
+pub(crate) mod labels;
 pub mod walk;
 
 pub use accounting::{Accounting, FORGET_AFTER_WINDOWS};

@@ -22,9 +22,9 @@
 //! window, and only for processes whose stacks reach anonymous executable memory, so
 //! processes without JIT code cost nothing.
 
-pub mod jitdump;
-pub mod jvm;
-pub mod perfmap;
+mod jitdump;
+mod jvm;
+mod perfmap;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -187,11 +187,6 @@ impl JitTables {
             self.total = self.total.saturating_sub(p.perf.len() + p.dump.len());
             self.publish();
         }
-    }
-
-    /// Entries held across all processes.
-    pub fn total_entries(&self) -> usize {
-        self.total
     }
 
     fn publish(&self) {
@@ -573,7 +568,7 @@ mod tests {
             name(&mut t, v.pid(), 0x1050, 2).as_deref(),
             Some("bare_hex")
         );
-        assert_eq!(t.total_entries(), 4);
+        assert_eq!(t.total, 4);
         // Rewritten shorter: read from scratch.
         std::fs::write(&v.map, "5000 10 only\n").expect("rewrite");
         assert_eq!(name(&mut t, v.pid(), 0x1008, 3), None);
@@ -589,7 +584,7 @@ mod tests {
         );
         assert_eq!(m.jit_entries.get(), 2);
         t.forget(v.pid());
-        assert_eq!((t.total_entries(), m.jit_entries.get()), (0, 0));
+        assert_eq!((t.total, m.jit_entries.get()), (0, 0));
         assert_eq!(rejects(&m, "malformed"), 0);
     }
 
@@ -667,13 +662,13 @@ mod tests {
         assert!(name(&mut t, a.pid(), 0x1000, 1).is_some());
         assert!(name(&mut t, b.pid(), 0x1000, 1).is_some());
         assert_eq!(
-            t.total_entries(),
+            t.total,
             5,
             "3 for the first, the 2 left for the second"
         );
         assert_eq!(rejects(&m, "too_many"), 7 + 8);
         t.forget(a.pid());
-        assert_eq!(t.total_entries(), 2);
+        assert_eq!(t.total, 2);
     }
 
     #[test]

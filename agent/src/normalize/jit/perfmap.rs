@@ -45,6 +45,7 @@ impl PerfMap {
     }
 
     /// Adds text appended to the map file; returns the lines skipped, by reason.
+    #[cfg(test)]
     pub fn feed(&mut self, text: &str) -> Vec<Reject> {
         self.feed_bytes(text.as_bytes())
     }
@@ -161,6 +162,7 @@ impl PerfMap {
     }
 
     /// The name of the range holding `addr`, and `addr`'s offset in it.
+    #[cfg(any(test, fuzzing))]
     pub fn lookup(&self, addr: u64) -> Option<(&str, u64)> {
         let (start, (end, name)) = self.ranges.range(..=addr).next_back()?;
         (addr < *end).then(|| (&**name, addr - start))
@@ -178,11 +180,13 @@ impl PerfMap {
     }
 
     /// Whether the map holds no range.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.ranges.is_empty()
     }
 
     /// Lines skipped so far, by reason (`malformed`, `bad_range`, `too_many`).
+    #[cfg(test)]
     pub fn rejected(&self) -> &BTreeMap<JitReject, u64> {
         &self.rejected
     }

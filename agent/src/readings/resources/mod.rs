@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use crate::readings::{ReadError, Source};
 
-pub mod containers;
-pub mod host;
+mod containers;
+mod host;
 
 mod cgroupfs;
 mod diskstats;
