@@ -661,11 +661,7 @@ mod tests {
         std::fs::write(&b.map, &lines).expect("write");
         assert!(name(&mut t, a.pid(), 0x1000, 1).is_some());
         assert!(name(&mut t, b.pid(), 0x1000, 1).is_some());
-        assert_eq!(
-            t.total,
-            5,
-            "3 for the first, the 2 left for the second"
-        );
+        assert_eq!(t.total, 5, "3 for the first, the 2 left for the second");
         assert_eq!(rejects(&m, "too_many"), 7 + 8);
         t.forget(a.pid());
         assert_eq!(t.total, 2);
