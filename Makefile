@@ -193,8 +193,7 @@ test: deps
 	$(MAKE) --no-print-directory test-only
 
 # cargo-fuzz targets of the parsers of container input (perf map, jitdump, unwind tables),
-# FUZZ_SECONDS each; not part
-# of `make test`. libFuzzer needs nightly flags: RUSTC_BOOTSTRAP lets stable Rust take them.
+# FUZZ_SECONDS each; not part of `make test`. libFuzzer needs nightly flags: RUSTC_BOOTSTRAP lets stable Rust take them.
 FUZZ_SECONDS ?= 60
 fuzz: rust-deps
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
