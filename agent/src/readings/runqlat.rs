@@ -226,13 +226,7 @@ impl Source for Runqlat {
     }
 
     fn cgroups(&self) -> Vec<Request> {
-        self.root
-            .iter()
-            .map(|root| Request {
-                root: root.clone(),
-                rules: walk::COUNTERS,
-            })
-            .collect()
+        Request::counters(self.root.as_ref())
     }
 
     fn read(&mut self, out: &mut Vec<Family>, interval: &Interval) -> Result<(), ReadError> {

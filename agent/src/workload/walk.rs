@@ -66,6 +66,19 @@ pub struct Request {
     pub rules: Rules,
 }
 
+impl Request {
+    /// What the per-container counters and run-queue latency ask for: the `perf_event`
+    /// hierarchy at `root` (when there is one), with the [`COUNTERS`] rules.
+    pub fn counters(root: Option<&PathBuf>) -> Vec<Request> {
+        root.map(|root| Request {
+            root: root.clone(),
+            rules: COUNTERS,
+        })
+        .into_iter()
+        .collect()
+    }
+}
+
 /// One container's cgroup directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerCgroup {
