@@ -10,8 +10,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::metrics::JitReject;
-
 /// Why (part of) a jitdump was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reject {
@@ -23,18 +21,6 @@ pub enum Reject {
     BadRange,
     /// The entry cap was reached.
     TooMany,
-}
-
-impl Reject {
-    /// The reason counted in `ember_jit_rejects_total`.
-    pub fn reason(self) -> JitReject {
-        match self {
-            Reject::BadHeader => JitReject::JitdumpHeader,
-            Reject::Malformed => JitReject::JitdumpMalformed,
-            Reject::BadRange => JitReject::BadRange,
-            Reject::TooMany => JitReject::TooMany,
-        }
-    }
 }
 
 /// One source position: code from `addr` on comes from `file:line`.

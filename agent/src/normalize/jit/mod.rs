@@ -292,6 +292,26 @@ impl JitTables {
 }
 
 /// Reads what was appended to the perf map of `pid` (all of it when it was replaced).
+/// The label a perf-map line refusal is counted under (the parser names its own reasons;
+/// the stage maps them onto the metric).
+fn perfmap_reason(r: perfmap::Reject) -> JitReject {
+    match r {
+        perfmap::Reject::Malformed => JitReject::Malformed,
+        perfmap::Reject::BadRange => JitReject::BadRange,
+        perfmap::Reject::TooMany => JitReject::TooMany,
+    }
+}
+
+/// The label a jitdump refusal is counted under.
+fn jitdump_reason(r: jitdump::Reject) -> JitReject {
+    match r {
+        jitdump::Reject::BadHeader => JitReject::JitdumpHeader,
+        jitdump::Reject::Malformed => JitReject::JitdumpMalformed,
+        jitdump::Reject::BadRange => JitReject::BadRange,
+        jitdump::Reject::TooMany => JitReject::TooMany,
+    }
+}
+
 fn read_perf_map(pid: u32, p: &mut ProcJit, limits: (u64, usize), rejects: &mut Vec<JitReject>) {
     let (max_bytes, room) = limits;
     let Ok(root) = File::open(format!("/proc/{pid}/root")) else {
@@ -325,12 +345,7 @@ fn read_perf_map(pid: u32, p: &mut ProcJit, limits: (u64, usize), rejects: &mut 
     let Some(bytes) = read_range(&file, cursor.offset, size) else {
         return rejects.push(JitReject::Read);
     };
-    rejects.extend(
-        p.perf
-            .feed_bytes(&bytes)
-            .into_iter()
-            .map(perfmap::Reject::reason),
-    );
+    rejects.extend(p.perf.feed_bytes(&bytes).into_iter().map(perfmap_reason));
     cursor.offset = size;
     p.perf_at = Some(cursor);
 }
@@ -355,7 +370,7 @@ fn read_jitdump(obj: &Object, p: &mut ProcJit, limits: (u64, usize), rejects: &m
         return rejects.push(JitReject::Read);
     };
     let (used, rs) = p.dump.feed(&bytes);
-    rejects.extend(rs.into_iter().map(jitdump::Reject::reason));
+    rejects.extend(rs.into_iter().map(jitdump_reason));
     let pending = bytes.len() - used;
     // A tail that did not grow since the last read is a truncated record, not one being
     // written: count it once (it still gets parsed if the rest ever arrives).

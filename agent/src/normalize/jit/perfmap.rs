@@ -9,10 +9,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::metrics::JitReject;
-
 /// Why a line was skipped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reject {
     /// Not three fields of hex, hex and a name.
     Malformed,
@@ -32,7 +30,7 @@ pub struct PerfMap {
     /// Inside an overlong line: drop bytes up to the next newline.
     skipping: bool,
     max_entries: usize,
-    rejected: BTreeMap<JitReject, u64>,
+    rejected: BTreeMap<Reject, u64>,
 }
 
 impl PerfMap {
@@ -106,7 +104,7 @@ impl PerfMap {
     }
 
     fn count(&mut self, r: Reject, rejects: &mut Vec<Reject>) {
-        *self.rejected.entry(r.reason()).or_default() += 1;
+        *self.rejected.entry(r).or_default() += 1;
         rejects.push(r);
     }
 
@@ -187,24 +185,13 @@ impl PerfMap {
 
     /// Lines skipped so far, by reason (`malformed`, `bad_range`, `too_many`).
     #[cfg(test)]
-    pub fn rejected(&self) -> &BTreeMap<JitReject, u64> {
+    pub fn rejected(&self) -> &BTreeMap<Reject, u64> {
         &self.rejected
     }
 }
 
 /// Longest line kept while waiting for its end; JIT names are far shorter.
 const MAX_LINE: usize = 64 << 10;
-
-impl Reject {
-    /// The reason counted in `ember_jit_rejects_total`.
-    pub fn reason(self) -> JitReject {
-        match self {
-            Reject::Malformed => JitReject::Malformed,
-            Reject::BadRange => JitReject::BadRange,
-            Reject::TooMany => JitReject::TooMany,
-        }
-    }
-}
 
 fn parse_hex(s: &str) -> Option<u64> {
     let digits = s
@@ -316,8 +303,8 @@ mod tests {
             ]
         );
         assert_eq!(m.len(), 2);
-        assert_eq!(m.rejected().get(&JitReject::Malformed), Some(&4));
-        assert_eq!(m.rejected().get(&JitReject::TooMany), Some(&1));
+        assert_eq!(m.rejected().get(&Reject::Malformed), Some(&4));
+        assert_eq!(m.rejected().get(&Reject::TooMany), Some(&1));
         // A replacement within the cap still lands.
         assert!(m.feed("1000 10 a2\n").is_empty());
         assert_eq!(m.lookup(0x1000).map(|r| r.0), Some("a2"));
