@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::capture::{Batch, Control, Sample};
 use crate::config::Limits;
-use crate::metrics::{Cache, Loss, Metrics};
+use crate::metrics::{Cache, Loss, Metrics, StackEnd, MAX_WORKLOADS};
 use crate::normalize::process::{ProcessTable, UserAddr};
 use crate::workload::kube::Metadata;
 use crate::workload::{self, Accounting, Cgroup, Filter, Labels, Verdict};
@@ -73,6 +73,7 @@ struct Key {
     comm: [u8; 16],
     kernel: Box<[u64]>,
     user: Box<[u64]>,
+    end: StackEnd,
 }
 
 /// What the aggregator needs to attribute samples to workloads and filter them.
@@ -103,6 +104,8 @@ pub struct Aggregator {
     workloads: Workloads,
     /// Excluded processes whose samples may still be in flight.
     denied: HashSet<u32>,
+    /// Workloads with their own `ember_stacks_total` series (at most [`MAX_WORKLOADS`]).
+    stack_workloads: HashSet<String>,
 }
 
 impl Aggregator {
@@ -119,6 +122,7 @@ impl Aggregator {
             metrics,
             workloads,
             denied: HashSet::new(),
+            stack_workloads: HashSet::new(),
         }
     }
 
@@ -140,6 +144,7 @@ impl Aggregator {
             comm: s.comm,
             kernel: s.kernel.into_boxed_slice(),
             user: s.user.into_boxed_slice(),
+            end: s.user_end,
         };
         let full = self.counts.len() >= self.max_stacks;
         match self.counts.get_mut(&key) {
@@ -175,6 +180,29 @@ impl Aggregator {
         out
     }
 
+    /// The `workload` label of `ember_stacks_total`: the service, else the container, else
+    /// (host processes) the process name; `other` once [`MAX_WORKLOADS`] have a series.
+    fn stack_workload(&mut self, labels: &Labels, process: &str) -> String {
+        let name = if !labels.service_name.is_empty() {
+            labels.service_name.clone()
+        } else if !labels.container.is_empty() {
+            format!("{}/{}/{}", labels.namespace, labels.pod, labels.container)
+        } else if !labels.container_id.is_empty() {
+            let id = &labels.container_id;
+            format!("container:{}", id.get(..12).unwrap_or(id))
+        } else {
+            process.to_owned()
+        };
+        if self.stack_workloads.contains(&name) {
+            return name;
+        }
+        if self.stack_workloads.len() >= MAX_WORKLOADS {
+            return "other".to_owned();
+        }
+        self.stack_workloads.insert(name.clone());
+        name
+    }
+
     fn deny(&mut self, pid: u32, cg: &Cgroup) {
         self.denied.insert(pid);
         // A container in its own cgroup v2 is denied as a whole (its future processes too);
@@ -208,6 +236,8 @@ impl Aggregator {
             if let Some(acc) = &mut self.workloads.accounting {
                 acc.add(labels, cg, (count * self.period_ns) as f64 / 1e9);
             }
+            let workload = self.stack_workload(labels, &self.table.name(key.pid));
+            self.metrics.stacks_ended(&workload, key.end, count);
             let mut frames = Vec::with_capacity(key.kernel.len() + key.user.len());
             frames.extend(
                 key.kernel
@@ -331,6 +361,7 @@ mod tests {
             comm: *b"worker\0\0\0\0\0\0\0\0\0\0",
             kernel: vec![0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020],
             user: user.to_vec(),
+            user_end: crate::metrics::StackEnd::Complete,
         }
     }
 
