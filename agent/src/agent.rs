@@ -496,8 +496,11 @@ impl Pipeline {
                     cache_dir: Some(cfg.sampling.unwind_cache_dir.clone())
                         .filter(|d| !d.as_os_str().is_empty()),
                 };
+                let preload = cfg.sampling.pids.clone();
                 match unwind::Loader::new(maps, settings, metrics) {
-                    Ok(loader) => Some(spawn("ember-unwind", move || loader.run(link.asks))?),
+                    Ok(loader) => Some(spawn("ember-unwind", move || {
+                        loader.run(&preload, link.asks)
+                    })?),
                     Err(e) => {
                         tracing::warn!("unwind tables disabled: {e}; stacks use frame pointers");
                         None

@@ -162,8 +162,13 @@ impl Loader {
         })
     }
 
-    /// The loader's thread: serves the sampler's asks until capture stops.
-    pub fn run(mut self, asks: Receiver<Ask>) {
+    /// The loader's thread: loads `preload` (the processes named in the config, so their
+    /// first samples already find their ranges), then serves the sampler's asks until
+    /// capture stops.
+    pub fn run(mut self, preload: &[u32], asks: Receiver<Ask>) {
+        for &pid in preload {
+            self.load(pid);
+        }
         let mut last_sweep = Instant::now();
         loop {
             match asks.recv_timeout(SWEEP_EVERY) {
@@ -328,7 +333,8 @@ impl Loader {
             self.remember(id, None);
             return None;
         }
-        let mut bytes = Vec::new();
+        // Sized once: growing by doubling would copy a 100 MB binary several times.
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
         if (&mut file)
             .take(self.limits.max_object_bytes + 1)
             .read_to_end(&mut bytes)
