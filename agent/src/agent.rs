@@ -432,6 +432,8 @@ struct Pipeline {
     output: JoinHandle<()>,
 }
 
+/// Process snapshots queued from the unwind loader to the process table.
+const SNAPSHOT_QUEUE: usize = 1024;
 /// Windows queued between aggregation and symbolization.
 const WINDOW_QUEUE: usize = 2;
 /// BPF deny/allow orders queued between aggregation and capture.
@@ -478,8 +480,9 @@ impl Pipeline {
             workloads,
         );
         agg.set_jit(cfg.jit.clone());
+        let (snap_tx, snap_rx) = mpsc::sync_channel(SNAPSHOT_QUEUE);
         let aggregate = spawn("ember-aggregate", move || {
-            agg.run(batch_rx, window_tx, window, align)
+            agg.run(batch_rx, snap_rx, window_tx, window, align)
         })?;
 
         let (m, cache) = (metrics.clone(), cfg.limits.symbol_cache_entries);
@@ -498,7 +501,8 @@ impl Pipeline {
                 };
                 let preload = cfg.sampling.pids.clone();
                 match unwind::Loader::new(maps, settings, metrics) {
-                    Ok(loader) => Some(spawn("ember-unwind", move || {
+                    Ok(mut loader) => Some(spawn("ember-unwind", move || {
+                        loader.send_snapshots(snap_tx);
                         loader.run(&preload, link.asks)
                     })?),
                     Err(e) => {

@@ -140,6 +140,8 @@ label_enum! {
         UnwindRequests => "unwind_requests",
         /// Object identities remembered by the unwind loader (`limits.max_objects`).
         UnwindObjects => "unwind_objects",
+        /// What the unwind loader read of a process, on its way to the process table.
+        ProcessSnapshots => "process_snapshots",
     }
 }
 

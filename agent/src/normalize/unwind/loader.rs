@@ -27,7 +27,7 @@ use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::time::{Duration, Instant};
 
 use libbpf_rs::{libbpf_sys, MapCore, MapFlags, MapHandle, MapType};
@@ -38,6 +38,8 @@ use super::error::UnwindError;
 use super::store::{key_of, row_bytes, Store, StoreError, TableKey};
 use crate::capture::{Ask, UnwindMaps};
 use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
+use crate::normalize::process::Snapshot;
+use crate::workload::Cgroup;
 use crate::os::openat2::openat2_in_root;
 use crate::os::procfs::{self, MapsEntry};
 
@@ -124,6 +126,9 @@ pub struct Loader {
     /// Tables filled but not yet in `unwind_tables`: put there in one batch, since every
     /// update of a map of maps waits for an RCU grace period (~10 ms here).
     pending: Vec<(u32, MapHandle)>,
+    /// Where what was read of each process goes, for the symbolizer (the process may be
+    /// gone before its samples are handled).
+    snapshots: Option<SyncSender<Snapshot>>,
 }
 
 impl Loader {
@@ -159,7 +164,13 @@ impl Loader {
             proc_root: PathBuf::from("/proc"),
             vdso: None,
             pending: Vec::new(),
+            snapshots: None,
         })
+    }
+
+    /// Sends what is read of each process to the process table too.
+    pub fn send_snapshots(&mut self, tx: SyncSender<Snapshot>) {
+        self.snapshots = Some(tx);
     }
 
     /// The loader's thread: loads `preload` (the processes named in the config, so their
@@ -214,16 +225,24 @@ impl Loader {
             self.metrics.proc_read_error(ProcRead::MapsLine, bad as u64);
         }
         let mut ranges = Vec::new();
-        for e in entries.iter().filter(|e| e.exec) {
+        let mut seen = Vec::new();
+        for e in entries.into_iter().filter(|e| e.exec) {
             let Ok(len) = u32::try_from(e.end.saturating_sub(e.start)) else {
                 continue;
             };
-            let table = if e.path == "[vdso]" {
-                self.vdso_table()
-            } else if e.inode != 0 && e.path.starts_with('/') {
-                self.file_table(&dir, e)
+            let file = if e.inode != 0 && e.path.starts_with('/') {
+                let f = open_mapped(&dir, &e);
+                if f.is_err() {
+                    self.metrics.table_built(TableBuild::Unreadable);
+                }
+                f.ok()
             } else {
-                None // anonymous (JIT code): the frame pointer
+                None
+            };
+            let table = match &file {
+                _ if e.path == "[vdso]" => self.vdso_table(),
+                Some(f) => self.file_table(f),
+                None => None, // anonymous (JIT code): the frame pointer
             };
             let bias = table
                 .and_then(|k| self.tables.get(&k))
@@ -235,6 +254,21 @@ impl Loader {
                 bias,
                 table,
             });
+            seen.push((e, file));
+        }
+        if let Some(tx) = &self.snapshots {
+            let snap = Snapshot {
+                pid,
+                start_time,
+                name: procfs::read_capped(&dir.join("comm"), 64)
+                    .map(|c| c.trim_end().to_owned())
+                    .unwrap_or_default(),
+                cgroup: Cgroup::read(pid).unwrap_or_default(),
+                maps: seen,
+            };
+            if tx.try_send(snap).is_err() {
+                self.metrics.dropped(Cache::ProcessSnapshots, 1);
+            }
         }
         if ranges.is_empty() {
             self.empty.insert(pid, start_time);
@@ -297,15 +331,8 @@ impl Loader {
         self.table_bytes + self.procs.len() as u64 * (PROC_BYTES as u64 + PROC_OVERHEAD)
     }
 
-    /// The table of the file behind mapping `e` of the process at `dir`, loading it if needed.
-    fn file_table(&mut self, dir: &Path, e: &MapsEntry) -> Option<TableKey> {
-        let mut file = match open_mapped(dir, e) {
-            Ok(f) => f,
-            Err(_) => {
-                self.metrics.table_built(TableBuild::Unreadable);
-                return None;
-            }
-        };
+    /// The table of a mapped file (opened inside its process's root), loading it if needed.
+    fn file_table(&mut self, mut file: &File) -> Option<TableKey> {
         let meta = file.metadata().ok()?;
         if !meta.is_file() {
             self.metrics.table_built(TableBuild::Unreadable);
