@@ -30,6 +30,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::aggregate::{Aggregator, Window, Workloads};
+use crate::capture::tasks::TaskWatch;
 use crate::capture::{Batch, Capture, CaptureError, Control};
 use crate::config::selector::SelectorError;
 use crate::config::{Config, NodeName};
@@ -432,6 +433,8 @@ struct Pipeline {
     output: JoinHandle<()>,
 }
 
+/// Data pages of each CPU's task record ring (exec, mmap, exit; ~100 bytes a record).
+const TASK_RING_PAGES: usize = 16;
 /// Process snapshots queued from the unwind loader to the process table.
 const SNAPSHOT_QUEUE: usize = 1024;
 /// Windows queued between aggregation and symbolization.
@@ -500,10 +503,25 @@ impl Pipeline {
                         .filter(|d| !d.as_os_str().is_empty()),
                 };
                 let preload = cfg.sampling.pids.clone();
+                let watch = crate::os::procfs::online_cpus()
+                    .ok_or_else(|| "cannot read the online CPUs".to_owned())
+                    .and_then(|cpus| {
+                        TaskWatch::open(&cpus, TASK_RING_PAGES).map_err(|e| e.to_string())
+                    });
+                let watch = match watch {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        tracing::warn!(
+                            "not following exec/mmap/exit ({e}): processes are loaded for \
+                             unwinding at their first sample"
+                        );
+                        None
+                    }
+                };
                 match unwind::Loader::new(maps, settings, metrics) {
                     Ok(mut loader) => Some(spawn("ember-unwind", move || {
                         loader.send_snapshots(snap_tx);
-                        loader.run(&preload, link.asks)
+                        loader.run(&preload, link.asks, watch)
                     })?),
                     Err(e) => {
                         tracing::warn!("unwind tables disabled: {e}; stacks use frame pointers");

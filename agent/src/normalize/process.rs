@@ -87,7 +87,13 @@ pub struct ProcessTable {
     metrics: Metrics,
     /// JIT symbol tables of the processes above, freed with them.
     jit: crate::normalize::jit::JitTables,
+    /// Snapshots of processes not sampled yet, by pid with the window they came in: taken
+    /// when the process is first sampled, dropped a window later (most are never sampled).
+    pending: HashMap<u32, (Snapshot, u64)>,
 }
+
+/// Snapshots of processes not sampled yet that are kept at most.
+const MAX_PENDING: usize = 4096;
 
 /// `/proc/PID/maps` can be megabytes for a JVM; read no more than this.
 const MAPS_CAP: u64 = 32 << 20;
@@ -106,6 +112,7 @@ impl ProcessTable {
                 metrics.clone(),
             ),
             metrics,
+            pending: HashMap::new(),
         }
     }
 
@@ -123,7 +130,11 @@ impl ProcessTable {
             // The leader renamed means (almost always) exec: a new program with new mappings,
             // so the name and maps read at first sight are stale. Reread, once per window.
             let name_len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-            if tid != pid || p.name.as_bytes() == &comm[..name_len] || p.rescanned == window {
+            // A sample from another cgroup than the one this pid was read in is another
+            // process on a reused pid (or one moved between cgroups): read it again too.
+            let moved = p.cgroup.v2_id != 0 && cgroup_id != 0 && p.cgroup.v2_id != cgroup_id;
+            let renamed = tid == pid && p.name.as_bytes() != &comm[..name_len];
+            if !(moved || renamed) || p.rescanned == window {
                 return;
             }
             p.rescanned = window;
@@ -136,6 +147,17 @@ impl ProcessTable {
                 self.jit.seen(pid, &fresh.jit, window);
                 self.procs.insert(pid, fresh);
                 self.gc_objects();
+            }
+            return;
+        }
+        if let Some((snap, _)) = self.pending.remove(&pid) {
+            // The unwind loader read it at exec: no need to read /proc (it may be gone).
+            self.take(snap);
+            if let Some(p) = self.procs.get_mut(&pid) {
+                p.last_seen = window;
+                if let Some(cg) = Arc::get_mut(&mut p.cgroup) {
+                    cg.v2_id = cgroup_id;
+                }
             }
             return;
         }
@@ -166,6 +188,19 @@ impl ProcessTable {
     /// what the table has when the table knows less (a process gone before its first sample
     /// was handled) or the same process has mapped more since.
     pub fn adopt(&mut self, snap: Snapshot) {
+        if !self.procs.contains_key(&snap.pid) {
+            // Not sampled (yet): most processes never are; keep it for a window.
+            if self.pending.len() >= MAX_PENDING {
+                self.metrics.dropped(Cache::ProcessSnapshots, 1);
+                return;
+            }
+            self.pending.insert(snap.pid, (snap, self.window));
+            return;
+        }
+        self.take(snap);
+    }
+
+    fn take(&mut self, snap: Snapshot) {
         let known = self
             .procs
             .get(&snap.pid)
@@ -204,6 +239,11 @@ impl ProcessTable {
         maps.sort_by_key(|m| m.start);
         let window = self.window;
         let (last_seen, v2_id) = known.map_or((window, 0), |(_, _, seen, id)| (seen, id));
+        if known.is_some_and(|(start, ..)| start != snap.start_time) {
+            // Another process on this pid (or the same one after exec): nothing of the old
+            // one's JIT symbols applies.
+            self.jit.forget(snap.pid);
+        }
         let mut cgroup = snap.cgroup;
         if cgroup.v2_id == 0 {
             cgroup.v2_id = v2_id;
@@ -332,6 +372,7 @@ impl ProcessTable {
         for pid in &evicted {
             self.jit.forget(*pid);
         }
+        self.pending.retain(|_, (_, w)| *w == window);
         if !evicted.is_empty() {
             self.metrics.processes_evicted.inc_by(evicted.len() as u64);
             self.gc_objects();

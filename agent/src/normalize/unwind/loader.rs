@@ -21,13 +21,13 @@
 //! - A table is one array map created at its exact size with `BPF_F_MMAPABLE` and filled
 //!   through mmap: one syscall per table, never one per row.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use libbpf_rs::{libbpf_sys, MapCore, MapFlags, MapHandle, MapType};
@@ -36,6 +36,7 @@ use tracing::{debug, warn};
 use super::compile::{compile, Limits, UnwindTable, DEFAULT_LIMITS};
 use super::error::UnwindError;
 use super::store::{key_of, row_bytes, Store, StoreError, TableKey};
+use crate::capture::tasks::{TaskEvent, TaskWatch};
 use crate::capture::{Ask, UnwindMaps};
 use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
 use crate::normalize::process::Snapshot;
@@ -58,8 +59,13 @@ const PROC_OVERHEAD: u64 = 64;
 const MAPS_CAP: u64 = 32 << 20;
 /// File identities remembered (each is a few dozen bytes).
 const MAX_FILES: usize = 65_536;
-/// How often processes that exited are looked for.
+/// How often processes that exited are looked for (exit records are the first way; this
+/// catches records the kernel dropped) and CPUs re-checked.
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
+/// The longest the loader sleeps between looks at the sampler's asks.
+const POLL: Duration = Duration::from_millis(50);
+/// How long after an exec or mmap the loader waits for more before reading the process.
+const SETTLE: Duration = Duration::from_millis(2);
 
 /// The loader's settings.
 #[derive(Debug, Clone)]
@@ -174,23 +180,131 @@ impl Loader {
     }
 
     /// The loader's thread: loads `preload` (the processes named in the config, so their
-    /// first samples already find their ranges), then serves the sampler's asks until
-    /// capture stops.
-    pub fn run(mut self, preload: &[u32], asks: Receiver<Ask>) {
+    /// first samples already find their ranges), then follows the kernel's task records
+    /// (`watch`: exec, mmap, fork, exit — a process is loaded as it starts, before its
+    /// first sample) and serves the sampler's asks (processes that were running before
+    /// the agent), until capture stops.
+    pub fn run(mut self, preload: &[u32], asks: Receiver<Ask>, mut watch: Option<TaskWatch>) {
         for &pid in preload {
             self.load(pid);
         }
+        let only: HashSet<u32> = preload.iter().copied().collect();
+        let mut events = Vec::new();
+        let mut dirty = BTreeSet::new();
         let mut last_sweep = Instant::now();
         loop {
-            match asks.recv_timeout(SWEEP_EVERY) {
-                Ok(Ask::Process(pid)) | Ok(Ask::Remap(pid)) => self.load(pid),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
+            match watch.as_mut() {
+                Some(w) => {
+                    if let Err(e) = w.wait(POLL) {
+                        debug!("task records: poll failed: {e}");
+                        std::thread::sleep(POLL);
+                    }
+                    self.drain(w, &mut events, &mut dirty, &only);
+                    if !dirty.is_empty() {
+                        // ld.so maps a program's libraries within a millisecond or two of
+                        // its exec: wait for them, so a process is read once, not per library.
+                        let _ = w.wait(SETTLE);
+                        self.drain(w, &mut events, &mut dirty, &only);
+                    }
+                }
+                None => match asks.recv_timeout(POLL) {
+                    Ok(Ask::Process(pid)) | Ok(Ask::Remap(pid)) => self.load(pid),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return,
+                },
+            }
+            while let Some(pid) = dirty.pop_first() {
+                self.load(pid);
+            }
+            loop {
+                match asks.try_recv() {
+                    Ok(Ask::Process(pid)) | Ok(Ask::Remap(pid)) => self.load(pid),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
             }
             if last_sweep.elapsed() >= SWEEP_EVERY {
                 last_sweep = Instant::now();
                 self.sweep();
+                if let (Some(w), Some(online)) = (watch.as_mut(), procfs::online_cpus()) {
+                    if let Err(e) = w.sync_cpus(&online) {
+                        debug!("task records: {e}");
+                    }
+                }
             }
+        }
+    }
+
+    /// Applies the task records now readable: exits and execs drop a process's ranges at
+    /// once (its pid may be reused), forks copy the parent's, execs and new executable
+    /// mappings mark the process to be read.
+    fn drain(
+        &mut self,
+        watch: &mut TaskWatch,
+        events: &mut Vec<TaskEvent>,
+        dirty: &mut BTreeSet<u32>,
+        only: &HashSet<u32>,
+    ) {
+        let d = watch.drain(events);
+        if d.lost > 0 {
+            self.metrics.dropped(Cache::TaskRecords, d.lost);
+        }
+        if d.malformed + d.rejected > 0 {
+            self.metrics
+                .proc_read_error(ProcRead::TaskRecord, d.malformed + d.rejected);
+        }
+        let me = std::process::id();
+        for ev in events.drain(..) {
+            let pid = match &ev {
+                TaskEvent::Exec { pid, .. } | TaskEvent::Fork { pid, .. } | TaskEvent::Exit { pid, .. } => *pid,
+                TaskEvent::Mmap(m) => m.pid,
+            };
+            if pid == me || (!only.is_empty() && !only.contains(&pid)) {
+                continue;
+            }
+            match ev {
+                TaskEvent::Exit { pid, .. } => {
+                    dirty.remove(&pid);
+                    self.forget(pid);
+                }
+                TaskEvent::Exec { pid, .. } => {
+                    self.forget(pid);
+                    dirty.insert(pid);
+                }
+                TaskEvent::Fork { pid, ppid, .. } => self.fork(pid, ppid),
+                TaskEvent::Mmap(m) => {
+                    if m.prot & libc::PROT_EXEC as u32 != 0 {
+                        dirty.insert(m.pid);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A child starts with its parent's mappings: the same ranges, no /proc read.
+    fn fork(&mut self, pid: u32, ppid: u32) {
+        let Some(parent) = self.procs.get(&ppid) else {
+            return;
+        };
+        let ranges = parent.ranges.clone();
+        let Some(start_time) = start_time(&self.proc_root.join(pid.to_string())) else {
+            return;
+        };
+        if !self.make_room(PROC_BYTES as u64 + PROC_OVERHEAD) {
+            self.metrics.dropped(Cache::UnwindProcesses, 1);
+            return;
+        }
+        let proc = Proc { start_time, ranges };
+        if self.write_proc(pid, &proc) {
+            self.procs.insert(pid, proc);
+        }
+    }
+
+    /// Drops a process's ranges (it exited, or exec'd into another program).
+    fn forget(&mut self, pid: u32) {
+        self.empty.remove(&pid);
+        if self.procs.remove(&pid).is_some() {
+            let _ = self.maps.procs.delete(&pid.to_ne_bytes());
         }
     }
 
