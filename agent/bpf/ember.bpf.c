@@ -3,6 +3,12 @@
  * ember's sampler: a perf_event program that copies the interrupted task's
  * kernel and user stacks into one ring buffer record.
  *
+ * User stacks: where the agent has loaded unwind tables for the process
+ * (`unwind_procs`), `ember_walk` walks them (tables compiled from .eh_frame by
+ * normalize/unwind, the frame pointer where code has none); otherwise
+ * bpf_get_stack follows frame pointers, and the record asks the agent to load
+ * the process.
+ *
  * Why a ring buffer and no STACK_TRACE map: stack-id maps lose samples to hash
  * collisions and to drain races (see shared/docs/bpf-notes.md). Raw stacks in
  * a ring buffer lose a sample only when the buffer is full, and that is counted.
@@ -23,6 +29,11 @@ struct ember_unwind_row ember_unwind_row_layout = {};
 struct ember_unwind_page ember_unwind_page_layout = {};
 enum ember_cfa_rule ember_cfa_rule_layout = EMBER_CFA_UNSUPPORTED;
 enum ember_rbp_rule ember_rbp_rule_layout = EMBER_RBP_UNCHANGED;
+struct ember_unwind_header ember_unwind_header_layout = {};
+struct ember_unwind_range ember_unwind_range_layout = {};
+struct ember_unwind_proc ember_unwind_proc_layout = {};
+enum ember_unwind_result ember_unwind_result_layout = EMBER_UNWIND_FRAME_POINTER;
+enum ember_unwind_mode ember_unwind_mode_layout = EMBER_MODE_FRAME_POINTER;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -63,10 +74,82 @@ struct {
 	__type(value, __u8);
 } cgroup_deny SEC(".maps");
 
+/* The table walker's registers and progress, kept across its tail calls. */
+struct walk {
+	__u64 ip, sp, bp;
+	__u32 kframes;  /* kernel frames at the start of ips */
+	__u32 uframes;  /* user frames after them */
+	__u8 running;   /* 0 once the walk ended; `result` says how */
+	__u8 result;    /* enum ember_unwind_result */
+	__u8 bp_lost;   /* a frame's rbp rule was "unknown": rbp no longer holds the caller's */
+	__u8 exact;     /* ip is where the code was interrupted, not a return address */
+	__u32 pad;
+};
+
 /* A record with room for both stacks; built here, then copied out at its used size. */
 struct scratch {
 	struct ember_record rec;
 	__u64 ips[2 * EMBER_MAX_FRAMES];
+	struct walk w;
+};
+
+/*
+ * Unwind tables, one inner array per object (see struct ember_unwind_header);
+ * the agent creates each at its exact size, fills it through mmap and puts it
+ * in a slot. Kernel memory for them counts against the agent's cgroup.
+ */
+struct unwind_table_map {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_INNER_MAP | BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, EMBER_UNWIND_TABLES);
+	__type(key, __u32);
+	__array(values, struct unwind_table_map);
+} unwind_tables SEC(".maps");
+
+/* Per process (tgid): its executable ranges and their tables. No prealloc: costs what is used. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 4096); /* resized from the config before load */
+	__type(key, __u32);
+	__type(value, struct ember_unwind_proc);
+} unwind_procs SEC(".maps");
+
+/* Per table slot: time_ns of the last sample that used it (the agent evicts the least recent). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, EMBER_UNWIND_TABLES);
+	__type(key, __u32);
+	__type(value, __u64);
+} unwind_used SEC(".maps");
+
+/* When each pid last asked the agent for its ranges: at most one ask a second per pid. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, __u64);
+} unwind_asked SEC(".maps");
+
+int ember_walk(struct ember_perf_ctx *ctx);
+
+/* The walker tail-calls itself for the next EMBER_FRAMES_PER_RUN frames. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	/* Sizes, not BTF types: the kernel refuses BTF on program arrays (libbpf retries noisily). */
+	__uint(key_size, sizeof(__u32));
+	__array(values, int(struct ember_perf_ctx *));
+} walk_progs SEC(".maps") = {
+	.values = { [0] = (void *)&ember_walk },
 };
 
 struct {
@@ -85,16 +168,329 @@ static __always_inline void count(__u32 which)
 }
 
 #define STACK_BYTES (EMBER_MAX_FRAMES * sizeof(__u64))
+#define ASK_EVERY_NS 1000000000ULL
+
+/* Sets `flag` in the record unless this pid asked less than a second ago. */
+static __always_inline void ask(struct scratch *s, __u8 flag)
+{
+	__u32 pid = s->rec.pid;
+	__u64 now = s->rec.time_ns, *last = bpf_map_lookup_elem(&unwind_asked, &pid);
+
+	if (last && now - *last < ASK_EVERY_NS)
+		return;
+	bpf_map_update_elem(&unwind_asked, &pid, &now, 0);
+	s->rec.user_flags |= flag;
+}
+
+/* Copies the record out at its used size; a record that asks for something wakes the agent. */
+static __always_inline void emit(struct scratch *s, __u64 kbytes, __u64 ubytes)
+{
+	__u64 size = sizeof(struct ember_record) + kbytes + ubytes, wake;
+
+	if (size > sizeof(struct ember_record) + sizeof(s->ips))
+		size = sizeof(struct ember_record) + sizeof(s->ips);
+	wake = s->rec.user_flags || bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >= ember_cfg.wakeup_bytes ?
+		       BPF_RB_FORCE_WAKEUP :
+		       BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_output(&samples, s, size, wake)) {
+		count(EMBER_CNT_LOST_RINGBUF);
+		return;
+	}
+	count(EMBER_CNT_SENT);
+}
+
+/* The user registers at the interrupt: the sample's own when it hit user mode, else the task's saved ones. */
+static __always_inline int user_regs(struct ember_perf_ctx *ctx, struct walk *w)
+{
+	struct ember_pt_regs *u;
+
+	if ((ctx->regs.cs & 3) == 3) {
+		w->ip = ctx->regs.ip;
+		w->sp = ctx->regs.sp;
+		w->bp = ctx->regs.bp;
+		return 0;
+	}
+	if (!ember_cfg.task_regs)
+		return -1;
+	u = (struct ember_pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	if (!u || bpf_probe_read_kernel(&w->ip, 8, &u->ip) || bpf_probe_read_kernel(&w->sp, 8, &u->sp) ||
+	    bpf_probe_read_kernel(&w->bp, 8, &u->bp))
+		return -1;
+	return 0;
+}
+
+/* The range holding pc: the last one starting at or below it, if pc is inside it. */
+static __always_inline struct ember_unwind_range *find_range(struct ember_unwind_proc *proc, __u64 pc)
+{
+	__u32 lo = 0, hi = proc->count, i, mid;
+	struct ember_unwind_range *r;
+
+	if (hi > EMBER_UNWIND_RANGES)
+		hi = EMBER_UNWIND_RANGES;
+	/* lo ends on the first range starting above pc: 7 steps cover 64 ranges. */
+	for (i = 0; i < 7 && lo < hi; i++) {
+		mid = (lo + hi) / 2;
+		if (mid >= EMBER_UNWIND_RANGES)
+			return 0;
+		if (proc->ranges[mid].start <= pc)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == 0 || lo > EMBER_UNWIND_RANGES)
+		return 0;
+	r = &proc->ranges[lo - 1];
+	if (pc - r->start >= r->len)
+		return 0;
+	return r;
+}
+
+/* The row in force at the object address addr: page index, then a binary search of its rows. */
+static __always_inline int find_row(void *table, __u64 addr, struct ember_unwind_row *out)
+{
+	struct ember_unwind_header *h;
+	struct ember_unwind_page *page;
+	struct ember_unwind_row *row;
+	__u32 key = 0, base, lo = 0, hi, mid, i;
+	__u16 low = addr & 0xffff;
+	__u64 pi;
+
+	h = bpf_map_lookup_elem(table, &key);
+	if (!h)
+		return -1;
+	pi = (addr >> EMBER_UNWIND_PAGE_SHIFT) - h->first_page;
+	if ((addr >> EMBER_UNWIND_PAGE_SHIFT) < h->first_page || pi >= h->page_count)
+		return -1;
+	key = 1 + pi;
+	page = bpf_map_lookup_elem(table, &key);
+	if (!page)
+		return -1;
+	base = 1 + h->page_count + page->first_row;
+	hi = page->row_count;
+	/* The last row with pc_low <= low; row 0 of a page has pc_low 0. 17 steps cover 65,536 rows. */
+	for (i = 0; i < 17 && hi - lo > 1; i++) {
+		mid = lo + (hi - lo) / 2;
+		key = base + mid;
+		row = bpf_map_lookup_elem(table, &key);
+		if (!row)
+			return -1;
+		if (row->pc_low <= low)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	key = base + lo;
+	row = bpf_map_lookup_elem(table, &key);
+	if (!row)
+		return -1;
+	*out = *row;
+	return 0;
+}
+
+static __always_inline long stop(struct walk *w, __u8 result)
+{
+	w->running = 0;
+	w->result = result;
+	return 1;
+}
+
+static __always_inline long read_u64(__u64 *dst, __u64 addr)
+{
+	return bpf_probe_read_user(dst, sizeof(*dst), (void *)addr);
+}
+
+/* One frame by the frame pointer: [rbp] is the caller's rbp, [rbp + 8] the return address. */
+static __always_inline long fp_step(struct walk *w)
+{
+	__u64 ra, bp;
+
+	if (w->bp_lost)
+		return stop(w, EMBER_UNWIND_ERR_RBP_UNKNOWN);
+	if (w->bp == 0)
+		return stop(w, EMBER_UNWIND_FP_END);
+	if (w->bp < w->sp)
+		return stop(w, EMBER_UNWIND_ERR_BAD_FRAME);
+	if (read_u64(&ra, w->bp + 8) || read_u64(&bp, w->bp))
+		return stop(w, EMBER_UNWIND_ERR_READ);
+	w->sp = w->bp + 16;
+	w->bp = bp;
+	w->ip = ra;
+	w->exact = 0;
+	if (ra == 0)
+		return stop(w, EMBER_UNWIND_FP_END);
+	return 0;
+}
+
+struct walk_ctx {
+	struct scratch *s;
+	struct ember_unwind_proc *proc;
+};
+
+/* bpf_loop callback: records the current frame and steps to its caller. 1 ends the loop. */
+static long walk_step(__u32 index, void *arg)
+{
+	struct walk_ctx *c = arg;
+	struct scratch *s = c->s;
+	struct walk *w = &s->w;
+	struct ember_unwind_range *r;
+	struct ember_unwind_row row;
+	__u64 pc, cfa, ra, bp, v;
+	__u32 slot, at;
+	void *table;
+
+	if (!w->running)
+		return 1;
+	if (w->uframes >= EMBER_MAX_FRAMES)
+		return stop(w, EMBER_UNWIND_TRUNCATED);
+	at = w->kframes + w->uframes;
+	if (at >= 2 * EMBER_MAX_FRAMES)
+		return stop(w, EMBER_UNWIND_TRUNCATED);
+	s->ips[at] = w->ip;
+	w->uframes++;
+
+	/* A return address is the instruction after the call: look up the call itself. */
+	pc = w->exact ? w->ip : w->ip - 1;
+	r = find_range(c->proc, pc);
+	if (!r) {
+		ask(s, EMBER_REC_RANGE_MISS);
+		return ember_cfg.unwind_mode == EMBER_MODE_DWARF ? stop(w, EMBER_UNWIND_ERR_NO_TABLE) : fp_step(w);
+	}
+	slot = r->table;
+	if (slot == EMBER_TABLE_NONE)
+		return ember_cfg.unwind_mode == EMBER_MODE_DWARF ? stop(w, EMBER_UNWIND_ERR_NO_TABLE) : fp_step(w);
+	table = bpf_map_lookup_elem(&unwind_tables, &slot);
+	if (!table)
+		return stop(w, EMBER_UNWIND_ERR_TABLE);
+	{
+		__u64 *used = bpf_map_lookup_elem(&unwind_used, &slot);
+
+		if (used)
+			*used = s->rec.time_ns;
+	}
+	if (find_row(table, pc - r->bias, &row))
+		return stop(w, EMBER_UNWIND_ERR_TABLE);
+
+	switch (row.cfa_rule) {
+	case EMBER_CFA_RSP:
+		cfa = w->sp + row.cfa_offset;
+		break;
+	case EMBER_CFA_RBP:
+		if (w->bp_lost)
+			return stop(w, EMBER_UNWIND_ERR_RBP_UNKNOWN);
+		cfa = w->bp + row.cfa_offset;
+		break;
+	case EMBER_CFA_RBP_DEREF:
+		if (w->bp_lost)
+			return stop(w, EMBER_UNWIND_ERR_RBP_UNKNOWN);
+		if (read_u64(&cfa, w->bp + (__s16)row.cfa_offset))
+			return stop(w, EMBER_UNWIND_ERR_READ);
+		break;
+	case EMBER_CFA_PLT:
+		cfa = w->sp + row.cfa_offset + ((w->ip & 15) >= (__u64)row.rbp_offset ? 8 : 0);
+		break;
+	case EMBER_CFA_SIGNAL:
+		/* rsp is the rt_sigframe's ucontext; its saved registers start 40 bytes in. */
+		if (read_u64(&bp, w->sp + 120) || read_u64(&v, w->sp + 160) || read_u64(&ra, w->sp + 168))
+			return stop(w, EMBER_UNWIND_ERR_READ);
+		w->bp = bp;
+		w->bp_lost = 0;
+		w->sp = v;
+		w->ip = ra;
+		w->exact = 1;
+		return 0;
+	case EMBER_CFA_STOP:
+		return stop(w, EMBER_UNWIND_COMPLETE);
+	case EMBER_CFA_FRAME_POINTER:
+		return fp_step(w);
+	default:
+		return stop(w, EMBER_UNWIND_ERR_UNSUPPORTED);
+	}
+
+	if (cfa <= w->sp)
+		return stop(w, EMBER_UNWIND_ERR_BAD_FRAME);
+	if (read_u64(&ra, cfa - 8))
+		return stop(w, EMBER_UNWIND_ERR_READ);
+	switch (row.rbp_rule) {
+	case EMBER_RBP_AT_CFA:
+		if (read_u64(&bp, cfa + row.rbp_offset))
+			return stop(w, EMBER_UNWIND_ERR_READ);
+		w->bp = bp;
+		w->bp_lost = 0;
+		break;
+	case EMBER_RBP_AT_RBP:
+		if (w->bp_lost)
+			return stop(w, EMBER_UNWIND_ERR_RBP_UNKNOWN);
+		if (read_u64(&bp, w->bp + row.rbp_offset))
+			return stop(w, EMBER_UNWIND_ERR_READ);
+		w->bp = bp;
+		break;
+	case EMBER_RBP_UNKNOWN:
+		w->bp_lost = 1;
+		break;
+	default: /* unchanged */
+		break;
+	}
+	w->sp = cfa;
+	w->ip = ra;
+	w->exact = 0;
+	if (ra == 0)
+		return stop(w, EMBER_UNWIND_COMPLETE);
+	return 0;
+}
+
+/* Ends a walk: the record carries its user frames and how the walk ended. */
+static __always_inline void finish(struct scratch *s)
+{
+	__u32 k = s->w.kframes, u = s->w.uframes;
+
+	if (k > EMBER_MAX_FRAMES)
+		k = EMBER_MAX_FRAMES;
+	if (u > EMBER_MAX_FRAMES)
+		u = EMBER_MAX_FRAMES;
+	s->rec.user_frames = u;
+	s->rec.user_result = s->w.result;
+	emit(s, k * sizeof(__u64), u * sizeof(__u64));
+}
+
+/* The table walker: EMBER_FRAMES_PER_RUN frames a run, then a tail call to itself. */
+SEC("perf_event")
+int ember_walk(struct ember_perf_ctx *ctx)
+{
+	__u32 zero = 0, pid;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_map, &zero);
+	struct walk_ctx c;
+
+	if (!s)
+		return 0;
+	pid = s->rec.pid;
+	c.s = s;
+	c.proc = bpf_map_lookup_elem(&unwind_procs, &pid);
+	if (!c.proc) {
+		/* The agent dropped the process between two runs. */
+		s->w.running = 0;
+		s->w.result = EMBER_UNWIND_ERR_TABLE;
+	} else {
+		bpf_loop(EMBER_FRAMES_PER_RUN, walk_step, &c, 0);
+	}
+	if (s->w.running) {
+		bpf_tail_call(ctx, &walk_progs, 0);
+		/* Out of tail calls (33 runs): far more than EMBER_MAX_FRAMES frames. */
+		s->w.running = 0;
+		s->w.result = EMBER_UNWIND_TRUNCATED;
+	}
+	finish(s);
+	return 0;
+}
 
 SEC("perf_event")
-int ember_sample(void *ctx)
+int ember_sample(struct ember_perf_ctx *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
 	__u32 zero = 0;
 	struct scratch *s;
 	long kbytes, ubytes;
-	__u64 size, wake, cgroup_id;
+	__u64 cgroup_id;
 
 	if (tid == 0 && !ember_cfg.include_idle) {
 		count(EMBER_CNT_IDLE);
@@ -122,6 +518,8 @@ int ember_sample(void *ctx)
 	s->rec.pid = pid;
 	s->rec.tid = tid;
 	s->rec.cpu = bpf_get_smp_processor_id();
+	s->rec.user_result = EMBER_UNWIND_FRAME_POINTER;
+	s->rec.user_flags = 0;
 	bpf_get_current_comm(s->rec.comm, sizeof(s->rec.comm));
 
 	kbytes = bpf_get_stack(ctx, s->ips, STACK_BYTES, 0);
@@ -132,9 +530,26 @@ int ember_sample(void *ctx)
 	if (kbytes > STACK_BYTES)
 		kbytes = STACK_BYTES;
 	kbytes &= ~7L;
+	s->rec.kern_frames = kbytes / sizeof(__u64);
 
 	ubytes = 0;
 	if (pid != 0) {
+		if (ember_cfg.unwind_mode != EMBER_MODE_FRAME_POINTER) {
+			if (bpf_map_lookup_elem(&unwind_procs, &pid)) {
+				if (!user_regs(ctx, &s->w)) {
+					s->w.kframes = kbytes / sizeof(__u64);
+					s->w.uframes = 0;
+					s->w.running = 1;
+					s->w.result = EMBER_UNWIND_COMPLETE;
+					s->w.bp_lost = 0;
+					s->w.exact = 1;
+					bpf_tail_call(ctx, &walk_progs, 0);
+					count(EMBER_CNT_TAIL_CALL);
+				}
+			} else {
+				ask(s, EMBER_REC_UNKNOWN_PROCESS);
+			}
+		}
 		/* Kernel threads have no user stack; only count failures of user tasks. */
 		ubytes = bpf_get_stack(ctx, (void *)s->ips + kbytes, STACK_BYTES, BPF_F_USER_STACK);
 		if (ubytes < 0) {
@@ -145,19 +560,7 @@ int ember_sample(void *ctx)
 			ubytes = STACK_BYTES;
 		ubytes &= ~7L;
 	}
-	s->rec.kern_frames = kbytes / sizeof(__u64);
 	s->rec.user_frames = ubytes / sizeof(__u64);
-
-	size = sizeof(struct ember_record) + kbytes + ubytes;
-	if (size > sizeof(*s))
-		size = sizeof(*s);
-	wake = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >= ember_cfg.wakeup_bytes ?
-		       BPF_RB_FORCE_WAKEUP :
-		       BPF_RB_NO_WAKEUP;
-	if (bpf_ringbuf_output(&samples, s, size, wake)) {
-		count(EMBER_CNT_LOST_RINGBUF);
-		return 0;
-	}
-	count(EMBER_CNT_SENT);
+	emit(s, kbytes, ubytes);
 	return 0;
 }

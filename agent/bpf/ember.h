@@ -24,6 +24,21 @@ struct ember_config {
 	 * agent drains on a timer, so a quiet host costs no wakeup per sample.
 	 */
 	__u64 wakeup_bytes;
+	/* enum ember_unwind_mode: how user stacks are walked. */
+	__u32 unwind_mode;
+	/*
+	 * Non-zero: the kernel has BTF, so a sample taken in kernel mode can read the
+	 * task's saved user registers (bpf_task_pt_regs). Zero: such samples walk the
+	 * user side by frame pointers (the verifier never sees that branch).
+	 */
+	__u32 task_regs;
+};
+
+/* sampling.unwind: frame_pointer, auto (tables where an object has them, else the frame pointer), dwarf. */
+enum ember_unwind_mode {
+	EMBER_MODE_FRAME_POINTER = 0,
+	EMBER_MODE_AUTO = 1,
+	EMBER_MODE_DWARF = 2,
 };
 
 /*
@@ -39,8 +54,31 @@ struct ember_record {
 	__u16 kern_frames;
 	__u16 user_frames;
 	char comm[EMBER_COMM_LEN]; /* thread name */
+	__u8 user_result;  /* enum ember_unwind_result: how the user stack ended */
+	__u8 user_flags;   /* EMBER_REC_* */
+	__u16 pad0;
+	__u32 pad1;
 	__u64 ips[];
 };
+
+/* How a user stack ended. */
+enum ember_unwind_result {
+	EMBER_UNWIND_FRAME_POINTER = 0, /* bpf_get_stack's frame pointer walk: its end is not checked */
+	EMBER_UNWIND_COMPLETE = 1,      /* reached the outermost frame (entry point, thread start) */
+	EMBER_UNWIND_TRUNCATED = 2,     /* EMBER_MAX_FRAMES frames and still going */
+	EMBER_UNWIND_FP_END = 3,        /* tables, then frame pointers (JIT code, objects without CFI) to rbp = 0 */
+	EMBER_UNWIND_ERR_UNSUPPORTED = 4, /* a row ember cannot express (counted when the table was built) */
+	EMBER_UNWIND_ERR_READ = 5,      /* stack memory could not be read */
+	EMBER_UNWIND_ERR_BAD_FRAME = 6, /* the caller's frame is not above this one's */
+	EMBER_UNWIND_ERR_RBP_UNKNOWN = 7, /* a rule needs an rbp that an earlier frame lost */
+	EMBER_UNWIND_ERR_NO_TABLE = 8,  /* sampling.unwind: dwarf and the code has no table */
+	EMBER_UNWIND_ERR_TABLE = 9,     /* a table slot was empty or its page index out of range */
+	EMBER_UNWIND_RESULT_MAX = 10,
+};
+
+/* user_flags bits: what the sampler asks the agent to load. */
+#define EMBER_REC_UNKNOWN_PROCESS 1 /* no unwind ranges for this pid yet (asked at most once a second) */
+#define EMBER_REC_RANGE_MISS 2      /* a pc outside every known range (asked at most once a second) */
 
 /* Indexes of the per-CPU `counters` map. Every path that loses a sample has one. */
 enum ember_counter {
@@ -52,7 +90,8 @@ enum ember_counter {
 	EMBER_CNT_IDLE = 5,       /* idle task skipped (not a loss) */
 	EMBER_CNT_FILTERED = 6,   /* excluded by --pid or the filters (not a loss) */
 	EMBER_CNT_NO_SCRATCH = 7, /* per-CPU scratch missing: whole sample lost */
-	EMBER_CNT_MAX = 8,
+	EMBER_CNT_TAIL_CALL = 8,  /* the table walker could not be entered: frame pointers used (sample kept) */
+	EMBER_CNT_MAX = 9,
 };
 
 /*
@@ -139,5 +178,41 @@ struct ember_unwind_page {
 	__u32 first_row; /* index of the page's first row in the table's rows */
 	__u32 row_count; /* >= 1 for every page of a table */
 };
+
+/*
+ * A loaded table is one BPF array of 8-byte entries (an inner map of
+ * `unwind_tables`, created at its exact size and filled through mmap):
+ * entry 0 is this header, entries 1 .. page_count are the pages, the rows follow.
+ */
+struct ember_unwind_header {
+	__u32 first_page; /* object address >> EMBER_UNWIND_PAGE_SHIFT of page 0 */
+	__u32 page_count;
+};
+
+/* Slots of the `unwind_tables` map of tables. */
+#define EMBER_UNWIND_TABLES 4096
+/* A range whose object has no table: walk it by the frame pointer. */
+#define EMBER_TABLE_NONE 0xffffffff
+
+/* One executable mapping of a process. */
+struct ember_unwind_range {
+	__u64 start;  /* first address */
+	__u64 bias;   /* the object's own address = pc - bias */
+	__u32 len;    /* bytes */
+	__u32 table;  /* slot in `unwind_tables`, or EMBER_TABLE_NONE */
+};
+
+/* Executable ranges per process the sampler can hold; more are dropped (counted by the agent). */
+#define EMBER_UNWIND_RANGES 64
+
+/* Value of the `unwind_procs` hash (key: tgid), written whole by the agent. */
+struct ember_unwind_proc {
+	__u32 count; /* ranges used, sorted by start, not overlapping */
+	__u32 pad;
+	struct ember_unwind_range ranges[EMBER_UNWIND_RANGES];
+};
+
+/* User frames the table walker takes per program run; it tail-calls itself for more. */
+#define EMBER_FRAMES_PER_RUN 16
 
 #endif /* EMBER_H */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The few kernel types ember's BPF code needs. The program reads no kernel
- * structures (only helpers), so it needs neither vmlinux.h nor CO-RE.
+ * structures (only helpers and the saved user registers), so it needs neither vmlinux.h nor CO-RE.
  */
 #ifndef EMBER_TYPES_H
 #define EMBER_TYPES_H
@@ -21,10 +21,34 @@ typedef __u32 __wsum;
 
 enum bpf_map_type {
 	BPF_MAP_TYPE_HASH = 1,
+	BPF_MAP_TYPE_ARRAY = 2,
+	BPF_MAP_TYPE_PROG_ARRAY = 3,
 	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
 	BPF_MAP_TYPE_LRU_HASH = 9,
+	BPF_MAP_TYPE_ARRAY_OF_MAPS = 12,
 	BPF_MAP_TYPE_RINGBUF = 27,
 };
+
+#define BPF_F_NO_PREALLOC (1U << 0)
+#define BPF_F_MMAPABLE (1U << 10)
+#define BPF_F_INNER_MAP (1U << 12)
+#define BPF_NOEXIST 1
+
+/* x86-64 registers as the kernel saves them (struct pt_regs, also the perf_event context's). */
+struct ember_pt_regs {
+	__u64 r15, r14, r13, r12, bp, bx, r11, r10, r9, r8;
+	__u64 ax, cx, dx, si, di, orig_ax, ip, cs, flags, sp, ss;
+};
+
+/* The perf_event program's context (struct bpf_perf_event_data). */
+struct ember_perf_ctx {
+	struct ember_pt_regs regs;
+	__u64 sample_period;
+	__u64 addr;
+};
+
+struct task_struct;
+struct pt_regs;
 
 #define BPF_F_USER_STACK (1ULL << 8)
 #define BPF_RB_NO_WAKEUP 1

@@ -36,6 +36,7 @@ use crate::config::{Config, NodeName};
 use crate::encode::Encoded;
 use crate::export::files::{FilesError, WindowDir};
 use crate::metrics::{Cache, FrameResult, Metrics};
+use crate::normalize::unwind;
 use crate::os::privileges;
 use crate::readings::otlp::OtlpError;
 use crate::readings::{self, Readings};
@@ -425,10 +426,14 @@ fn reading_sources(
 /// The capture → aggregate → output threads.
 struct Pipeline {
     capture: Capture,
+    /// The unwind loader's thread; it ends when capture stops asking.
+    unwind: Option<JoinHandle<()>>,
     aggregate: JoinHandle<()>,
     output: JoinHandle<()>,
 }
 
+/// Process snapshots queued from the unwind loader to the process table.
+const SNAPSHOT_QUEUE: usize = 1024;
 /// Windows queued between aggregation and symbolization.
 const WINDOW_QUEUE: usize = 2;
 /// BPF deny/allow orders queued between aggregation and capture.
@@ -475,8 +480,9 @@ impl Pipeline {
             workloads,
         );
         agg.set_jit(cfg.jit.clone());
+        let (snap_tx, snap_rx) = mpsc::sync_channel(SNAPSHOT_QUEUE);
         let aggregate = spawn("ember-aggregate", move || {
-            agg.run(batch_rx, window_tx, window, align)
+            agg.run(batch_rx, snap_rx, window_tx, window, align)
         })?;
 
         let (m, cache) = (metrics.clone(), cfg.limits.symbol_cache_entries);
@@ -485,17 +491,42 @@ impl Pipeline {
             output_loop(window_rx, Symbolizer::new(cache, m.clone()), m, on_window)
         })?;
 
-        let capture = Capture::start(&cfg.sampling, batch_tx, control_rx, metrics)?;
+        let (capture, link) = Capture::start(&cfg.sampling, batch_tx, control_rx, metrics.clone())?;
+        let unwind = match link.maps {
+            Some(maps) => {
+                let settings = unwind::Settings {
+                    max_bytes: cfg.sampling.unwind_max_bytes,
+                    cache_dir: Some(cfg.sampling.unwind_cache_dir.clone())
+                        .filter(|d| !d.as_os_str().is_empty()),
+                };
+                let preload = cfg.sampling.pids.clone();
+                match unwind::Loader::new(maps, settings, metrics) {
+                    Ok(mut loader) => Some(spawn("ember-unwind", move || {
+                        loader.send_snapshots(snap_tx);
+                        loader.run(&preload, link.asks)
+                    })?),
+                    Err(e) => {
+                        tracing::warn!("unwind tables disabled: {e}; stacks use frame pointers");
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
         Ok(Self {
             capture,
             aggregate,
             output,
+            unwind,
         })
     }
 
     /// Stops sampling, closes the current window and waits until it has been handed out.
     fn stop(self) {
         self.capture.stop();
+        if let Some(unwind) = self.unwind {
+            let _ = unwind.join();
+        }
         let _ = self.aggregate.join();
         let _ = self.output.join();
     }

@@ -11,8 +11,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::capture::{Batch, Control, Sample};
 use crate::config::Limits;
-use crate::metrics::{Cache, Loss, Metrics};
-use crate::normalize::process::{ProcessTable, UserAddr};
+use crate::metrics::{Cache, Loss, Metrics, StackEnd, MAX_WORKLOADS};
+use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
+
+/// How often the aggregator looks for process snapshots while it waits for samples.
+const SNAPSHOT_POLL: Duration = Duration::from_millis(50);
 use crate::workload::kube::Metadata;
 use crate::workload::{self, Accounting, Cgroup, Filter, Labels, Verdict};
 
@@ -73,6 +76,7 @@ struct Key {
     comm: [u8; 16],
     kernel: Box<[u64]>,
     user: Box<[u64]>,
+    end: StackEnd,
 }
 
 /// What the aggregator needs to attribute samples to workloads and filter them.
@@ -103,6 +107,8 @@ pub struct Aggregator {
     workloads: Workloads,
     /// Excluded processes whose samples may still be in flight.
     denied: HashSet<u32>,
+    /// Workloads with their own `ember_stacks_total` series (at most [`MAX_WORKLOADS`]).
+    stack_workloads: HashSet<String>,
 }
 
 impl Aggregator {
@@ -119,6 +125,7 @@ impl Aggregator {
             metrics,
             workloads,
             denied: HashSet::new(),
+            stack_workloads: HashSet::new(),
         }
     }
 
@@ -140,6 +147,7 @@ impl Aggregator {
             comm: s.comm,
             kernel: s.kernel.into_boxed_slice(),
             user: s.user.into_boxed_slice(),
+            end: s.user_end,
         };
         let full = self.counts.len() >= self.max_stacks;
         match self.counts.get_mut(&key) {
@@ -175,6 +183,29 @@ impl Aggregator {
         out
     }
 
+    /// The `workload` label of `ember_stacks_total`: the service, else the container, else
+    /// (host processes) the process name; `other` once [`MAX_WORKLOADS`] have a series.
+    fn stack_workload(&mut self, labels: &Labels, process: &str) -> String {
+        let name = if !labels.service_name.is_empty() {
+            labels.service_name.clone()
+        } else if !labels.container.is_empty() {
+            format!("{}/{}/{}", labels.namespace, labels.pod, labels.container)
+        } else if !labels.container_id.is_empty() {
+            let id = &labels.container_id;
+            format!("container:{}", id.get(..12).unwrap_or(id))
+        } else {
+            process.to_owned()
+        };
+        if self.stack_workloads.contains(&name) {
+            return name;
+        }
+        if self.stack_workloads.len() >= MAX_WORKLOADS {
+            return "other".to_owned();
+        }
+        self.stack_workloads.insert(name.clone());
+        name
+    }
+
     fn deny(&mut self, pid: u32, cg: &Cgroup) {
         self.denied.insert(pid);
         // A container in its own cgroup v2 is denied as a whole (its future processes too);
@@ -208,6 +239,8 @@ impl Aggregator {
             if let Some(acc) = &mut self.workloads.accounting {
                 acc.add(labels, cg, (count * self.period_ns) as f64 / 1e9);
             }
+            let workload = self.stack_workload(labels, &self.table.name(key.pid));
+            self.metrics.stacks_ended(&workload, key.end, count);
             let mut frames = Vec::with_capacity(key.kernel.len() + key.user.len());
             frames.extend(
                 key.kernel
@@ -263,15 +296,26 @@ impl Aggregator {
     pub fn run(
         mut self,
         rx: Receiver<Batch>,
+        snapshots: Receiver<Snapshot>,
         tx: SyncSender<Window>,
         window: Duration,
         align: bool,
     ) {
         let mut deadline = Instant::now() + until_boundary(window, align);
         loop {
-            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            // Snapshots of processes come from the unwind loader's thread; waking every
+            // SNAPSHOT_POLL keeps them current without a second blocking receive.
+            while let Ok(snap) = snapshots.try_recv() {
+                self.table.adopt(snap);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left.min(SNAPSHOT_POLL)) {
                 Ok(batch) => batch.into_iter().for_each(|s| self.add(s)),
+                Err(RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
                 Err(RecvTimeoutError::Timeout) => {
+                    while let Ok(snap) = snapshots.try_recv() {
+                        self.table.adopt(snap);
+                    }
                     let w = self.close();
                     let n = w.samples();
                     if let Err(TrySendError::Full(_)) = tx.try_send(w) {
@@ -282,6 +326,9 @@ impl Aggregator {
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     // Capture has stopped and drained: the last window is complete.
+                    while let Ok(snap) = snapshots.try_recv() {
+                        self.table.adopt(snap);
+                    }
                     let _ = tx.send(self.close());
                     return;
                 }
@@ -331,6 +378,7 @@ mod tests {
             comm: *b"worker\0\0\0\0\0\0\0\0\0\0",
             kernel: vec![0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020],
             user: user.to_vec(),
+            user_end: crate::metrics::StackEnd::Complete,
         }
     }
 

@@ -20,14 +20,14 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 use tracing::{info, warn};
 
-use crate::config::{SampleEvent, Sampling};
-use crate::metrics::{Loss, Metrics, StackSide};
+use crate::config::{SampleEvent, Sampling, UnwindMode};
+use crate::metrics::{Cache, Loss, Metrics, StackEnd, StackSide};
 
 #[allow(missing_docs, clippy::all, clippy::unwrap_used, unsafe_op_in_unsafe_fn)]
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/ember.skel.rs"));
 }
-use skel::types::{ember_counter, ember_record};
+use skel::types::{ember_counter, ember_record, ember_unwind_result};
 use skel::EmberSkelBuilder;
 
 /// Frames per stack side, as `EMBER_MAX_FRAMES` in `bpf/ember.h`.
@@ -55,7 +55,32 @@ pub struct Sample {
     pub kernel: Vec<u64>,
     /// User instruction pointers, leaf first.
     pub user: Vec<u64>,
+    /// How the user stack's walk ended.
+    pub user_end: StackEnd,
 }
+
+/// What the sampler asks the unwind loader for, on behalf of a sampled process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    /// The sampler holds no ranges for this process yet: read its mappings and load them.
+    Process(u32),
+    /// A pc of this process is in none of its ranges (a library loaded since): read them again.
+    Remap(u32),
+}
+
+/// The sampler's unwind maps, handed to the loader that fills them (its own file descriptors).
+pub struct UnwindMaps {
+    /// `unwind_tables`: slot → the table's inner array.
+    pub tables: libbpf_rs::MapHandle,
+    /// `unwind_procs`: tgid → `ember_unwind_proc`.
+    pub procs: libbpf_rs::MapHandle,
+    /// `unwind_used`: slot → time_ns of its last use (mmapable).
+    pub used: libbpf_rs::MapHandle,
+}
+
+/// Record flags (`EMBER_REC_*` in `bpf/ember.h`).
+const REC_UNKNOWN_PROCESS: u8 = 1;
+const REC_RANGE_MISS: u8 = 2;
 
 /// Samples moved between stages together.
 pub type Batch = Vec<Sample>;
@@ -90,6 +115,17 @@ pub enum CaptureError {
     Thread,
 }
 
+/// Asks waiting for the unwind loader; more are dropped (counted) and asked again a second later.
+const ASK_QUEUE: usize = 1024;
+
+/// What the unwind loader needs from capture: the maps to fill and the sampler's asks.
+pub struct UnwindLink {
+    /// The maps, `None` with `sampling.unwind: frame_pointer` (nothing to load).
+    pub maps: Option<UnwindMaps>,
+    /// Processes the sampler asks to have loaded.
+    pub asks: Receiver<Ask>,
+}
+
 /// A running capture stage.
 pub struct Capture {
     stop: Arc<AtomicBool>,
@@ -105,20 +141,34 @@ impl Capture {
         tx: SyncSender<Batch>,
         control: Receiver<Control>,
         metrics: Metrics,
-    ) -> Result<Self, CaptureError> {
+    ) -> Result<(Self, UnwindLink), CaptureError> {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let thread_stop = stop.clone();
         let settings = settings.clone();
+        let (ask_tx, ask_rx) = mpsc::sync_channel(ASK_QUEUE);
         let thread = std::thread::Builder::new()
             .name("ember-capture".into())
-            .spawn(move || run(settings, tx, control, metrics, thread_stop, ready_tx))
+            .spawn(move || {
+                run(
+                    settings,
+                    tx,
+                    control,
+                    ask_tx,
+                    metrics,
+                    thread_stop,
+                    ready_tx,
+                )
+            })
             .map_err(|_| CaptureError::Thread)?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Self {
-                stop,
-                thread: Some(thread),
-            }),
+            Ok(Ok(maps)) => Ok((
+                Self {
+                    stop,
+                    thread: Some(thread),
+                },
+                UnwindLink { maps, asks: ask_rx },
+            )),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
@@ -146,9 +196,10 @@ fn run(
     settings: Sampling,
     tx: SyncSender<Batch>,
     control: Receiver<Control>,
+    asks: SyncSender<Ask>,
     metrics: Metrics,
     stop: Arc<AtomicBool>,
-    ready: SyncSender<Result<(), CaptureError>>,
+    ready: SyncSender<Result<Option<UnwindMaps>, CaptureError>>,
 ) {
     let mut open_object = MaybeUninit::<OpenObject>::uninit();
     let mut sampler = match Sampler::load(&settings, &mut open_object) {
@@ -163,14 +214,34 @@ fn run(
         return;
     }
 
+    let maps = match sampler.unwind_maps(&settings) {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
     let batch: Rc<RefCell<Batch>> = Rc::default();
     let malformed = Rc::new(RefCell::new(0u64));
     let mut builder = RingBufferBuilder::new();
-    let (cb_batch, cb_bad) = (batch.clone(), malformed.clone());
+    let (cb_batch, cb_bad, cb_metrics) = (batch.clone(), malformed.clone(), metrics.clone());
     let added = builder
         .add(&sampler.skel.maps.samples, move |data: &[u8]| {
             match parse_record(data) {
-                Some(s) => cb_batch.borrow_mut().push(s),
+                Some((s, flags)) => {
+                    // Asked at once, not at the next batch: the process may live 30 ms.
+                    let ask = match flags {
+                        f if f & REC_UNKNOWN_PROCESS != 0 => Some(Ask::Process(s.pid)),
+                        f if f & REC_RANGE_MISS != 0 => Some(Ask::Remap(s.pid)),
+                        _ => None,
+                    };
+                    if let Some(ask) = ask {
+                        if asks.try_send(ask).is_err() {
+                            cb_metrics.dropped(Cache::UnwindRequests, 1);
+                        }
+                    }
+                    cb_batch.borrow_mut().push(s)
+                }
                 None => *cb_bad.borrow_mut() += 1,
             }
             0
@@ -183,7 +254,7 @@ fn run(
             return;
         }
     };
-    let _ = ready.send(Ok(()));
+    let _ = ready.send(Ok(maps));
 
     let mut counters = CounterSync::default();
     let mut last_sync = Instant::now();
@@ -260,10 +331,21 @@ impl<'obj> Sampler<'obj> {
             rodata.ember_cfg.filter_pids = u32::from(!settings.pids.is_empty());
             rodata.ember_cfg.include_idle = u32::from(settings.include_idle);
             rodata.ember_cfg.wakeup_bytes = u64::from(settings.ring_buffer_bytes / 4);
+            rodata.ember_cfg.unwind_mode = match settings.unwind {
+                UnwindMode::FramePointer => 0,
+                UnwindMode::Auto => 1,
+                UnwindMode::Dwarf => 2,
+            };
+            rodata.ember_cfg.task_regs =
+                u32::from(std::path::Path::new("/sys/kernel/btf/vmlinux").exists());
         }
         open.maps
             .samples
             .set_max_entries(settings.ring_buffer_bytes)
+            .map_err(CaptureError::Load)?;
+        open.maps
+            .unwind_procs
+            .set_max_entries(settings.unwind_max_processes)
             .map_err(CaptureError::Load)?;
         let skel = open.load().map_err(CaptureError::Load)?;
         for pid in &settings.pids {
@@ -277,6 +359,21 @@ impl<'obj> Sampler<'obj> {
             links: BTreeMap::new(),
             event: settings.event,
         })
+    }
+
+    /// Handles on the unwind maps for the loader (none when only frame pointers are used).
+    fn unwind_maps(&self, settings: &Sampling) -> Result<Option<UnwindMaps>, CaptureError> {
+        if settings.unwind == UnwindMode::FramePointer {
+            return Ok(None);
+        }
+        let maps = &self.skel.maps;
+        Ok(Some(UnwindMaps {
+            tables: libbpf_rs::MapHandle::try_from(&maps.unwind_tables)
+                .map_err(CaptureError::Load)?,
+            procs: libbpf_rs::MapHandle::try_from(&maps.unwind_procs)
+                .map_err(CaptureError::Load)?,
+            used: libbpf_rs::MapHandle::try_from(&maps.unwind_used).map_err(CaptureError::Load)?,
+        }))
     }
 
     fn apply(&self, order: Control) {
@@ -378,8 +475,9 @@ fn open_perf_event(cpu: u32, event: SampleEvent, hz: u64) -> std::io::Result<i32
     Ok(fd as i32)
 }
 
-/// Turns one ring buffer record into a sample; `None` if it is shorter than it claims.
-pub fn parse_record(data: &[u8]) -> Option<Sample> {
+/// Turns one ring buffer record into a sample and its `EMBER_REC_*` flags; `None` if it is
+/// shorter than it claims.
+pub fn parse_record(data: &[u8]) -> Option<(Sample, u8)> {
     if data.len() < HEADER {
         return None;
     }
@@ -394,7 +492,8 @@ pub fn parse_record(data: &[u8]) -> Option<Sample> {
         .map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
     let kernel: Vec<u64> = ips.by_ref().take(k).collect();
     let user: Vec<u64> = ips.collect();
-    Some(Sample {
+    let user_end = stack_end(hdr.user_result, user.is_empty());
+    let sample = Sample {
         time_ns: hdr.time_ns,
         cgroup_id: hdr.cgroup_id,
         pid: hdr.pid,
@@ -403,7 +502,27 @@ pub fn parse_record(data: &[u8]) -> Option<Sample> {
         comm: hdr.comm.map(|c| c as u8),
         kernel,
         user,
-    })
+        user_end,
+    };
+    Some((sample, hdr.user_flags))
+}
+
+/// The metric label of a record's `enum ember_unwind_result`.
+fn stack_end(result: u8, empty: bool) -> StackEnd {
+    type R = ember_unwind_result;
+    match ember_unwind_result(u32::from(result)) {
+        R::EMBER_UNWIND_FRAME_POINTER if empty => StackEnd::NoUserStack,
+        R::EMBER_UNWIND_FRAME_POINTER => StackEnd::FramePointer,
+        R::EMBER_UNWIND_COMPLETE => StackEnd::Complete,
+        R::EMBER_UNWIND_TRUNCATED => StackEnd::Truncated,
+        R::EMBER_UNWIND_FP_END => StackEnd::FramePointerEnd,
+        R::EMBER_UNWIND_ERR_UNSUPPORTED => StackEnd::Unsupported,
+        R::EMBER_UNWIND_ERR_READ => StackEnd::ReadFault,
+        R::EMBER_UNWIND_ERR_BAD_FRAME => StackEnd::BadFrame,
+        R::EMBER_UNWIND_ERR_RBP_UNKNOWN => StackEnd::RbpUnknown,
+        R::EMBER_UNWIND_ERR_NO_TABLE => StackEnd::NoTable,
+        _ => StackEnd::TableMissing,
+    }
 }
 
 /// Where the increase of one BPF counter is counted.
@@ -444,6 +563,10 @@ impl CounterSync {
                 Counted::StackError(StackSide::User),
             ),
             (ember_counter::EMBER_CNT_FILTERED, Counted::Filtered),
+            (
+                ember_counter::EMBER_CNT_TAIL_CALL,
+                Counted::StackError(StackSide::User),
+            ),
         ] {
             let i = idx.0 as usize;
             let Some(now) = read_counter(sampler, idx.0) else {
@@ -513,11 +636,13 @@ mod tests {
 
     #[test]
     fn parses_both_sides() {
-        let s = parse_record(&record(
+        let (s, flags) = parse_record(&record(
             &[0xffff_0001, 0xffff_0002],
             &[0x401000, 0x402000, 0x403000],
         ))
         .expect("valid");
+        assert_eq!(flags, 0);
+        assert_eq!(s.user_end, StackEnd::FramePointer);
         assert_eq!(s.kernel, [0xffff_0001, 0xffff_0002]);
         assert_eq!(s.user, [0x401000, 0x402000, 0x403000]);
         assert_eq!(
@@ -540,7 +665,8 @@ mod tests {
 
     #[test]
     fn header_matches_c_layout() {
-        // time_ns, cgroup_id, pid, tid, cpu, kern_frames, user_frames, comm[16]
-        assert_eq!(HEADER, 8 + 8 + 4 + 4 + 4 + 2 + 2 + 16);
+        // time_ns, cgroup_id, pid, tid, cpu, kern_frames, user_frames, comm[16],
+        // user_result, user_flags, pad0, pad1
+        assert_eq!(HEADER, 8 + 8 + 4 + 4 + 4 + 2 + 2 + 16 + 1 + 1 + 2 + 4);
     }
 }

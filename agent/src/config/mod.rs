@@ -309,6 +309,26 @@ pub struct Sampling {
     pub ring_buffer_bytes: u32,
     /// Only these tgids; empty means all.
     pub pids: Vec<u32>,
+    /// How user stacks are walked.
+    pub unwind: UnwindMode,
+    /// Cap on the kernel memory of unwind tables and per-process ranges, in bytes.
+    pub unwind_max_bytes: u64,
+    /// Processes whose ranges the sampler holds at most.
+    pub unwind_max_processes: u32,
+    /// Where compiled unwind tables are kept across restarts; empty: not kept.
+    pub unwind_cache_dir: PathBuf,
+}
+
+/// `sampling.unwind`: how the sampler walks user stacks.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum UnwindMode {
+    /// Unwind tables where an object has `.eh_frame`/`.debug_frame`, the frame pointer elsewhere.
+    Auto,
+    /// Unwind tables only: code without them ends the stack (counted).
+    Dwarf,
+    /// Frame pointers only (the kernel's `bpf_get_stack`).
+    FramePointer,
 }
 
 /// The perf event that triggers a sample.
@@ -389,6 +409,10 @@ impl Default for Sampling {
             include_idle: false,
             ring_buffer_bytes: 1 << 20,
             pids: Vec::new(),
+            unwind: UnwindMode::Auto,
+            unwind_max_bytes: 32 << 20,
+            unwind_max_processes: 4096,
+            unwind_cache_dir: PathBuf::from("/var/lib/ember/unwind"),
         }
     }
 }
@@ -486,6 +510,18 @@ impl Config {
             return invalid(
                 "sampling.ring_buffer_bytes",
                 "must be a power of two of at least 4096",
+            );
+        }
+        if s.unwind_max_bytes < 1 << 20 {
+            return invalid(
+                "sampling.unwind_max_bytes",
+                "must be at least 1048576 (1 MiB)",
+            );
+        }
+        if !(1..=1 << 20).contains(&s.unwind_max_processes) {
+            return invalid(
+                "sampling.unwind_max_processes",
+                "must be between 1 and 1048576",
             );
         }
         if self.window.duration < Duration::from_millis(100) {
@@ -809,7 +845,7 @@ mod tests {
             .values()
             .map(|s| s.as_mapping().map_or(0, |m| m.len()))
             .sum();
-        assert_eq!(count, 5 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 7 + 5 + 3 + 6 + 8);
+        assert_eq!(count, 9 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 7 + 5 + 3 + 6 + 8);
         let sinks = &v["sinks"];
         assert_eq!(sinks["pyroscope"].as_mapping().map_or(0, |m| m.len()), 13);
         assert_eq!(sinks["otlp"].as_mapping().map_or(0, |m| m.len()), 7);

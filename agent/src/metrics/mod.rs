@@ -20,7 +20,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 pub use reasons::{
     Cache, ExportDrop, FrameResult, JitReject, JvmRefresh, Loss, ProcRead, ReadingsSource,
-    StackSide, SymbolMiss,
+    StackEnd, StackSide, SymbolMiss, TableBuild,
 };
 
 /// Label set with a single `reason`, one of the enums of [`reasons`].
@@ -120,8 +120,32 @@ pub struct Metrics {
     pub jvm_refreshes: Family<ResultLabel<JvmRefresh>, Counter>,
     /// Addresses blazesym could not name, by its reason.
     pub symbol_misses: Family<ReasonLabel<SymbolMiss>, Counter>,
+    /// User stacks by workload and how their walk ended.
+    pub stacks: Family<WorkloadResultLabels, Counter>,
+    /// Unwind tables the sampler needed, by what came of them.
+    pub unwind_tables_built: Family<ResultLabel<TableBuild>, Counter>,
+    /// Unwind tables loaded in the kernel now.
+    pub unwind_tables: Gauge<i64, AtomicI64>,
+    /// Processes with unwind ranges in the kernel now.
+    pub unwind_processes: Gauge<i64, AtomicI64>,
+    /// Kernel memory of unwind tables and ranges now, in bytes.
+    pub unwind_map_bytes: Gauge<i64, AtomicI64>,
     lost_sum: Arc<AtomicU64>,
 }
+
+/// Label set of `ember_stacks_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkloadResultLabels {
+    /// The service, container (`namespace/pod/container`) or, for host processes, the process
+    /// name; `other` past [`MAX_WORKLOADS`] workloads.
+    pub workload: String,
+    /// How the stack ended.
+    pub result: StackEnd,
+}
+
+/// Workloads `ember_stacks_total` keeps apart (families only grow); later ones share
+/// `workload="other"`.
+pub const MAX_WORKLOADS: usize = 500;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -280,6 +304,41 @@ impl Metrics {
         for &result in FrameResult::ALL {
             let _ = frames.get_or_create(&ResultLabel { result });
         }
+        let stacks = Family::<WorkloadResultLabels, Counter>::default();
+        registry.register(
+            "stacks",
+            "User stacks sampled, by workload and how the walk ended (complete: reached the \
+             program's entry or thread start)",
+            stacks.clone(),
+        );
+        let unwind_tables_built = Family::<ResultLabel<TableBuild>, Counter>::default();
+        registry.register(
+            "unwind_tables_built",
+            "Objects the sampler needed an unwind table for, by what came of them",
+            unwind_tables_built.clone(),
+        );
+        for &result in TableBuild::ALL {
+            let _ = unwind_tables_built.get_or_create(&ResultLabel { result });
+        }
+        let unwind_tables = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "unwind_tables",
+            "Unwind tables loaded in the kernel",
+            unwind_tables.clone(),
+        );
+        let unwind_processes = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "unwind_processes",
+            "Processes whose executable ranges the sampler holds",
+            unwind_processes.clone(),
+        );
+        let unwind_map_bytes = Gauge::<i64, AtomicI64>::default();
+        registry.register_with_unit(
+            "unwind_map",
+            "Kernel memory of unwind tables and ranges (counts against the agent's cgroup)",
+            Unit::Bytes,
+            unwind_map_bytes.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             samples,
@@ -305,6 +364,11 @@ impl Metrics {
             jit_entries,
             jvm_refreshes,
             symbol_misses,
+            stacks,
+            unwind_tables_built,
+            unwind_tables,
+            unwind_processes,
+            unwind_map_bytes,
             lost_sum: Arc::default(),
         }
     }
@@ -320,6 +384,22 @@ impl Metrics {
     /// Samples lost so far, all reasons together.
     pub fn lost_total(&self) -> u64 {
         self.lost_sum.load(Ordering::Relaxed)
+    }
+
+    /// Counts `n` user stacks of `workload` that ended with `result`.
+    pub fn stacks_ended(&self, workload: &str, result: StackEnd, n: u64) {
+        let labels = WorkloadResultLabels {
+            workload: workload.to_owned(),
+            result,
+        };
+        self.stacks.get_or_create(&labels).inc_by(n);
+    }
+
+    /// Counts an object the sampler needed a table for, by `result`.
+    pub fn table_built(&self, result: TableBuild) {
+        self.unwind_tables_built
+            .get_or_create(&ResultLabel { result })
+            .inc();
     }
 
     /// Counts `n` entries dropped from the cache or queue `cache`.

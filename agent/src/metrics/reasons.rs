@@ -130,6 +130,72 @@ label_enum! {
         ReadingsCgroupDirs => "readings_cgroup_dirs",
         /// Containers beyond `readings.max_containers`.
         ReadingsContainers => "readings_containers",
+        /// Unwind tables evicted (least recently used) to stay under `sampling.unwind_max_bytes`.
+        UnwindTables => "unwind_tables",
+        /// Processes beyond `sampling.unwind_max_processes` (or map memory): walked by frame pointers.
+        UnwindProcesses => "unwind_processes",
+        /// Executable ranges beyond the sampler's 64 per process: walked by frame pointers there.
+        UnwindRanges => "unwind_ranges",
+        /// Requests from the sampler to load a process's ranges, dropped on a full queue.
+        UnwindRequests => "unwind_requests",
+        /// Object identities remembered by the unwind loader (`limits.max_objects`).
+        UnwindObjects => "unwind_objects",
+        /// What the unwind loader read of a process, on its way to the process table.
+        ProcessSnapshots => "process_snapshots",
+    }
+}
+
+label_enum! {
+    /// `ember_stacks_total{workload,result}`: how each sampled user stack ended.
+    pub enum StackEnd {
+        /// The walk reached the outermost frame (the program's entry or a thread's start).
+        Complete => "complete",
+        /// Frame pointers only (`sampling.unwind: frame_pointer`, or a process whose tables were
+        /// not loaded yet): where the walk ended is not checked.
+        FramePointer => "frame_pointer",
+        /// Tables, then frame pointers (JIT code, objects without CFI) until rbp was 0.
+        FramePointerEnd => "frame_pointer_end",
+        /// More than 127 frames: the outermost ones are cut.
+        Truncated => "truncated",
+        /// No user stack (a kernel thread).
+        NoUserStack => "no_user_stack",
+        /// A table row ember cannot express (see `ember_unwind_rows_unsupported_total`).
+        Unsupported => "unsupported_rule",
+        /// Stack memory could not be read (paged out, or a corrupt frame).
+        ReadFault => "read_fault",
+        /// The next frame was not above this one: a corrupt stack or a wrong rule.
+        BadFrame => "bad_frame",
+        /// A rule needed rbp after an earlier frame lost it.
+        RbpUnknown => "rbp_unknown",
+        /// `sampling.unwind: dwarf` and the code has no table.
+        NoTable => "no_table",
+        /// The process's table was evicted or dropped while the walk ran.
+        TableMissing => "table_missing",
+    }
+}
+
+label_enum! {
+    /// `ember_unwind_tables_built_total{result}`: what came of an object the sampler needed a
+    /// table for.
+    pub enum TableBuild {
+        /// Compiled from the object's CFI.
+        Compiled => "compiled",
+        /// Read back from the on-disk cache (checked).
+        Cached => "cached",
+        /// No `.eh_frame`/`.debug_frame` (e.g. Go): walked by frame pointers.
+        NoCfi => "no_cfi",
+        /// The file could not be opened or read inside the process's root, or is not regular.
+        Unreadable => "unreadable",
+        /// Larger than the object cap.
+        TooLarge => "too_large",
+        /// Not an x86-64 ELF executable or shared object, or a malformed one.
+        BadElf => "bad_elf",
+        /// Over a cap on rows, entries, pages or CFI work (a hostile or huge object).
+        OverCap => "over_cap",
+        /// The kernel refused the table's map (memory, or the slot cap of 4096 tables).
+        MapFailed => "map_failed",
+        /// A cache file that failed its check was removed (the table was compiled again).
+        CacheCorrupt => "cache_corrupt",
     }
 }
 

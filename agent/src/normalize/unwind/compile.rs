@@ -130,6 +130,9 @@ pub struct UnwindTable {
     pub pages: Vec<UnwindPage>,
     /// Every page's rows, page after page.
     pub rows: Vec<UnwindRow>,
+    /// The object's executable segments as (address, file offset, bytes in the file): where
+    /// a mapping of the file at some offset puts the object's addresses.
+    pub segments: Vec<(u64, u64, u64)>,
     /// What compiling found.
     pub stats: Stats,
 }
@@ -237,7 +240,9 @@ pub fn compile(object: &[u8], limits: &Limits) -> Result<UnwindTable, UnwindErro
     }
     c.stats.debug_frame_compressed = parts.debug_frame_compressed;
     let spans = c.merge(eh_spans, debug_spans);
-    c.lay_out(&spans, &parts)
+    let mut table = c.lay_out(&spans, &parts)?;
+    table.segments = parts.code_file.clone();
+    Ok(table)
 }
 
 /// One FDE's rows in `Compiler::raw`.
@@ -565,6 +570,7 @@ impl Compiler<'_> {
             first_page,
             pages,
             rows,
+            segments: Vec::new(),
             stats: self.stats,
         })
     }

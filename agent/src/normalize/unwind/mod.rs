@@ -42,10 +42,13 @@ mod abi;
 mod compile;
 mod elf;
 mod error;
+mod loader;
 pub mod row;
+mod store;
 
 pub use compile::{compile, Limits, Stats, UnwindTable, DEFAULT_LIMITS};
 pub use error::{ErrorReason, SkipReason, UnsupportedReason, UnwindError};
+pub use loader::{Loader, Settings};
 pub use row::{CfaRule, RbpRule, Rule, UnwindPage, UnwindRow};
 
 #[cfg(test)]

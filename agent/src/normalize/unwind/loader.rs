@@ -1,0 +1,834 @@
+//! The unwind loader: fills the sampler's maps so it can walk a process's stack by tables.
+//!
+//! It owns every table and range the sampler holds. The sampler asks for a process the
+//! first time it samples one it has no ranges for ([`Ask::Process`]), and again when a pc
+//! falls outside them ([`Ask::Remap`], a library loaded since); the loader reads the
+//! process's executable mappings, finds or builds each object's table and writes the
+//! process's ranges in one map update.
+//!
+//! - **Objects** are read inside the process's root (`/proc/PID/map_files`, else
+//!   `openat2(RESOLVE_IN_ROOT)`), non-blocking, regular files only, at most
+//!   `Limits::max_object_bytes`; a file seen before (same device, inode, size and mtime)
+//!   is not read again.
+//! - **Tables** are keyed by the SHA-256 of the object's bytes, not its build id: a build
+//!   id is whatever the file says, and a container could otherwise name its own table for
+//!   the host's libc. One table serves every process mapping the object. Compiled tables
+//!   are kept on disk ([`Store`]) across restarts.
+//! - **Kernel memory** (tables plus per-process ranges) stays under
+//!   `sampling.unwind_max_bytes`: the least recently used tables (the sampler stamps each
+//!   table's slot when it walks it) are evicted, after every process range naming them is
+//!   rewritten to the frame pointer, so a slot is never reused under a walker.
+//! - A table is one array map created at its exact size with `BPF_F_MMAPABLE` and filled
+//!   through mmap: one syscall per table, never one per row.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::time::{Duration, Instant};
+
+use libbpf_rs::{libbpf_sys, MapCore, MapFlags, MapHandle, MapType};
+use tracing::{debug, warn};
+
+use super::compile::{compile, Limits, UnwindTable, DEFAULT_LIMITS};
+use super::error::UnwindError;
+use super::store::{key_of, row_bytes, Store, StoreError, TableKey};
+use crate::capture::{Ask, UnwindMaps};
+use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
+use crate::normalize::process::Snapshot;
+use crate::workload::Cgroup;
+use crate::os::openat2::openat2_in_root;
+use crate::os::procfs::{self, MapsEntry};
+
+/// Table slots (`EMBER_UNWIND_TABLES`).
+const SLOTS: usize = 4096;
+/// Ranges per process (`EMBER_UNWIND_RANGES`).
+const RANGES: usize = 64;
+/// `EMBER_TABLE_NONE`: walk this range by the frame pointer.
+const TABLE_NONE: u32 = u32::MAX;
+/// Bytes of one `struct ember_unwind_range` and of a whole `struct ember_unwind_proc`.
+const RANGE_BYTES: usize = 24;
+const PROC_BYTES: usize = 8 + RANGES * RANGE_BYTES;
+/// What the kernel spends on one hash element besides its value (approximate).
+const PROC_OVERHEAD: u64 = 64;
+/// `/proc/PID/maps` is read up to this many bytes.
+const MAPS_CAP: u64 = 32 << 20;
+/// File identities remembered (each is a few dozen bytes).
+const MAX_FILES: usize = 65_536;
+/// How often processes that exited are looked for.
+const SWEEP_EVERY: Duration = Duration::from_secs(2);
+
+/// The loader's settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Cap on tables plus ranges in kernel memory.
+    pub max_bytes: u64,
+    /// Where compiled tables are kept; `None`: nowhere.
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Identity of a file on the host, as far as a stat tells: a file replaced in place
+/// (an upgrade reusing the inode) changes its size or mtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i64,
+}
+
+#[derive(Debug)]
+struct Table {
+    /// Slot in `unwind_tables` while loaded.
+    slot: Option<u32>,
+    /// Kernel bytes while loaded.
+    bytes: u64,
+    /// Executable segments (address, file offset, bytes), for the bias of each mapping.
+    segments: Vec<(u64, u64, u64)>,
+}
+
+#[derive(Debug, Clone)]
+struct Range {
+    start: u64,
+    len: u32,
+    bias: u64,
+    table: Option<TableKey>,
+}
+
+#[derive(Debug)]
+struct Proc {
+    start_time: u64,
+    ranges: Vec<Range>,
+}
+
+/// The loader's state; see the module documentation.
+pub struct Loader {
+    maps: UnwindMaps,
+    used: UsedView,
+    settings: Settings,
+    limits: Limits,
+    metrics: Metrics,
+    store: Option<Store>,
+    /// Files already identified: their table, or `None` (no table: frame pointers).
+    files: HashMap<FileId, Option<TableKey>>,
+    tables: HashMap<TableKey, Table>,
+    slots: Vec<Option<TableKey>>,
+    procs: HashMap<u32, Proc>,
+    /// Processes without executable mappings (kernel threads), by start time.
+    empty: HashMap<u32, u64>,
+    /// Kernel bytes of the loaded tables.
+    table_bytes: u64,
+    proc_root: PathBuf,
+    vdso: Option<Option<TableKey>>,
+    /// Tables filled but not yet in `unwind_tables`: put there in one batch, since every
+    /// update of a map of maps waits for an RCU grace period (~10 ms here).
+    pending: Vec<(u32, MapHandle)>,
+    /// Where what was read of each process goes, for the symbolizer (the process may be
+    /// gone before its samples are handled).
+    snapshots: Option<SyncSender<Snapshot>>,
+}
+
+impl Loader {
+    /// A loader filling `maps`.
+    pub fn new(maps: UnwindMaps, settings: Settings, metrics: Metrics) -> std::io::Result<Self> {
+        let used = UsedView::map(&maps.used)?;
+        let store = settings
+            .cache_dir
+            .as_deref()
+            .and_then(|dir| match Store::open(dir) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    warn!(
+                        "unwind table cache {} not usable ({e}); tables are compiled every start",
+                        dir.display()
+                    );
+                    None
+                }
+            });
+        Ok(Self {
+            maps,
+            used,
+            settings,
+            limits: DEFAULT_LIMITS,
+            metrics,
+            store,
+            files: HashMap::new(),
+            tables: HashMap::new(),
+            slots: vec![None; SLOTS],
+            procs: HashMap::new(),
+            empty: HashMap::new(),
+            table_bytes: 0,
+            proc_root: PathBuf::from("/proc"),
+            vdso: None,
+            pending: Vec::new(),
+            snapshots: None,
+        })
+    }
+
+    /// Sends what is read of each process to the process table too.
+    pub fn send_snapshots(&mut self, tx: SyncSender<Snapshot>) {
+        self.snapshots = Some(tx);
+    }
+
+    /// The loader's thread: loads `preload` (the processes named in the config, so their
+    /// first samples already find their ranges), then serves the sampler's asks until
+    /// capture stops.
+    pub fn run(mut self, preload: &[u32], asks: Receiver<Ask>) {
+        for &pid in preload {
+            self.load(pid);
+        }
+        let mut last_sweep = Instant::now();
+        loop {
+            match asks.recv_timeout(SWEEP_EVERY) {
+                Ok(Ask::Process(pid)) | Ok(Ask::Remap(pid)) => self.load(pid),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            if last_sweep.elapsed() >= SWEEP_EVERY {
+                last_sweep = Instant::now();
+                self.sweep();
+            }
+        }
+    }
+
+    /// Reads `pid`'s executable mappings and writes its ranges, loading the tables they need.
+    pub fn load(&mut self, pid: u32) {
+        let started = Instant::now();
+        self.load_ranges(pid);
+        debug!(
+            "unwind ranges of pid {pid} loaded in {:?}",
+            started.elapsed()
+        );
+    }
+
+    fn load_ranges(&mut self, pid: u32) {
+        let dir = self.proc_root.join(pid.to_string());
+        let Some(start_time) = start_time(&dir) else {
+            self.metrics.proc_read_error(ProcRead::Stat, 1);
+            return;
+        };
+        if self.empty.get(&pid) == Some(&start_time) {
+            return;
+        }
+        let text = match procfs::read_capped(&dir.join("maps"), MAPS_CAP) {
+            Ok(t) => t,
+            Err(_) => {
+                self.metrics.proc_read_error(ProcRead::Maps, 1);
+                return;
+            }
+        };
+        let (entries, bad) = procfs::parse_maps(&text);
+        if bad > 0 {
+            self.metrics.proc_read_error(ProcRead::MapsLine, bad as u64);
+        }
+        let mut ranges = Vec::new();
+        let mut seen = Vec::new();
+        for e in entries.into_iter().filter(|e| e.exec) {
+            let Ok(len) = u32::try_from(e.end.saturating_sub(e.start)) else {
+                continue;
+            };
+            let file = if e.inode != 0 && e.path.starts_with('/') {
+                let f = open_mapped(&dir, &e);
+                if f.is_err() {
+                    self.metrics.table_built(TableBuild::Unreadable);
+                }
+                f.ok()
+            } else {
+                None
+            };
+            let table = match &file {
+                _ if e.path == "[vdso]" => self.vdso_table(),
+                Some(f) => self.file_table(f),
+                None => None, // anonymous (JIT code): the frame pointer
+            };
+            let bias = table
+                .and_then(|k| self.tables.get(&k))
+                .map(|t| bias(&t.segments, e.start, e.offset))
+                .unwrap_or(0);
+            ranges.push(Range {
+                start: e.start,
+                len,
+                bias,
+                table,
+            });
+            seen.push((e, file));
+        }
+        if let Some(tx) = &self.snapshots {
+            let snap = Snapshot {
+                pid,
+                start_time,
+                name: procfs::read_capped(&dir.join("comm"), 64)
+                    .map(|c| c.trim_end().to_owned())
+                    .unwrap_or_default(),
+                cgroup: Cgroup::read(pid).unwrap_or_default(),
+                maps: seen,
+            };
+            if tx.try_send(snap).is_err() {
+                self.metrics.dropped(Cache::ProcessSnapshots, 1);
+            }
+        }
+        if ranges.is_empty() {
+            self.empty.insert(pid, start_time);
+            if self.empty.len() > MAX_FILES {
+                self.empty.clear();
+            }
+            return;
+        }
+        ranges.sort_by_key(|r| r.start);
+        if ranges.len() > RANGES {
+            // Ranges without a table cost nothing to drop: they are walked by frame pointers anyway.
+            let dropped = ranges.len() - RANGES;
+            ranges.retain(|r| r.table.is_some());
+            ranges.truncate(RANGES);
+            self.metrics.dropped(Cache::UnwindRanges, dropped as u64);
+        }
+        self.commit();
+        let new = !self.procs.contains_key(&pid);
+        if new && !self.make_room(PROC_BYTES as u64 + PROC_OVERHEAD) {
+            self.metrics.dropped(Cache::UnwindProcesses, 1);
+            return;
+        }
+        let proc = Proc { start_time, ranges };
+        if self.write_proc(pid, &proc) {
+            self.procs.insert(pid, proc);
+        } else {
+            self.procs.remove(&pid);
+        }
+        self.publish();
+    }
+
+    /// Forgets processes that exited (or whose pid now names another process).
+    pub fn sweep(&mut self) {
+        let root = self.proc_root.clone();
+        let gone: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|(pid, p)| start_time(&root.join(pid.to_string())) != Some(p.start_time))
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in gone {
+            self.procs.remove(&pid);
+            let _ = self.maps.procs.delete(&pid.to_ne_bytes());
+        }
+        self.empty
+            .retain(|pid, t| start_time(&root.join(pid.to_string())) == Some(*t));
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let loaded = self.slots.iter().filter(|s| s.is_some()).count();
+        self.metrics.unwind_tables.set(loaded as i64);
+        self.metrics.unwind_processes.set(self.procs.len() as i64);
+        self.metrics
+            .unwind_map_bytes
+            .set(i64::try_from(self.used_bytes()).unwrap_or(i64::MAX));
+    }
+
+    fn used_bytes(&self) -> u64 {
+        self.table_bytes + self.procs.len() as u64 * (PROC_BYTES as u64 + PROC_OVERHEAD)
+    }
+
+    /// The table of a mapped file (opened inside its process's root), loading it if needed.
+    fn file_table(&mut self, mut file: &File) -> Option<TableKey> {
+        let meta = file.metadata().ok()?;
+        if !meta.is_file() {
+            self.metrics.table_built(TableBuild::Unreadable);
+            return None;
+        }
+        let id = FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+        };
+        let known = self.files.get(&id).copied();
+        if let Some(key) = known {
+            let key = key?;
+            if self.tables.get(&key).is_some_and(|t| t.slot.is_some()) {
+                return Some(key);
+            }
+            // Evicted: the disk cache has it, or it is compiled again below.
+            if let Some(t) = self.cached(&key) {
+                return self.install(key, &t).then_some(key);
+            }
+        }
+        if meta.len() > self.limits.max_object_bytes {
+            self.metrics.table_built(TableBuild::TooLarge);
+            self.remember(id, None);
+            return None;
+        }
+        // Sized once: growing by doubling would copy a 100 MB binary several times.
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        if (&mut file)
+            .take(self.limits.max_object_bytes + 1)
+            .read_to_end(&mut bytes)
+            .is_err()
+        {
+            self.metrics.table_built(TableBuild::Unreadable);
+            return None;
+        }
+        let key = key_of(&bytes);
+        self.remember(id, Some(key));
+        self.table_from_bytes(key, &bytes)
+    }
+
+    fn remember(&mut self, id: FileId, key: Option<TableKey>) {
+        if self.files.len() >= MAX_FILES {
+            self.files.clear();
+            self.metrics.dropped(Cache::UnwindObjects, MAX_FILES as u64);
+        }
+        self.files.insert(id, key);
+    }
+
+    /// The vDSO's table: every process maps the same image, read from the agent's own.
+    fn vdso_table(&mut self) -> Option<TableKey> {
+        if let Some(v) = self.vdso {
+            if let Some(key) = v {
+                if self.tables.get(&key).is_some_and(|t| t.slot.is_some()) {
+                    return Some(key);
+                }
+            } else {
+                return None;
+            }
+        }
+        let bytes = own_vdso()?;
+        let key = key_of(&bytes);
+        let got = self.table_from_bytes(key, &bytes);
+        self.vdso = Some(got);
+        got
+    }
+
+    /// Loads the table of an object whose bytes are `bytes` (and key `key`).
+    fn table_from_bytes(&mut self, key: TableKey, bytes: &[u8]) -> Option<TableKey> {
+        if self.tables.get(&key).is_some_and(|t| t.slot.is_some()) {
+            return Some(key);
+        }
+        let table = match self.cached(&key) {
+            Some(t) => t,
+            None => match compile(bytes, &self.limits) {
+                Ok(t) => {
+                    self.metrics.table_built(TableBuild::Compiled);
+                    if let Some(store) = &self.store {
+                        if let Err(e) = store.save(&key, &t) {
+                            debug!("unwind cache write failed: {e}");
+                        }
+                    }
+                    t
+                }
+                Err(e) => {
+                    self.metrics.table_built(build_result(&e));
+                    return None;
+                }
+            },
+        };
+        self.install(key, &table).then_some(key)
+    }
+
+    fn cached(&mut self, key: &TableKey) -> Option<UnwindTable> {
+        match self.store.as_ref()?.load(key) {
+            Ok(t) => {
+                self.metrics.table_built(TableBuild::Cached);
+                Some(t)
+            }
+            Err(StoreError::Missing) => None,
+            Err(StoreError::Corrupt(why)) => {
+                warn!("unwind cache file failed its check ({why}); compiling again");
+                self.metrics.table_built(TableBuild::CacheCorrupt);
+                None
+            }
+            Err(e) => {
+                debug!("{e}");
+                None
+            }
+        }
+    }
+
+    /// Puts `table` in a free slot, evicting least recently used tables to make room.
+    fn install(&mut self, key: TableKey, table: &UnwindTable) -> bool {
+        let entries = 1 + table.pages.len() + table.rows.len();
+        let bytes = round_page(entries as u64 * 8);
+        if !self.make_room(bytes) {
+            self.metrics.dropped(Cache::UnwindTables, 1);
+            return false;
+        }
+        let Some(slot) = self.free_slot() else {
+            self.metrics.table_built(TableBuild::MapFailed);
+            return false;
+        };
+        match fill(table, entries) {
+            Ok(inner) => self.pending.push((slot, inner)),
+            Err(e) => {
+                debug!("unwind table map: {e}");
+                self.metrics.table_built(TableBuild::MapFailed);
+                return false;
+            }
+        }
+        self.used.stamp(slot as usize, now_ns());
+        self.slots[slot as usize] = Some(key);
+        self.table_bytes += bytes;
+        self.tables.insert(
+            key,
+            Table {
+                slot: Some(slot),
+                bytes,
+                segments: table.segments.clone(),
+            },
+        );
+        true
+    }
+
+    /// Puts the tables filled since the last call into their slots, in one batch update.
+    fn commit(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let keys: Vec<u8> = pending.iter().flat_map(|(s, _)| s.to_ne_bytes()).collect();
+        let fds: Vec<u8> = pending
+            .iter()
+            .flat_map(|(_, m)| m.as_fd().as_raw_fd().to_ne_bytes())
+            .collect();
+        let batch = self.maps.tables.update_batch(
+            &keys,
+            &fds,
+            pending.len() as u32,
+            MapFlags::ANY,
+            MapFlags::ANY,
+        );
+        if batch.is_ok() {
+            return;
+        }
+        // One by one, to learn which the kernel refused; those slots are freed again.
+        for (slot, inner) in pending {
+            let fd = inner.as_fd().as_raw_fd();
+            if self
+                .maps
+                .tables
+                .update(&slot.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
+                .is_err()
+            {
+                self.metrics.table_built(TableBuild::MapFailed);
+                if let Some(key) = self.slots[slot as usize].take() {
+                    if let Some(t) = self.tables.get_mut(&key) {
+                        t.slot = None;
+                        self.table_bytes -= t.bytes;
+                    }
+                }
+            }
+        }
+    }
+
+    fn free_slot(&mut self) -> Option<u32> {
+        if let Some(i) = self.slots.iter().position(|s| s.is_none()) {
+            return u32::try_from(i).ok();
+        }
+        self.evict_one()?;
+        self.free_slot_once()
+    }
+
+    fn free_slot_once(&self) -> Option<u32> {
+        self.slots
+            .iter()
+            .position(|s| s.is_none())
+            .and_then(|i| u32::try_from(i).ok())
+    }
+
+    /// Evicts least recently used tables until `bytes` more fit under the cap.
+    fn make_room(&mut self, bytes: u64) -> bool {
+        while self.used_bytes() + bytes > self.settings.max_bytes {
+            if self.evict_one().is_none() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Evicts the least recently walked table; `None` if none is loaded.
+    fn evict_one(&mut self) -> Option<()> {
+        let (slot, key) = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| k.map(|k| (i, k)))
+            .filter(|(i, _)| !self.pending.iter().any(|(s, _)| *s as usize == *i))
+            .min_by_key(|(i, _)| self.used.get(*i))?;
+        // First point every range at the frame pointer, then free the slot: the sampler
+        // never finds a slot that holds another object's table.
+        let users: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.ranges.iter().any(|r| r.table == Some(key)))
+            .map(|(&pid, _)| pid)
+            .collect();
+        self.slots[slot] = None;
+        if let Some(t) = self.tables.get_mut(&key) {
+            t.slot = None;
+            self.table_bytes -= t.bytes;
+        }
+        for pid in users {
+            if let Some(p) = self.procs.remove(&pid) {
+                if self.write_proc(pid, &p) {
+                    self.procs.insert(pid, p);
+                }
+            }
+        }
+        let _ = self.maps.tables.delete(&(slot as u32).to_ne_bytes());
+        self.metrics.dropped(Cache::UnwindTables, 1);
+        Some(())
+    }
+}
+
+/// Creates a table's array at its exact size and fills it through mmap.
+fn fill(t: &UnwindTable, entries: usize) -> Result<MapHandle, String> {
+    let first_page = u32::try_from(t.first_page).map_err(|_| "page number over 32 bits")?;
+    let page_count = u32::try_from(t.pages.len()).map_err(|_| "too many pages")?;
+    let n = u32::try_from(entries).map_err(|_| "too many rows")?;
+    let opts = libbpf_sys::bpf_map_create_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as _,
+        map_flags: libbpf_sys::BPF_F_INNER_MAP | libbpf_sys::BPF_F_MMAPABLE,
+        ..Default::default()
+    };
+    let inner = MapHandle::create(MapType::Array, Some("ember_unwind"), 4, 8, n, &opts)
+        .map_err(|e| e.to_string())?;
+    let len = round_page(entries as u64 * 8) as usize;
+    // SAFETY: a fresh shared mapping of the map's fd, `len` bytes (the kernel rounds an
+    // mmapable array up to whole pages); unmapped below, nothing else refers to it.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            inner.as_fd().as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(format!("mmap: {}", std::io::Error::last_os_error()));
+    }
+    {
+        // SAFETY: ptr is valid for len >= entries * 8 writable bytes until munmap.
+        let out = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u8>(), entries * 8) };
+        let mut chunks = out.chunks_exact_mut(8);
+        let mut put = |b: [u8; 8]| {
+            if let Some(c) = chunks.next() {
+                c.copy_from_slice(&b);
+            }
+        };
+        put(pair(first_page, page_count));
+        for p in &t.pages {
+            put(pair(p.first_row, p.row_count));
+        }
+        for r in &t.rows {
+            put(row_bytes(r));
+        }
+    }
+    // SAFETY: unmaps exactly the mapping made above.
+    unsafe { libc::munmap(ptr, len) };
+    Ok(inner)
+}
+
+impl Loader {
+    /// Writes a process's ranges in one update; false if the kernel refused (map full).
+    fn write_proc(&self, pid: u32, p: &Proc) -> bool {
+        let mut value = vec![0u8; PROC_BYTES];
+        let mut count = 0u32;
+        for r in p.ranges.iter().take(RANGES) {
+            let slot = r
+                .table
+                .and_then(|k| self.tables.get(&k))
+                .and_then(|t| t.slot)
+                .unwrap_or(TABLE_NONE);
+            let at = 8 + count as usize * RANGE_BYTES;
+            value[at..at + 8].copy_from_slice(&r.start.to_ne_bytes());
+            value[at + 8..at + 16].copy_from_slice(&r.bias.to_ne_bytes());
+            value[at + 16..at + 20].copy_from_slice(&r.len.to_ne_bytes());
+            value[at + 20..at + 24].copy_from_slice(&slot.to_ne_bytes());
+            count += 1;
+        }
+        value[..4].copy_from_slice(&count.to_ne_bytes());
+        match self
+            .maps
+            .procs
+            .update(&pid.to_ne_bytes(), &value, MapFlags::ANY)
+        {
+            Ok(()) => true,
+            Err(_) => {
+                self.metrics.dropped(Cache::UnwindProcesses, 1);
+                false
+            }
+        }
+    }
+}
+
+/// `pc - bias` is the object's own address for a mapping of its file at `offset` from `start`.
+fn bias(segments: &[(u64, u64, u64)], start: u64, offset: u64) -> u64 {
+    let seg = segments
+        .iter()
+        .find(|&&(_, off, size)| {
+            let first = off & !0xfff;
+            offset >= first && offset < off + size.max(1)
+        })
+        .or(segments.first());
+    match seg {
+        Some(&(vaddr, off, _)) => start
+            .wrapping_sub(offset)
+            .wrapping_add(off)
+            .wrapping_sub(vaddr),
+        None => start.wrapping_sub(offset),
+    }
+}
+
+fn build_result(e: &UnwindError) -> TableBuild {
+    match e {
+        UnwindError::NoCfi => TableBuild::NoCfi,
+        UnwindError::TooLarge { .. } => TableBuild::TooLarge,
+        UnwindError::BadElf(_) | UnwindError::NotX86_64 | UnwindError::NotLoadable(_) => {
+            TableBuild::BadElf
+        }
+        UnwindError::TooManyRows { .. }
+        | UnwindError::TooManyEntries { .. }
+        | UnwindError::SpanTooLarge { .. }
+        | UnwindError::TooMuchWork { .. } => TableBuild::OverCap,
+    }
+}
+
+fn pair(a: u32, b: u32) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    out[..4].copy_from_slice(&a.to_ne_bytes());
+    out[4..].copy_from_slice(&b.to_ne_bytes());
+    out
+}
+
+fn round_page(n: u64) -> u64 {
+    n.div_ceil(4096) * 4096
+}
+
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer; CLOCK_MONOTONIC is what bpf_ktime_get_ns reads.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
+}
+
+fn start_time(dir: &Path) -> Option<u64> {
+    let text = procfs::read_capped(&dir.join("stat"), 4096).ok()?;
+    procfs::parse_stat(&text).map(|s| s.start_time)
+}
+
+/// Opens the file behind a mapping inside the process's root: `map_files` (the mapped file
+/// itself), else its path resolved with `RESOLVE_IN_ROOT` and no symlinks. Non-blocking, so a
+/// FIFO planted under a library's name cannot hang the loader.
+fn open_mapped(dir: &Path, e: &MapsEntry) -> std::io::Result<File> {
+    let direct = dir
+        .join("map_files")
+        .join(format!("{:x}-{:x}", e.start, e.end));
+    if let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&direct)
+    {
+        return Ok(f);
+    }
+    let root = File::open(dir.join("root"))?;
+    openat2_in_root(
+        &root,
+        e.path.trim_start_matches('/'),
+        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW,
+        0,
+    )
+}
+
+/// The bytes of the agent's own vDSO (every process on this kernel maps the same image).
+fn own_vdso() -> Option<Vec<u8>> {
+    let text = procfs::read_capped(Path::new("/proc/self/maps"), MAPS_CAP).ok()?;
+    let (entries, _) = procfs::parse_maps(&text);
+    let e = entries.iter().find(|e| e.path == "[vdso]")?;
+    let len = usize::try_from(e.end - e.start).ok()?;
+    if len > 1 << 20 {
+        return None;
+    }
+    // SAFETY: [vdso] is mapped readable in this process for its whole life, at this range.
+    let image = unsafe { std::slice::from_raw_parts(e.start as *const u8, len) };
+    Some(image.to_vec())
+}
+
+/// `unwind_used` mapped into the agent: the sampler stamps a slot each time it walks it.
+struct UsedView {
+    ptr: *mut u64,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by the view and only read/written as plain u64s.
+unsafe impl Send for UsedView {}
+
+impl UsedView {
+    fn map(map: &MapHandle) -> std::io::Result<Self> {
+        let len = round_page((SLOTS * 8) as u64) as usize;
+        // SAFETY: a shared mapping of an mmapable array map of SLOTS u64s, unmapped in Drop.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    fn get(&self, slot: usize) -> u64 {
+        if slot >= SLOTS {
+            return 0;
+        }
+        // SAFETY: slot < SLOTS, inside the mapping; BPF writes whole u64s.
+        unsafe { std::ptr::read_volatile(self.ptr.add(slot)) }
+    }
+
+    fn stamp(&self, slot: usize, t: u64) {
+        if slot < SLOTS {
+            // SAFETY: as in get.
+            unsafe { std::ptr::write_volatile(self.ptr.add(slot), t) }
+        }
+    }
+}
+
+impl Drop for UsedView {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bias_maps_pc_to_object_address() {
+        // A PIE's text: file offset 0x1000 at address 0x1000, mapped at 0x5555_0000_1000.
+        let segs = [(0x1000, 0x1000, 0x5000)];
+        assert_eq!(bias(&segs, 0x5555_0000_1000, 0x1000), 0x5555_0000_0000);
+        // A non-PIE executable linked at 0x400000: text at file offset 0x1000.
+        let segs = [(0x401000, 0x1000, 0x2000)];
+        assert_eq!(0x401234 - bias(&segs, 0x401000, 0x1000), 0x401234);
+        // A segment whose offset is not page-aligned is mapped from its page start.
+        let segs = [(0x2a5e0, 0x295e0, 0x1000)];
+        let b = bias(&segs, 0x7f00_0002_9000, 0x29000);
+        assert_eq!(0x7f00_0002_95e0 - b, 0x2a5e0);
+    }
+}
