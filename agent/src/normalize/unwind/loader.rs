@@ -27,7 +27,9 @@ use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use libbpf_rs::{libbpf_sys, MapCore, MapFlags, MapHandle, MapType};
@@ -36,13 +38,13 @@ use tracing::{debug, warn};
 use super::compile::{compile, Limits, UnwindTable, DEFAULT_LIMITS};
 use super::error::UnwindError;
 use super::store::{key_of, row_bytes, Store, StoreError, TableKey};
-use crate::capture::tasks::{TaskEvent, TaskWatch};
+use crate::capture::tasks::{Mmap, TaskEvent, TaskWatch};
 use crate::capture::{Ask, UnwindMaps};
 use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
 use crate::normalize::process::Snapshot;
-use crate::workload::Cgroup;
 use crate::os::openat2::openat2_in_root;
 use crate::os::procfs::{self, MapsEntry};
+use crate::workload::Cgroup;
 
 /// Table slots (`EMBER_UNWIND_TABLES`).
 const SLOTS: usize = 4096;
@@ -66,6 +68,10 @@ const SWEEP_EVERY: Duration = Duration::from_secs(2);
 const POLL: Duration = Duration::from_millis(50);
 /// How long after an exec or mmap the loader waits for more before reading the process.
 const SETTLE: Duration = Duration::from_millis(2);
+/// Task records queued between the reader thread and the loader.
+const TASK_QUEUE: usize = 16_384;
+/// The sampler's asks served per round of the loader's loop.
+const ASKS_PER_ROUND: usize = 4;
 
 /// The loader's settings.
 #[derive(Debug, Clone)]
@@ -120,6 +126,9 @@ pub struct Loader {
     store: Option<Store>,
     /// Files already identified: their table, or `None` (no table: frame pointers).
     files: HashMap<FileId, Option<TableKey>>,
+    /// The same by (device, inode) only, as mmap records name a file: lets a new process's
+    /// ranges be written from its records at once (its full read follows a moment later).
+    inodes: HashMap<(u64, u64), TableKey>,
     tables: HashMap<TableKey, Table>,
     slots: Vec<Option<TableKey>>,
     procs: HashMap<u32, Proc>,
@@ -162,6 +171,7 @@ impl Loader {
             metrics,
             store,
             files: HashMap::new(),
+            inodes: HashMap::new(),
             tables: HashMap::new(),
             slots: vec![None; SLOTS],
             procs: HashMap::new(),
@@ -184,29 +194,33 @@ impl Loader {
     /// (`watch`: exec, mmap, fork, exit — a process is loaded as it starts, before its
     /// first sample) and serves the sampler's asks (processes that were running before
     /// the agent), until capture stops.
-    pub fn run(mut self, preload: &[u32], asks: Receiver<Ask>, mut watch: Option<TaskWatch>) {
+    pub fn run(mut self, preload: &[u32], asks: Receiver<Ask>, watch: Option<TaskWatch>) {
         for &pid in preload {
             self.load(pid);
         }
         let only: HashSet<u32> = preload.iter().copied().collect();
-        let mut events = Vec::new();
+        let stop = Arc::new(AtomicBool::new(false));
+        let _stop_reader = StopOnDrop(stop.clone());
+        let mut tasks = watch.and_then(|w| spawn_reader(w, self.metrics.clone(), stop));
         let mut dirty = BTreeSet::new();
         let mut last_sweep = Instant::now();
         loop {
-            match watch.as_mut() {
-                Some(w) => {
-                    if let Err(e) = w.wait(POLL) {
-                        debug!("task records: poll failed: {e}");
-                        std::thread::sleep(POLL);
-                    }
-                    self.drain(w, &mut events, &mut dirty, &only);
-                    if !dirty.is_empty() {
+            match &tasks {
+                Some(rx) => match rx.recv_timeout(POLL) {
+                    Ok(ev) => {
+                        self.on_task(ev, &mut dirty, &only);
                         // ld.so maps a program's libraries within a millisecond or two of
-                        // its exec: wait for them, so a process is read once, not per library.
-                        let _ = w.wait(SETTLE);
-                        self.drain(w, &mut events, &mut dirty, &only);
+                        // its exec: take those too, so a process is read once, not per library.
+                        let settle = Instant::now() + SETTLE;
+                        while let Ok(ev) =
+                            rx.recv_timeout(settle.saturating_duration_since(Instant::now()))
+                        {
+                            self.on_task(ev, &mut dirty, &only);
+                        }
                     }
-                }
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => tasks = None,
+                },
                 None => match asks.recv_timeout(POLL) {
                     Ok(Ask::Process(pid)) | Ok(Ask::Remap(pid)) => self.load(pid),
                     Err(RecvTimeoutError::Timeout) => {}
@@ -216,7 +230,9 @@ impl Loader {
             while let Some(pid) = dirty.pop_first() {
                 self.load(pid);
             }
-            loop {
+            // A few asks a round: they may compile tables (tens of ms for a big object), and
+            // new processes' records come first.
+            for _ in 0..ASKS_PER_ROUND {
                 match asks.try_recv() {
                     Ok(Ask::Process(pid)) | Ok(Ask::Remap(pid)) => self.load(pid),
                     Err(TryRecvError::Empty) => break,
@@ -226,56 +242,37 @@ impl Loader {
             if last_sweep.elapsed() >= SWEEP_EVERY {
                 last_sweep = Instant::now();
                 self.sweep();
-                if let (Some(w), Some(online)) = (watch.as_mut(), procfs::online_cpus()) {
-                    if let Err(e) = w.sync_cpus(&online) {
-                        debug!("task records: {e}");
-                    }
-                }
             }
         }
     }
 
-    /// Applies the task records now readable: exits and execs drop a process's ranges at
-    /// once (its pid may be reused), forks copy the parent's, execs and new executable
-    /// mappings mark the process to be read.
-    fn drain(
-        &mut self,
-        watch: &mut TaskWatch,
-        events: &mut Vec<TaskEvent>,
-        dirty: &mut BTreeSet<u32>,
-        only: &HashSet<u32>,
-    ) {
-        let d = watch.drain(events);
-        if d.lost > 0 {
-            self.metrics.dropped(Cache::TaskRecords, d.lost);
+    /// Applies one task record: exits and execs drop a process's ranges at once (its pid may
+    /// be reused), forks copy the parent's, new executable mappings of known objects are
+    /// added at once, and execs and mappings mark the process to be read in full.
+    fn on_task(&mut self, ev: TaskEvent, dirty: &mut BTreeSet<u32>, only: &HashSet<u32>) {
+        let pid = match &ev {
+            TaskEvent::Exec { pid, .. }
+            | TaskEvent::Fork { pid, .. }
+            | TaskEvent::Exit { pid, .. } => *pid,
+            TaskEvent::Mmap(m) => m.pid,
+        };
+        if pid == std::process::id() || (!only.is_empty() && !only.contains(&pid)) {
+            return;
         }
-        if d.malformed + d.rejected > 0 {
-            self.metrics
-                .proc_read_error(ProcRead::TaskRecord, d.malformed + d.rejected);
-        }
-        let me = std::process::id();
-        for ev in events.drain(..) {
-            let pid = match &ev {
-                TaskEvent::Exec { pid, .. } | TaskEvent::Fork { pid, .. } | TaskEvent::Exit { pid, .. } => *pid,
-                TaskEvent::Mmap(m) => m.pid,
-            };
-            if pid == me || (!only.is_empty() && !only.contains(&pid)) {
-                continue;
+        match ev {
+            TaskEvent::Exit { pid, .. } => {
+                dirty.remove(&pid);
+                self.forget(pid);
             }
-            match ev {
-                TaskEvent::Exit { pid, .. } => {
-                    dirty.remove(&pid);
-                    self.forget(pid);
-                }
-                TaskEvent::Exec { pid, .. } => {
-                    self.forget(pid);
-                    dirty.insert(pid);
-                }
-                TaskEvent::Fork { pid, ppid, .. } => self.fork(pid, ppid),
-                TaskEvent::Mmap(m) => {
-                    if m.prot & libc::PROT_EXEC as u32 != 0 {
-                        dirty.insert(m.pid);
-                    }
+            TaskEvent::Exec { pid, .. } => {
+                self.forget(pid);
+                dirty.insert(pid);
+            }
+            TaskEvent::Fork { pid, ppid, .. } => self.fork(pid, ppid),
+            TaskEvent::Mmap(m) => {
+                if m.prot & libc::PROT_EXEC as u32 != 0 {
+                    self.fast_mmap(&m);
+                    dirty.insert(m.pid);
                 }
             }
         }
@@ -321,7 +318,10 @@ impl Loader {
     fn load_ranges(&mut self, pid: u32) {
         let dir = self.proc_root.join(pid.to_string());
         let Some(start_time) = start_time(&dir) else {
-            self.metrics.proc_read_error(ProcRead::Stat, 1);
+            // A process that already exited is not an error (most short ones have).
+            if dir.exists() {
+                self.metrics.proc_read_error(ProcRead::Stat, 1);
+            }
             return;
         };
         if self.empty.get(&pid) == Some(&start_time) {
@@ -346,7 +346,7 @@ impl Loader {
             };
             let file = if e.inode != 0 && e.path.starts_with('/') {
                 let f = open_mapped(&dir, &e);
-                if f.is_err() {
+                if f.is_err() && dir.exists() {
                     self.metrics.table_built(TableBuild::Unreadable);
                 }
                 f.ok()
@@ -492,9 +492,66 @@ impl Loader {
     fn remember(&mut self, id: FileId, key: Option<TableKey>) {
         if self.files.len() >= MAX_FILES {
             self.files.clear();
+            self.inodes.clear();
             self.metrics.dropped(Cache::UnwindObjects, MAX_FILES as u64);
         }
         self.files.insert(id, key);
+        if let Some(key) = key {
+            self.inodes.insert((id.dev, id.ino), key);
+        }
+    }
+
+    /// Adds a new executable mapping of a known object to its process's ranges straight from
+    /// its mmap record, so the sampler can walk it within microseconds of the mmap; false if
+    /// the object is not known yet (the full read after the process settles handles it).
+    fn fast_mmap(&mut self, m: &Mmap) -> bool {
+        let dev = libc::makedev(m.dev.0, m.dev.1);
+        let Some(&key) = self.inodes.get(&(dev, m.inode)) else {
+            return false;
+        };
+        let Some(table) = self.tables.get(&key).filter(|t| t.slot.is_some()) else {
+            return false;
+        };
+        let Ok(len) = u32::try_from(m.len) else {
+            return false;
+        };
+        let bias = bias(&table.segments, m.start, m.pgoff);
+        if !self.procs.contains_key(&m.pid) {
+            let Some(start_time) = start_time(&self.proc_root.join(m.pid.to_string())) else {
+                return false;
+            };
+            if !self.make_room(PROC_BYTES as u64 + PROC_OVERHEAD) {
+                return false;
+            }
+            self.procs.insert(
+                m.pid,
+                Proc {
+                    start_time,
+                    ranges: Vec::new(),
+                },
+            );
+        }
+        let Some(mut proc) = self.procs.remove(&m.pid) else {
+            return false;
+        };
+        let end = m.start + m.len;
+        // A mapping replaces whatever it overlaps (ld.so maps a library's segments over
+        // its first, whole-file mapping).
+        proc.ranges
+            .retain(|r| r.start + u64::from(r.len) <= m.start || r.start >= end);
+        proc.ranges.push(Range {
+            start: m.start,
+            len,
+            bias,
+            table: Some(key),
+        });
+        proc.ranges.sort_by_key(|r| r.start);
+        proc.ranges.truncate(RANGES);
+        let ok = self.write_proc(m.pid, &proc);
+        if ok {
+            self.procs.insert(m.pid, proc);
+        }
+        ok
     }
 
     /// The vDSO's table: every process maps the same image, read from the agent's own.
@@ -774,6 +831,66 @@ impl Loader {
                 self.metrics.dropped(Cache::UnwindProcesses, 1);
                 false
             }
+        }
+    }
+}
+
+/// Sets the reader's stop flag when the loader returns.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Starts the thread that only copies task records out of the kernel's rings into a queue,
+/// so a loader busy compiling a large table never lets a ring overflow.
+fn spawn_reader(
+    mut watch: TaskWatch,
+    metrics: Metrics,
+    stop: Arc<AtomicBool>,
+) -> Option<Receiver<TaskEvent>> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(TASK_QUEUE);
+    let spawned = std::thread::Builder::new()
+        .name("ember-tasks".into())
+        .spawn(move || {
+            let mut events = Vec::new();
+            let mut last_sync = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                if let Err(e) = watch.wait(POLL) {
+                    debug!("task records: poll failed: {e}");
+                    std::thread::sleep(POLL);
+                }
+                let d = watch.drain(&mut events);
+                if d.lost > 0 {
+                    metrics.dropped(Cache::TaskRecords, d.lost);
+                }
+                if d.malformed + d.rejected > 0 {
+                    metrics.proc_read_error(ProcRead::TaskRecord, d.malformed + d.rejected);
+                }
+                for ev in events.drain(..) {
+                    match tx.try_send(ev) {
+                        Ok(()) => {}
+                        Err(TrySendError::Full(_)) => metrics.dropped(Cache::TaskRecords, 1),
+                        Err(TrySendError::Disconnected(_)) => return,
+                    }
+                }
+                if last_sync.elapsed() >= SWEEP_EVERY {
+                    last_sync = Instant::now();
+                    if let Some(online) = procfs::online_cpus() {
+                        if let Err(e) = watch.sync_cpus(&online) {
+                            debug!("task records: {e}");
+                        }
+                    }
+                }
+            }
+        });
+    match spawned {
+        Ok(_) => Some(rx),
+        Err(e) => {
+            warn!("cannot start the task record reader ({e}): processes load at first sample");
+            None
         }
     }
 }
