@@ -23,6 +23,10 @@ use tracing::{info, warn};
 use crate::config::{SampleEvent, Sampling, UnwindMode};
 use crate::metrics::{Cache, Loss, Metrics, StackEnd, StackSide};
 
+pub mod perf_record;
+pub mod tasks;
+pub use tasks::{Drained, Mmap, TaskError, TaskEvent, TaskWatch};
+
 #[allow(missing_docs, clippy::all, clippy::unwrap_used, unsafe_op_in_unsafe_fn)]
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/ember.skel.rs"));
