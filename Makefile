@@ -205,6 +205,7 @@ fuzz: rust-deps
 bench-only:
 	$(CARGO) bench -p ember
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py
+	EMBER_BIN=$(EMBER) $(PYTHON) bench/stacks.py
 
 bench: bench-deps
 	$(CARGO_BUILD)

@@ -210,6 +210,8 @@ static __always_inline int user_regs(struct ember_perf_ctx *ctx, struct walk *w)
 		w->bp = ctx->regs.bp;
 		return 0;
 	}
+	if (!ember_cfg.task_regs)
+		return -1;
 	u = (struct ember_pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 	if (!u || bpf_probe_read_kernel(&w->ip, 8, &u->ip) || bpf_probe_read_kernel(&w->sp, 8, &u->sp) ||
 	    bpf_probe_read_kernel(&w->bp, 8, &u->bp))

@@ -26,7 +26,12 @@ struct ember_config {
 	__u64 wakeup_bytes;
 	/* enum ember_unwind_mode: how user stacks are walked. */
 	__u32 unwind_mode;
-	__u32 pad;
+	/*
+	 * Non-zero: the kernel has BTF, so a sample taken in kernel mode can read the
+	 * task's saved user registers (bpf_task_pt_regs). Zero: such samples walk the
+	 * user side by frame pointers (the verifier never sees that branch).
+	 */
+	__u32 task_regs;
 };
 
 /* sampling.unwind: frame_pointer, auto (tables where an object has them, else the frame pointer), dwarf. */

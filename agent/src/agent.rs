@@ -30,6 +30,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::aggregate::{Aggregator, Window, Workloads};
+use crate::capture::tasks::TaskWatch;
 use crate::capture::{Batch, Capture, CaptureError, Control};
 use crate::config::selector::SelectorError;
 use crate::config::{Config, NodeName};
@@ -432,6 +433,10 @@ struct Pipeline {
     output: JoinHandle<()>,
 }
 
+/// Data pages of each CPU's task record ring (exec, mmap, exit; ~100 bytes a record).
+const TASK_RING_PAGES: usize = 16;
+/// Process snapshots queued from the unwind loader to the process table.
+const SNAPSHOT_QUEUE: usize = 1024;
 /// Windows queued between aggregation and symbolization.
 const WINDOW_QUEUE: usize = 2;
 /// BPF deny/allow orders queued between aggregation and capture.
@@ -478,8 +483,9 @@ impl Pipeline {
             workloads,
         );
         agg.set_jit(cfg.jit.clone());
+        let (snap_tx, snap_rx) = mpsc::sync_channel(SNAPSHOT_QUEUE);
         let aggregate = spawn("ember-aggregate", move || {
-            agg.run(batch_rx, window_tx, window, align)
+            agg.run(batch_rx, snap_rx, window_tx, window, align)
         })?;
 
         let (m, cache) = (metrics.clone(), cfg.limits.symbol_cache_entries);
@@ -496,8 +502,27 @@ impl Pipeline {
                     cache_dir: Some(cfg.sampling.unwind_cache_dir.clone())
                         .filter(|d| !d.as_os_str().is_empty()),
                 };
+                let preload = cfg.sampling.pids.clone();
+                let watch = crate::os::procfs::online_cpus()
+                    .ok_or_else(|| "cannot read the online CPUs".to_owned())
+                    .and_then(|cpus| {
+                        TaskWatch::open(&cpus, TASK_RING_PAGES).map_err(|e| e.to_string())
+                    });
+                let watch = match watch {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        tracing::warn!(
+                            "not following exec/mmap/exit ({e}): processes are loaded for \
+                             unwinding at their first sample"
+                        );
+                        None
+                    }
+                };
                 match unwind::Loader::new(maps, settings, metrics) {
-                    Ok(loader) => Some(spawn("ember-unwind", move || loader.run(link.asks))?),
+                    Ok(mut loader) => Some(spawn("ember-unwind", move || {
+                        loader.send_snapshots(snap_tx);
+                        loader.run(&preload, link.asks, watch)
+                    })?),
                     Err(e) => {
                         tracing::warn!("unwind tables disabled: {e}; stacks use frame pointers");
                         None

@@ -12,7 +12,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::capture::{Batch, Control, Sample};
 use crate::config::Limits;
 use crate::metrics::{Cache, Loss, Metrics, StackEnd, MAX_WORKLOADS};
-use crate::normalize::process::{ProcessTable, UserAddr};
+use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
+
+/// How often the aggregator looks for process snapshots while it waits for samples.
+const SNAPSHOT_POLL: Duration = Duration::from_millis(50);
 use crate::workload::kube::Metadata;
 use crate::workload::{self, Accounting, Cgroup, Filter, Labels, Verdict};
 
@@ -293,15 +296,26 @@ impl Aggregator {
     pub fn run(
         mut self,
         rx: Receiver<Batch>,
+        snapshots: Receiver<Snapshot>,
         tx: SyncSender<Window>,
         window: Duration,
         align: bool,
     ) {
         let mut deadline = Instant::now() + until_boundary(window, align);
         loop {
-            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            // Snapshots of processes come from the unwind loader's thread; waking every
+            // SNAPSHOT_POLL keeps them current without a second blocking receive.
+            while let Ok(snap) = snapshots.try_recv() {
+                self.table.adopt(snap);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left.min(SNAPSHOT_POLL)) {
                 Ok(batch) => batch.into_iter().for_each(|s| self.add(s)),
+                Err(RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
                 Err(RecvTimeoutError::Timeout) => {
+                    while let Ok(snap) = snapshots.try_recv() {
+                        self.table.adopt(snap);
+                    }
                     let w = self.close();
                     let n = w.samples();
                     if let Err(TrySendError::Full(_)) = tx.try_send(w) {
@@ -312,6 +326,9 @@ impl Aggregator {
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     // Capture has stopped and drained: the last window is complete.
+                    while let Ok(snap) = snapshots.try_recv() {
+                        self.table.adopt(snap);
+                    }
                     let _ = tx.send(self.close());
                     return;
                 }

@@ -23,12 +23,27 @@ use anyhow::{anyhow, bail, Context, Result};
 use ember::proto::Profile;
 use prost::Message;
 
+pub mod completeness;
+pub mod perf;
+
 /// Path of the fixture `cpu_hog` (see `tests/fixtures/cpu_hog.c`).
 pub const CPU_HOG: &str = env!("FIXTURE_CPU_HOG");
 /// Path of the fixture `syscall_hog`.
 pub const SYSCALL_HOG: &str = env!("FIXTURE_SYSCALL_HOG");
 /// Path of the fixture `short_lived`.
 pub const SHORT_LIVED: &str = env!("FIXTURE_SHORT_LIVED");
+/// No frame pointers, time in libc's qsort and memcpy (`tests/fixtures/nofp_qsort.c`).
+pub const NOFP_QSORT: &str = env!("FIXTURE_NOFP_QSORT");
+/// No frame pointers, C++ exceptions through a deep recursion (`nofp_cxx.cc`).
+pub const NOFP_CXX: &str = env!("FIXTURE_NOFP_CXX");
+/// Rust release build with rustc's default codegen (`nofp_rust.rs`).
+pub const NOFP_RUST: &str = env!("FIXTURE_NOFP_RUST");
+/// No frame pointers, a SIGPROF handler that burns CPU (`nofp_signal.c`).
+pub const NOFP_SIGNAL: &str = env!("FIXTURE_NOFP_SIGNAL");
+/// No frame pointers, one ~30 ms process (`nofp_burst.c`), run in a loop by [`BURST_LAUNCHER`].
+pub const NOFP_BURST: &str = env!("FIXTURE_NOFP_BURST");
+/// Static launcher running a program again and again (`burst_launcher.c`).
+pub const BURST_LAUNCHER: &str = env!("FIXTURE_BURST_LAUNCHER");
 
 /// The sampling frequency ember uses by default.
 pub const DEFAULT_HZ: f64 = 99.0;

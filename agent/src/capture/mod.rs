@@ -340,6 +340,8 @@ impl<'obj> Sampler<'obj> {
                 UnwindMode::Auto => 1,
                 UnwindMode::Dwarf => 2,
             };
+            rodata.ember_cfg.task_regs =
+                u32::from(std::path::Path::new("/sys/kernel/btf/vmlinux").exists());
         }
         open.maps
             .samples

@@ -140,6 +140,11 @@ label_enum! {
         UnwindRequests => "unwind_requests",
         /// Object identities remembered by the unwind loader (`limits.max_objects`).
         UnwindObjects => "unwind_objects",
+        /// What the unwind loader read of a process, on its way to the process table.
+        ProcessSnapshots => "process_snapshots",
+        /// Kernel task records (exec, mmap, exit) lost to a full ring: such a process is
+        /// loaded at its first sample instead.
+        TaskRecords => "task_records",
     }
 }
 
@@ -213,6 +218,8 @@ label_enum! {
         OpenObject => "open_object",
         /// `/proc/kallsyms`: kernel frames stay unnamed.
         Kallsyms => "kallsyms",
+        /// A kernel task record (perf mmap2/comm/task) that did not parse.
+        TaskRecord => "task_record",
     }
 }
 

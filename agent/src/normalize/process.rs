@@ -60,6 +60,22 @@ struct Proc {
     jit: crate::normalize::jit::Hints,
 }
 
+/// What the unwind loader read of a process while it lived: a process that lives 30 ms is
+/// gone before its first window closes, so this is all the symbolizer will ever know of it.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Process id.
+    pub pid: u32,
+    /// Start time (clock ticks since boot), telling this process from a later one on its pid.
+    pub start_time: u64,
+    /// `comm` of the process.
+    pub name: String,
+    /// Its cgroup, for workload labels.
+    pub cgroup: Cgroup,
+    /// Its executable mappings, each with the mapped file when it could be opened.
+    pub maps: Vec<(MapsEntry, Option<File>)>,
+}
+
 /// Process table, owned by the aggregation stage.
 pub struct ProcessTable {
     procs: HashMap<u32, Proc>,
@@ -71,7 +87,13 @@ pub struct ProcessTable {
     metrics: Metrics,
     /// JIT symbol tables of the processes above, freed with them.
     jit: crate::normalize::jit::JitTables,
+    /// Snapshots of processes not sampled yet, by pid with the window they came in: taken
+    /// when the process is first sampled, dropped a window later (most are never sampled).
+    pending: HashMap<u32, (Snapshot, u64)>,
 }
+
+/// Snapshots of processes not sampled yet that are kept at most.
+const MAX_PENDING: usize = 4096;
 
 /// `/proc/PID/maps` can be megabytes for a JVM; read no more than this.
 const MAPS_CAP: u64 = 32 << 20;
@@ -90,6 +112,7 @@ impl ProcessTable {
                 metrics.clone(),
             ),
             metrics,
+            pending: HashMap::new(),
         }
     }
 
@@ -107,7 +130,11 @@ impl ProcessTable {
             // The leader renamed means (almost always) exec: a new program with new mappings,
             // so the name and maps read at first sight are stale. Reread, once per window.
             let name_len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-            if tid != pid || p.name.as_bytes() == &comm[..name_len] || p.rescanned == window {
+            // A sample from another cgroup than the one this pid was read in is another
+            // process on a reused pid (or one moved between cgroups): read it again too.
+            let moved = p.cgroup.v2_id != 0 && cgroup_id != 0 && p.cgroup.v2_id != cgroup_id;
+            let renamed = tid == pid && p.name.as_bytes() != &comm[..name_len];
+            if !(moved || renamed) || p.rescanned == window {
                 return;
             }
             p.rescanned = window;
@@ -123,9 +150,22 @@ impl ProcessTable {
             }
             return;
         }
+        if let Some((snap, _)) = self.pending.remove(&pid) {
+            // The unwind loader read it at exec: no need to read /proc (it may be gone).
+            self.take(snap);
+            if let Some(p) = self.procs.get_mut(&pid) {
+                p.last_seen = window;
+                if let Some(cg) = Arc::get_mut(&mut p.cgroup) {
+                    cg.v2_id = cgroup_id;
+                }
+            }
+            return;
+        }
         if self.procs.len() >= self.limits.max_processes {
             self.evict_least_recent();
         }
+        // A process gone already (short-lived) is kept without maps: the unwind loader's
+        // snapshot of it, taken while it lived, may still come (`adopt`).
         let mut proc = self.read_process(pid).unwrap_or_else(|| Proc {
             start_time: 0,
             name: Arc::from(""),
@@ -142,6 +182,113 @@ impl ProcessTable {
         self.procs.insert(pid, proc);
         self.metrics.processes.set(self.procs.len() as i64);
         self.metrics.objects.set(self.objects.len() as i64);
+    }
+
+    /// Takes what the unwind loader read of a process: its mappings and open files replace
+    /// what the table has when the table knows less (a process gone before its first sample
+    /// was handled) or the same process has mapped more since.
+    pub fn adopt(&mut self, snap: Snapshot) {
+        if !self.procs.contains_key(&snap.pid) {
+            // Not sampled (yet): most processes never are; keep it for a window.
+            if self.pending.len() >= MAX_PENDING {
+                self.metrics.dropped(Cache::ProcessSnapshots, 1);
+                return;
+            }
+            self.pending.insert(snap.pid, (snap, self.window));
+            return;
+        }
+        self.take(snap);
+    }
+
+    fn take(&mut self, snap: Snapshot) {
+        let known = self
+            .procs
+            .get(&snap.pid)
+            .map(|p| (p.start_time, p.maps.len(), p.last_seen, p.cgroup.v2_id));
+        match known {
+            Some((start, maps, _, _)) if start == snap.start_time && maps >= snap.maps.len() => {
+                return;
+            }
+            None if self.procs.len() >= self.limits.max_processes => self.evict_least_recent(),
+            _ => {}
+        }
+        let mut maps = Vec::with_capacity(snap.maps.len());
+        let mut jit = crate::normalize::jit::Hints::default();
+        for (e, file) in snap.maps {
+            let target = match file {
+                Some(f) => self.target_from_file(&e, f),
+                None => Target::Region(Arc::from(if e.path.is_empty() {
+                    "[anon]"
+                } else {
+                    e.path.as_str()
+                })),
+            };
+            if let Target::File(o) = &target {
+                jit.jvm |= o.base_name() == "libjvm.so";
+                if crate::normalize::jit::is_jitdump_path(&o.path) {
+                    jit.jitdump = Some(o.clone());
+                }
+            }
+            maps.push(ExecMap {
+                start: e.start,
+                end: e.end,
+                offset: e.offset,
+                target,
+            });
+        }
+        maps.sort_by_key(|m| m.start);
+        let window = self.window;
+        let (last_seen, v2_id) = known.map_or((window, 0), |(_, _, seen, id)| (seen, id));
+        if known.is_some_and(|(start, ..)| start != snap.start_time) {
+            // Another process on this pid (or the same one after exec): nothing of the old
+            // one's JIT symbols applies.
+            self.jit.forget(snap.pid);
+        }
+        let mut cgroup = snap.cgroup;
+        if cgroup.v2_id == 0 {
+            cgroup.v2_id = v2_id;
+        }
+        self.jit.seen(snap.pid, &jit, window);
+        self.procs.insert(
+            snap.pid,
+            Proc {
+                start_time: snap.start_time,
+                name: Arc::from(snap.name.as_str()),
+                cgroup: Arc::new(cgroup),
+                maps,
+                last_seen,
+                rescanned: window,
+                jit,
+            },
+        );
+        self.gc_objects();
+        self.metrics.processes.set(self.procs.len() as i64);
+        self.metrics.objects.set(self.objects.len() as i64);
+    }
+
+    /// The object for a file the loader opened, shared with every other mapping of it.
+    fn target_from_file(&mut self, e: &MapsEntry, file: File) -> Target {
+        let key = ObjectKey {
+            dev: e.dev,
+            inode: e.inode,
+        };
+        if let Some(o) = self.objects.get(&key) {
+            return Target::File(o.clone());
+        }
+        if self.objects.len() >= self.limits.max_objects {
+            self.gc_objects();
+            if self.objects.len() >= self.limits.max_objects {
+                self.metrics.dropped(Cache::Objects, 1);
+                return Target::Region(Arc::from(e.path.as_str()));
+            }
+        }
+        let obj = Arc::new(Object::new(
+            key,
+            e.path.trim_end_matches(" (deleted)").to_owned(),
+            file,
+        ));
+        self.objects.insert(key, obj.clone());
+        Target::File(obj)
     }
 
     /// The process name (`comm` of the thread group leader), empty if unknown.
@@ -225,6 +372,7 @@ impl ProcessTable {
         for pid in &evicted {
             self.jit.forget(*pid);
         }
+        self.pending.retain(|_, (_, w)| *w == window);
         if !evicted.is_empty() {
             self.metrics.processes_evicted.inc_by(evicted.len() as u64);
             self.gc_objects();

@@ -21,13 +21,13 @@
 //! - A table is one array map created at its exact size with `BPF_F_MMAPABLE` and filled
 //!   through mmap: one syscall per table, never one per row.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use libbpf_rs::{libbpf_sys, MapCore, MapFlags, MapHandle, MapType};
@@ -36,8 +36,11 @@ use tracing::{debug, warn};
 use super::compile::{compile, Limits, UnwindTable, DEFAULT_LIMITS};
 use super::error::UnwindError;
 use super::store::{key_of, row_bytes, Store, StoreError, TableKey};
+use crate::capture::tasks::{TaskEvent, TaskWatch};
 use crate::capture::{Ask, UnwindMaps};
 use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
+use crate::normalize::process::Snapshot;
+use crate::workload::Cgroup;
 use crate::os::openat2::openat2_in_root;
 use crate::os::procfs::{self, MapsEntry};
 
@@ -56,8 +59,13 @@ const PROC_OVERHEAD: u64 = 64;
 const MAPS_CAP: u64 = 32 << 20;
 /// File identities remembered (each is a few dozen bytes).
 const MAX_FILES: usize = 65_536;
-/// How often processes that exited are looked for.
+/// How often processes that exited are looked for (exit records are the first way; this
+/// catches records the kernel dropped) and CPUs re-checked.
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
+/// The longest the loader sleeps between looks at the sampler's asks.
+const POLL: Duration = Duration::from_millis(50);
+/// How long after an exec or mmap the loader waits for more before reading the process.
+const SETTLE: Duration = Duration::from_millis(2);
 
 /// The loader's settings.
 #[derive(Debug, Clone)]
@@ -124,6 +132,9 @@ pub struct Loader {
     /// Tables filled but not yet in `unwind_tables`: put there in one batch, since every
     /// update of a map of maps waits for an RCU grace period (~10 ms here).
     pending: Vec<(u32, MapHandle)>,
+    /// Where what was read of each process goes, for the symbolizer (the process may be
+    /// gone before its samples are handled).
+    snapshots: Option<SyncSender<Snapshot>>,
 }
 
 impl Loader {
@@ -159,22 +170,141 @@ impl Loader {
             proc_root: PathBuf::from("/proc"),
             vdso: None,
             pending: Vec::new(),
+            snapshots: None,
         })
     }
 
-    /// The loader's thread: serves the sampler's asks until capture stops.
-    pub fn run(mut self, asks: Receiver<Ask>) {
+    /// Sends what is read of each process to the process table too.
+    pub fn send_snapshots(&mut self, tx: SyncSender<Snapshot>) {
+        self.snapshots = Some(tx);
+    }
+
+    /// The loader's thread: loads `preload` (the processes named in the config, so their
+    /// first samples already find their ranges), then follows the kernel's task records
+    /// (`watch`: exec, mmap, fork, exit — a process is loaded as it starts, before its
+    /// first sample) and serves the sampler's asks (processes that were running before
+    /// the agent), until capture stops.
+    pub fn run(mut self, preload: &[u32], asks: Receiver<Ask>, mut watch: Option<TaskWatch>) {
+        for &pid in preload {
+            self.load(pid);
+        }
+        let only: HashSet<u32> = preload.iter().copied().collect();
+        let mut events = Vec::new();
+        let mut dirty = BTreeSet::new();
         let mut last_sweep = Instant::now();
         loop {
-            match asks.recv_timeout(SWEEP_EVERY) {
-                Ok(Ask::Process(pid)) | Ok(Ask::Remap(pid)) => self.load(pid),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
+            match watch.as_mut() {
+                Some(w) => {
+                    if let Err(e) = w.wait(POLL) {
+                        debug!("task records: poll failed: {e}");
+                        std::thread::sleep(POLL);
+                    }
+                    self.drain(w, &mut events, &mut dirty, &only);
+                    if !dirty.is_empty() {
+                        // ld.so maps a program's libraries within a millisecond or two of
+                        // its exec: wait for them, so a process is read once, not per library.
+                        let _ = w.wait(SETTLE);
+                        self.drain(w, &mut events, &mut dirty, &only);
+                    }
+                }
+                None => match asks.recv_timeout(POLL) {
+                    Ok(Ask::Process(pid)) | Ok(Ask::Remap(pid)) => self.load(pid),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return,
+                },
+            }
+            while let Some(pid) = dirty.pop_first() {
+                self.load(pid);
+            }
+            loop {
+                match asks.try_recv() {
+                    Ok(Ask::Process(pid)) | Ok(Ask::Remap(pid)) => self.load(pid),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
             }
             if last_sweep.elapsed() >= SWEEP_EVERY {
                 last_sweep = Instant::now();
                 self.sweep();
+                if let (Some(w), Some(online)) = (watch.as_mut(), procfs::online_cpus()) {
+                    if let Err(e) = w.sync_cpus(&online) {
+                        debug!("task records: {e}");
+                    }
+                }
             }
+        }
+    }
+
+    /// Applies the task records now readable: exits and execs drop a process's ranges at
+    /// once (its pid may be reused), forks copy the parent's, execs and new executable
+    /// mappings mark the process to be read.
+    fn drain(
+        &mut self,
+        watch: &mut TaskWatch,
+        events: &mut Vec<TaskEvent>,
+        dirty: &mut BTreeSet<u32>,
+        only: &HashSet<u32>,
+    ) {
+        let d = watch.drain(events);
+        if d.lost > 0 {
+            self.metrics.dropped(Cache::TaskRecords, d.lost);
+        }
+        if d.malformed + d.rejected > 0 {
+            self.metrics
+                .proc_read_error(ProcRead::TaskRecord, d.malformed + d.rejected);
+        }
+        let me = std::process::id();
+        for ev in events.drain(..) {
+            let pid = match &ev {
+                TaskEvent::Exec { pid, .. } | TaskEvent::Fork { pid, .. } | TaskEvent::Exit { pid, .. } => *pid,
+                TaskEvent::Mmap(m) => m.pid,
+            };
+            if pid == me || (!only.is_empty() && !only.contains(&pid)) {
+                continue;
+            }
+            match ev {
+                TaskEvent::Exit { pid, .. } => {
+                    dirty.remove(&pid);
+                    self.forget(pid);
+                }
+                TaskEvent::Exec { pid, .. } => {
+                    self.forget(pid);
+                    dirty.insert(pid);
+                }
+                TaskEvent::Fork { pid, ppid, .. } => self.fork(pid, ppid),
+                TaskEvent::Mmap(m) => {
+                    if m.prot & libc::PROT_EXEC as u32 != 0 {
+                        dirty.insert(m.pid);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A child starts with its parent's mappings: the same ranges, no /proc read.
+    fn fork(&mut self, pid: u32, ppid: u32) {
+        let Some(parent) = self.procs.get(&ppid) else {
+            return;
+        };
+        let ranges = parent.ranges.clone();
+        let Some(start_time) = start_time(&self.proc_root.join(pid.to_string())) else {
+            return;
+        };
+        if !self.make_room(PROC_BYTES as u64 + PROC_OVERHEAD) {
+            self.metrics.dropped(Cache::UnwindProcesses, 1);
+            return;
+        }
+        let proc = Proc { start_time, ranges };
+        if self.write_proc(pid, &proc) {
+            self.procs.insert(pid, proc);
+        }
+    }
+
+    /// Drops a process's ranges (it exited, or exec'd into another program).
+    fn forget(&mut self, pid: u32) {
+        self.empty.remove(&pid);
+        if self.procs.remove(&pid).is_some() {
+            let _ = self.maps.procs.delete(&pid.to_ne_bytes());
         }
     }
 
@@ -209,16 +339,24 @@ impl Loader {
             self.metrics.proc_read_error(ProcRead::MapsLine, bad as u64);
         }
         let mut ranges = Vec::new();
-        for e in entries.iter().filter(|e| e.exec) {
+        let mut seen = Vec::new();
+        for e in entries.into_iter().filter(|e| e.exec) {
             let Ok(len) = u32::try_from(e.end.saturating_sub(e.start)) else {
                 continue;
             };
-            let table = if e.path == "[vdso]" {
-                self.vdso_table()
-            } else if e.inode != 0 && e.path.starts_with('/') {
-                self.file_table(&dir, e)
+            let file = if e.inode != 0 && e.path.starts_with('/') {
+                let f = open_mapped(&dir, &e);
+                if f.is_err() {
+                    self.metrics.table_built(TableBuild::Unreadable);
+                }
+                f.ok()
             } else {
-                None // anonymous (JIT code): the frame pointer
+                None
+            };
+            let table = match &file {
+                _ if e.path == "[vdso]" => self.vdso_table(),
+                Some(f) => self.file_table(f),
+                None => None, // anonymous (JIT code): the frame pointer
             };
             let bias = table
                 .and_then(|k| self.tables.get(&k))
@@ -230,6 +368,21 @@ impl Loader {
                 bias,
                 table,
             });
+            seen.push((e, file));
+        }
+        if let Some(tx) = &self.snapshots {
+            let snap = Snapshot {
+                pid,
+                start_time,
+                name: procfs::read_capped(&dir.join("comm"), 64)
+                    .map(|c| c.trim_end().to_owned())
+                    .unwrap_or_default(),
+                cgroup: Cgroup::read(pid).unwrap_or_default(),
+                maps: seen,
+            };
+            if tx.try_send(snap).is_err() {
+                self.metrics.dropped(Cache::ProcessSnapshots, 1);
+            }
         }
         if ranges.is_empty() {
             self.empty.insert(pid, start_time);
@@ -292,15 +445,8 @@ impl Loader {
         self.table_bytes + self.procs.len() as u64 * (PROC_BYTES as u64 + PROC_OVERHEAD)
     }
 
-    /// The table of the file behind mapping `e` of the process at `dir`, loading it if needed.
-    fn file_table(&mut self, dir: &Path, e: &MapsEntry) -> Option<TableKey> {
-        let mut file = match open_mapped(dir, e) {
-            Ok(f) => f,
-            Err(_) => {
-                self.metrics.table_built(TableBuild::Unreadable);
-                return None;
-            }
-        };
+    /// The table of a mapped file (opened inside its process's root), loading it if needed.
+    fn file_table(&mut self, mut file: &File) -> Option<TableKey> {
         let meta = file.metadata().ok()?;
         if !meta.is_file() {
             self.metrics.table_built(TableBuild::Unreadable);
@@ -328,7 +474,8 @@ impl Loader {
             self.remember(id, None);
             return None;
         }
-        let mut bytes = Vec::new();
+        // Sized once: growing by doubling would copy a 100 MB binary several times.
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
         if (&mut file)
             .take(self.limits.max_object_bytes + 1)
             .read_to_end(&mut bytes)

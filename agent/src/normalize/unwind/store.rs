@@ -17,8 +17,9 @@ use super::row::{UnwindPage, UnwindRow};
 pub type TableKey = [u8; 16];
 
 const MAGIC: &[u8; 8] = b"EMBERUT1";
-/// Bytes of cache files kept at most; the least recently written go first.
-const MAX_DIR_BYTES: u64 = 256 << 20;
+/// Bytes of cache files kept at most; the least recently written go first. Small enough
+/// to share a pod's 64 MiB emptyDir with 32 MiB of windows (deploy/ember.yaml).
+const MAX_DIR_BYTES: u64 = 24 << 20;
 /// A cache file larger than this is not read (a table of 8 M rows).
 const MAX_FILE_BYTES: u64 = 80 << 20;
 
