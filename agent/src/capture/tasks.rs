@@ -131,7 +131,11 @@ impl TaskWatch {
         self.rings.keys().copied()
     }
 
-    /// Waits until a ring has a record to read or `timeout` passes (or a signal arrives).
+    /// Waits until the kernel signals a new record on some ring (each record signals at
+    /// once) or `timeout` passes (or a signal arrives). perf's poll reports signals since
+    /// the last poll, not unread bytes: it may return with nothing left to drain, and it
+    /// returns within microseconds while processes keep starting, so a caller that wants
+    /// records to accumulate (e.g. a new program's libraries) should sleep, not wait.
     pub fn wait(&self, timeout: Duration) -> std::io::Result<()> {
         let mut fds: Vec<libc::pollfd> = self
             .rings
