@@ -197,7 +197,7 @@ test: deps
 FUZZ_SECONDS ?= 60
 fuzz: rust-deps
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
-	cd fuzz && for t in perfmap jitdump unwind; do \
+	cd fuzz && for t in perfmap jitdump unwind perf_records; do \
 		RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run -O $$t -- -max_total_time=$(FUZZ_SECONDS) \
 			-print_final_stats=1 || exit 1; \
 	done

@@ -228,6 +228,13 @@ impl Loader {
                 },
             }
             while let Some(pid) = dirty.pop_first() {
+                // Records first: each is a few microseconds and may be a new process about
+                // to be sampled; a full read takes a millisecond or more.
+                if let Some(rx) = &tasks {
+                    while let Ok(ev) = rx.try_recv() {
+                        self.on_task(ev, &mut dirty, &only);
+                    }
+                }
                 self.load(pid);
             }
             // A few asks a round: they may compile tables (tens of ms for a big object), and
