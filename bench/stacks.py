@@ -98,7 +98,9 @@ def bpf_stats(holder):
     ns = cnt = 0
     for p in json.loads(out.stdout):
         holders = [h.get("pid") for h in p.get("pids", [])]
-        if holder not in holders or not str(p.get("name", "")).startswith("ember_sample"):
+        # bpftool names the holding processes only when built with that support.
+        if (holders and holder not in holders) or \
+                not str(p.get("name", "")).startswith("ember_sample"):
             continue
         ns += int(p.get("run_time_ns", 0))
         cnt += int(p.get("run_cnt", 0))
