@@ -44,6 +44,8 @@ DEB_PKGS := clang llvm libelf-dev zlib1g-dev pkg-config make golang-go \
 DEB_PKGS += nodejs openjdk-17-jdk-headless
 # The OTLP metrics test's receiver runs in a Python venv (otlp-venv below).
 DEB_PKGS += python3-venv
+# The stack tests profile Debian's own python3 and the stripped xz against perf dwarf.
+DEB_PKGS += python3 xz-utils
 # Only `make bench` needs these.
 BENCH_PKGS := python3
 # Daemons the resource-metrics tests start themselves on free loopback ports

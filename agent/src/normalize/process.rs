@@ -217,24 +217,9 @@ impl ProcessTable {
         for (e, file) in snap.maps {
             let target = match file {
                 Some(f) => self.target_from_file(&e, f),
-                None => Target::Region(Arc::from(if e.path.is_empty() {
-                    "[anon]"
-                } else {
-                    e.path.as_str()
-                })),
+                None => region(&e),
             };
-            if let Target::File(o) = &target {
-                jit.jvm |= o.base_name() == "libjvm.so";
-                if crate::normalize::jit::is_jitdump_path(&o.path) {
-                    jit.jitdump = Some(o.clone());
-                }
-            }
-            maps.push(ExecMap {
-                start: e.start,
-                end: e.end,
-                offset: e.offset,
-                target,
-            });
+            push_map(&mut maps, &mut jit, &e, target);
         }
         maps.sort_by_key(|m| m.start);
         let window = self.window;
@@ -275,12 +260,8 @@ impl ProcessTable {
         if let Some(o) = self.objects.get(&key) {
             return Target::File(o.clone());
         }
-        if self.objects.len() >= self.limits.max_objects {
-            self.gc_objects();
-            if self.objects.len() >= self.limits.max_objects {
-                self.metrics.dropped(Cache::Objects, 1);
-                return Target::Region(Arc::from(e.path.as_str()));
-            }
+        if !self.room_for_object() {
+            return Target::Region(Arc::from(e.path.as_str()));
         }
         let obj = Arc::new(Object::new(
             key,
@@ -436,18 +417,7 @@ impl ProcessTable {
         let mut jit = crate::normalize::jit::Hints::default();
         for e in entries.iter().filter(|e| e.exec) {
             let target = self.target_for(&dir, e);
-            if let Target::File(o) = &target {
-                jit.jvm |= o.base_name() == "libjvm.so";
-                if crate::normalize::jit::is_jitdump_path(&o.path) {
-                    jit.jitdump = Some(o.clone());
-                }
-            }
-            maps.push(ExecMap {
-                start: e.start,
-                end: e.end,
-                offset: e.offset,
-                target,
-            });
+            push_map(&mut maps, &mut jit, e, target);
         }
         maps.sort_by_key(|m| m.start);
         let cgroup = Cgroup::read(pid).unwrap_or_else(|_| {
@@ -467,11 +437,7 @@ impl ProcessTable {
 
     fn target_for(&mut self, dir: &Path, e: &MapsEntry) -> Target {
         if e.inode == 0 || !e.path.starts_with('/') {
-            let label = match e.path.as_str() {
-                "" => "[anon]",
-                p => p,
-            };
-            return Target::Region(Arc::from(label));
+            return region(e);
         }
         let key = ObjectKey {
             dev: e.dev,
@@ -480,29 +446,60 @@ impl ProcessTable {
         if let Some(o) = self.objects.get(&key) {
             return Target::File(o.clone());
         }
-        if self.objects.len() >= self.limits.max_objects {
-            self.gc_objects();
-            if self.objects.len() >= self.limits.max_objects {
-                self.metrics.dropped(Cache::Objects, 1);
-                return Target::Region(Arc::from(e.path.as_str()));
-            }
+        // Checked before the open, so a full table costs no open.
+        if !self.room_for_object() {
+            return Target::Region(Arc::from(e.path.as_str()));
         }
         match open_mapped_file(dir, e) {
-            Some(file) => {
-                let obj = Arc::new(Object::new(
-                    key,
-                    e.path.trim_end_matches(" (deleted)").to_owned(),
-                    file,
-                ));
-                self.objects.insert(key, obj.clone());
-                Target::File(obj)
-            }
+            Some(file) => self.target_from_file(e, file),
             None => {
                 self.metrics.proc_read_error(ProcRead::OpenObject, 1);
                 Target::Region(Arc::from(e.path.as_str()))
             }
         }
     }
+
+    /// Whether one more object fits under `limits.max_objects` (after letting go of
+    /// unmapped ones); a refusal is counted.
+    fn room_for_object(&mut self) -> bool {
+        if self.objects.len() >= self.limits.max_objects {
+            self.gc_objects();
+            if self.objects.len() >= self.limits.max_objects {
+                self.metrics.dropped(Cache::Objects, 1);
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// A mapping without a usable file, named by its path column (`[vdso]`, `[anon]`, ...).
+fn region(e: &MapsEntry) -> Target {
+    Target::Region(Arc::from(match e.path.as_str() {
+        "" => "[anon]",
+        p => p,
+    }))
+}
+
+/// Adds an executable mapping, noting what the JIT stage needs (a JVM, a jitdump).
+fn push_map(
+    maps: &mut Vec<ExecMap>,
+    jit: &mut crate::normalize::jit::Hints,
+    e: &MapsEntry,
+    target: Target,
+) {
+    if let Target::File(o) = &target {
+        jit.jvm |= o.base_name() == "libjvm.so";
+        if crate::normalize::jit::is_jitdump_path(&o.path) {
+            jit.jitdump = Some(o.clone());
+        }
+    }
+    maps.push(ExecMap {
+        start: e.start,
+        end: e.end,
+        offset: e.offset,
+        target,
+    });
 }
 
 fn find(maps: &[ExecMap], addr: u64) -> Option<UserAddr> {

@@ -772,21 +772,8 @@ fn fill(t: &UnwindTable, entries: usize) -> Result<MapHandle, String> {
     let inner = MapHandle::create(MapType::Array, Some("ember_unwind"), 4, 8, n, &opts)
         .map_err(|e| e.to_string())?;
     let len = round_page(entries as u64 * 8) as usize;
-    // SAFETY: a fresh shared mapping of the map's fd, `len` bytes (the kernel rounds an
-    // mmapable array up to whole pages); unmapped below, nothing else refers to it.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            inner.as_fd().as_raw_fd(),
-            0,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        return Err(format!("mmap: {}", std::io::Error::last_os_error()));
-    }
+    // Unmapped below; nothing else refers to it.
+    let ptr = map_shared(&inner, len).map_err(|e| format!("mmap: {e}"))?;
     {
         // SAFETY: ptr is valid for len >= entries * 8 writable bytes until munmap.
         let out = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u8>(), entries * 8) };
@@ -997,6 +984,26 @@ fn own_vdso() -> Option<Vec<u8>> {
     Some(image.to_vec())
 }
 
+/// A read-write shared mapping of the first `len` bytes of an mmapable array map (the
+/// kernel rounds the array up to whole pages, so `len` may be page-rounded).
+fn map_shared(map: &MapHandle, len: usize) -> std::io::Result<*mut libc::c_void> {
+    // SAFETY: a fresh mapping of a map fd we hold; the caller unmaps it.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            map.as_fd().as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(ptr)
+}
+
 /// `unwind_used` mapped into the agent: the sampler stamps a slot each time it walks it.
 struct UsedView {
     ptr: *mut u64,
@@ -1009,20 +1016,8 @@ unsafe impl Send for UsedView {}
 impl UsedView {
     fn map(map: &MapHandle) -> std::io::Result<Self> {
         let len = round_page((SLOTS * 8) as u64) as usize;
-        // SAFETY: a shared mapping of an mmapable array map of SLOTS u64s, unmapped in Drop.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                map.as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
+        // Unmapped in Drop.
+        let ptr = map_shared(map, len)?;
         Ok(Self {
             ptr: ptr.cast(),
             len,
