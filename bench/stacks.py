@@ -15,7 +15,7 @@ reaching main and its CPU. Runs are repeated (--runs, interleaved by mode, so dr
 this noisy VM hits both modes) and medians are reported. The table goes into
 BENCHMARKS.md between the stacks markers.
 
-Options: --seconds N (default 8), --runs N (3), --no-write.
+Options: --seconds N (default 8), --runs N (3), --no-write, --only WORKLOAD (repeatable).
 Environment: EMBER_BIN (default target/release/ember), CLANG (default clang).
 """
 
@@ -176,6 +176,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--only", action="append", help="measure only this workload (repeatable)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         die("needs root (BPF, perf, kernel.bpf_stats_enabled)")
@@ -191,6 +192,8 @@ def main():
         with tempfile.TemporaryDirectory() as work:
             exes = build(os.path.join(TARGET, "bench"))
             for name, cmd in exes.items():
+                if args.only and name not in args.only:
+                    continue
                 res = {"frame_pointer": [], "auto": [], "perf": []}
                 for i in range(args.runs):
                     for mode in ("frame_pointer", "auto"):

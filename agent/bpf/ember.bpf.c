@@ -15,6 +15,7 @@
  */
 #include "types.h"
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
 #include "ember.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -30,6 +31,7 @@ struct ember_unwind_page ember_unwind_page_layout = {};
 enum ember_cfa_rule ember_cfa_rule_layout = EMBER_CFA_UNSUPPORTED;
 enum ember_rbp_rule ember_rbp_rule_layout = EMBER_RBP_UNCHANGED;
 struct ember_unwind_header ember_unwind_header_layout = {};
+struct ember_unwind_chunk ember_unwind_chunk_layout = {};
 struct ember_unwind_range ember_unwind_range_layout = {};
 struct ember_unwind_proc ember_unwind_proc_layout = {};
 enum ember_unwind_result ember_unwind_result_layout = EMBER_UNWIND_FRAME_POINTER;
@@ -83,7 +85,8 @@ struct walk {
 	__u8 result;    /* enum ember_unwind_result */
 	__u8 bp_lost;   /* a frame's rbp rule was "unknown": rbp no longer holds the caller's */
 	__u8 exact;     /* ip is where the code was interrupted, not a return address */
-	__u32 pad;
+	__u8 looked;    /* bpf_find_vma was used (once a sample: it defers its unlock to irq_work) */
+	__u8 pad[3];
 };
 
 /* A record with room for both stacks; built here, then copied out at its used size. */
@@ -103,7 +106,7 @@ struct unwind_table_map {
 	__uint(map_flags, BPF_F_INNER_MAP | BPF_F_MMAPABLE);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct ember_unwind_chunk);
 };
 
 struct {
@@ -130,6 +133,33 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } unwind_used SEC(".maps");
+
+/* Files whose tables are loaded, by the kernel's (dev, inode): see struct ember_unwind_file. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, EMBER_UNWIND_FILES);
+	__type(key, struct ember_unwind_file_key);
+	__type(value, struct ember_unwind_file);
+} unwind_files SEC(".maps");
+
+/* Complete, not forward: libbpf holds a kfunc prototype naming a forward struct incompatible with the kernel's. */
+struct task_struct {
+	int pid;
+} __attribute__((preserve_access_index));
+
+/* A process's ranges being built by the exec hook (too big for the BPF stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ember_unwind_proc);
+} proc_scratch SEC(".maps");
+
+extern int bpf_iter_task_vma_new(struct bpf_iter_task_vma *it, struct task_struct *task,
+				 __u64 addr) __weak __ksym;
+extern struct vm_area_struct *bpf_iter_task_vma_next(struct bpf_iter_task_vma *it) __weak __ksym;
+extern void bpf_iter_task_vma_destroy(struct bpf_iter_task_vma *it) __weak __ksym;
 
 /* When each pid last asked the agent for its ranges: at most one ask a second per pid. */
 struct {
@@ -245,24 +275,44 @@ static __always_inline struct ember_unwind_range *find_range(struct ember_unwind
 	return r;
 }
 
+/* Reads a table's slots, looking up each 4 KiB chunk once while a search stays inside it. */
+struct cursor {
+	void *table;
+	struct ember_unwind_chunk *chunk;
+	__u32 at; /* index of `chunk` */
+};
+
+static __always_inline __u64 *slot_at(struct cursor *c, __u32 k)
+{
+	__u32 i = k / EMBER_UNWIND_CHUNK_SLOTS;
+
+	if (!c->chunk || c->at != i) {
+		c->chunk = bpf_map_lookup_elem(c->table, &i);
+		c->at = i;
+		if (!c->chunk)
+			return 0;
+	}
+	return &c->chunk->slots[k % EMBER_UNWIND_CHUNK_SLOTS];
+}
+
 /* The row in force at the object address addr: page index, then a binary search of its rows. */
 static __always_inline int find_row(void *table, __u64 addr, struct ember_unwind_row *out)
 {
+	struct cursor c = { .table = table };
 	struct ember_unwind_header *h;
 	struct ember_unwind_page *page;
 	struct ember_unwind_row *row;
-	__u32 key = 0, base, lo = 0, hi, mid, i;
+	__u32 base, lo = 0, hi, mid, i, pi;
 	__u16 low = addr & 0xffff;
-	__u64 pi;
+	__u64 p = addr >> EMBER_UNWIND_PAGE_SHIFT;
 
-	h = bpf_map_lookup_elem(table, &key);
+	h = (void *)slot_at(&c, 0);
 	if (!h)
 		return -1;
-	pi = (addr >> EMBER_UNWIND_PAGE_SHIFT) - h->first_page;
-	if ((addr >> EMBER_UNWIND_PAGE_SHIFT) < h->first_page || pi >= h->page_count)
+	if (p < h->first_page || p - h->first_page >= h->page_count)
 		return -1;
-	key = 1 + pi;
-	page = bpf_map_lookup_elem(table, &key);
+	pi = p - h->first_page;
+	page = (void *)slot_at(&c, 1 + pi);
 	if (!page)
 		return -1;
 	base = 1 + h->page_count + page->first_row;
@@ -270,8 +320,7 @@ static __always_inline int find_row(void *table, __u64 addr, struct ember_unwind
 	/* The last row with pc_low <= low; row 0 of a page has pc_low 0. 17 steps cover 65,536 rows. */
 	for (i = 0; i < 17 && hi - lo > 1; i++) {
 		mid = lo + (hi - lo) / 2;
-		key = base + mid;
-		row = bpf_map_lookup_elem(table, &key);
+		row = (void *)slot_at(&c, base + mid);
 		if (!row)
 			return -1;
 		if (row->pc_low <= low)
@@ -279,8 +328,7 @@ static __always_inline int find_row(void *table, __u64 addr, struct ember_unwind
 		else
 			hi = mid;
 	}
-	key = base + lo;
-	row = bpf_map_lookup_elem(table, &key);
+	row = (void *)slot_at(&c, base + lo);
 	if (!row)
 		return -1;
 	*out = *row;
@@ -321,6 +369,85 @@ static __always_inline long fp_step(struct walk *w)
 	return 0;
 }
 
+/* pc - bias for a mapping at `start` of file offset `offset`, by the segment the offset is in. */
+static __always_inline __u64 file_bias(struct ember_unwind_file *f, __u64 start, __u64 offset)
+{
+	__u32 i, n = f->count;
+	struct ember_unwind_segment *seg = &f->segments[0];
+
+	for (i = 0; i < EMBER_UNWIND_FILE_SEGMENTS; i++) {
+		struct ember_unwind_segment *g = &f->segments[i];
+
+		if (i < n && offset >= (g->offset & ~0xfffULL) && offset < g->offset + (g->size ? g->size : 1)) {
+			seg = g;
+			break;
+		}
+	}
+	return start - offset + seg->offset - seg->vaddr;
+}
+
+/* The range of an executable mapping of a file whose table is loaded; 0 if it is not one. */
+static __always_inline int vma_range(struct vm_area_struct *vma, struct ember_unwind_range *r)
+{
+	struct ember_unwind_file_key key;
+	struct ember_unwind_file *f;
+	struct inode *inode;
+	struct file *file;
+
+	if (!(vma->vm_flags & EMBER_VM_EXEC))
+		return 0;
+	file = vma->vm_file;
+	if (!file)
+		return 0;
+	inode = file->f_inode;
+	__builtin_memset(&key, 0, sizeof(key));
+	key.dev = inode->i_sb->s_dev;
+	key.ino = inode->i_ino;
+	f = bpf_map_lookup_elem(&unwind_files, &key);
+	if (!f || f->size != inode->i_size)
+		return 0;
+	r->start = vma->vm_start;
+	r->len = vma->vm_end - vma->vm_start;
+	r->bias = file_bias(f, vma->vm_start, (__u64)vma->vm_pgoff << 12);
+	r->table = f->table;
+	return 1;
+}
+
+struct found {
+	struct ember_unwind_range r;
+	__u32 ok;
+};
+
+static long on_vma(struct task_struct *task, struct vm_area_struct *vma, void *arg)
+{
+	struct found *out = arg;
+
+	out->ok = vma_range(vma, &out->r);
+	return 0;
+}
+
+/*
+ * Adds r to a process's sorted ranges in place (the walker's miss of a library
+ * mapped since the agent read the process). Two CPUs doing this for one process
+ * at once can leave a range out; the agent's next read of the process repairs it.
+ */
+static __always_inline void insert_range(struct ember_unwind_proc *p, struct ember_unwind_range *r)
+{
+	__u32 n = p->count, i = 0, k;
+
+	if (n >= EMBER_UNWIND_RANGES)
+		return;
+	/* Shifts the ranges starting above r up by one, from the top; masks keep indices in bounds. */
+	for (k = 0; k < EMBER_UNWIND_RANGES; k++) {
+		i = n - k;
+		if (i == 0 || p->ranges[(i - 1) & (EMBER_UNWIND_RANGES - 1)].start <= r->start)
+			break;
+		p->ranges[i & (EMBER_UNWIND_RANGES - 1)] = p->ranges[(i - 1) & (EMBER_UNWIND_RANGES - 1)];
+	}
+	p->ranges[i & (EMBER_UNWIND_RANGES - 1)] = *r;
+	p->count = n + 1;
+}
+
 struct walk_ctx {
 	struct scratch *s;
 	struct ember_unwind_proc *proc;
@@ -351,6 +478,18 @@ static long walk_step(__u32 index, void *arg)
 	/* A return address is the instruction after the call: look up the call itself. */
 	pc = w->exact ? w->ip : w->ip - 1;
 	r = find_range(c->proc, pc);
+	if (!r && !w->looked) {
+		/* A library mapped since the agent read the process: its memory map names it now. */
+		struct found f = {};
+
+		w->looked = 1;
+		if (!bpf_find_vma(bpf_get_current_task_btf(), pc, on_vma, &f, 0) && f.ok &&
+		    pc - f.r.start < f.r.len) {
+			insert_range(c->proc, &f.r);
+			count(EMBER_CNT_VMA_FOUND);
+			r = find_range(c->proc, pc);
+		}
+	}
 	if (!r) {
 		ask(s, EMBER_REC_RANGE_MISS);
 		return ember_cfg.unwind_mode == EMBER_MODE_DWARF ? stop(w, EMBER_UNWIND_ERR_NO_TABLE) : fp_step(w);
@@ -535,19 +674,18 @@ int ember_sample(struct ember_perf_ctx *ctx)
 	ubytes = 0;
 	if (pid != 0) {
 		if (ember_cfg.unwind_mode != EMBER_MODE_FRAME_POINTER) {
-			if (bpf_map_lookup_elem(&unwind_procs, &pid)) {
-				if (!user_regs(ctx, &s->w)) {
-					s->w.kframes = kbytes / sizeof(__u64);
-					s->w.uframes = 0;
-					s->w.running = 1;
-					s->w.result = EMBER_UNWIND_COMPLETE;
-					s->w.bp_lost = 0;
-					s->w.exact = 1;
-					bpf_tail_call(ctx, &walk_progs, 0);
-					count(EMBER_CNT_TAIL_CALL);
-				}
-			} else {
+			if (!bpf_map_lookup_elem(&unwind_procs, &pid)) {
 				ask(s, EMBER_REC_UNKNOWN_PROCESS);
+			} else if (!user_regs(ctx, &s->w)) {
+				s->w.kframes = kbytes / sizeof(__u64);
+				s->w.uframes = 0;
+				s->w.running = 1;
+				s->w.result = EMBER_UNWIND_COMPLETE;
+				s->w.bp_lost = 0;
+				s->w.exact = 1;
+				s->w.looked = !ember_cfg.task_regs;
+				bpf_tail_call(ctx, &walk_progs, 0);
+				count(EMBER_CNT_TAIL_CALL);
 			}
 		}
 		/* Kernel threads have no user stack; only count failures of user tasks. */
@@ -562,5 +700,53 @@ int ember_sample(struct ember_perf_ctx *ctx)
 	}
 	s->rec.user_frames = ubytes / sizeof(__u64);
 	emit(s, kbytes, ubytes);
+	return 0;
+}
+
+/*
+ * A process that exec'd: its ranges from its new memory map (the program and
+ * ld.so, mapped by the kernel), for the objects whose tables are loaded, before
+ * it runs an instruction; libraries ld.so maps later are found by the walker.
+ * Runs in process context: the VMA iterator refuses contexts with interrupts off.
+ */
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(ember_exec, struct task_struct *task)
+{
+	__u32 pid = bpf_get_current_pid_tgid() >> 32, zero = 0, n;
+	struct ember_unwind_proc *p = bpf_map_lookup_elem(&proc_scratch, &zero);
+	struct ember_unwind_range r;
+	struct bpf_iter_task_vma it;
+	struct vm_area_struct *vma;
+
+	if (!p || ember_cfg.unwind_mode == EMBER_MODE_FRAME_POINTER)
+		return 0;
+	if (ember_cfg.filter_pids && !bpf_map_lookup_elem(&pid_filter, &pid))
+		return 0;
+	p->count = 0;
+	p->pad = 0;
+	if (!bpf_ksym_exists(bpf_iter_task_vma_new))
+		return 0;
+	if (!bpf_iter_task_vma_new(&it, bpf_get_current_task_btf(), 0)) {
+		/* Counts live in the map value, not registers, so the iterator's loop converges. */
+		while ((vma = bpf_iter_task_vma_next(&it))) {
+			if (!vma_range(vma, &r))
+				continue;
+			n = p->count;
+			if (n >= EMBER_UNWIND_RANGES)
+				break;
+			p->ranges[n] = r;
+			p->count = n + 1;
+		}
+	}
+	bpf_iter_task_vma_destroy(&it);
+	/* The old program's ranges never outlive the exec. */
+	if (!p->count) {
+		bpf_map_delete_elem(&unwind_procs, &pid);
+		return 0;
+	}
+	if (bpf_map_update_elem(&unwind_procs, &pid, p, 0))
+		count(EMBER_CNT_EXEC_FAILED);
+	else
+		count(EMBER_CNT_EXEC_RANGES);
 	return 0;
 }

@@ -91,7 +91,10 @@ enum ember_counter {
 	EMBER_CNT_FILTERED = 6,   /* excluded by --pid or the filters (not a loss) */
 	EMBER_CNT_NO_SCRATCH = 7, /* per-CPU scratch missing: whole sample lost */
 	EMBER_CNT_TAIL_CALL = 8,  /* the table walker could not be entered: frame pointers used (sample kept) */
-	EMBER_CNT_MAX = 9,
+	EMBER_CNT_EXEC_RANGES = 9, /* the exec hook wrote a new program's ranges */
+	EMBER_CNT_EXEC_FAILED = 10, /* ... could not (`unwind_procs` full): the agent's read follows */
+	EMBER_CNT_VMA_FOUND = 11, /* the walker found a library mapped since the agent's read */
+	EMBER_CNT_MAX = 12,
 };
 
 /*
@@ -180,13 +183,23 @@ struct ember_unwind_page {
 };
 
 /*
- * A loaded table is one BPF array of 8-byte entries (an inner map of
- * `unwind_tables`, created at its exact size and filled through mmap):
- * entry 0 is this header, entries 1 .. page_count are the pages, the rows follow.
+ * A loaded table is a run of 8-byte slots: slot 0 is this header, slots
+ * 1 .. page_count are the pages, the rows follow. It is stored as one BPF
+ * array (an inner map of `unwind_tables`, created at its exact size and filled
+ * through mmap) whose elements are chunks of EMBER_UNWIND_CHUNK_SLOTS slots:
+ * lookups in an inner map are helper calls (not inlined), so the walker looks up
+ * a chunk once and searches inside it, instead of one lookup per slot.
  */
 struct ember_unwind_header {
 	__u32 first_page; /* object address >> EMBER_UNWIND_PAGE_SHIFT of page 0 */
 	__u32 page_count;
+};
+
+/* Slots per element of a table's array: 4 KiB elements. */
+#define EMBER_UNWIND_CHUNK_SLOTS 512
+
+struct ember_unwind_chunk {
+	__u64 slots[EMBER_UNWIND_CHUNK_SLOTS];
 };
 
 /* Slots of the `unwind_tables` map of tables. */
@@ -211,6 +224,35 @@ struct ember_unwind_proc {
 	__u32 pad;
 	struct ember_unwind_range ranges[EMBER_UNWIND_RANGES];
 };
+
+/*
+ * A file whose table is loaded, as the kernel names it (`unwind_files`): lets the
+ * exec hook write a new program's ranges before it runs, and the walker add a
+ * library mapped since the agent read the process, from the task's memory map.
+ */
+struct ember_unwind_file_key {
+	__u64 dev; /* the kernel's dev_t of the file's filesystem: major << 20 | minor */
+	__u64 ino;
+};
+
+/* An executable PT_LOAD segment: object address, file offset, bytes. */
+struct ember_unwind_segment {
+	__u64 vaddr;
+	__u64 offset;
+	__u64 size;
+};
+
+#define EMBER_UNWIND_FILE_SEGMENTS 4
+
+struct ember_unwind_file {
+	__u32 table; /* slot in `unwind_tables` */
+	__u32 count; /* segments used */
+	__u64 size;  /* the file's size when its table was built: an inode reused for another file differs */
+	struct ember_unwind_segment segments[EMBER_UNWIND_FILE_SEGMENTS];
+};
+
+/* Entries of `unwind_files`: a few files (copies, upgrades) per table slot. */
+#define EMBER_UNWIND_FILES 8192
 
 /* User frames the table walker takes per program run; it tail-calls itself for more. */
 #define EMBER_FRAMES_PER_RUN 16

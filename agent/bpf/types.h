@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The few kernel types ember's BPF code needs. The program reads no kernel
- * structures (only helpers and the saved user registers), so it needs neither vmlinux.h nor CO-RE.
+ * The few kernel types ember's BPF code needs. Kernel structures it reads are
+ * declared with only the fields it reads, `preserve_access_index` (CO-RE):
+ * libbpf relocates each field against the running kernel's BTF, so no vmlinux.h.
  */
 #ifndef EMBER_TYPES_H
 #define EMBER_TYPES_H
@@ -49,6 +50,36 @@ struct ember_perf_ctx {
 
 struct task_struct;
 struct pt_regs;
+
+/* What the sampler reads of a task's memory map (the VMA iterator's items), CO-RE relocated. */
+struct super_block {
+	__u32 s_dev; /* dev_t: major << 20 | minor */
+} __attribute__((preserve_access_index));
+
+struct inode {
+	unsigned long i_ino;
+	struct super_block *i_sb;
+	__s64 i_size;
+} __attribute__((preserve_access_index));
+
+struct file {
+	struct inode *f_inode;
+} __attribute__((preserve_access_index));
+
+struct vm_area_struct {
+	unsigned long vm_start;
+	unsigned long vm_end;
+	unsigned long vm_flags;
+	unsigned long vm_pgoff;
+	struct file *vm_file;
+} __attribute__((preserve_access_index));
+
+#define EMBER_VM_EXEC 0x4UL
+
+/* The open-coded VMA iterator (kernel 6.7+); its kfuncs are weak, so older kernels load too. */
+struct bpf_iter_task_vma {
+	__u64 __opaque[1];
+} __attribute__((aligned(8)));
 
 #define BPF_F_USER_STACK (1ULL << 8)
 #define BPF_RB_NO_WAKEUP 1

@@ -34,6 +34,24 @@ pub const START_ROOTS: &[&str] = &[
     "__libc_start_main_impl",
 ];
 
+/// Frames that only occur before a program's `main` runs or after it returned: the kernel
+/// loading it (`execve`), ld.so relocating it (`_dl_start`), the process exiting.
+const OUTSIDE_MAIN: &[&str] = &[
+    "__x64_sys_execve",
+    "_dl_start",
+    "do_exit",
+    "__GI__exit",
+    "_exit",
+];
+
+/// Whether a stack was sampled outside `main`'s lifetime (see `OUTSIDE_MAIN`): such a
+/// stack cannot reach `main` in any profiler.
+pub fn outside_main(s: &NStack) -> bool {
+    s.frames
+        .iter()
+        .any(|f| OUTSIDE_MAIN.contains(&f.name.as_str()))
+}
+
 /// One frame, profiler-neutral.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NFrame {

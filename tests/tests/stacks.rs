@@ -39,8 +39,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ember_tests::completeness::{
-    describe, from_ember, from_perf, measure, share_tolerance, Comparison, NStack, Side, Target,
-    START_ROOTS,
+    describe, from_ember, from_perf, measure, outside_main, share_tolerance, Comparison, NStack,
+    Side, Target, START_ROOTS,
 };
 use ember_tests::perf::{self, PerfRecord};
 use ember_tests::*;
@@ -628,6 +628,15 @@ fn short_processes_loop_named_and_complete() {
     );
     let perf_samples = perf::script(&data).expect("perf script");
     let p_stacks = from_perf(perf_samples.iter().filter(|s| children.contains(&s.pid)));
+    // ember samples every CPU at any moment, so it also catches a child while the kernel
+    // loads it, while ld.so relocates it and while it exits (~3 % of a 30 ms life); perf,
+    // whose inherited counters first fire a period into a child's life, hardly does. Those
+    // stacks are complete but cannot reach main: they are counted and set aside.
+    let outside =
+        |v: &[NStack]| -> u64 { v.iter().filter(|s| outside_main(s)).map(|s| s.count).sum() };
+    let (e_outside, p_outside) = (outside(&e_stacks), outside(&p_stacks));
+    let e_stacks: Vec<NStack> = e_stacks.into_iter().filter(|s| !outside_main(s)).collect();
+    let p_stacks: Vec<NStack> = p_stacks.into_iter().filter(|s| !outside_main(s)).collect();
 
     let spec = Spec {
         title: "nofp_burst loop (fresh 30 ms processes for 15 s, no frame pointers)",
@@ -641,19 +650,15 @@ fn short_processes_loop_named_and_complete() {
             func("burst_spin", Some((45.0, 75.0))),
         ],
     };
-    // The issue's bar for this loop is 95 % with a named leaf and reaching main (a
-    // process's startup in ld.so never reaches main); perf is held to it. ember is not
-    // there yet: it walks a stack when the sample is taken, so it needs the process's
-    // ranges by then, and they are written from the kernel's mmap records by a thread
-    // that, on this 2-CPU machine with a CPU-bound child and perf running, is woken
-    // 1-3 ms late for about one child in ten, whose first samples then stop at the
-    // leaf. Measured here: 93-94 % (96.8 % with ember on a CPU of its own). Until
-    // the samples taken before the ranges are unwound later (as perf does, from a copy
-    // of the stack), ember is held to 90 %, and its shares (all moved by those same
-    // samples) are printed, not compared.
+    // The issue's bar: 95 % with a named leaf and reaching main, for ember and perf. A
+    // child's ranges are in the sampler before its first instruction (the exec hook), and
+    // libraries ld.so maps are found by the walker in the child's memory map.
+    // Shares are printed, not compared: ember's cpu-clock events run on every CPU and
+    // sample a child from its first millisecond, perf's inherited per-task counters start
+    // a period late in each child, so each weighs the children's phases differently.
     let bar = Bar {
         named_leaf: true,
-        ember_min: 90.0,
+        ember_min: 95.0,
         perf_min: 95.0,
         compare_shares: false,
     };
@@ -673,7 +678,8 @@ fn short_processes_loop_named_and_complete() {
     }
     let notes = format!(
         "{n_children} children seen (launcher reports {}); ember recorded the whole host, \
-         perf followed the launcher\n",
+         perf followed the launcher; samples outside main (exec, ld.so, exit) set aside: \
+         ember {e_outside}, perf {p_outside}\n",
         reported.map_or("nothing".to_string(), |n| n.to_string())
     );
     report(&c, &failures, &notes, &e_stacks, &p_stacks);

@@ -80,6 +80,12 @@ pub struct UnwindMaps {
     pub procs: libbpf_rs::MapHandle,
     /// `unwind_used`: slot → time_ns of its last use (mmapable).
     pub used: libbpf_rs::MapHandle,
+    /// `unwind_files`: the kernel's (dev, inode) of a file → its table slot and segments.
+    pub files: libbpf_rs::MapHandle,
+    /// The exec hook (`ember_exec`) is attached: it writes a new program's ranges itself,
+    /// and the walker adds libraries mapped since, so the loader leaves new processes'
+    /// entries to them and only reads processes whole.
+    pub exec_hook: bool,
 }
 
 /// Record flags (`EMBER_REC_*` in `bpf/ember.h`).
@@ -320,6 +326,8 @@ fn run(
 struct Sampler<'obj> {
     skel: skel::EmberSkel<'obj>,
     links: BTreeMap<u32, Link>,
+    /// `ember_exec` on sched_process_exec, when unwinding by tables with kernel BTF.
+    exec: Option<Link>,
     event: SampleEvent,
 }
 
@@ -340,9 +348,11 @@ impl<'obj> Sampler<'obj> {
                 UnwindMode::Auto => 1,
                 UnwindMode::Dwarf => 2,
             };
-            rodata.ember_cfg.task_regs =
-                u32::from(std::path::Path::new("/sys/kernel/btf/vmlinux").exists());
+            rodata.ember_cfg.task_regs = u32::from(kernel_btf());
         }
+        // The exec hook is a BTF tracepoint: without kernel BTF it would fail the whole load.
+        let exec_hook = settings.unwind != UnwindMode::FramePointer && kernel_btf();
+        open.progs.ember_exec.set_autoload(exec_hook);
         open.maps
             .samples
             .set_max_entries(settings.ring_buffer_bytes)
@@ -358,9 +368,21 @@ impl<'obj> Sampler<'obj> {
                 .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
                 .map_err(CaptureError::Load)?;
         }
+        let exec = if exec_hook {
+            match skel.progs.ember_exec.attach() {
+                Ok(link) => Some(link),
+                Err(e) => {
+                    warn!("exec hook not attached ({e}): new processes are unwound once the agent has read them");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         Ok(Self {
             skel,
             links: BTreeMap::new(),
+            exec,
             event: settings.event,
         })
     }
@@ -377,6 +399,9 @@ impl<'obj> Sampler<'obj> {
             procs: libbpf_rs::MapHandle::try_from(&maps.unwind_procs)
                 .map_err(CaptureError::Load)?,
             used: libbpf_rs::MapHandle::try_from(&maps.unwind_used).map_err(CaptureError::Load)?,
+            files: libbpf_rs::MapHandle::try_from(&maps.unwind_files)
+                .map_err(CaptureError::Load)?,
+            exec_hook: self.exec.is_some(),
         }))
     }
 
@@ -538,6 +563,8 @@ enum Counted {
     StackError(StackSide),
     /// Samples a filter excluded in BPF: `ember_samples_filtered_total`.
     Filtered,
+    /// Entries a map had no room for: `ember_cache_dropped_total{cache}`.
+    Dropped(Cache),
 }
 
 /// Mirrors the BPF per-CPU counters into the metrics, by difference since the last read.
@@ -571,6 +598,10 @@ impl CounterSync {
                 ember_counter::EMBER_CNT_TAIL_CALL,
                 Counted::StackError(StackSide::User),
             ),
+            (
+                ember_counter::EMBER_CNT_EXEC_FAILED,
+                Counted::Dropped(Cache::UnwindProcesses),
+            ),
         ] {
             let i = idx.0 as usize;
             let Some(now) = read_counter(sampler, idx.0) else {
@@ -587,9 +618,15 @@ impl CounterSync {
                 Counted::Filtered => {
                     metrics.samples_filtered.inc_by(delta);
                 }
+                Counted::Dropped(cache) => metrics.dropped(cache, delta),
             }
         }
     }
+}
+
+/// Kernel BTF, which typed tracepoints, `bpf_task_pt_regs` and CO-RE field reads need.
+fn kernel_btf() -> bool {
+    std::path::Path::new("/sys/kernel/btf/vmlinux").exists()
 }
 
 fn read_counter(sampler: &Sampler<'_>, idx: u32) -> Option<u64> {

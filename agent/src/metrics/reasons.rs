@@ -136,6 +136,9 @@ label_enum! {
         UnwindProcesses => "unwind_processes",
         /// Executable ranges beyond the sampler's 64 per process: walked by frame pointers there.
         UnwindRanges => "unwind_ranges",
+        /// Files beyond the sampler's `unwind_files` entries: a new process mapping them is
+        /// walked by frame pointers until the loader has read it.
+        UnwindFiles => "unwind_files",
         /// Requests from the sampler to load a process's ranges, dropped on a full queue.
         UnwindRequests => "unwind_requests",
         /// Object identities remembered by the unwind loader (`limits.max_objects`).

@@ -8,6 +8,7 @@
 
 use std::mem::{align_of, offset_of, size_of};
 
+use super::loader::{CHUNK_BYTES, CHUNK_SLOTS};
 use super::row::{CfaRule, RbpRule, UnwindPage, UnwindRow, PAGE_SHIFT};
 
 #[allow(
@@ -20,7 +21,9 @@ use super::row::{CfaRule, RbpRule, UnwindPage, UnwindRow, PAGE_SHIFT};
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/ember.skel.rs"));
 }
-use skel::types::{ember_cfa_rule, ember_rbp_rule, ember_unwind_page, ember_unwind_row};
+use skel::types::{
+    ember_cfa_rule, ember_rbp_rule, ember_unwind_chunk, ember_unwind_page, ember_unwind_row,
+};
 
 const _: () = {
     assert!(size_of::<UnwindRow>() == size_of::<ember_unwind_row>());
@@ -31,6 +34,9 @@ const _: () = {
     assert!(offset_of!(UnwindRow, rbp_rule) == offset_of!(ember_unwind_row, rbp_rule));
     assert!(offset_of!(UnwindRow, cfa_offset) == offset_of!(ember_unwind_row, cfa_offset));
     assert!(offset_of!(UnwindRow, rbp_offset) == offset_of!(ember_unwind_row, rbp_offset));
+
+    assert!(size_of::<ember_unwind_chunk>() == CHUNK_BYTES);
+    assert!(CHUNK_BYTES == CHUNK_SLOTS * size_of::<UnwindRow>());
 
     assert!(size_of::<UnwindPage>() == size_of::<ember_unwind_page>());
     assert!(align_of::<UnwindPage>() == align_of::<ember_unwind_page>());

@@ -48,6 +48,16 @@ use crate::workload::Cgroup;
 
 /// Table slots (`EMBER_UNWIND_TABLES`).
 const SLOTS: usize = 4096;
+/// 8-byte slots per element of a table's array (`EMBER_UNWIND_CHUNK_SLOTS`): the walker
+/// looks up one 4 KiB chunk and searches inside it.
+pub(super) const CHUNK_SLOTS: usize = 512;
+/// Bytes of one element (`struct ember_unwind_chunk`).
+pub(super) const CHUNK_BYTES: usize = CHUNK_SLOTS * 8;
+/// Entries of `unwind_files` (`EMBER_UNWIND_FILES`) and segments per entry.
+const FILES: usize = 8192;
+const FILE_SEGMENTS: usize = 4;
+/// Bytes of one `struct ember_unwind_file`.
+const FILE_BYTES: usize = 16 + FILE_SEGMENTS * 24;
 /// Ranges per process (`EMBER_UNWIND_RANGES`).
 const RANGES: usize = 64;
 /// `EMBER_TABLE_NONE`: walk this range by the frame pointer.
@@ -130,6 +140,8 @@ pub struct Loader {
     /// ranges be written from its records at once (its full read follows a moment later).
     inodes: HashMap<(u64, u64), TableKey>,
     tables: HashMap<TableKey, Table>,
+    /// What `unwind_files` holds: the kernel's (dev, inode) → table.
+    published: HashMap<(u64, u64), TableKey>,
     slots: Vec<Option<TableKey>>,
     procs: HashMap<u32, Proc>,
     /// Processes without executable mappings (kernel threads), by start time.
@@ -173,6 +185,7 @@ impl Loader {
             files: HashMap::new(),
             inodes: HashMap::new(),
             tables: HashMap::new(),
+            published: HashMap::new(),
             slots: vec![None; SLOTS],
             procs: HashMap::new(),
             empty: HashMap::new(),
@@ -270,15 +283,29 @@ impl Loader {
             TaskEvent::Exit { pid, .. } => {
                 dirty.remove(&pid);
                 self.forget(pid);
+                if self.maps.exec_hook {
+                    // The exec hook may have made an entry this loader never read.
+                    let _ = self.maps.procs.delete(&pid.to_ne_bytes());
+                }
             }
             TaskEvent::Exec { pid, .. } => {
-                self.forget(pid);
+                if self.maps.exec_hook {
+                    // The hook already replaced the entry with the new program's ranges.
+                    self.procs.remove(&pid);
+                    self.empty.remove(&pid);
+                } else {
+                    self.forget(pid);
+                }
                 dirty.insert(pid);
             }
             TaskEvent::Fork { pid, ppid, .. } => self.fork(pid, ppid),
             TaskEvent::Mmap(m) => {
                 if m.prot & libc::PROT_EXEC as u32 != 0 {
-                    self.fast_mmap(&m);
+                    // With the exec hook, the walker finds a new library itself (and this
+                    // loader's partial view of the process would overwrite the hook's ranges).
+                    if !self.maps.exec_hook {
+                        self.fast_mmap(&m);
+                    }
                     dirty.insert(m.pid);
                 }
             }
@@ -299,7 +326,14 @@ impl Loader {
             return;
         }
         let proc = Proc { start_time, ranges };
-        if self.write_proc(pid, &proc) {
+        // The exec hook may already have written the child's new program (this record can
+        // come after the exec): never overwrite that with the parent's ranges.
+        let flags = if self.maps.exec_hook {
+            MapFlags::NO_EXIST
+        } else {
+            MapFlags::ANY
+        };
+        if self.write_proc_with(pid, &proc, flags) {
             self.procs.insert(pid, proc);
         }
     }
@@ -347,6 +381,7 @@ impl Loader {
         }
         let mut ranges = Vec::new();
         let mut seen = Vec::new();
+        let mut files = Vec::new();
         for e in entries.into_iter().filter(|e| e.exec) {
             let Ok(len) = u32::try_from(e.end.saturating_sub(e.start)) else {
                 continue;
@@ -369,6 +404,14 @@ impl Loader {
                 .and_then(|k| self.tables.get(&k))
                 .map(|t| bias(&t.segments, e.start, e.offset))
                 .unwrap_or(0);
+            if let (Some(key), Some(f)) = (table, &file) {
+                let id = (kernel_dev(e.dev), e.inode);
+                if self.published.get(&id) != Some(&key) {
+                    if let Ok(meta) = f.metadata() {
+                        files.push((id, meta.len(), key));
+                    }
+                }
+            }
             ranges.push(Range {
                 start: e.start,
                 len,
@@ -407,6 +450,9 @@ impl Loader {
             self.metrics.dropped(Cache::UnwindRanges, dropped as u64);
         }
         self.commit();
+        for (id, size, key) in files {
+            self.publish_file(id, size, key);
+        }
         let new = !self.procs.contains_key(&pid);
         if new && !self.make_room(PROC_BYTES as u64 + PROC_OVERHEAD) {
             self.metrics.dropped(Cache::UnwindProcesses, 1);
@@ -421,6 +467,57 @@ impl Loader {
         self.publish();
     }
 
+    /// Tells the sampler which table a file has, so a process that maps it is walked from
+    /// its own memory map before this loader has read the process (a process that exec'd a
+    /// moment ago). Call after `commit`: the sampler must find the slot filled.
+    fn publish_file(&mut self, id: (u64, u64), size: u64, key: TableKey) {
+        let Some(t) = self.tables.get(&key) else {
+            return;
+        };
+        let Some(slot) = t.slot else {
+            return;
+        };
+        if self.published.len() >= FILES && !self.published.contains_key(&id) {
+            self.metrics.dropped(Cache::UnwindFiles, 1);
+            return;
+        }
+        let mut k = [0u8; 16];
+        k[..8].copy_from_slice(&id.0.to_ne_bytes());
+        k[8..].copy_from_slice(&id.1.to_ne_bytes());
+        let mut v = [0u8; FILE_BYTES];
+        let segs = &t.segments[..t.segments.len().min(FILE_SEGMENTS)];
+        v[..4].copy_from_slice(&slot.to_ne_bytes());
+        v[4..8].copy_from_slice(&(segs.len() as u32).to_ne_bytes());
+        v[8..16].copy_from_slice(&size.to_ne_bytes());
+        for (i, &(vaddr, offset, bytes)) in segs.iter().enumerate() {
+            let at = 16 + i * 24;
+            v[at..at + 8].copy_from_slice(&vaddr.to_ne_bytes());
+            v[at + 8..at + 16].copy_from_slice(&offset.to_ne_bytes());
+            v[at + 16..at + 24].copy_from_slice(&bytes.to_ne_bytes());
+        }
+        match self.maps.files.update(&k, &v, MapFlags::ANY) {
+            Ok(()) => {
+                self.published.insert(id, key);
+            }
+            Err(_) => self.metrics.dropped(Cache::UnwindFiles, 1),
+        }
+    }
+
+    /// Takes a table's files out of `unwind_files` (before its slot is freed).
+    fn unpublish(&mut self, key: TableKey) {
+        let files = &self.maps.files;
+        self.published.retain(|&(dev, ino), k| {
+            if *k != key {
+                return true;
+            }
+            let mut id = [0u8; 16];
+            id[..8].copy_from_slice(&dev.to_ne_bytes());
+            id[8..].copy_from_slice(&ino.to_ne_bytes());
+            let _ = files.delete(&id);
+            false
+        });
+    }
+
     /// Forgets processes that exited (or whose pid now names another process).
     pub fn sweep(&mut self) {
         let root = self.proc_root.clone();
@@ -433,6 +530,27 @@ impl Loader {
         for pid in gone {
             self.procs.remove(&pid);
             let _ = self.maps.procs.delete(&pid.to_ne_bytes());
+        }
+        if self.maps.exec_hook {
+            // Entries the exec hook made for processes that ended before this loader read
+            // them (their exit record lost to a full ring).
+            let stale: Vec<Vec<u8>> = self
+                .maps
+                .procs
+                .keys()
+                .filter(|k| {
+                    let pid = k
+                        .get(..4)
+                        .and_then(|b| b.try_into().ok())
+                        .map(u32::from_ne_bytes);
+                    pid.is_some_and(|pid| {
+                        !self.procs.contains_key(&pid) && !root.join(pid.to_string()).exists()
+                    })
+                })
+                .collect();
+            for k in stale {
+                let _ = self.maps.procs.delete(&k);
+            }
         }
         self.empty
             .retain(|pid, t| start_time(&root.join(pid.to_string())) == Some(*t));
@@ -627,7 +745,7 @@ impl Loader {
     /// Puts `table` in a free slot, evicting least recently used tables to make room.
     fn install(&mut self, key: TableKey, table: &UnwindTable) -> bool {
         let entries = 1 + table.pages.len() + table.rows.len();
-        let bytes = round_page(entries as u64 * 8);
+        let bytes = (entries.div_ceil(CHUNK_SLOTS) * CHUNK_BYTES) as u64;
         if !self.make_room(bytes) {
             self.metrics.dropped(Cache::UnwindTables, 1);
             return false;
@@ -741,6 +859,7 @@ impl Loader {
             .filter(|(_, p)| p.ranges.iter().any(|r| r.table == Some(key)))
             .map(|(&pid, _)| pid)
             .collect();
+        self.unpublish(key);
         self.slots[slot] = None;
         if let Some(t) = self.tables.get_mut(&key) {
             t.slot = None;
@@ -763,15 +882,23 @@ impl Loader {
 fn fill(t: &UnwindTable, entries: usize) -> Result<MapHandle, String> {
     let first_page = u32::try_from(t.first_page).map_err(|_| "page number over 32 bits")?;
     let page_count = u32::try_from(t.pages.len()).map_err(|_| "too many pages")?;
-    let n = u32::try_from(entries).map_err(|_| "too many rows")?;
+    let chunks = entries.div_ceil(CHUNK_SLOTS);
+    let n = u32::try_from(chunks).map_err(|_| "too many rows")?;
     let opts = libbpf_sys::bpf_map_create_opts {
         sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as _,
         map_flags: libbpf_sys::BPF_F_INNER_MAP | libbpf_sys::BPF_F_MMAPABLE,
         ..Default::default()
     };
-    let inner = MapHandle::create(MapType::Array, Some("ember_unwind"), 4, 8, n, &opts)
-        .map_err(|e| e.to_string())?;
-    let len = round_page(entries as u64 * 8) as usize;
+    let inner = MapHandle::create(
+        MapType::Array,
+        Some("ember_unwind"),
+        4,
+        CHUNK_BYTES as u32,
+        n,
+        &opts,
+    )
+    .map_err(|e| e.to_string())?;
+    let len = chunks * CHUNK_BYTES;
     // Unmapped below; nothing else refers to it.
     let ptr = map_shared(&inner, len).map_err(|e| format!("mmap: {e}"))?;
     {
@@ -799,6 +926,11 @@ fn fill(t: &UnwindTable, entries: usize) -> Result<MapHandle, String> {
 impl Loader {
     /// Writes a process's ranges in one update; false if the kernel refused (map full).
     fn write_proc(&self, pid: u32, p: &Proc) -> bool {
+        self.write_proc_with(pid, p, MapFlags::ANY)
+    }
+
+    /// `write_proc` with the update's flags; false if the kernel refused.
+    fn write_proc_with(&self, pid: u32, p: &Proc, flags: MapFlags) -> bool {
         let mut value = vec![0u8; PROC_BYTES];
         let mut count = 0u32;
         for r in p.ranges.iter().take(RANGES) {
@@ -815,12 +947,9 @@ impl Loader {
             count += 1;
         }
         value[..4].copy_from_slice(&count.to_ne_bytes());
-        match self
-            .maps
-            .procs
-            .update(&pid.to_ne_bytes(), &value, MapFlags::ANY)
-        {
+        match self.maps.procs.update(&pid.to_ne_bytes(), &value, flags) {
             Ok(()) => true,
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::AlreadyExists => false,
             Err(_) => {
                 self.metrics.dropped(Cache::UnwindProcesses, 1);
                 false
@@ -926,6 +1055,12 @@ fn pair(a: u32, b: u32) -> [u8; 8] {
     out[..4].copy_from_slice(&a.to_ne_bytes());
     out[4..].copy_from_slice(&b.to_ne_bytes());
     out
+}
+
+/// The kernel's own encoding of a device number (`MKDEV`), as the sampler reads it from
+/// `inode->i_sb->s_dev`; `/proc/PID/maps` prints its major and minor.
+fn kernel_dev((major, minor): (u32, u32)) -> u64 {
+    (u64::from(major) << 20) | u64::from(minor)
 }
 
 fn round_page(n: u64) -> u64 {
