@@ -350,7 +350,7 @@ static __always_inline long read_u64(__u64 *dst, __u64 addr)
 /* One frame by the frame pointer: [rbp] is the caller's rbp, [rbp + 8] the return address. */
 static __always_inline long fp_step(struct walk *w)
 {
-	__u64 ra, bp;
+	__u64 ra, bp, pair[2];
 
 	if (w->bp_lost)
 		return stop(w, EMBER_UNWIND_ERR_RBP_UNKNOWN);
@@ -358,8 +358,10 @@ static __always_inline long fp_step(struct walk *w)
 		return stop(w, EMBER_UNWIND_FP_END);
 	if (w->bp < w->sp)
 		return stop(w, EMBER_UNWIND_ERR_BAD_FRAME);
-	if (read_u64(&ra, w->bp + 8) || read_u64(&bp, w->bp))
+	if (bpf_probe_read_user(pair, sizeof(pair), (void *)w->bp))
 		return stop(w, EMBER_UNWIND_ERR_READ);
+	bp = pair[0];
+	ra = pair[1];
 	w->sp = w->bp + 16;
 	w->bp = bp;
 	w->ip = ra;
@@ -547,6 +549,17 @@ static long walk_step(__u32 index, void *arg)
 
 	if (cfa <= w->sp)
 		return stop(w, EMBER_UNWIND_ERR_BAD_FRAME);
+	if (row.rbp_rule == EMBER_RBP_AT_CFA && row.rbp_offset == -16) {
+		/* The usual frame (push rbp on entry): saved rbp and return address in one read. */
+		__u64 pair[2];
+
+		if (bpf_probe_read_user(pair, sizeof(pair), (void *)(cfa - 16)))
+			return stop(w, EMBER_UNWIND_ERR_READ);
+		w->bp = pair[0];
+		w->bp_lost = 0;
+		ra = pair[1];
+		goto stepped;
+	}
 	if (read_u64(&ra, cfa - 8))
 		return stop(w, EMBER_UNWIND_ERR_READ);
 	switch (row.rbp_rule) {
@@ -569,6 +582,7 @@ static long walk_step(__u32 index, void *arg)
 	default: /* unchanged */
 		break;
 	}
+stepped:
 	w->sp = cfa;
 	w->ip = ra;
 	w->exact = 0;

@@ -1187,6 +1187,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn kernel_dev_is_mkdev() {
+        // /proc/PID/maps prints "fe:01"; the kernel's s_dev is MKDEV(0xfe, 1).
+        assert_eq!(kernel_dev((0xfe, 1)), (0xfe << 20) | 1);
+        assert_eq!(kernel_dev((8, 0x12)), 0x0080_0012);
+    }
+
+    #[test]
     fn bias_maps_pc_to_object_address() {
         // A PIE's text: file offset 0x1000 at address 0x1000, mapped at 0x5555_0000_1000.
         let segs = [(0x1000, 0x1000, 0x5000)];
