@@ -71,9 +71,15 @@ const PROC_OVERHEAD: u64 = 64;
 const MAPS_CAP: u64 = 32 << 20;
 /// File identities remembered (each is a few dozen bytes).
 const MAX_FILES: usize = 65_536;
-/// How often processes that exited are looked for (exit records are the first way; this
-/// catches records the kernel dropped) and CPUs re-checked.
-const SWEEP_EVERY: Duration = Duration::from_secs(2);
+/// How often processes that exited are looked for when the kernel's task records are
+/// followed: their exit records are the first way, and a lost record triggers a sweep at
+/// once, so this only bounds what a missed one costs (each sweep reads the `stat` of every
+/// process with ranges).
+const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// The same without task records, where sweeps are the only way to see exits.
+const SWEEP_EVERY_UNFOLLOWED: Duration = Duration::from_secs(2);
+/// How often the task record reader checks for CPUs brought online.
+const CPU_CHECK_EVERY: Duration = Duration::from_secs(5);
 /// The longest the loader sleeps between looks at the sampler's asks.
 const POLL: Duration = Duration::from_millis(50);
 /// How long after an exec or mmap the loader waits for more before reading the process.
@@ -225,7 +231,9 @@ impl Loader {
         let only: HashSet<u32> = preload.iter().copied().collect();
         let stop = Arc::new(AtomicBool::new(false));
         let _stop_reader = StopOnDrop(stop.clone());
-        let mut tasks = watch.and_then(|w| spawn_reader(w, self.metrics.clone(), stop));
+        let lost = Arc::new(AtomicBool::new(false));
+        let mut tasks =
+            watch.and_then(|w| spawn_reader(w, self.metrics.clone(), stop, lost.clone()));
         let mut dirty = BTreeSet::new();
         let mut last_sweep = Instant::now();
         loop {
@@ -270,7 +278,12 @@ impl Loader {
                     Err(TryRecvError::Disconnected) => return,
                 }
             }
-            if last_sweep.elapsed() >= SWEEP_EVERY {
+            let every = if tasks.is_some() {
+                SWEEP_EVERY
+            } else {
+                SWEEP_EVERY_UNFOLLOWED
+            };
+            if lost.swap(false, Ordering::Relaxed) || last_sweep.elapsed() >= every {
                 last_sweep = Instant::now();
                 self.sweep();
             }
@@ -1017,6 +1030,7 @@ fn spawn_reader(
     mut watch: TaskWatch,
     metrics: Metrics,
     stop: Arc<AtomicBool>,
+    lost: Arc<AtomicBool>,
 ) -> Option<Receiver<TaskEvent>> {
     let (tx, rx) = std::sync::mpsc::sync_channel(TASK_QUEUE);
     let spawned = std::thread::Builder::new()
@@ -1032,6 +1046,8 @@ fn spawn_reader(
                 let d = watch.drain(&mut events);
                 if d.lost > 0 {
                     metrics.dropped(Cache::TaskRecords, d.lost);
+                    // An exit may be among them: the loader sweeps.
+                    lost.store(true, Ordering::Relaxed);
                 }
                 if d.malformed + d.rejected > 0 {
                     metrics.proc_read_error(ProcRead::TaskRecord, d.malformed + d.rejected);
@@ -1039,11 +1055,14 @@ fn spawn_reader(
                 for ev in events.drain(..) {
                     match tx.try_send(ev) {
                         Ok(()) => {}
-                        Err(TrySendError::Full(_)) => metrics.dropped(Cache::TaskRecords, 1),
+                        Err(TrySendError::Full(_)) => {
+                            metrics.dropped(Cache::TaskRecords, 1);
+                            lost.store(true, Ordering::Relaxed);
+                        }
                         Err(TrySendError::Disconnected(_)) => return,
                     }
                 }
-                if last_sync.elapsed() >= SWEEP_EVERY {
+                if last_sync.elapsed() >= CPU_CHECK_EVERY {
                     last_sync = Instant::now();
                     if let Some(online) = procfs::online_cpus() {
                         if let Err(e) = watch.sync_cpus(&online) {
