@@ -24,6 +24,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -427,8 +428,8 @@ fn reading_sources(
 /// The capture → aggregate → output threads.
 struct Pipeline {
     capture: Capture,
-    /// The unwind loader's thread; it ends when capture stops asking.
-    unwind: Option<JoinHandle<()>>,
+    /// The unwind loader's thread and its halt flag (it also ends when capture stops asking).
+    unwind: Option<(JoinHandle<()>, Arc<AtomicBool>)>,
     aggregate: JoinHandle<()>,
     output: JoinHandle<()>,
 }
@@ -519,10 +520,14 @@ impl Pipeline {
                     }
                 };
                 match unwind::Loader::new(maps, settings, metrics) {
-                    Ok(mut loader) => Some(spawn("ember-unwind", move || {
-                        loader.send_snapshots(snap_tx);
-                        loader.run(&preload, link.asks, watch)
-                    })?),
+                    Ok(mut loader) => {
+                        let halt = loader.halt_handle();
+                        let thread = spawn("ember-unwind", move || {
+                            loader.send_snapshots(snap_tx);
+                            loader.run(&preload, link.asks, watch)
+                        })?;
+                        Some((thread, halt))
+                    }
                     Err(e) => {
                         tracing::warn!("unwind tables disabled: {e}; stacks use frame pointers");
                         None
@@ -541,8 +546,12 @@ impl Pipeline {
 
     /// Stops sampling, closes the current window and waits until it has been handed out.
     fn stop(self) {
+        // The loader may be busy reading a whole host's processes: it stops between two.
+        if let Some((_, halt)) = &self.unwind {
+            halt.store(true, Ordering::Relaxed);
+        }
         self.capture.stop();
-        if let Some(unwind) = self.unwind {
+        if let Some((unwind, _)) = self.unwind {
             let _ = unwind.join();
         }
         let _ = self.aggregate.join();

@@ -22,6 +22,7 @@ use gimli::{
 use super::elf;
 use super::error::{SkipReason, UnsupportedReason, UnwindError};
 use super::row::{CfaRule, RbpRule, Rule, UnwindPage, UnwindRow, PAGE_SHIFT, PAGE_SIZE};
+use super::sparse::CodeReader;
 
 /// x86-64 DWARF register numbers.
 const RBP: Register = Register(6);
@@ -212,6 +213,16 @@ impl UnwindTable {
 
 /// Compiles the unwind table of an x86-64 ELF executable or shared object from its bytes.
 pub fn compile(object: &[u8], limits: &Limits) -> Result<UnwindTable, UnwindError> {
+    compile_with(object, None, limits)
+}
+
+/// [`compile`] from a sparse read of the object ([`super::sparse::Sparse`]): `object` holds
+/// its headers and CFI, `code` reads the code bytes the compiler looks at.
+pub fn compile_with(
+    object: &[u8],
+    code: Option<&dyn CodeReader>,
+    limits: &Limits,
+) -> Result<UnwindTable, UnwindError> {
     let bytes = object.len() as u64;
     if bytes > limits.max_object_bytes {
         return Err(UnwindError::TooLarge {
@@ -220,6 +231,7 @@ pub fn compile(object: &[u8], limits: &Limits) -> Result<UnwindTable, UnwindErro
         });
     }
     let mut parts = elf::parse(object)?;
+    parts.reader = code;
     // Go writes its call frame information only to a zlib-compressed `.debug_frame`.
     let inflated = match parts.debug_frame_zlib {
         Some(z) if parts.debug_frame.is_none() => {

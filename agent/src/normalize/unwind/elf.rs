@@ -9,6 +9,7 @@ use object::read::elf::{FileHeader, ProgramHeader, SectionHeader, SectionTable};
 use object::LittleEndian;
 
 use super::error::UnwindError;
+use super::sparse::CodeReader;
 
 /// A CFI section: its virtual address and bytes.
 #[derive(Debug, Clone, Copy)]
@@ -48,8 +49,11 @@ pub struct ElfParts<'a> {
     pub code: Vec<(u64, u64)>,
     /// Executable segments as (address, file offset, bytes in the file), to read code.
     pub code_file: Vec<(u64, u64, u64)>,
-    /// The object's bytes.
+    /// The object's bytes (code pages may be unread: see `reader`).
     pub bytes: &'a [u8],
+    /// Where code bytes are read from when `bytes` holds only the headers and CFI
+    /// ([`super::sparse`]); `None`: `bytes` is the whole object.
+    pub reader: Option<&'a dyn CodeReader>,
     /// `e_entry`: where the kernel (or, for the dynamic loader, the loader itself) starts
     /// the program, 0 for most shared objects.
     pub entry: u64,
@@ -106,6 +110,7 @@ pub fn parse(bytes: &[u8]) -> Result<ElfParts<'_>, UnwindError> {
         code,
         code_file,
         bytes,
+        reader: None,
         entry: header.e_entry(endian),
         text_addr: section(&sections, b".text").map(|s| s.sh_addr(endian)),
         got_addr: section(&sections, b".got").map(|s| s.sh_addr(endian)),
@@ -145,16 +150,24 @@ pub fn parse(bytes: &[u8]) -> Result<ElfParts<'_>, UnwindError> {
 impl<'a> ElfParts<'a> {
     /// The file bytes of code at `[start, end)`, if one executable segment holds them
     /// all in the file.
-    pub fn code_bytes(&self, start: u64, end: u64) -> Option<&'a [u8]> {
+    pub fn code_bytes(&self, start: u64, end: u64) -> Option<std::borrow::Cow<'a, [u8]>> {
         self.code_file.iter().find_map(|&(addr, offset, size)| {
             let from = start.checked_sub(addr)?;
             let to = end.checked_sub(addr)?;
             if to > size {
                 return None;
             }
-            let from = usize::try_from(offset.checked_add(from)?).ok()?;
-            let to = usize::try_from(offset.checked_add(to)?).ok()?;
-            self.bytes.get(from..to)
+            let from = offset.checked_add(from)?;
+            let to = offset.checked_add(to)?;
+            match self.reader {
+                Some(r) => r
+                    .read_code(from, usize::try_from(to - from).ok()?)
+                    .map(std::borrow::Cow::Owned),
+                None => {
+                    let (from, to) = (usize::try_from(from).ok()?, usize::try_from(to).ok()?);
+                    self.bytes.get(from..to).map(std::borrow::Cow::Borrowed)
+                }
+            }
         })
     }
 }

@@ -23,7 +23,6 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
-use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -35,8 +34,9 @@ use std::time::{Duration, Instant};
 use libbpf_rs::{libbpf_sys, MapCore, MapFlags, MapHandle, MapType};
 use tracing::{debug, warn};
 
-use super::compile::{compile, Limits, UnwindTable, DEFAULT_LIMITS};
+use super::compile::{compile_with, Limits, UnwindTable, DEFAULT_LIMITS};
 use super::error::UnwindError;
+use super::sparse::{CodeReader, Sparse};
 use super::store::{key_of, row_bytes, Store, StoreError, TableKey};
 use crate::capture::tasks::{Mmap, TaskEvent, TaskWatch};
 use crate::capture::{Ask, UnwindMaps};
@@ -172,6 +172,8 @@ pub struct Loader {
     snapshots: Option<SyncSender<Snapshot>>,
     /// Tables refused for want of room, and until when they stay refused.
     refused: HashMap<TableKey, Instant>,
+    /// Set when the agent stops: `run` returns between two pieces of work.
+    halt: Arc<AtomicBool>,
 }
 
 impl Loader {
@@ -211,7 +213,13 @@ impl Loader {
             pending: Vec::new(),
             snapshots: None,
             refused: HashMap::new(),
+            halt: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// A flag that, once set, makes [`Loader::run`] return between two pieces of work.
+    pub fn halt_handle(&self) -> Arc<AtomicBool> {
+        self.halt.clone()
     }
 
     /// Sends what is read of each process to the process table too.
@@ -236,7 +244,7 @@ impl Loader {
             watch.and_then(|w| spawn_reader(w, self.metrics.clone(), stop, lost.clone()));
         let mut dirty = BTreeSet::new();
         let mut last_sweep = Instant::now();
-        loop {
+        while !self.halt.load(Ordering::Relaxed) {
             match &tasks {
                 Some(rx) => match rx.recv_timeout(POLL) {
                     Ok(ev) => {
@@ -260,6 +268,9 @@ impl Loader {
                 },
             }
             while let Some(pid) = dirty.pop_first() {
+                if self.halt.load(Ordering::Relaxed) {
+                    return;
+                }
                 // Records first: each is a few microseconds and may be a new process about
                 // to be sampled; a full read takes a millisecond or more.
                 if let Some(rx) = &tasks {
@@ -272,6 +283,9 @@ impl Loader {
             // A few asks a round: they may compile tables (tens of ms for a big object), and
             // new processes' records come first.
             for _ in 0..ASKS_PER_ROUND {
+                if self.halt.load(Ordering::Relaxed) {
+                    return;
+                }
                 match asks.try_recv() {
                     Ok(Ask::Process(pid)) | Ok(Ask::Remap(pid)) => self.load(pid),
                     Err(TryRecvError::Empty) => break,
@@ -595,7 +609,7 @@ impl Loader {
     }
 
     /// The table of a mapped file (opened inside its process's root), loading it if needed.
-    fn file_table(&mut self, mut file: &File) -> Option<TableKey> {
+    fn file_table(&mut self, file: &File) -> Option<TableKey> {
         let meta = file.metadata().ok()?;
         if !meta.is_file() {
             self.metrics.table_built(TableBuild::Unreadable);
@@ -626,19 +640,17 @@ impl Loader {
             self.remember(id, None);
             return None;
         }
-        // Sized once: growing by doubling would copy a 100 MB binary several times.
-        let mut bytes = Vec::with_capacity(meta.len() as usize);
-        if (&mut file)
-            .take(self.limits.max_object_bytes + 1)
-            .read_to_end(&mut bytes)
-            .is_err()
-        {
-            self.metrics.table_built(TableBuild::Unreadable);
-            return None;
-        }
-        let key = key_of(&bytes);
+        // Headers and CFI only: the table of a 150 MB binary costs its few MB of CFI.
+        let sparse = match Sparse::read(file, meta.len()) {
+            Ok(s) => s,
+            Err(_) => {
+                self.metrics.table_built(TableBuild::Unreadable);
+                return None;
+            }
+        };
+        let key = sparse.key();
         self.remember(id, Some(key));
-        self.table_from_bytes(key, &bytes)
+        self.table_from_bytes(key, &sparse.bytes, Some(file))
     }
 
     fn remember(&mut self, id: FileId, key: Option<TableKey>) {
@@ -719,13 +731,19 @@ impl Loader {
         }
         let bytes = own_vdso()?;
         let key = key_of(&bytes);
-        let got = self.table_from_bytes(key, &bytes);
+        let got = self.table_from_bytes(key, &bytes, None);
         self.vdso = Some(got);
         got
     }
 
-    /// Loads the table of an object whose bytes are `bytes` (and key `key`).
-    fn table_from_bytes(&mut self, key: TableKey, bytes: &[u8]) -> Option<TableKey> {
+    /// Loads the table of an object whose bytes are `bytes` (and key `key`); `code` reads
+    /// the code bytes `bytes` leaves out (a sparse read).
+    fn table_from_bytes(
+        &mut self,
+        key: TableKey,
+        bytes: &[u8],
+        code: Option<&File>,
+    ) -> Option<TableKey> {
         if self.tables.get(&key).is_some_and(|t| t.slot.is_some()) {
             return Some(key);
         }
@@ -734,7 +752,7 @@ impl Loader {
         }
         let table = match self.cached(&key) {
             Some(t) => t,
-            None => match compile(bytes, &self.limits) {
+            None => match compile_with(bytes, code.map(|f| f as &dyn CodeReader), &self.limits) {
                 Ok(t) => {
                     self.metrics.table_built(TableBuild::Compiled);
                     if let Some(store) = &self.store {

@@ -44,6 +44,7 @@ mod elf;
 mod error;
 mod loader;
 pub mod row;
+mod sparse;
 mod store;
 
 pub use compile::{compile, Limits, Stats, UnwindTable, DEFAULT_LIMITS};
