@@ -558,7 +558,7 @@ mod tests {
             max_read_bytes: 1 << 16,
             max_section_bytes: 1 << 16,
         };
-        let mut e = ElfReader::new(&exe[..], tiny).expect("headers fit");
+        let mut e = ElfReader::new(exe, tiny).expect("headers fit");
         let i = e.find_section(b".symtab").expect(".symtab");
         assert_eq!(e.section_data(i), Err(ElfError::TooLarge));
         assert!(e.used() <= 1 << 16);
