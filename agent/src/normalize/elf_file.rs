@@ -483,8 +483,8 @@ mod tests {
     use std::io::Write;
 
     const LIMITS: Limits = Limits {
-        max_read_bytes: 1 << 20,
-        max_section_bytes: 64 << 10,
+        max_read_bytes: 4 << 20,
+        max_section_bytes: 1 << 20,
     };
 
     /// Our own executable with its `.strtab` replaced by a compressed section declaring
@@ -516,7 +516,7 @@ mod tests {
     }
 
     fn zeros(n: usize) -> Vec<u8> {
-        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
         z.write_all(&vec![0u8; n]).expect("deflate");
         z.finish().expect("deflate")
     }
