@@ -37,7 +37,7 @@ use crate::config::selector::SelectorError;
 use crate::config::{Config, NodeName};
 use crate::encode::Encoded;
 use crate::export::files::{FilesError, WindowDir};
-use crate::metrics::{Cache, FrameResult, Metrics};
+use crate::metrics::{Cache, FrameResult, Metrics, Stage};
 use crate::normalize::unwind;
 use crate::os::privileges;
 use crate::readings::otlp::OtlpError;
@@ -209,6 +209,16 @@ impl Agent {
         };
         let metrics = Metrics::new();
         let health = Health::new(cfg.window.duration);
+        if run {
+            // A stage stuck this long fails /healthz (`health.stall_windows`, plus the
+            // grace the window check allows a loaded machine).
+            if cfg.health.stall_windows > 0 {
+                let stall = cfg.window.duration.saturating_mul(cfg.health.stall_windows);
+                metrics
+                    .progress
+                    .set_limit(stall.saturating_add(server::HEALTH_GRACE));
+            }
+        }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -490,9 +500,10 @@ impl Pipeline {
         })?;
 
         let (m, cache) = (metrics.clone(), cfg.limits.symbol_cache_entries);
-        // blazesym's symbolizer is not Send: it is born on the thread that uses it.
+        let symbols = cfg.symbols.clone();
         let output = spawn("ember-output", move || {
-            output_loop(window_rx, Symbolizer::new(cache, m.clone()), m, on_window)
+            let symbolizer = Symbolizer::with_settings(cache, symbols, m.clone());
+            output_loop(window_rx, symbolizer, m, on_window)
         })?;
 
         let (capture, link) = Capture::start(&cfg.sampling, batch_tx, control_rx, metrics.clone())?;
@@ -574,11 +585,13 @@ fn output_loop<F: FnMut(Encoded)>(
 ) {
     for window in rx {
         let started = Instant::now();
+        metrics.progress.begin(Stage::Output);
         let encoded = match Encoded::new(symbolizer.symbolize(window)) {
             Ok(encoded) => encoded,
             Err(e) => {
                 tracing::error!("could not compress a window, dropped: {e}");
                 metrics.dropped(Cache::WindowEncode, 1);
+                metrics.progress.end(Stage::Output);
                 continue;
             }
         };
@@ -595,5 +608,6 @@ fn output_loop<F: FnMut(Encoded)>(
             metrics.frames_written(result, n);
         }
         on_window(encoded);
+        metrics.progress.end(Stage::Output);
     }
 }

@@ -303,6 +303,7 @@ impl Aggregator {
     ) {
         let mut deadline = Instant::now() + until_boundary(window, align);
         loop {
+            self.metrics.progress.tick(crate::metrics::Stage::Aggregate);
             // Snapshots of processes come from the unwind loader's thread; waking every
             // SNAPSHOT_POLL keeps them current without a second blocking receive.
             while let Ok(snap) = snapshots.try_recv() {

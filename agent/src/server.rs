@@ -31,7 +31,7 @@ pub const MAX_RENDERS: usize = 2;
 /// Windows listed on the index page, newest first.
 const MAX_LISTED: usize = 500;
 /// Slack added to three windows before the agent counts as stuck.
-const HEALTH_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const HEALTH_GRACE: Duration = Duration::from_secs(30);
 
 /// Liveness of the pipeline: it calls [`Health::beat`] whenever a window
 /// closes, and `/healthz` fails once no beat (or, before the first, no
@@ -199,7 +199,10 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
 }
 
 async fn healthz(State(state): State<AppState>) -> Response {
-    match state.health.check() {
+    // A window must close in time, and no stage may be stuck (metrics::progress).
+    let verdict = (state.health.check().map_err(|e| e.to_string()))
+        .and_then(|()| state.metrics.progress.check());
+    match verdict {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
     }

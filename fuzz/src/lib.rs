@@ -1,4 +1,5 @@
-//! ember's JIT symbol parsers, its unwind table compiler and its perf task record parser,
+//! ember's JIT symbol parsers, its unwind table compiler, its perf task record parser, its
+//! object reader and symbol-table builder,
 //! compiled here straight from the agent's sources: they are pure functions over bytes, so the fuzz build needs none
 //! of the agent's dependencies (BPF, Kubernetes, ...) beyond their own: gimli, object
 //! and thiserror for the compiler.
@@ -13,3 +14,17 @@ pub mod jitdump;
 pub mod perf_record;
 
 pub mod unwind;
+
+pub mod elf_builder;
+
+/// The safe object reader, at the path the symbol table imports it from.
+pub mod normalize {
+    #[path = "../../../agent/src/normalize/elf_file.rs"]
+    pub mod elf_file;
+}
+
+/// The symbol-table builder.
+pub mod symbolize {
+    #[path = "../../../agent/src/symbolize/table.rs"]
+    pub mod table;
+}

@@ -293,6 +293,7 @@ fn run(
     };
     let mut poll_errors = 0u64;
     while !stop.load(Ordering::SeqCst) {
+        metrics.progress.tick(crate::metrics::Stage::Capture);
         // The program wakes us only when the buffer fills up; otherwise drain on this timer.
         if let Err(e) = ring
             .poll(Duration::from_millis(200))

@@ -80,6 +80,51 @@ pub struct Config {
     pub otlp_metrics: OtlpMetrics,
     /// Where windows are shipped besides the local files (Pyroscope, OTLP).
     pub sinks: Sinks,
+    /// Symbol tables of object files: caps and debug directories.
+    pub symbols: Symbols,
+    /// When `/healthz` reports a stuck stage.
+    pub health: Health,
+}
+
+/// `symbols:` keys: how object files are read for names.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Symbols {
+    /// Memory of the parsed symbol tables kept between windows; the least recently used go.
+    pub cache_bytes: u64,
+    /// Bytes read from one object (headers, symbol and string tables, inflated sections).
+    pub max_read_bytes: u64,
+    /// Bytes of one section, as stored and as declared when compressed.
+    pub max_section_bytes: u64,
+    /// Host directories searched by build id (`DIR/.build-id/ab/cdef….debug`) for the
+    /// symbols of stripped objects; debug links named inside objects are never followed.
+    pub debug_dirs: Vec<PathBuf>,
+}
+
+impl Default for Symbols {
+    fn default() -> Self {
+        Self {
+            cache_bytes: 16 << 20,
+            max_read_bytes: 64 << 20,
+            max_section_bytes: 48 << 20,
+            debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
+        }
+    }
+}
+
+/// `health:` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Health {
+    /// `/healthz` fails when capture or symbolization/output has made no progress for this
+    /// many window lengths (0: never).
+    pub stall_windows: u32,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self { stall_windows: 3 }
+    }
 }
 
 /// `readings:` keys: USE metrics of the host and its containers, read on their own thread.
@@ -550,6 +595,16 @@ impl Config {
                 return invalid(key, "must be at least 1");
             }
         }
+        let y = &self.symbols;
+        if y.cache_bytes < 1 << 20 {
+            return invalid("symbols.cache_bytes", "must be at least 1 MiB");
+        }
+        if y.max_section_bytes < 4096 || y.max_read_bytes < y.max_section_bytes {
+            return invalid(
+                "symbols.max_read_bytes",
+                "max_section_bytes must be at least 4096 and max_read_bytes at least that",
+            );
+        }
         let r = &self.readings;
         if r.interval < Duration::from_millis(100) {
             return invalid("readings.interval", "must be at least 100ms");
@@ -840,12 +895,15 @@ mod tests {
         // Every key of the schema appears in the documented default file.
         let v: serde_yaml::Value = serde_yaml::from_str(DEFAULT_YAML).expect("yaml");
         let sections = v.as_mapping().expect("mapping");
-        assert_eq!(sections.len(), 13);
+        assert_eq!(sections.len(), 15);
         let count: usize = sections
             .values()
             .map(|s| s.as_mapping().map_or(0, |m| m.len()))
             .sum();
-        assert_eq!(count, 9 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 7 + 5 + 3 + 6 + 8);
+        assert_eq!(
+            count,
+            9 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 7 + 5 + 3 + 6 + 8 + 4 + 1
+        );
         let sinks = &v["sinks"];
         assert_eq!(sinks["pyroscope"].as_mapping().map_or(0, |m| m.len()), 13);
         assert_eq!(sinks["otlp"].as_mapping().map_or(0, |m| m.len()), 7);

@@ -4,6 +4,7 @@
 //! their own series; the HTTP server encodes the registry on scrape.
 
 pub mod containers;
+pub mod progress;
 pub mod reasons;
 pub mod snapshot;
 
@@ -19,8 +20,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
 pub use reasons::{
-    Cache, ExportDrop, FrameResult, JitReject, JvmRefresh, Loss, ProcRead, ReadingsSource,
-    StackEnd, StackSide, SymbolMiss, TableBuild,
+    Cache, ExportDrop, FrameResult, JitReject, JvmRefresh, Loss, ObjectRefusal, ProcRead,
+    ReadingsSource, StackEnd, StackSide, Stage, SymbolMiss, TableBuild,
 };
 
 /// Label set with a single `reason`, one of the enums of [`reasons`].
@@ -118,8 +119,14 @@ pub struct Metrics {
     pub jit_entries: Gauge<i64, AtomicI64>,
     /// JVM perf map refreshes asked for, by result.
     pub jvm_refreshes: Family<ResultLabel<JvmRefresh>, Counter>,
-    /// Addresses blazesym could not name, by its reason.
+    /// Addresses of object files that got no name, by reason.
     pub symbol_misses: Family<ReasonLabel<SymbolMiss>, Counter>,
+    /// Object files refused (open, read or parse), by reason.
+    pub object_refusals: Family<ReasonLabel<ObjectRefusal>, Counter>,
+    /// Bytes of the parsed symbol tables held.
+    pub symbol_table_bytes: Gauge<i64, AtomicI64>,
+    /// Signs of life of the pipeline stages, for `/healthz`.
+    pub progress: Arc<progress::Progress>,
     /// User stacks by workload and how their walk ended.
     pub stacks: Family<WorkloadResultLabels, Counter>,
     /// Unwind tables the sampler needed, by what came of them.
@@ -298,8 +305,24 @@ impl Metrics {
         let symbol_misses = Family::<ReasonLabel<SymbolMiss>, Counter>::default();
         registry.register(
             "symbol_misses",
-            "Addresses in object files blazesym could not name, by reason (error: the call failed)",
+            "Addresses in object files that got no name, by reason (error: the object is unreadable)",
             symbol_misses.clone(),
+        );
+        let object_refusals = Family::<ReasonLabel<ObjectRefusal>, Counter>::default();
+        registry.register(
+            "object_refusals",
+            "Object files refused (open, read or parse), by reason; the object stays unnamed",
+            object_refusals.clone(),
+        );
+        for &reason in ObjectRefusal::ALL {
+            let _ = object_refusals.get_or_create(&ReasonLabel { reason });
+        }
+        let symbol_table_bytes = Gauge::<i64, AtomicI64>::default();
+        registry.register_with_unit(
+            "symbol_tables",
+            "Memory of the parsed symbol tables held (budget: symbols.cache_bytes)",
+            Unit::Bytes,
+            symbol_table_bytes.clone(),
         );
         for &result in FrameResult::ALL {
             let _ = frames.get_or_create(&ResultLabel { result });
@@ -364,6 +387,9 @@ impl Metrics {
             jit_entries,
             jvm_refreshes,
             symbol_misses,
+            object_refusals,
+            symbol_table_bytes,
+            progress: Arc::default(),
             stacks,
             unwind_tables_built,
             unwind_tables,
@@ -449,7 +475,14 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts `n` addresses blazesym could not name, for `reason`.
+    /// Counts an object file refused for `reason`.
+    pub fn object_refused(&self, reason: ObjectRefusal) {
+        self.object_refusals
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    /// Counts `n` addresses of object files that got no name, for `reason`.
     pub fn symbol_missed(&self, reason: SymbolMiss, n: u64) {
         self.symbol_misses
             .get_or_create(&ReasonLabel { reason })

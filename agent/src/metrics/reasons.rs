@@ -104,6 +104,8 @@ label_enum! {
         Objects => "objects",
         /// The symbolizer's frame cache (`limits.symbol_cache_entries`): entries let go to make room.
         Symbols => "symbols",
+        /// Parsed symbol tables (`symbols.cache_bytes`): the least recently used table.
+        SymbolTables => "symbol_tables",
         /// Filter orders (deny or allow a pid or cgroup in BPF) from the aggregator to capture.
         ControlQueue => "control_queue",
         /// A closed window waiting for encoding.
@@ -303,29 +305,61 @@ label_enum! {
 }
 
 label_enum! {
-    /// `ember_symbol_misses_total{reason}`: addresses of object files that blazesym could not
-    /// name, by its reason. Counted once per address looked up (a cached answer is not
-    /// counted again); the frame is kept as `libfoo.so+0x1a2b`.
+    /// `ember_symbol_misses_total{reason}`: addresses of object files that got no name.
+    /// Counted once per address looked up (a cached answer is not counted again); the frame
+    /// is kept as `libfoo.so+0x1a2b`.
     pub enum SymbolMiss {
-        /// The address is not in the process's memory map.
-        Unmapped => "unmapped",
-        /// The file offset does not map to code or data.
+        /// The file offset is in no loadable segment of the object.
         InvalidFileOffset => "invalid_file_offset",
-        /// The mapping has no file behind it.
-        MissingComponent => "missing_component",
-        /// The object has no (relevant) symbols: stripped, or only dynamic symbols.
+        /// The object has no symbols at all (stripped, and no debug file by build id).
         MissingSyms => "missing_syms",
-        /// The address belongs to something blazesym does not support.
-        Unsupported => "unsupported",
         /// The object's symbols do not cover the address.
         UnknownAddr => "unknown_addr",
-        /// An error for this address was ignored in a batch.
-        IgnoredError => "ignored_error",
-        /// A reason this blazesym version does not name.
-        Other => "other",
-        /// The whole call failed for the object (unreadable or unparsable file): every address
-        /// asked about counts.
+        /// The object could not be read or parsed (why: `ember_object_refusals_total`).
         Error => "error",
+    }
+}
+
+label_enum! {
+    /// A pipeline stage whose progress `/healthz` watches ([`super::progress::Progress`]).
+    pub enum Stage {
+        /// The sampling thread draining the ring buffer.
+        Capture => "capture",
+        /// The aggregation thread (normalization, windows).
+        Aggregate => "aggregate",
+        /// The output thread (symbolization, encoding, writing).
+        Output => "output",
+    }
+}
+
+label_enum! {
+    /// `ember_object_refusals_total{reason}`: object files (executables, libraries, debug
+    /// files) that ember refused to open or read, for symbols, build ids or unwind tables.
+    /// The object stays unnamed (`lib.so+0x…`) and the agent goes on.
+    pub enum ObjectRefusal {
+        /// Neither `/proc/PID/map_files` nor the path inside the process's root opened (gone,
+        /// a symlink, or permission).
+        Open => "open",
+        /// The mapping is of a deleted file and `map_files` was refused: the path now names
+        /// something else, so it is not opened.
+        Deleted => "deleted",
+        /// Not a regular file (a FIFO, device, socket or directory swapped in).
+        NotRegular => "not_regular",
+        /// Larger than the caps (`symbols.max_object_bytes`, `symbols.max_read_bytes`, a
+        /// section over `symbols.max_section_bytes`).
+        TooLarge => "too_large",
+        /// A read failed or came up short (the file was truncated while read).
+        Io => "io",
+        /// Not an ELF object, or headers that contradict the file.
+        Malformed => "malformed",
+        /// A compressed section declares a size over `symbols.max_section_bytes`.
+        CompressedSize => "compressed_size",
+        /// A compressed section inflates past its declared size, or is not valid zlib.
+        Inflate => "inflate",
+        /// A section compression ember does not inflate (zstd).
+        Compression => "compression",
+        /// The parser panicked; the panic was caught.
+        Panic => "panic",
     }
 }
 

@@ -4,9 +4,11 @@
 //! In: pids and user addresses from [`crate::capture`]. Out: [`process::UserAddr`]s — an
 //! object file and a file offset, a named region (`[vdso]`, `[anon]`), or a named JIT frame —
 //! plus each process's name and cgroup, kept by the [`process::ProcessTable`] that the
-//! aggregation stage owns.
+//! aggregation stage owns. [`object`] is the one safe way any stage opens and reads a file
+//! out of a process; [`elf_file`] its capped ELF reading.
 
+pub mod elf_file;
 pub(crate) mod jit;
-pub(crate) mod object;
+pub mod object;
 pub(crate) mod process;
 pub mod unwind;

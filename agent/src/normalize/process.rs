@@ -15,7 +15,6 @@ use std::sync::Arc;
 use crate::config::Limits;
 use crate::metrics::{Cache, Metrics, ProcRead};
 use crate::normalize::object::{Object, ObjectKey};
-use crate::os::openat2::openat2_in_root;
 use crate::os::procfs::{self, MapsEntry};
 use crate::workload::Cgroup;
 
@@ -450,9 +449,9 @@ impl ProcessTable {
         if !self.room_for_object() {
             return Target::Region(Arc::from(e.path.as_str()));
         }
-        match open_mapped_file(dir, e) {
-            Some(file) => self.target_from_file(e, file),
-            None => {
+        match crate::normalize::object::open_mapped(dir, e, &self.metrics) {
+            Ok(file) => self.target_from_file(e, file),
+            Err(_) => {
                 self.metrics.proc_read_error(ProcRead::OpenObject, 1);
                 Target::Region(Arc::from(e.path.as_str()))
             }
@@ -520,23 +519,6 @@ fn current_start_time(root: &Path, pid: u32) -> Option<u64> {
     procfs::parse_stat(&text).map(|s| s.start_time)
 }
 
-/// Opens the file behind a mapping without resolving its path on the host.
-///
-/// `/proc/PID/map_files/START-END` is the mapped file itself (even if deleted or in
-/// another mount namespace). Where that is refused, the path is resolved inside the
-/// process's root with `openat2(RESOLVE_IN_ROOT)`, so a container's symlinks can never
-/// lead out to a host file.
-fn open_mapped_file(dir: &Path, e: &MapsEntry) -> Option<File> {
-    let direct = dir
-        .join("map_files")
-        .join(format!("{:x}-{:x}", e.start, e.end));
-    if let Ok(f) = File::open(&direct) {
-        return Some(f);
-    }
-    let root = File::open(dir.join("root")).ok()?;
-    openat2_in_root(&root, e.path.trim_start_matches('/'), libc::O_RDONLY, 0).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -568,7 +550,7 @@ mod tests {
                 let exe = std::fs::read_link("/proc/self/exe").expect("exe");
                 assert_eq!(o.path, exe.display().to_string());
                 assert!(o.build_id.is_some(), "rustc links a build id");
-                assert!(std::fs::metadata(o.open_path()).is_ok());
+                assert!(o.id.size > 0);
             }
             other => panic!("expected an object, got {other:?}"),
         }

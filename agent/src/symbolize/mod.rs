@@ -5,29 +5,39 @@
 //! object file with build id, region, JIT source), address and functions. The encoders
 //! read only this; nothing downstream touches the process table or an open file.
 //!
-//! A blazesym symbolizer serves user code (ELF symbols and DWARF lines, demangled); the
-//! kernel is named from a compact kallsyms table, reloaded when the module list changes.
-//! Results are cached by `(object, file offset)`, so a warm window only asks blazesym
-//! about addresses it has never seen. Every cache is capped, and blazesym's own data
-//! (mmapped DWARF, parsed indexes) is let go once a window needs none of it. Addresses
-//! blazesym cannot name keep a placeholder and count in `ember_symbol_misses_total{reason}`.
+//! User code is named from each object's ELF symbol tables ([`table::SymTable`]): read
+//! once per file (by `fstat` identity: device, inode, size, mtime — a container can write
+//! any build id, not another file's inode) through the safe reader of
+//! [`crate::normalize::object`], kept between windows under `symbols.cache_bytes` and shared
+//! by every process that maps the file. `.symtab` comes from the object itself or from a
+//! debug file found by build id in `symbols.debug_dirs` on the host; `.gnu_debuglink` and
+//! other paths named inside an object are never followed. Names only: no source lines or
+//! inlined frames (DWARF is neither read nor held). Names are demangled (Rust, C++) when
+//! first looked up. The kernel is named from a compact kallsyms table, reloaded when the
+//! module list changes. Results are cached by `(object, file offset)`. Addresses with no
+//! name keep a placeholder (`libc.so.6+0x1a2b`) and count in
+//! `ember_symbol_misses_total{reason}`; objects refused (unreadable, malformed, over a cap,
+//! a parser panic) count in `ember_object_refusals_total{reason}`.
 
+#[cfg(test)]
+mod golden_names;
 mod kallsyms;
+pub mod table;
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use blazesym::symbolize::source::{Elf, Source};
-use blazesym::symbolize::{Input, Reason, Sym, Symbolized as BlazeSymbolized, Symbolizer as Blaze};
-
 use crate::aggregate::{Frame, Window};
-use crate::metrics::{Cache, Metrics, ProcRead, SymbolMiss};
+use crate::config::Symbols;
+use crate::metrics::{Cache, Metrics, ObjectRefusal, ProcRead, SymbolMiss};
+use crate::normalize::elf_file::{ElfError, ElfReader, Limits};
 use crate::normalize::jit;
-use crate::normalize::object::{Object, ObjectKey};
+use crate::normalize::object::{debug_file_path, refusal, FileAt, FileId, Object, ObjectKey};
 use crate::normalize::process::UserAddr;
 use crate::symbolize::kallsyms::Kallsyms;
+use crate::symbolize::table::{Miss, SymTable};
 use crate::workload::Labels;
 
 /// One function of a resolved frame (a frame with inlined calls has several).
@@ -216,7 +226,8 @@ pub struct FrameCounts {
 
 /// Long-lived symbolizer with bounded caches.
 pub struct Symbolizer {
-    user: Blaze,
+    tables: Tables,
+    settings: Symbols,
     kernel: Kallsyms,
     modules: u64,
     cache: HashMap<FrameKey, Resolved>,
@@ -226,10 +237,17 @@ pub struct Symbolizer {
 }
 
 impl Symbolizer {
-    /// A symbolizer whose frame cache holds at most `cache_entries` frames.
+    /// A symbolizer whose frame cache holds at most `cache_entries` frames, with the
+    /// default `symbols:` settings.
     pub fn new(cache_entries: usize, metrics: Metrics) -> Self {
+        Self::with_settings(cache_entries, Symbols::default(), metrics)
+    }
+
+    /// A symbolizer with the `symbols:` settings `settings`.
+    pub fn with_settings(cache_entries: usize, settings: Symbols, metrics: Metrics) -> Self {
         Self {
-            user: new_blaze(),
+            tables: Tables::new(settings.cache_bytes),
+            settings,
             kernel: load_kallsyms(&metrics),
             modules: modules_fingerprint(),
             cache: HashMap::new(),
@@ -244,7 +262,7 @@ impl Symbolizer {
         let names = self.resolve(&window);
         let out = assemble(window, &names);
         drop(names);
-        // Hand freed buffers (parse data, the window itself) back to the kernel rather
+        // Hand freed buffers (section reads, the window itself) back to the kernel rather
         // than keeping them in malloc's pools: steady RSS is what users budget for.
         // SAFETY: malloc_trim only releases free heap memory.
         unsafe { libc::malloc_trim(0) };
@@ -286,51 +304,28 @@ impl Symbolizer {
         let kernel_misses = kernel.len();
         for addr in kernel {
             if let Some(name) = self.kernel.resolve(addr) {
-                let funcs = vec![Func {
-                    name: Arc::from(name),
-                    file: None,
-                    line: 0,
-                }];
-                out.insert(
-                    FrameKey::Kernel(addr),
-                    Resolved {
-                        funcs: funcs.into(),
-                        named: true,
-                    },
-                );
+                out.insert(FrameKey::Kernel(addr), named(Arc::from(name)));
             }
         }
-        let misses = !by_object.is_empty();
         tracing::debug!(
             "window {}: {} kernel and {} object lookups missed the cache",
             self.window,
             kernel_misses,
             by_object.values().map(|v| v.1.len()).sum::<usize>()
         );
-        // Addresses blazesym could not name, by reason, counted once per batch.
+        // Addresses that got no name, by reason, counted once per batch.
         let mut missed: HashMap<SymbolMiss, u64> = HashMap::new();
         for (key, (obj, offsets)) in by_object {
-            let src = Source::Elf(Elf::new(obj.open_path()));
-            match self.user.symbolize(&src, Input::FileOffset(&offsets)) {
-                Ok(syms) => {
-                    for (off, sym) in offsets.iter().zip(syms) {
-                        match sym {
-                            BlazeSymbolized::Sym(sym) => {
-                                let r = Resolved {
-                                    funcs: funcs_of(&sym).into(),
-                                    named: true,
-                                };
-                                out.insert(FrameKey::Object(key, *off), r);
-                            }
-                            BlazeSymbolized::Unknown(reason) => {
-                                *missed.entry(miss(reason)).or_default() += 1;
-                            }
-                        }
+            let Some(table) = self.table(&obj) else {
+                *missed.entry(SymbolMiss::Error).or_default() += offsets.len() as u64;
+                continue;
+            };
+            for off in offsets {
+                match table.lookup(off) {
+                    Ok(name) => {
+                        out.insert(FrameKey::Object(key, off), named(demangle(name)));
                     }
-                }
-                Err(e) => {
-                    tracing::debug!("cannot symbolize {}: {e:#}", obj.path);
-                    *missed.entry(SymbolMiss::Error).or_default() += offsets.len() as u64;
+                    Err(m) => *missed.entry(miss(m)).or_default() += 1,
                 }
             }
         }
@@ -338,13 +333,44 @@ impl Symbolizer {
             self.metrics.symbol_missed(reason, n);
         }
         self.remember(&out);
-        if misses {
-            // Let go of everything blazesym parsed and mapped for this window (DWARF of big
-            // binaries is tens of MB resident, debug-link files included). The frame cache
-            // keeps the answers; only never-seen addresses pay for a parse, once per window.
-            self.user = new_blaze();
-        }
+        self.metrics
+            .symbol_table_bytes
+            .set(self.tables.bytes as i64);
         out
+    }
+
+    /// The symbol table of `obj`: from the cache, else read and parsed now (once per file;
+    /// a file that cannot be read is remembered as such). `None` if it has none.
+    fn table(&mut self, obj: &Object) -> Option<Arc<SymTable>> {
+        if let Some(t) = self.tables.get(&obj.id, self.window) {
+            return t;
+        }
+        let (settings, metrics) = (&self.settings, &self.metrics);
+        // A parser bug on a hostile file costs that file's names, not the agent.
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            build_table(obj, settings, metrics)
+        }));
+        let table = match built {
+            Ok(Ok(t)) => Some(Arc::new(t)),
+            Ok(Err(e)) => {
+                tracing::debug!("cannot read the symbols of {}: {e}", obj.path);
+                self.metrics.object_refused(refusal(&e));
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "the symbol reader panicked on {}; it stays unnamed",
+                    obj.path
+                );
+                self.metrics.object_refused(ObjectRefusal::Panic);
+                None
+            }
+        };
+        let evicted = self.tables.insert(obj.id, table.clone(), self.window);
+        if evicted > 0 {
+            self.metrics.dropped(Cache::SymbolTables, evicted);
+        }
+        table
     }
 
     /// Keeps this window's results for the next ones, within the cap.
@@ -379,13 +405,136 @@ impl Symbolizer {
     }
 }
 
-fn new_blaze() -> Blaze {
-    Blaze::builder()
-        .enable_code_info(true)
-        .enable_inlined_fns(true)
-        .enable_demangling(true)
-        .enable_auto_reload(false)
-        .build()
+/// Reads the symbol table of `obj` within the `symbols:` caps: its own `.symtab` and
+/// `.dynsym`, and, when it has no `.symtab`, that of the debug file with its build id in a
+/// configured host directory.
+fn build_table(obj: &Object, settings: &Symbols, metrics: &Metrics) -> Result<SymTable, ElfError> {
+    let limits = Limits {
+        max_read_bytes: settings.max_read_bytes,
+        max_section_bytes: settings.max_section_bytes,
+    };
+    let src = obj.reader();
+    let mut elf = ElfReader::new(&src, limits)?;
+    let stripped = !elf
+        .sections()
+        .iter()
+        .any(|s| s.kind == object::elf::SHT_SYMTAB);
+    let debug_file = match (&obj.build_id, stripped) {
+        (Some(id), true) => settings
+            .debug_dirs
+            .iter()
+            .filter_map(|dir| debug_file_path(dir, id))
+            .find_map(|path| crate::normalize::object::open_host(&path, metrics)),
+        _ => None,
+    };
+    let debug_src = debug_file
+        .as_ref()
+        .and_then(|f| Some(FileAt::new(f, FileId::of(f).ok()?.size)));
+    let mut debug = match &debug_src {
+        Some(d) => match ElfReader::new(d, limits) {
+            // The file is named by the build id; a file that says otherwise is not it.
+            Ok(mut r) => (r.build_id().ok().flatten() == obj.build_id).then_some(r),
+            Err(e) => {
+                metrics.object_refused(refusal(&e));
+                None
+            }
+        },
+        None => None,
+    };
+    let (table, truncated) = SymTable::build(&mut elf, debug.as_mut())?;
+    if truncated {
+        metrics.object_refused(ObjectRefusal::TooLarge);
+    }
+    Ok(table)
+}
+
+/// Parsed symbol tables by file, least recently used evicted past a byte budget.
+struct Tables {
+    map: HashMap<FileId, (Option<Arc<SymTable>>, usize, u64)>,
+    bytes: usize,
+    budget: usize,
+}
+
+/// What the cache counts for a file without a table (the entry itself).
+const NEGATIVE_BYTES: usize = 64;
+
+impl Tables {
+    fn new(budget: u64) -> Self {
+        Self {
+            map: HashMap::new(),
+            bytes: 0,
+            budget: usize::try_from(budget).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// The cached answer for `id` (a table, or `None` for a file known to have none).
+    fn get(&mut self, id: &FileId, window: u64) -> Option<Option<Arc<SymTable>>> {
+        let e = self.map.get_mut(id)?;
+        e.2 = window;
+        Some(e.0.clone())
+    }
+
+    /// Caches `table` for `id`, evicting the least recently used until it fits; returns
+    /// how many were evicted. A table bigger than the whole budget serves only this window.
+    fn insert(&mut self, id: FileId, table: Option<Arc<SymTable>>, window: u64) -> u64 {
+        let size = table.as_ref().map_or(NEGATIVE_BYTES, |t| t.bytes());
+        if size > self.budget {
+            return 1;
+        }
+        let mut evicted = 0;
+        while self.bytes + size > self.budget {
+            let Some((&old, _)) = self.map.iter().min_by_key(|(_, e)| e.2) else {
+                break;
+            };
+            if let Some((_, b, _)) = self.map.remove(&old) {
+                self.bytes -= b;
+                evicted += 1;
+            }
+        }
+        self.bytes += size;
+        if let Some((_, b, _)) = self.map.insert(id, (table, size, window)) {
+            self.bytes -= b;
+        }
+        evicted
+    }
+}
+
+/// A frame named `name`.
+fn named(name: Arc<str>) -> Resolved {
+    Resolved {
+        funcs: vec![Func {
+            name,
+            file: None,
+            line: 0,
+        }]
+        .into(),
+        named: true,
+    }
+}
+
+/// Longest name demangled; longer ones are shown as stored.
+const MAX_DEMANGLE: usize = 4096;
+
+/// A symbol name as people read it: Rust (`{:#}`, no hash) and C++ demangled.
+fn demangle(raw: &[u8]) -> Arc<str> {
+    let text = String::from_utf8_lossy(raw);
+    if raw.len() > MAX_DEMANGLE {
+        return Arc::from(text.as_ref());
+    }
+    // Names come from hostile files: a demangler bug costs the demangling only.
+    let pretty = std::panic::catch_unwind(|| {
+        if let Ok(d) = rustc_demangle::try_demangle(&text) {
+            return Some(format!("{d:#}"));
+        }
+        let options = cpp_demangle::ParseOptions::default().recursion_limit(256);
+        let sym = cpp_demangle::Symbol::new_with_options(raw, &options).ok()?;
+        sym.demangle_with_options(&cpp_demangle::DemangleOptions::default().recursion_limit(256))
+            .ok()
+    });
+    match pretty {
+        Ok(Some(p)) => Arc::from(p),
+        _ => Arc::from(text.as_ref()),
+    }
 }
 
 fn load_kallsyms(metrics: &Metrics) -> Kallsyms {
@@ -408,48 +557,13 @@ fn modules_fingerprint() -> u64 {
     h.finish()
 }
 
-/// The metric reason of a blazesym miss.
-fn miss(reason: Reason) -> SymbolMiss {
-    match reason {
-        Reason::Unmapped => SymbolMiss::Unmapped,
-        Reason::InvalidFileOffset => SymbolMiss::InvalidFileOffset,
-        Reason::MissingComponent => SymbolMiss::MissingComponent,
-        Reason::MissingSyms => SymbolMiss::MissingSyms,
-        Reason::Unsupported => SymbolMiss::Unsupported,
-        Reason::UnknownAddr => SymbolMiss::UnknownAddr,
-        Reason::IgnoredError => SymbolMiss::IgnoredError,
-        // `Reason` is non-exhaustive: a newer blazesym may add one.
-        _ => SymbolMiss::Other,
+/// The metric reason of a lookup miss.
+fn miss(m: Miss) -> SymbolMiss {
+    match m {
+        Miss::InvalidFileOffset => SymbolMiss::InvalidFileOffset,
+        Miss::MissingSyms => SymbolMiss::MissingSyms,
+        Miss::UnknownAddr => SymbolMiss::UnknownAddr,
     }
-}
-
-/// blazesym reports `f` (the symbol) then the calls inlined into it, outermost first;
-/// pprof wants the innermost first.
-fn funcs_of(sym: &Sym<'_>) -> Vec<Func> {
-    let file_line = |ci: Option<&blazesym::symbolize::CodeInfo<'_>>| match ci {
-        Some(ci) => (
-            Some(Arc::from(ci.to_path().display().to_string())),
-            ci.line.unwrap_or(0),
-        ),
-        None => (None, 0),
-    };
-    let mut funcs = Vec::with_capacity(1 + sym.inlined.len());
-    let (file, line) = file_line(sym.code_info.as_deref());
-    funcs.push(Func {
-        name: Arc::from(sym.name.as_ref()),
-        file,
-        line,
-    });
-    for inl in sym.inlined.iter() {
-        let (file, line) = file_line(inl.code_info.as_ref());
-        funcs.push(Func {
-            name: Arc::from(inl.name.as_ref()),
-            file,
-            line,
-        });
-    }
-    funcs.reverse();
-    funcs
 }
 
 /// Where a frame is, as far as naming it goes: equal sites name alike in one window.
@@ -605,7 +719,7 @@ mod tests {
     }
 
     #[test]
-    fn names_own_function_with_line() {
+    fn names_own_function_once_per_file() {
         let _ = a_very_distinct_function_name();
         let mut table = crate::normalize::process::ProcessTable::new(
             &crate::config::Limits {
@@ -633,17 +747,18 @@ mod tests {
             outer.name.contains("a_very_distinct_function_name"),
             "{got:?}"
         );
-        assert!(
-            outer
-                .file
-                .as_deref()
-                .is_some_and(|f| f.ends_with("symbolize/mod.rs")),
-            "{got:?}"
+        assert_eq!(
+            &*outer.name, "ember::symbolize::tests::a_very_distinct_function_name",
+            "demangled, no hash"
         );
-        assert!(outer.line > 0);
+        assert_eq!(s.tables.map.len(), 1);
         // Second window comes from the cache, same answer.
         let again = s.resolve(&w);
         assert_eq!(again[&FrameKey::Object(obj.key, off)], *got);
+        // A new address of the same file reuses its table: no second parse.
+        s.cache.clear();
+        let _ = s.resolve(&w);
+        assert_eq!(s.tables.map.len(), 1);
     }
 
     #[test]
@@ -760,7 +875,7 @@ mod tests {
         // Cached: the same addresses are not asked about (or counted) again.
         let _ = s.resolve(&window(frames));
         assert_eq!(count(SymbolMiss::Error), 2);
-        // Our own binary, far past its end: blazesym answers with a reason.
+        // Our own binary, far past its end: no segment holds the offset.
         let exe =
             Arc::new(Object::open_local(&std::env::current_exe().expect("exe")).expect("open"));
         let r = s.resolve(&window(vec![Frame::User(UserAddr::Object(
@@ -768,13 +883,34 @@ mod tests {
             u64::MAX >> 8,
         ))]));
         assert!(!r[&FrameKey::Object(exe.key, u64::MAX >> 8)].named);
-        let reasons: u64 = SymbolMiss::ALL
-            .iter()
-            .filter(|r| **r != SymbolMiss::Error)
-            .map(|r| count(*r))
-            .sum();
-        assert_eq!(reasons, 1, "{}", m.encode());
+        assert_eq!(count(SymbolMiss::InvalidFileOffset), 1, "{}", m.encode());
         assert!(m.encode().contains("# TYPE ember_symbol_misses counter"));
+        assert!(m
+            .encode()
+            .contains("ember_object_refusals_total{reason=\"malformed\"} 1"));
+    }
+
+    #[test]
+    fn table_cache_evicts_past_its_budget() {
+        let mut t = Tables::new(1000);
+        let id = |ino| FileId {
+            dev: 1,
+            ino,
+            size: 0,
+            mtime_ns: 0,
+        };
+        for i in 0..10 {
+            assert_eq!(t.insert(id(i), None, i), 0);
+        }
+        assert_eq!(t.bytes, 10 * NEGATIVE_BYTES);
+        let _ = t.get(&id(0), 20);
+        let evicted: u64 = (10..20).map(|i| t.insert(id(i), None, 20 + i)).sum();
+        assert!(evicted > 0 && t.bytes <= 1000);
+        assert!(t.get(&id(0), 40).is_some(), "recently used is kept");
+        assert!(
+            t.get(&id(1), 40).is_none(),
+            "least recently used went first"
+        );
     }
 
     #[test]

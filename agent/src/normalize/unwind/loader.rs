@@ -7,7 +7,7 @@
 //! process's ranges in one map update.
 //!
 //! - **Objects** are read inside the process's root (`/proc/PID/map_files`, else
-//!   `openat2(RESOLVE_IN_ROOT)`), non-blocking, regular files only, at most
+//!   `openat2(RESOLVE_IN_ROOT)`; the shared [`crate::normalize::object::open_mapped`]), non-blocking, regular files only, at most
 //!   `Limits::max_object_bytes`; a file seen before (same device, inode, size and mtime)
 //!   is not read again.
 //! - **Tables** are keyed by the SHA-256 of the object's bytes, not its build id: a build
@@ -24,7 +24,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
@@ -42,8 +42,7 @@ use crate::capture::tasks::{Mmap, TaskEvent, TaskWatch};
 use crate::capture::{Ask, UnwindMaps};
 use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
 use crate::normalize::process::Snapshot;
-use crate::os::openat2::openat2_in_root;
-use crate::os::procfs::{self, MapsEntry};
+use crate::os::procfs;
 use crate::workload::Cgroup;
 
 /// Table slots (`EMBER_UNWIND_TABLES`).
@@ -425,7 +424,7 @@ impl Loader {
                 continue;
             };
             let file = if e.inode != 0 && e.path.starts_with('/') {
-                let f = open_mapped(&dir, &e);
+                let f = crate::normalize::object::open_mapped(&dir, &e, &self.metrics);
                 if f.is_err() && dir.exists() {
                     self.metrics.table_built(TableBuild::Unreadable);
                 }
@@ -1161,29 +1160,6 @@ fn now_ns() -> u64 {
 fn start_time(dir: &Path) -> Option<u64> {
     let text = procfs::read_capped(&dir.join("stat"), 4096).ok()?;
     procfs::parse_stat(&text).map(|s| s.start_time)
-}
-
-/// Opens the file behind a mapping inside the process's root: `map_files` (the mapped file
-/// itself), else its path resolved with `RESOLVE_IN_ROOT` and no symlinks. Non-blocking, so a
-/// FIFO planted under a library's name cannot hang the loader.
-fn open_mapped(dir: &Path, e: &MapsEntry) -> std::io::Result<File> {
-    let direct = dir
-        .join("map_files")
-        .join(format!("{:x}-{:x}", e.start, e.end));
-    if let Ok(f) = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&direct)
-    {
-        return Ok(f);
-    }
-    let root = File::open(dir.join("root"))?;
-    openat2_in_root(
-        &root,
-        e.path.trim_start_matches('/'),
-        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW,
-        0,
-    )
 }
 
 /// The bytes of the agent's own vDSO (every process on this kernel maps the same image).

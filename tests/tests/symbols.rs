@@ -1,0 +1,456 @@
+//! Hostile object files (issue 12): a process maps libraries built by the test to attack the
+//! symbolizer, runs code in each, and ember must end on time, never open a file named inside
+//! them, and count what it refused.
+//!
+//! The libraries (one hot function each, compiled with clang, patched here):
+//! - `.gnu_debuglink` naming a FIFO by absolute path, and a host file by a `../` path: the
+//!   old symbolizer opened these on the host (the FIFO hung `ember record` for good);
+//! - `.strtab` made `SHF_COMPRESSED` with `ch_size = 2^62`, and one whose zlib stream (1 GiB
+//!   of zeros) inflates far past its declared size (a zlib bomb);
+//! - one truncated and restored in a loop while ember reads it (no `SIGBUS`);
+//! - one replaced, after the process mapped it, by a FIFO and one by a device node, so its
+//!   path names something else and `/proc/PID/maps` says `(deleted)`.
+//!
+//! The FIFOs, the device and the host file are watched with inotify: no open may happen.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ember_tests::*;
+
+const SHF_COMPRESSED: u64 = 0x800;
+
+/// Compiles a shared library with one hot function `NAME` and, if given, a `.gnu_debuglink`
+/// section naming `link`.
+fn build_lib(dir: &Path, name: &str, link: Option<&str>) -> PathBuf {
+    let mut src = format!(
+        "unsigned long {name}(unsigned long n) {{\n\
+         \x20 volatile unsigned long x = 0;\n\
+         \x20 for (unsigned long i = 0; i < n; i++) x += i * 7;\n\
+         \x20 return x;\n}}\n"
+    );
+    if let Some(link) = link {
+        // name, NUL, padding to 4, CRC: what `objcopy --add-gnu-debuglink` writes.
+        let mut bytes = link.as_bytes().to_vec();
+        bytes.push(0);
+        while bytes.len() % 4 != 0 {
+            bytes.push(0);
+        }
+        bytes.extend_from_slice(&[0x12, 0x34, 0x56, 0x78]);
+        let list: Vec<String> = bytes.iter().map(|b| b.to_string()).collect();
+        src += &format!(
+            "__attribute__((section(\".gnu_debuglink\"), used)) static const unsigned char \
+             debuglink[] = {{{}}};\n",
+            list.join(",")
+        );
+    }
+    let c = dir.join(format!("{name}.c"));
+    fs::write(&c, src).expect("write C");
+    let so = dir.join(format!("{name}.so"));
+    let out = Command::new("clang")
+        .args(["-shared", "-fPIC", "-O1", "-fno-omit-frame-pointer", "-o"])
+        .arg(&so)
+        .arg(&c)
+        .output()
+        .expect("running clang");
+    assert!(
+        out.status.success(),
+        "clang: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    so
+}
+
+fn u16_at(b: &[u8], at: usize) -> usize {
+    u16::from_le_bytes([b[at], b[at + 1]]) as usize
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// File offset of the section header of the section named `want` (ELF64 LE).
+fn section_header(elf: &[u8], want: &str) -> usize {
+    let shoff = u64_at(elf, 0x28) as usize;
+    let (shentsize, shnum, shstrndx) = (u16_at(elf, 0x3a), u16_at(elf, 0x3c), u16_at(elf, 0x3e));
+    let strtab = shoff + shstrndx * shentsize;
+    let names = u64_at(elf, strtab + 24) as usize;
+    (0..shnum)
+        .map(|i| shoff + i * shentsize)
+        .find(|&h| {
+            let at = names + u32_at(elf, h) as usize;
+            let end = at + elf[at..].iter().position(|&b| b == 0).expect("NUL");
+            &elf[at..end] == want.as_bytes()
+        })
+        .unwrap_or_else(|| panic!("no section {want}"))
+}
+
+/// Makes `.strtab` of `so` `SHF_COMPRESSED`: its data (appended at the end of the file) is
+/// an `Elf64_Chdr` declaring `declared` bytes, then `stream`.
+fn compress_strtab(so: &Path, declared: u64, stream: &[u8]) {
+    let mut elf = fs::read(so).expect("read lib");
+    let h = section_header(&elf, ".strtab");
+    let at = elf.len().next_multiple_of(8);
+    elf.resize(at, 0);
+    elf.extend_from_slice(&1u32.to_le_bytes()); // ELFCOMPRESS_ZLIB
+    elf.extend_from_slice(&0u32.to_le_bytes());
+    elf.extend_from_slice(&declared.to_le_bytes());
+    elf.extend_from_slice(&1u64.to_le_bytes());
+    elf.extend_from_slice(stream);
+    let flags = u64_at(&elf, h + 8) | SHF_COMPRESSED;
+    let size = (elf.len() - at) as u64;
+    elf[h + 8..h + 16].copy_from_slice(&flags.to_le_bytes());
+    elf[h + 24..h + 32].copy_from_slice(&(at as u64).to_le_bytes());
+    elf[h + 32..h + 40].copy_from_slice(&size.to_le_bytes());
+    fs::write(so, elf).expect("write lib");
+}
+
+/// A zlib stream of `n` zero bytes.
+fn zeros_stream(n: usize) -> Vec<u8> {
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+    let block = vec![0u8; 1 << 20];
+    for _ in 0..n / block.len() {
+        z.write_all(&block).expect("deflate");
+    }
+    z.finish().expect("deflate")
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().expect("utf-8")).expect("cstring");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o644) },
+        0,
+        "mkfifo {path:?}"
+    );
+}
+
+fn mknod_null(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().expect("utf-8")).expect("cstring");
+    // SAFETY: a valid NUL-terminated path; (1, 3) is /dev/null's device number.
+    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o644, libc::makedev(1, 3)) };
+    assert_eq!(r, 0, "mknod {path:?}");
+}
+
+/// An inotify watch for opens of the given paths.
+struct OpenWatch {
+    fd: i32,
+    names: Vec<(i32, PathBuf)>,
+}
+
+impl OpenWatch {
+    fn new(paths: &[&Path]) -> Self {
+        // SAFETY: plain syscall.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        assert!(fd >= 0, "inotify_init1");
+        let names = paths
+            .iter()
+            .map(|p| {
+                let c = std::ffi::CString::new(p.to_str().expect("utf-8")).expect("cstring");
+                // SAFETY: valid fd and path.
+                let wd = unsafe { libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_OPEN) };
+                assert!(wd >= 0, "inotify_add_watch {p:?}");
+                (wd, p.to_path_buf())
+            })
+            .collect();
+        Self { fd, names }
+    }
+
+    /// Paths opened since the watch began.
+    fn opened(&self) -> Vec<PathBuf> {
+        let mut buf = [0u8; 4096];
+        let mut out = Vec::new();
+        loop {
+            // SAFETY: valid fd and buffer.
+            let n = unsafe { libc::read(self.fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return out;
+            }
+            let mut at = 0;
+            while at + 16 <= n as usize {
+                let wd = i32::from_le_bytes(buf[at..at + 4].try_into().expect("4"));
+                let len = u32_at(&buf, at + 12) as usize;
+                if let Some((_, p)) = self.names.iter().find(|(w, _)| *w == wd) {
+                    out.push(p.clone());
+                }
+                at += 16 + len;
+            }
+        }
+    }
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        // SAFETY: our fd.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
+/// Everything one test needs: the libraries, the traps, the victim process.
+struct Scene {
+    _dir: tempfile::TempDir,
+    dir: PathBuf,
+    watch: OpenWatch,
+    victim: Child,
+    stop: Arc<AtomicBool>,
+    truncator: Option<thread::JoinHandle<u64>>,
+}
+
+impl Scene {
+    fn new() -> Self {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().to_path_buf();
+        let fifo = dir.join("trap.fifo");
+        mkfifo(&fifo);
+        let host_file = dir.join("host-secret.debug");
+        fs::write(&host_file, b"not for ember").expect("write host file");
+        // `../` enough times to reach / from the library's directory, then the host file.
+        let depth = dir.components().count();
+        let relative = format!("{}{}", "../".repeat(depth + 2), host_file.display());
+        let libs = vec![
+            build_lib(
+                &dir,
+                "ember_hot_link_fifo",
+                Some(fifo.to_str().expect("utf-8")),
+            ),
+            build_lib(&dir, "ember_hot_link_host", Some(&relative)),
+            build_lib(&dir, "ember_hot_chsize", None),
+            build_lib(&dir, "ember_hot_bomb", None),
+            build_lib(&dir, "ember_hot_trunc", None),
+            build_lib(&dir, "ember_hot_swap_fifo", None),
+            build_lib(&dir, "ember_hot_swap_dev", None),
+        ];
+        compress_strtab(&libs[2], 1 << 62, &zeros_stream(1 << 20));
+        // Declares 64 KiB (under every cap) but inflates to 1 GiB.
+        compress_strtab(&libs[3], 64 << 10, &zeros_stream(1 << 30));
+
+        let script = "import ctypes, sys, time\n\
+                      libs = [(ctypes.CDLL(p), p.rsplit('/', 1)[1][:-3]) for p in sys.argv[1:]]\n\
+                      fns = [getattr(l, n) for l, n in libs]\n\
+                      for f in fns: f.restype = ctypes.c_ulong\n\
+                      print('ready', flush=True)\n\
+                      while True:\n\
+                      \x20   for f in fns: f(ctypes.c_ulong(2000000))\n";
+        let mut victim = Command::new("/usr/bin/python3")
+            .arg("-c")
+            .arg(script)
+            .args(&libs)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting python3");
+        let mut line = [0u8; 6];
+        victim
+            .stdout
+            .as_mut()
+            .expect("stdout")
+            .read_exact(&mut line)
+            .expect("victim ready");
+        assert_eq!(&line, b"ready\n");
+
+        // Swap a FIFO and a device in at the mapped paths ("(deleted)" in maps now).
+        let swap_fifo = dir.join("swap.fifo.tmp");
+        mkfifo(&swap_fifo);
+        fs::rename(&swap_fifo, &libs[5]).expect("rename fifo over lib");
+        let swap_dev = dir.join("swap.dev.tmp");
+        mknod_null(&swap_dev);
+        fs::rename(&swap_dev, &libs[6]).expect("rename device over lib");
+        let watch = OpenWatch::new(&[&fifo, &host_file, &libs[5], &libs[6]]);
+
+        // Truncate the symbol tables away and put them back, over and over.
+        let stop = Arc::new(AtomicBool::new(false));
+        let trunc = libs[4].clone();
+        let s = stop.clone();
+        let truncator = thread::spawn(move || {
+            let whole = fs::read(&trunc).expect("read lib");
+            let keep = u64_at(&whole, 0x28).min(section_header(&whole, ".symtab") as u64);
+            let keep = keep.min(u64_at(&whole, section_header(&whole, ".symtab") + 24));
+            let f = fs::OpenOptions::new()
+                .write(true)
+                .open(&trunc)
+                .expect("open lib");
+            let mut rounds = 0;
+            while !s.load(Ordering::Relaxed) {
+                f.set_len(keep).expect("truncate");
+                thread::sleep(Duration::from_micros(200));
+                f.write_all_at(&whole[keep as usize..], keep)
+                    .expect("restore");
+                rounds += 1;
+            }
+            rounds
+        });
+        Scene {
+            _dir: tmp,
+            dir,
+            watch,
+            victim,
+            stop,
+            truncator: Some(truncator),
+        }
+    }
+
+    /// Stops the victim and the truncation; the opens inotify saw; truncation rounds.
+    fn finish(&mut self) -> (Vec<PathBuf>, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        let rounds = self.truncator.take().map_or(0, |t| t.join().unwrap_or(0));
+        let _ = self.victim.kill();
+        let _ = self.victim.wait();
+        (self.watch.opened(), rounds)
+    }
+}
+
+impl Drop for Scene {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.victim.kill();
+        let _ = self.victim.wait();
+    }
+}
+
+/// `ember record` over the hostile libraries ends on time, opens none of the traps, and
+/// still names the functions of the libraries it could read.
+#[test]
+fn record_ends_on_time_and_opens_nothing_named_inside_objects() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let mut scene = Scene::new();
+    let out = scene.dir.join("hostile.pb.gz");
+    let pid = scene.victim.id().to_string();
+    let started = Instant::now();
+    let o = output_with_timeout(
+        Command::new(ember_bin()).args([
+            "record",
+            "--pid",
+            &pid,
+            "-d",
+            "6s",
+            "-o",
+            out.to_str().expect("utf-8"),
+        ]),
+        Duration::from_secs(60),
+    )
+    .expect("ember record did not end within 60 s (hung on a hostile object?)");
+    let took = started.elapsed();
+    let (opened, rounds) = scene.finish();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "ember record: {}\n{stderr}", o.status);
+    assert!(
+        took < Duration::from_secs(40),
+        "ember record took {took:?}\n{stderr}"
+    );
+    assert!(
+        opened.is_empty(),
+        "opened files named inside objects: {opened:?}"
+    );
+    println!("record took {took:.1?}; {rounds} truncation rounds; {stderr}");
+    let profile = read_profile(&out).expect("profile");
+    let st = stacks(&profile);
+    // Libraries with intact symbol tables (and their debug links ignored) are named.
+    for name in [
+        "ember_hot_link_fifo",
+        "ember_hot_link_host",
+        "ember_hot_swap_fifo",
+    ] {
+        assert!(
+            st.iter().any(|s| s.has(name)),
+            "{name} not named:\n{}",
+            describe(&st, 15)
+        );
+    }
+    // The two with broken string tables stay unnamed.
+    for name in ["ember_hot_chsize", "ember_hot_bomb"] {
+        assert!(
+            !st.iter().any(|s| s.has(name)),
+            "{name} named from a refused table"
+        );
+    }
+}
+
+/// The value of `ember_object_refusals_total{reason="REASON"}` (0 if absent).
+fn refused(metrics: &str, reason: &str) -> f64 {
+    let series = format!("ember_object_refusals_total{{reason=\"{reason}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `ember run` over the same libraries counts each refusal by reason, stays healthy, and
+/// stops on SIGTERM.
+#[test]
+fn run_counts_refused_objects_and_stays_healthy() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let mut scene = Scene::new();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let data = scene.dir.join("data");
+    let pid = scene.victim.id().to_string();
+    let mut ember = Ember::spawn(
+        &[
+            "run",
+            "--pid",
+            &pid,
+            "--window",
+            "2s",
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+            "--listen",
+            &addr,
+        ],
+        &scene.dir,
+    )
+    .expect("starting ember run");
+    let started = Instant::now();
+    // Windows close every 2 s: wait until two did and the refusals are counted.
+    let mut metrics = String::new();
+    while started.elapsed() < Duration::from_secs(40) {
+        thread::sleep(Duration::from_secs(1));
+        if let Ok((200, m)) = http_get(&addr, "/metrics") {
+            metrics = m;
+            if refused(&metrics, "compressed_size") >= 1.0 && refused(&metrics, "inflate") >= 1.0 {
+                break;
+            }
+        }
+    }
+    let health = http_get(&addr, "/healthz").expect("healthz");
+    ember.signal(libc::SIGTERM);
+    let status = ember.wait(Duration::from_secs(30));
+    let (opened, rounds) = scene.finish();
+    let stderr = ember.stderr();
+    assert!(status.success(), "ember run: {status}\n{stderr}");
+    assert_eq!(health.0, 200, "/healthz: {health:?}");
+    assert!(
+        opened.is_empty(),
+        "opened files named inside objects: {opened:?}"
+    );
+    let refusals: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("ember_object_refusals_total"))
+        .collect();
+    println!(
+        "{rounds} truncation rounds; refusals:\n{}",
+        refusals.join("\n")
+    );
+    for reason in ["compressed_size", "inflate"] {
+        assert!(
+            refused(&metrics, reason) >= 1.0,
+            "{reason} not counted:\n{}\n{stderr}",
+            refusals.join("\n")
+        );
+    }
+}
