@@ -199,9 +199,12 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
 }
 
 async fn healthz(State(state): State<AppState>) -> Response {
-    match state.health.check() {
-        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+    // The window directory reports its own faults (full, read-only) until a write succeeds.
+    let files = state.windows.health();
+    match (state.health.check(), files) {
+        (Ok(()), Ok(())) => (StatusCode::OK, "ok\n").into_response(),
+        (Err(why), _) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+        (Ok(()), Err(why)) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
     }
 }
 
