@@ -173,8 +173,11 @@ pub(crate) fn secret(inline: &str, file: &Path, key: &str) -> Result<String> {
 /// Secret's files atomically, so a change of identity, size or modification time means
 /// "read it again". A `stat` per request is cheap next to the request.
 pub(crate) struct SecretFiles {
-    files: Vec<(std::path::PathBuf, Option<(u64, u64, i64, i64, u64)>)>,
+    files: Vec<(std::path::PathBuf, Option<Stamp>)>,
 }
+
+/// Device, inode, mtime (seconds, nanoseconds) and size of a file.
+type Stamp = (u64, u64, i64, i64, u64);
 
 impl SecretFiles {
     /// Watches the non-empty paths of `files`, as they are now.
@@ -203,7 +206,7 @@ impl SecretFiles {
 
 /// What identifies a file's content cheaply: device, inode, mtime and size (following
 /// symlinks, as Kubernetes' `..data` link is swapped on update).
-fn stamp(path: &Path) -> Option<(u64, u64, i64, i64, u64)> {
+fn stamp(path: &Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
     Some((m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
