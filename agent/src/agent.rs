@@ -473,6 +473,7 @@ impl Pipeline {
         F: FnMut(Encoded) + Send + 'static,
     {
         let (batch_tx, batch_rx) = mpsc::sync_channel::<Batch>(cfg.limits.sample_queue_batches);
+        let queue_bytes = crate::capture::QueueBytes::new(cfg.limits.sample_queue_bytes);
         let (window_tx, window_rx) = mpsc::sync_channel::<Window>(WINDOW_QUEUE);
         let (control_tx, control_rx) = mpsc::sync_channel::<Control>(CONTROL_QUEUE);
 
@@ -494,6 +495,7 @@ impl Pipeline {
             workloads,
         );
         agg.set_jit(cfg.jit.clone());
+        agg.set_queue_bytes(queue_bytes.clone());
         let (snap_tx, snap_rx) = mpsc::sync_channel(SNAPSHOT_QUEUE);
         let aggregate = spawn("ember-aggregate", move || {
             agg.run(batch_rx, snap_rx, window_tx, window, align)
@@ -506,7 +508,13 @@ impl Pipeline {
             output_loop(window_rx, symbolizer, m, on_window)
         })?;
 
-        let (capture, link) = Capture::start(&cfg.sampling, batch_tx, control_rx, metrics.clone())?;
+        let (capture, link) = Capture::start(
+            &cfg.sampling,
+            batch_tx,
+            queue_bytes,
+            control_rx,
+            metrics.clone(),
+        )?;
         let unwind = match link.maps {
             Some(maps) => {
                 let settings = unwind::Settings {

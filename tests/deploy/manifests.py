@@ -22,7 +22,11 @@ REQUIRED_CAPS = ALLOWED_CAPS
 # Optional extras (extraCapabilities) the policy accepts; never SYS_ADMIN.
 OPTIONAL_CAPS = set()
 HOST_PATHS = {"/sys/fs/cgroup", "/sys/kernel/tracing"}
-CORE_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Service"}
+CORE_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Service", "NetworkPolicy"}
+# The seccomp profile deploy/seccomp/ember.json, as installed on the nodes.
+SECCOMP = {"type": "Localhost", "localhostProfile": "ember.json"}
+# Memory the config's caps let ember hold, beyond which the limit must reach (bytes).
+MEMORY_BASELINE = 192 << 20
 
 problems = []
 
@@ -112,8 +116,8 @@ def policy(docs):
         fail(f"capabilities.add lacks {sorted(REQUIRED_CAPS - added)}")
     if added - ALLOWED_CAPS - OPTIONAL_CAPS:
         fail(f"capabilities.add has more than allowed: {sorted(added - ALLOWED_CAPS - OPTIONAL_CAPS)}")
-    if sc.get("seccompProfile") != {"type": "Unconfined"}:
-        fail("seccompProfile is not Unconfined")
+    if sc.get("seccompProfile") != SECCOMP:
+        fail(f"seccompProfile is {sc.get('seccompProfile')}, want {SECCOMP}")
     annotations = tpl["metadata"].get("annotations", {})
     apparmor_annotation = annotations.get(f"container.apparmor.security.beta.kubernetes.io/{c['name']}")
     if sc.get("appArmorProfile") != {"type": "Unconfined"} and apparmor_annotation != "unconfined":
@@ -131,6 +135,20 @@ def policy(docs):
     for k in ("requests", "limits"):
         if not {"cpu", "memory"} <= set(res.get(k, {})):
             fail(f"resources.{k} lacks cpu or memory")
+
+    # NetworkPolicy: selects the agents, admits ingress to the HTTP port only.
+    nps = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    if len(nps) != 1:
+        fail(f"expected one NetworkPolicy, found {len(nps)}")
+    else:
+        np = nps[0]["spec"]
+        if not subset(np["podSelector"].get("matchLabels"), tpl["metadata"]["labels"]):
+            fail("NetworkPolicy podSelector does not select the agents")
+        if "Ingress" not in np.get("policyTypes", []):
+            fail("NetworkPolicy does not restrict ingress")
+        for rule in np.get("ingress", []):
+            if [p.get("port") for p in rule.get("ports", [])] not in (["http"], list(ports.values())[:1]):
+                fail(f"NetworkPolicy admits more than the HTTP port: {rule}")
 
     # Volumes: every mount has a volume; host paths are the allowed ones, read-only.
     vols = {v["name"]: v for v in pod.get("volumes", [])}
@@ -174,6 +192,18 @@ def policy(docs):
         fail(f"prometheus.io/port {scrape_port} is not the listen port {port}")
     if not cfg.get("kubernetes", {}).get("enabled"):
         fail("config kubernetes.enabled is not true")
+    # The memory limit covers what the caps let ember hold (else the OOM killer acts
+    # before the caps do). Defaults as in config/ember.yaml.
+    lim, smp, jit, sinks = cfg.get("limits", {}), cfg.get("sampling", {}), cfg.get("jit", {}), cfg.get("sinks", {})
+    enabled_sinks = sum(1 for s in ("pyroscope", "otlp") if sinks.get(s, {}).get("enabled"))
+    held = (MEMORY_BASELINE + int(lim.get("sample_queue_bytes", 33554432))
+            + 2 * int(lim.get("max_stack_bytes_per_window", 33554432))
+            + int(jit.get("max_total_bytes", 67108864)) + int(smp.get("unwind_max_bytes", 33554432))
+            + 2 * int(smp.get("ring_buffer_bytes", 1048576))
+            + enabled_sinks * int(sinks.get("queue_bytes", 16777216)))
+    memory = res.get("limits", {}).get("memory")
+    if memory is not None and parse_quantity(memory) < held:
+        fail(f"resources.limits.memory {memory} is below what the caps let ember hold ({held >> 20} Mi)")
     data_dir = cfg.get("output", {}).get("data_dir", "")
     writable = [m for m in mounts.values() if not m.get("readOnly")]
     under = [m for m in writable if data_dir.startswith(m["mountPath"].rstrip("/") + "/")]

@@ -56,23 +56,50 @@ find_srcdir() { [ -d "$SRCROOT" ] || return 0; find "$SRCROOT" -maxdepth 1 -mind
 SRCDIR=$(find_srcdir)
 if [ -z "$SRCDIR" ] || [ ! -f "$SRCDIR/.ember-unpacked" ]; then
     if ! apt-cache showsrc kubernetes 2>/dev/null | grep -q '^Package: kubernetes'; then
-        codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
-        # Mirror the configured Debian archive (deb822 file first, then one-line lists).
-        uri=$(grep -hE '^URIs:.*/debian/?$' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1 | awk '{print $2}' || true)
-        [ -n "$uri" ] || uri=$(grep -hE '^deb .*/debian/? ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
-                               | grep -v '\[' | head -n1 | awk '{print $2}' || true)
-        [ -n "$uri" ] || uri=http://deb.debian.org/debian
-        log "adding deb-src for $codename ($uri)"
-        as_root tee /etc/apt/sources.list.d/ember-deb-src.sources >/dev/null <<EOF
-Types: deb-src
-URIs: $uri
-Suites: $codename
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
+        codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+        [ -n "$codename" ] || die "no VERSION_CODENAME in /etc/os-release: cannot tell which suite's deb-src to add"
+        # The deb-src entry mirrors one of this machine's own 'deb' entries for $codename
+        # (same archive, components and signing key); nothing is made up: with no such
+        # entry, say so and stop.
+        entry=$(python3 - "$codename" /etc/apt/sources.list.d/*.sources /etc/apt/sources.list /etc/apt/sources.list.d/*.list <<'PY' 2>/dev/null || true
+import sys, glob, os, re
+codename, paths = sys.argv[1], [p for p in sys.argv[2:] if os.path.isfile(p)]
+def emit(uri, comps, signed):
+    print("Types: deb-src"); print("URIs: " + uri); print("Suites: " + codename)
+    print("Components: " + " ".join(comps))
+    if signed: print("Signed-By: " + signed)
+    sys.exit(0)
+for p in paths:
+    if not p.endswith(".sources"):
+        continue
+    for stanza in re.split(r"\n\s*\n", open(p).read()):
+        f = {}
+        for line in stanza.splitlines():
+            if line.startswith("#") or ":" not in line or line[:1].isspace():
+                continue
+            k, v = line.split(":", 1)
+            f[k.strip().lower()] = v.strip()
+        if f.get("enabled", "yes").lower() == "no" or "deb" not in f.get("types", "").split():
+            continue
+        if codename in f.get("suites", "").split() and f.get("uris") and f.get("components"):
+            emit(f["uris"].split()[0], f["components"].split(), f.get("signed-by", ""))
+for p in paths:
+    if p.endswith(".sources"):
+        continue
+    for line in open(p):
+        m = re.match(r"^\s*deb\s+(\[([^\]]*)\]\s+)?(\S+)\s+(\S+)\s+(.+)$", line)
+        if m and m.group(4) == codename:
+            opts = dict(o.split("=", 1) for o in (m.group(2) or "").split() if "=" in o)
+            emit(m.group(3), m.group(5).split("#")[0].split(), opts.get("signed-by", ""))
+sys.exit(1)
+PY
+)
+        [ -n "$entry" ] || die "no 'deb' entry for suite $codename in /etc/apt/sources.list or /etc/apt/sources.list.d/: add a deb-src line for the archive that ships kubernetes, then run again"
+        log "adding deb-src for $codename, from this machine's own deb entry: $(echo "$entry" | sed -n 's/^URIs: //p')"
+        printf '%s\n' "$entry" | as_root tee /etc/apt/sources.list.d/ember-deb-src.sources >/dev/null
         as_root "${APT[@]}" update >/dev/null || die "apt-get update (deb-src) failed"
         apt-cache showsrc kubernetes 2>/dev/null | grep -q '^Package: kubernetes' \
-            || die "no source package 'kubernetes' in $uri $codename"
+            || die "no source package 'kubernetes' in this machine's archive for $codename"
     fi
     rm -rf "$SRCROOT"; mkdir -p "$SRCROOT"
     log "fetching source: apt-get source kubernetes"

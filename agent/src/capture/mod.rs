@@ -95,6 +95,63 @@ const REC_RANGE_MISS: u8 = 2;
 /// Samples moved between stages together.
 pub type Batch = Vec<Sample>;
 
+/// The bytes a batch holds (samples and their frames), as charged to [`QueueBytes`].
+pub fn batch_bytes(b: &Batch) -> u64 {
+    let frames: usize = b
+        .iter()
+        .map(|s| s.kernel.capacity() + s.user.capacity())
+        .sum();
+    (b.capacity() * std::mem::size_of::<Sample>() + frames * 8) as u64
+}
+
+/// The byte budget of the sample queue, shared by its two ends: capture takes a batch's
+/// bytes before sending it (or drops it, counted), aggregation gives them back on receipt.
+/// The queue's batch count alone would let 1,024 batches of a ring buffer's size each pile
+/// up behind a slow aggregator.
+#[derive(Debug, Clone)]
+pub struct QueueBytes {
+    held: Arc<std::sync::atomic::AtomicU64>,
+    cap: u64,
+}
+
+impl QueueBytes {
+    /// A budget of `cap` bytes.
+    pub fn new(cap: u64) -> Self {
+        Self {
+            held: Arc::default(),
+            cap,
+        }
+    }
+
+    /// Takes `n` bytes if they fit (an empty queue takes any one batch).
+    pub fn try_take(&self, n: u64) -> bool {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held == 0 || held.saturating_add(n) <= self.cap).then(|| held.saturating_add(n))
+            })
+            .is_ok()
+    }
+
+    /// Takes `n` bytes whether or not they fit (a blocking send).
+    pub fn take(&self, n: u64) {
+        self.held.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Gives back `n` bytes (a batch received, or one that was not sent after all).
+    pub fn give(&self, n: u64) {
+        let _ = self
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                Some(held.saturating_sub(n))
+            });
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Acquire)
+    }
+}
+
 /// Orders from the aggregator to the sampler: stop (or resume) sampling a workload in BPF.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
@@ -149,6 +206,7 @@ impl Capture {
     pub fn start(
         settings: &Sampling,
         tx: SyncSender<Batch>,
+        budget: QueueBytes,
         control: Receiver<Control>,
         metrics: Metrics,
     ) -> Result<(Self, UnwindLink), CaptureError> {
@@ -162,7 +220,7 @@ impl Capture {
             .spawn(move || {
                 run(
                     settings,
-                    tx,
+                    (tx, budget),
                     control,
                     ask_tx,
                     metrics,
@@ -204,7 +262,7 @@ impl Drop for Capture {
 
 fn run(
     settings: Sampling,
-    tx: SyncSender<Batch>,
+    (tx, budget): (SyncSender<Batch>, QueueBytes),
     control: Receiver<Control>,
     asks: SyncSender<Ask>,
     metrics: Metrics,
@@ -279,12 +337,21 @@ fn run(
         }
         let n = out.len() as u64;
         metrics.samples.inc_by(n);
+        let bytes = batch_bytes(&out);
         let sent = if blocking {
+            // The last flush on stop waits for room instead; its bytes are still charged,
+            // as the receiver gives them back.
+            budget.take(bytes);
             tx.send(out).is_ok()
+        } else if !budget.try_take(bytes) {
+            false
         } else {
             match tx.try_send(out) {
                 Ok(()) => true,
-                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => false,
+                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                    budget.give(bytes);
+                    false
+                }
             }
         };
         if !sent {
@@ -306,7 +373,12 @@ fn run(
         }
         flush(false);
         while let Ok(order) = control.try_recv() {
-            sampler.apply(order);
+            let deny = matches!(order, Control::DenyPid(_) | Control::DenyCgroup(_));
+            // A delete of an entry LRU already dropped fails harmlessly; a refused deny is
+            // what matters.
+            if sampler.apply(order).is_err() && deny {
+                metrics.dropped(Cache::DenyMaps, 1);
+            }
         }
         if last_sync.elapsed() >= Duration::from_secs(1) {
             last_sync = Instant::now();
@@ -406,10 +478,11 @@ impl<'obj> Sampler<'obj> {
         }))
     }
 
-    fn apply(&self, order: Control) {
+    /// Applies an order to the deny maps. A failed update (a full map) leaves a workload
+    /// sampled and dropped in userspace (never a loss); the caller counts it.
+    fn apply(&self, order: Control) -> Result<(), libbpf_rs::Error> {
         let maps = &self.skel.maps;
-        // A failed update leaves a workload sampled (and dropped in userspace): never a loss.
-        let _ = match order {
+        match order {
             Control::DenyPid(pid) => maps
                 .pid_deny
                 .update(&pid.to_ne_bytes(), &[1], MapFlags::ANY),
@@ -419,7 +492,7 @@ impl<'obj> Sampler<'obj> {
                     .update(&id.to_ne_bytes(), &[1], MapFlags::ANY)
             }
             Control::AllowCgroup(id) => maps.cgroup_deny.delete(&id.to_ne_bytes()),
-        };
+        }
     }
 
     /// Attaches to CPUs that came online and lets go of CPUs that went away.

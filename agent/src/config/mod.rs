@@ -197,6 +197,10 @@ pub struct Jit {
     pub max_entries_per_process: usize,
     /// JIT symbols kept across all processes.
     pub max_total_entries: usize,
+    /// Bytes of JIT symbols (names, ranges, debug lines) kept per process.
+    pub max_bytes_per_process: usize,
+    /// Bytes of JIT symbols kept across all processes.
+    pub max_total_bytes: usize,
     /// Ask each JVM to rewrite its perf map (like `jcmd PID Compiler.perfmap`) at most this
     /// often; `0s` = never.
     #[serde(deserialize_with = "duration")]
@@ -210,6 +214,8 @@ impl Default for Jit {
             max_file_bytes: 64 << 20,
             max_entries_per_process: 200_000,
             max_total_entries: 1_000_000,
+            max_bytes_per_process: 32 << 20,
+            max_total_bytes: 64 << 20,
             jvm_perfmap_refresh: Duration::ZERO,
         }
     }
@@ -222,7 +228,7 @@ pub struct OtlpMetrics {
     /// Export at all.
     pub enabled: bool,
     /// gRPC endpoint (`http://` or `https://`).
-    pub endpoint: String,
+    pub endpoint: Url,
     /// How often to push.
     #[serde(deserialize_with = "duration")]
     pub interval: Duration,
@@ -230,7 +236,7 @@ pub struct OtlpMetrics {
     #[serde(deserialize_with = "duration")]
     pub timeout: Duration,
     /// gRPC metadata sent with every export (e.g. `authorization`).
-    pub headers: std::collections::BTreeMap<String, String>,
+    pub headers: std::collections::BTreeMap<String, Secret>,
     /// PEM CA bundle for an `https://` endpoint; empty = the system's roots.
     pub ca_file: PathBuf,
 }
@@ -431,6 +437,11 @@ pub struct Limits {
     pub symbol_cache_entries: usize,
     /// Sample batches queued between capture and aggregation.
     pub sample_queue_batches: usize,
+    /// Bytes of sample batches queued between capture and aggregation (a batch holds up to
+    /// a ring buffer's worth of stacks).
+    pub sample_queue_bytes: u64,
+    /// Bytes of distinct stacks held per window (a stack may have 254 frames).
+    pub max_stack_bytes_per_window: u64,
 }
 
 /// `log:` keys.
@@ -497,6 +508,8 @@ impl Default for Limits {
             max_stacks_per_window: 200_000,
             symbol_cache_entries: 262_144,
             sample_queue_batches: 1024,
+            sample_queue_bytes: 32 << 20,
+            max_stack_bytes_per_window: 32 << 20,
         }
     }
 }
@@ -578,6 +591,9 @@ impl Config {
         if self.jit.max_entries_per_process == 0 || self.jit.max_total_entries == 0 {
             return invalid("jit.max_total_entries", "entry caps must be at least 1");
         }
+        if self.jit.max_bytes_per_process < 1 << 20 || self.jit.max_total_bytes < 1 << 20 {
+            return invalid("jit.max_total_bytes", "byte caps must be at least 1 MiB");
+        }
         if !self.jit.jvm_perfmap_refresh.is_zero()
             && self.jit.jvm_perfmap_refresh < Duration::from_secs(1)
         {
@@ -604,6 +620,17 @@ impl Config {
                 "symbols.max_read_bytes",
                 "max_section_bytes must be at least 4096 and max_read_bytes at least that",
             );
+        }
+        for (key, v) in [
+            ("limits.sample_queue_bytes", l.sample_queue_bytes),
+            (
+                "limits.max_stack_bytes_per_window",
+                l.max_stack_bytes_per_window,
+            ),
+        ] {
+            if v < 1 << 20 {
+                return invalid(key, "must be at least 1 MiB (1048576)");
+            }
         }
         let r = &self.readings;
         if r.interval < Duration::from_millis(100) {
@@ -706,6 +733,52 @@ impl Default for Sinks {
     }
 }
 
+/// A URL that may carry credentials (`https://user:password@host/`): `Debug` and
+/// `Display` print it without its userinfo, so logs and config dumps never show them.
+#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Url(pub String);
+
+impl Url {
+    /// The URL with any `user:password@` replaced by `***@`.
+    pub fn redacted(&self) -> std::borrow::Cow<'_, str> {
+        let s = &self.0;
+        let rest_at = s.find("://").map_or(0, |i| i + 3);
+        let authority_end = s[rest_at..]
+            .find(['/', '?', '#'])
+            .map_or(s.len(), |i| rest_at + i);
+        match s[rest_at..authority_end].rfind('@') {
+            Some(at) => format!("{}***@{}", &s[..rest_at], &s[rest_at + at + 1..]).into(),
+            None => s.as_str().into(),
+        }
+    }
+}
+
+impl std::ops::Deref for Url {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for Url {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+impl std::fmt::Debug for Url {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.redacted())
+    }
+}
+
+impl std::fmt::Display for Url {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
 /// A secret string (password, token, header value): never printed by `Debug`.
 #[derive(Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(transparent)]
@@ -734,7 +807,7 @@ pub struct PyroscopeSink {
     /// Ship windows to Pyroscope.
     pub enabled: bool,
     /// Base URL of the server, `http://` or `https://`.
-    pub url: String,
+    pub url: Url,
     /// `push` or `ingest`.
     pub api: PyroscopeApi,
     /// Static series labels added to every profile.
@@ -797,7 +870,7 @@ pub struct OtlpSink {
     /// Ship windows as OTLP profiles.
     pub enabled: bool,
     /// gRPC endpoint, `http://host:4317` or `https://…` (TLS).
-    pub endpoint: String,
+    pub endpoint: Url,
     /// `container` or `process`.
     pub resource_per: ResourcePer,
     /// gzip-compress requests.
@@ -902,7 +975,7 @@ mod tests {
             .sum();
         assert_eq!(
             count,
-            9 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 7 + 5 + 3 + 6 + 8 + 4 + 1
+            9 + 1 + 3 + 2 + 7 + 3 + 8 + 1 + 7 + 7 + 3 + 6 + 8 + 4 + 1
         );
         let sinks = &v["sinks"];
         assert_eq!(sinks["pyroscope"].as_mapping().map_or(0, |m| m.len()), 13);
@@ -1001,6 +1074,22 @@ mod tests {
         assert_eq!(c.sinks.otlp.resource_per, ResourcePer::Process);
         let shown = format!("{c:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
+        // Credentials in URLs and metrics header values stay out of Debug and Display.
+        let c = Config::from_yaml(
+            "sinks:\n  pyroscope:\n    url: https://bob:s3cret@p:4040/x?y=z@w\n  otlp:\n    endpoint: http://tok@o:4317\n\
+             otlp_metrics:\n  endpoint: https://u:pw@m:4317\n  headers: {authorization: Bearer t0ken}\n",
+            "t.yaml",
+        )
+        .expect("valid");
+        let shown = format!(
+            "{c:?} {} {}",
+            c.sinks.pyroscope.url, c.otlp_metrics.endpoint
+        );
+        for secret in ["s3cret", "bob:", "tok@", ":pw@", "t0ken"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("https://***@p:4040/x?y=z@w"), "{shown}");
+        assert_eq!(&*c.sinks.pyroscope.url, "https://bob:s3cret@p:4040/x?y=z@w");
         let err = Config::from_yaml(
             "sinks:\n  pyroscope:\n    enabled: true\n    url: p:4040\n",
             "t.yaml",

@@ -78,14 +78,20 @@ pub trait Transport: Send + 'static {
 }
 
 /// Full jitter: a uniform wait in `[0, min(retry_max_backoff, retry_initial_backoff *
-/// 2^attempt)]`, but never less than what the server asked for with `Retry-After`.
+/// 2^attempt)]`, but never less than what the server asked for with `Retry-After`. The
+/// server's ask is clamped to `retry_max_elapsed` plus a second (a hostile or broken
+/// backend may send `Retry-After: 18446744073709551615`): waiting longer than that only
+/// ends in `retries_exhausted` anyway.
 pub fn backoff(policy: &Sinks, attempt: u32, retry_after: Option<Duration>) -> Duration {
     let ceiling = policy
         .retry_initial_backoff
         .saturating_mul(1u32 << attempt.min(20))
         .min(policy.retry_max_backoff);
     let jittered = ceiling.mul_f64(random_unit());
-    retry_after.map_or(jittered, |a| a.max(jittered))
+    let most = policy
+        .retry_max_elapsed
+        .saturating_add(Duration::from_secs(1));
+    retry_after.map_or(jittered, |a| a.min(most).max(jittered))
 }
 
 /// A uniform number in [0, 1) from the standard library's per-process random keys
@@ -268,14 +274,44 @@ impl OnceLog {
 
 /// Sends `queue` in order through `transport` until the queue is closed and empty, with
 /// the timeout and retry limits of `policy` (`sinks.timeout`, `sinks.retry_*`).
+///
+/// A panic while delivering one request (a bug, in ember or a client library) must not
+/// end the task silently, leaving the queue to fill and drop while `/healthz` stays
+/// green: it is caught, logged, counted as a drop (`internal`), and the task goes on
+/// with the next request.
 pub async fn run<T: Transport>(queue: Arc<Queue<T::Item>>, mut transport: T, policy: Arc<Sinks>) {
+    use futures::FutureExt;
     let sink = queue.sink;
-    let metrics = queue.metrics.clone();
+    let mut logged = OnceLog::default();
+    while let Some(item) = queue.pop().await {
+        let one = deliver(&queue, &mut transport, &policy, item, &mut logged);
+        if let Err(panic) = std::panic::AssertUnwindSafe(one).catch_unwind().await {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(sink, panic = %what, "delivering a request panicked; dropped it, the sink goes on");
+            queue.metrics.drop(sink, ExportDrop::Internal, 1);
+        }
+        queue.done();
+    }
+}
+
+/// Sends one request, retrying within the policy's limits.
+async fn deliver<T: Transport>(
+    queue: &Queue<T::Item>,
+    transport: &mut T,
+    policy: &Sinks,
+    item: T::Item,
+    logged: &mut OnceLog,
+) {
+    let sink = queue.sink;
+    let metrics = &queue.metrics;
     let label = SinkLabel {
         sink: sink.to_owned(),
     };
-    let mut logged = OnceLog::default();
-    while let Some(item) = queue.pop().await {
+    {
         let first = Instant::now();
         let mut attempt = 0u32;
         loop {
@@ -311,9 +347,10 @@ pub async fn run<T: Transport>(queue: Arc<Queue<T::Item>>, mut transport: T, pol
                     break;
                 }
                 Outcome::Retry { reason, after } => {
-                    let wait = backoff(&policy, attempt, after);
+                    let wait = backoff(policy, attempt, after);
                     attempt = attempt.saturating_add(1);
-                    if first.elapsed() + wait > policy.retry_max_elapsed {
+                    let done_by = first.elapsed().checked_add(wait);
+                    if done_by.is_none_or(|t| t > policy.retry_max_elapsed) {
                         metrics.drop(sink, ExportDrop::RetriesExhausted, 1);
                         let key = format!("retries_exhausted:{reason}");
                         if logged.first(&key) {
@@ -338,7 +375,6 @@ pub async fn run<T: Transport>(queue: Arc<Queue<T::Item>>, mut transport: T, pol
                 }
             }
         }
-        queue.done();
     }
 }
 
@@ -416,6 +452,92 @@ mod tests {
             };
             async move { o }
         }
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("rt")
+    }
+
+    #[test]
+    fn retry_after_u64_max_drops_the_request_and_delivery_goes_on() {
+        // The overflowing path: `first.elapsed() + wait` only overflows once the first
+        // attempt is a second or more behind, so a `Retry-After: 1` comes first.
+        let m = Metrics::new();
+        let q = Arc::new(Queue::new("s", 1000, m.export.clone()));
+        q.push(1, 10);
+        q.push(2, 10);
+        q.close();
+        let calls = Arc::new(Mutex::new(0));
+        let retry = |after| Outcome::Retry {
+            reason: Transient::Status(ExportDrop::Http(429)),
+            after: Some(after),
+        };
+        let script = Script(
+            vec![
+                retry(Duration::from_millis(1100)),
+                retry(Duration::from_secs(u64::MAX)),
+            ],
+            calls.clone(),
+        );
+        let p = Arc::new(Sinks {
+            timeout: Duration::from_secs(1),
+            retry_initial_backoff: Duration::from_millis(1),
+            retry_max_backoff: Duration::from_millis(5),
+            retry_max_elapsed: Duration::from_secs(60),
+            ..Default::default()
+        });
+        rt().block_on(run(q, script, p.clone()));
+        assert_eq!(*calls.lock().expect("lock"), 3);
+        let text = m.encode();
+        assert!(
+            text.contains(r#"ember_export_dropped_total{sink="s",reason="retries_exhausted"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"ember_export_sent_total{sink="s"} 1"#),
+            "{text}"
+        );
+        // And the wait itself is clamped.
+        let b = backoff(&p, 0, Some(Duration::from_secs(u64::MAX)));
+        assert!(b <= Duration::from_secs(61), "{b:?}");
+    }
+
+    struct Panics(u32);
+
+    impl Transport for Panics {
+        type Item = u32;
+        fn send(&mut self, item: &u32) -> impl Future<Output = Outcome> + Send + '_ {
+            let item = *item;
+            self.0 += 1;
+            async move {
+                assert!(item != 1, "a bug while sending");
+                Outcome::Sent { bytes: 10 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_panicking_delivery_is_counted_and_the_task_goes_on() {
+        let m = Metrics::new();
+        let q = Arc::new(Queue::new("p", 1000, m.export.clone()));
+        q.push(1, 10);
+        q.push(2, 10);
+        q.close();
+        let p = Arc::new(Sinks::default());
+        rt().block_on(run(q.clone(), Panics(0), p));
+        let text = m.encode();
+        assert!(
+            text.contains(r#"ember_export_dropped_total{sink="p",reason="internal"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"ember_export_sent_total{sink="p"} 1"#),
+            "{text}"
+        );
+        assert_eq!(q.abandon(), 0, "nothing left in flight");
     }
 
     #[test]

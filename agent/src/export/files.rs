@@ -6,13 +6,20 @@
 //! the same start gets `-1`, `-2`, … before `.pb.gz`. Only names of exactly
 //! that shape are listed, served or removed: anything else in the directory
 //! belongs to someone else and is left alone.
+//!
+//! Faults on the directory are survived: a directory removed under us is created again
+//! on the next write; a full or read-only file system fails the write (the caller counts
+//! it) and shows in [`WindowDir::health`] until a write succeeds again. The wall clock
+//! may step back: retention then never removes the window just written, and windows
+//! named after it (written before the step) are pruned first.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use time::macros::format_description;
 use time::OffsetDateTime;
@@ -92,6 +99,52 @@ pub struct WindowDir {
     /// Held while writing and pruning so two writers cannot pick the same
     /// name or prune each other's counts.
     write_lock: Mutex<()>,
+    /// The last write's failure and when it began, until a write succeeds.
+    failing: Mutex<Option<(WriteFailure, Instant)>>,
+    /// Times the directory was found missing and created again.
+    recreated: AtomicU64,
+}
+
+/// Why writing a window failed, as far as an operator can act on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteFailure {
+    /// No space (or quota) left on the file system.
+    NoSpace,
+    /// The file system is read-only.
+    ReadOnly,
+    /// Anything else (permissions, I/O errors, ...).
+    Other,
+}
+
+impl WriteFailure {
+    /// The failure an I/O error means.
+    pub fn of(e: &io::Error) -> Self {
+        match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => WriteFailure::NoSpace,
+            Some(libc::EROFS) => WriteFailure::ReadOnly,
+            _ => WriteFailure::Other,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            WriteFailure::NoSpace => "no space left",
+            WriteFailure::ReadOnly => "read-only file system",
+            WriteFailure::Other => "write error",
+        }
+    }
+}
+
+impl FilesError {
+    /// What kind of write failure this is, when it is one.
+    pub fn write_failure(&self) -> Option<WriteFailure> {
+        match self {
+            FilesError::Write { source, .. } | FilesError::CreateDir { source, .. } => {
+                Some(WriteFailure::of(source))
+            }
+            _ => None,
+        }
+    }
 }
 
 impl WindowDir {
@@ -113,6 +166,8 @@ impl WindowDir {
             keep_windows,
             keep_bytes,
             write_lock: Mutex::new(()),
+            failing: Mutex::new(None),
+            recreated: AtomicU64::new(0),
         };
         windows.remove_stale_temps();
         Ok(windows)
@@ -122,10 +177,45 @@ impl WindowDir {
     /// and returns its path, then removes the oldest windows beyond the
     /// caps (logged). The file appears under its final name only once
     /// complete, so readers never see half a window.
+    ///
+    /// A directory removed meanwhile is created again; a failure is remembered for
+    /// [`WindowDir::health`] until a write succeeds.
     pub fn write(&self, start: SystemTime, gz: &[u8]) -> Result<PathBuf, FilesError> {
         let stamp = stamp(start)?;
         let _guard = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let name = self.free_name(&stamp)?;
+        let result = self.write_locked(&stamp, gz);
+        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        match (
+            &result,
+            result.as_ref().err().and_then(FilesError::write_failure),
+        ) {
+            (Ok(_), _) => *failing = None,
+            (Err(_), Some(f)) => {
+                if failing.is_none_or(|(was, _)| was != f) {
+                    *failing = Some((f, Instant::now()));
+                }
+            }
+            (Err(_), None) => {}
+        }
+        result
+    }
+
+    fn write_locked(&self, stamp: &str, gz: &[u8]) -> Result<PathBuf, FilesError> {
+        if !self.dir.is_dir() {
+            // Removed under us (by hand, a node cleanup, a remounted volume): create
+            // it again, as `open` would.
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o750)
+                .create(&self.dir)
+                .map_err(|source| FilesError::CreateDir {
+                    dir: self.dir.clone(),
+                    source,
+                })?;
+            self.recreated.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(dir = %self.dir.display(), "the window directory was gone; created it again");
+        }
+        let name = self.free_name(stamp)?;
         let path = self.dir.join(&name);
         let temp = self.dir.join(temp_name(&name));
         let written = write_file(&temp, gz).and_then(|()| fs::rename(&temp, &path));
@@ -134,11 +224,29 @@ impl WindowDir {
             let _ = fs::remove_file(&temp);
             return Err(FilesError::Write { path, source });
         }
-        let removed = self.prune();
+        let removed = self.prune(&name);
         if !removed.is_empty() {
             tracing::debug!(count = removed.len(), oldest = %removed[0], "removed old windows");
         }
         Ok(path)
+    }
+
+    /// `Ok` unless the last write failed; then what failed and for how long.
+    pub fn health(&self) -> Result<(), String> {
+        match *self.failing.lock().unwrap_or_else(|e| e.into_inner()) {
+            None => Ok(()),
+            Some((f, since)) => Err(format!(
+                "cannot write windows to {}: {} (for {} s)",
+                self.dir.display(),
+                f.describe(),
+                since.elapsed().as_secs()
+            )),
+        }
+    }
+
+    /// How many times the directory was found missing and created again.
+    pub fn recreated(&self) -> u64 {
+        self.recreated.load(Ordering::Relaxed)
     }
 
     /// The window files, newest first.
@@ -198,17 +306,27 @@ impl WindowDir {
         Err(FilesError::Collisions(format!("{stamp}{SUFFIX}")))
     }
 
-    /// Removes the oldest windows beyond the caps. Called with the write
-    /// lock held.
-    fn prune(&self) -> Vec<String> {
-        let files = self.scan();
+    /// Removes the oldest windows beyond the caps, never `newest` (the one just
+    /// written). Called with the write lock held.
+    ///
+    /// Oldest means oldest by name, except that after the wall clock stepped back the
+    /// windows named after `newest` were written before it: they go first.
+    fn prune(&self, newest: &str) -> Vec<String> {
+        let mut files = self.scan();
+        let newest_key = sort_key(newest);
+        files.sort_by_key(|f| {
+            let key = sort_key(&f.name);
+            (key <= newest_key, key)
+        });
         let mut count = files.len();
         let mut bytes: u64 = files.iter().map(|f| f.bytes).sum();
         let mut removed = Vec::new();
-        // Oldest first; never the last (newest) one.
-        for file in files.iter().take(files.len().saturating_sub(1)) {
+        for file in &files {
             if count <= self.keep_windows && bytes <= self.keep_bytes {
                 break;
+            }
+            if file.name == newest {
+                continue;
             }
             match fs::remove_file(self.dir.join(&file.name)) {
                 Ok(()) => removed.push(file.name.clone()),
@@ -361,6 +479,119 @@ mod tests {
 
     fn names(w: &WindowDir) -> Vec<String> {
         w.list().into_iter().map(|f| f.name).collect()
+    }
+
+    #[test]
+    fn a_removed_directory_is_created_again() -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("windows");
+        let w = WindowDir::open(&dir, 10, u64::MAX)?;
+        w.write(at(0), b"before")?;
+        fs::remove_dir_all(&dir)?;
+        w.write(at(10_000), b"after")?;
+        assert_eq!(names(&w), ["20261122T031510.000Z.pb.gz"]);
+        assert_eq!(w.recreated(), 1);
+        assert_eq!(w.health(), Ok(()));
+        Ok(())
+    }
+
+    #[test]
+    fn a_clock_step_back_never_prunes_the_newest_window() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let tmp = tempfile::tempdir()?;
+        let w = WindowDir::open(tmp.path(), 3, u64::MAX)?;
+        for i in 0..3 {
+            w.write(at(i * 10_000), b"before the step")?;
+        }
+        // The clock steps back a day: the next windows have the oldest names.
+        let back = |ms: u64| at(ms) - Duration::from_secs(86_400);
+        let p = w.write(back(30_000), b"after the step")?;
+        let first_after = p.file_name().and_then(|n| n.to_str()).map(str::to_owned);
+        assert!(
+            names(&w).contains(first_after.as_ref().ok_or("name")?),
+            "the window just written survived retention: {:?}",
+            names(&w)
+        );
+        for i in 1..=3 {
+            let p = w.write(back(30_000 + i * 10_000), b"after the step")?;
+            let name = p.file_name().and_then(|n| n.to_str()).ok_or("name")?;
+            assert!(names(&w).iter().any(|n| n == name), "{name} kept");
+        }
+        // Windows from before the step went first; the three newest are all from after it.
+        let kept = names(&w);
+        assert_eq!(kept.len(), 3, "{kept:?}");
+        assert!(kept.iter().all(|n| n.starts_with("20261121T")), "{kept:?}");
+        Ok(())
+    }
+
+    /// Mounts a tmpfs of `size` at `dir` (root only).
+    fn tmpfs(dir: &Path, size: &str) -> bool {
+        std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0755"),
+                "tmpfs",
+            ])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    fn remount(dir: &Path, opts: &str) -> bool {
+        std::process::Command::new("mount")
+            .args(["-o", &format!("remount,{opts}")])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+
+    #[test]
+    fn full_and_read_only_file_systems_fail_writes_and_show_in_health(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(
+                std::env::var("EMBER_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+                "needs root (mount) and EMBER_REQUIRE_PRIVILEGED=1 forbids skipping"
+            );
+            eprintln!("skipped: needs root to mount a small tmpfs");
+            return Ok(());
+        }
+        let tmp = tempfile::tempdir()?;
+        let mnt = tmp.path().join("mnt");
+        fs::create_dir(&mnt)?;
+        assert!(tmpfs(&mnt, "64k"), "mount tmpfs");
+        let _unmount = Unmount(mnt.clone());
+        let w = WindowDir::open(&mnt, 100, u64::MAX)?;
+        let big = vec![7u8; 40 << 10];
+        w.write(at(0), &big)?;
+        let err = w.write(at(10_000), &big).expect_err("full");
+        assert_eq!(err.write_failure(), Some(WriteFailure::NoSpace), "{err}");
+        let health = w.health().expect_err("unhealthy while full");
+        assert!(health.contains("no space left"), "{health}");
+        // No temp file is left behind to keep the disk full.
+        assert_eq!(fs::read_dir(&mnt)?.count(), 1);
+
+        assert!(remount(&mnt, "ro"), "remount ro");
+        let err = w.write(at(20_000), b"small").expect_err("read-only");
+        assert_eq!(err.write_failure(), Some(WriteFailure::ReadOnly), "{err}");
+        assert!(w.health().expect_err("ro").contains("read-only"));
+
+        // Writable again: windows resume and health clears.
+        assert!(remount(&mnt, "rw"), "remount rw");
+        w.write(at(30_000), b"small")?;
+        assert_eq!(w.health(), Ok(()));
+        assert_eq!(names(&w).len(), 2);
+        Ok(())
     }
 
     #[test]

@@ -26,7 +26,7 @@ use anyhow::{Context, Result};
 
 use crate::config;
 use crate::encode::Encoded;
-use crate::metrics::{Cache, ExportDrop, Metrics};
+use crate::metrics::{Cache, ExportDrop, Metrics, WindowWriteError};
 use crate::symbolize::Symbolized;
 use delivery::{Queue, Transport};
 use files::WindowDir;
@@ -51,20 +51,39 @@ pub trait Encode: Send + 'static {
 pub struct Files {
     dir: Arc<WindowDir>,
     metrics: Metrics,
+    /// [`WindowDir::recreated`] as last counted.
+    recreated: u64,
 }
 
 impl Files {
     /// Writes windows into `dir`.
     pub fn new(dir: Arc<WindowDir>, metrics: Metrics) -> Self {
-        Self { dir, metrics }
+        Self {
+            dir,
+            metrics,
+            recreated: 0,
+        }
     }
 }
 
 impl Sink for Files {
     fn accept(&mut self, w: &Encoded) {
-        if let Err(e) = self.dir.write(w.start, &w.gz) {
+        let result = self.dir.write(w.start, &w.gz);
+        let recreated = self.dir.recreated();
+        if recreated > self.recreated {
+            self.metrics
+                .window_write_error(WindowWriteError::DirRecreated, recreated - self.recreated);
+            self.recreated = recreated;
+        }
+        if let Err(e) = result {
             tracing::error!("could not write a window: {e}");
             self.metrics.dropped(Cache::WindowWrite, 1);
+            let reason = match e.write_failure() {
+                Some(files::WriteFailure::NoSpace) => WindowWriteError::NoSpace,
+                Some(files::WriteFailure::ReadOnly) => WindowWriteError::ReadOnly,
+                _ => WindowWriteError::Other,
+            };
+            self.metrics.window_write_error(reason, 1);
         }
     }
 }
@@ -150,6 +169,49 @@ pub(crate) fn secret(inline: &str, file: &Path, key: &str) -> Result<String> {
     Ok(text.trim_end_matches(['\r', '\n']).to_owned())
 }
 
+/// Watches secret files (tokens, passwords) for rotation: Kubernetes swaps a mounted
+/// Secret's files atomically, so a change of identity, size or modification time means
+/// "read it again". A `stat` per request is cheap next to the request.
+pub(crate) struct SecretFiles {
+    files: Vec<(std::path::PathBuf, Option<Stamp>)>,
+}
+
+/// Device, inode, mtime (seconds, nanoseconds) and size of a file.
+type Stamp = (u64, u64, i64, i64, u64);
+
+impl SecretFiles {
+    /// Watches the non-empty paths of `files`, as they are now.
+    pub(crate) fn new<'a>(files: impl IntoIterator<Item = &'a Path>) -> Self {
+        let files = files
+            .into_iter()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(|p| (p.to_owned(), stamp(p)))
+            .collect();
+        Self { files }
+    }
+
+    /// Whether any file changed since the last call (or since [`SecretFiles::new`]).
+    pub(crate) fn changed(&mut self) -> bool {
+        let mut changed = false;
+        for (path, last) in &mut self.files {
+            let now = stamp(path);
+            if now != *last {
+                *last = now;
+                changed = true;
+            }
+        }
+        changed
+    }
+}
+
+/// What identifies a file's content cheaply: device, inode, mtime and size (following
+/// symlinks, as Kubernetes' `..data` link is swapped on update).
+fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
+}
+
 /// Starts the configured sinks: `files` (if any) first, then each enabled
 /// network sink with its queue and delivery task on the "ember-sinks" thread.
 /// `host` names this machine in OTLP resources.
@@ -197,6 +259,7 @@ pub fn start(
                 &mut sinks,
                 &mut shutdown,
             ));
+            // `Url`'s Display leaves out any userinfo.
             tracing::info!(url = %cfg.pyroscope.url, api = ?cfg.pyroscope.api, "shipping windows to Pyroscope");
         }
         if cfg.otlp.enabled {

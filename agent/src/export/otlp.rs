@@ -56,14 +56,17 @@ impl Encode for Encoder {
 pub struct Grpc {
     client: ProfilesServiceClient<Channel>,
     metadata: MetadataMap,
+    /// `sinks.otlp.bearer_token_file`, read again when it changes.
+    token_file: std::path::PathBuf,
+    secrets: super::SecretFiles,
 }
 
 impl Grpc {
     /// A lazily connecting client for the `sinks.otlp` settings; must be called
     /// inside a Tokio runtime. Reads the CA and token files now.
     pub fn new(cfg: &OtlpSink, timeout: std::time::Duration) -> Result<Self> {
-        let mut endpoint = Endpoint::from_shared(cfg.endpoint.clone())
-            .with_context(|| format!("sinks.otlp.endpoint {:?}", cfg.endpoint))?
+        let mut endpoint = Endpoint::from_shared(cfg.endpoint.0.clone())
+            .with_context(|| format!("sinks.otlp.endpoint {}", cfg.endpoint))?
             .connect_timeout(timeout)
             .timeout(timeout)
             .tcp_nodelay(true)
@@ -92,14 +95,43 @@ impl Grpc {
                 .with_context(|| format!("sinks.otlp.headers: the value of {k} is not valid"))?;
             metadata.insert(key, value);
         }
-        let token = super::secret("", &cfg.bearer_token_file, "sinks.otlp.bearer_token_file")?;
-        if !token.is_empty() {
-            let value = MetadataValue::try_from(format!("Bearer {token}"))
-                .context("sinks.otlp.bearer_token_file: not a valid header value")?;
-            metadata.insert("authorization", value);
-        }
-        Ok(Self { client, metadata })
+        let secrets = super::SecretFiles::new([cfg.bearer_token_file.as_path()]);
+        set_token(&mut metadata, &cfg.bearer_token_file)?;
+        Ok(Self {
+            client,
+            metadata,
+            token_file: cfg.bearer_token_file.clone(),
+            secrets,
+        })
     }
+
+    /// Reads the token file again if it changed (rotation); an unreadable one keeps the
+    /// last good token, with a warning.
+    fn rotate(&mut self) {
+        if !self.secrets.changed() {
+            return;
+        }
+        let mut metadata = self.metadata.clone();
+        match set_token(&mut metadata, &self.token_file) {
+            Ok(()) => {
+                self.metadata = metadata;
+                tracing::info!(sink = NAME, "bearer token file changed; read it again");
+            }
+            Err(e) => tracing::warn!(sink = NAME, "bearer token file changed but could not be read: {e:#}; keeping the previous token"),
+        }
+    }
+}
+
+/// Sets `authorization: Bearer <token>` from `file` (nothing when no file is named).
+fn set_token(metadata: &mut MetadataMap, file: &std::path::Path) -> Result<()> {
+    let token = super::secret("", file, "sinks.otlp.bearer_token_file")?;
+    if !token.is_empty() {
+        let mut value = MetadataValue::try_from(format!("Bearer {token}"))
+            .context("sinks.otlp.bearer_token_file: not a valid header value")?;
+        value.set_sensitive(true);
+        metadata.insert("authorization", value);
+    }
+    Ok(())
 }
 
 /// What a gRPC status means for delivery: UNAVAILABLE, RESOURCE_EXHAUSTED and
@@ -125,6 +157,7 @@ impl Transport for Grpc {
         &mut self,
         item: &ExportProfilesServiceRequest,
     ) -> impl std::future::Future<Output = Outcome> + Send + '_ {
+        self.rotate();
         let mut req = tonic::Request::new(item.clone());
         *req.metadata_mut() = self.metadata.clone();
         let bytes = item.encoded_len() as u64;

@@ -291,11 +291,20 @@ pub struct Http {
     client: HttpsClient,
     base: String,
     headers: HeaderMap,
+    /// The settings the headers were made from, to make them again when a secret file
+    /// is rotated.
+    cfg: PyroscopeSink,
+    secrets: super::SecretFiles,
 }
 
 impl Http {
-    /// A client for the `sinks.pyroscope` settings; reads the secret files now.
+    /// A client for the `sinks.pyroscope` settings; reads the secret files now, and again
+    /// whenever they change.
     pub fn new(cfg: &PyroscopeSink, connect_timeout: Duration) -> Result<Self> {
+        let secrets = super::SecretFiles::new([
+            cfg.basic_auth_password_file.as_path(),
+            cfg.bearer_token_file.as_path(),
+        ]);
         let headers = headers(cfg)?;
         let mut http = HttpConnector::new();
         http.enforce_http(false);
@@ -321,7 +330,27 @@ impl Http {
             client,
             base: cfg.url.trim_end_matches('/').to_owned(),
             headers,
+            cfg: cfg.clone(),
+            secrets,
         })
+    }
+
+    /// Reads the secret files again if they changed; a file that cannot be read (mid
+    /// rotation) keeps the last good headers, with a warning.
+    fn rotate(&mut self) {
+        if !self.secrets.changed() {
+            return;
+        }
+        match headers(&self.cfg) {
+            Ok(h) => {
+                self.headers = h;
+                tracing::info!(sink = NAME, "secret files changed; read them again");
+            }
+            Err(e) => tracing::warn!(
+                sink = NAME,
+                "secret files changed but could not be read: {e:#}; keeping the previous ones"
+            ),
+        }
     }
 
     async fn attempt(&self, r: &Request) -> Outcome {
@@ -411,6 +440,7 @@ impl Transport for Http {
     type Item = Request;
     fn send(&mut self, item: &Request) -> impl std::future::Future<Output = Outcome> + Send + '_ {
         let item = item.clone();
+        self.rotate();
         async move { self.attempt(&item).await }
     }
 }
@@ -420,6 +450,43 @@ mod tests {
     use super::*;
     use crate::encode::pyroscope::tests::window;
     use crate::proto::Profile;
+
+    #[test]
+    fn rotated_token_files_are_read_again() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let token = dir.path().join("token");
+        std::fs::write(&token, "first\n")?;
+        let cfg = PyroscopeSink {
+            url: "http://user:pw@127.0.0.1:1".into(),
+            bearer_token_file: token.clone(),
+            ..Default::default()
+        };
+        let mut http = Http::new(&cfg, Duration::from_secs(1))?;
+        let auth = |h: &Http| h.headers.get(http::header::AUTHORIZATION).cloned();
+        assert_eq!(
+            auth(&http).as_ref().map(|v| v.as_bytes()),
+            Some(&b"Bearer first"[..])
+        );
+        assert!(auth(&http).is_some_and(|v| v.is_sensitive()));
+        http.rotate();
+        // Rotated the way Kubernetes does it: a new file renamed over the old one.
+        let next = dir.path().join("token.new");
+        std::fs::write(&next, "second-token\n")?;
+        std::fs::rename(&next, &token)?;
+        http.rotate();
+        assert_eq!(
+            auth(&http).as_ref().map(|v| v.as_bytes()),
+            Some(&b"Bearer second-token"[..])
+        );
+        // Gone mid-rotation: the last good token stays.
+        std::fs::remove_file(&token)?;
+        http.rotate();
+        assert_eq!(
+            auth(&http).as_ref().map(|v| v.as_bytes()),
+            Some(&b"Bearer second-token"[..])
+        );
+        Ok(())
+    }
 
     #[test]
     fn push_request_has_required_labels() -> Result<()> {

@@ -21,7 +21,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 pub use reasons::{
     Cache, ExportDrop, FrameResult, JitReject, JvmRefresh, Loss, ObjectRefusal, ProcRead,
-    ReadingsSource, StackEnd, StackSide, Stage, SymbolMiss, TableBuild,
+    ReadingsSource, StackEnd, StackSide, Stage, SymbolMiss, TableBuild, WindowWriteError,
 };
 
 /// Label set with a single `reason`, one of the enums of [`reasons`].
@@ -115,8 +115,12 @@ pub struct Metrics {
     pub export: ExportMetrics,
     /// JIT map files, lines and records refused, by reason.
     pub jit_rejects: Family<ReasonLabel<JitReject>, Counter>,
+    /// Window directory faults, by reason.
+    pub window_write_errors: Family<ReasonLabel<WindowWriteError>, Counter>,
     /// JIT symbol entries held across all processes.
     pub jit_entries: Gauge<i64, AtomicI64>,
+    /// Bytes charged for the JIT symbols held across all processes.
+    pub jit_bytes: Gauge<i64, AtomicI64>,
     /// JVM perf map refreshes asked for, by result.
     pub jvm_refreshes: Family<ResultLabel<JvmRefresh>, Counter>,
     /// Addresses of object files that got no name, by reason.
@@ -284,6 +288,15 @@ impl Metrics {
         for &reason in Loss::ALL {
             let _ = samples_lost.get_or_create(&ReasonLabel { reason });
         }
+        let window_write_errors = Family::<ReasonLabel<WindowWriteError>, Counter>::default();
+        registry.register(
+            "window_write_errors",
+            "Window directory faults (full, read-only, removed), by reason",
+            window_write_errors.clone(),
+        );
+        for &reason in WindowWriteError::ALL {
+            let _ = window_write_errors.get_or_create(&ReasonLabel { reason });
+        }
         let jit_rejects = Family::<ReasonLabel<JitReject>, Counter>::default();
         registry.register(
             "jit_rejects",
@@ -295,6 +308,12 @@ impl Metrics {
             "jit_entries",
             "JIT symbols held across all processes",
             jit_entries.clone(),
+        );
+        let jit_bytes = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "jit_bytes",
+            "Bytes charged for the JIT symbols held across all processes (names, ranges, debug lines)",
+            jit_bytes.clone(),
         );
         let jvm_refreshes = Family::<ResultLabel<JvmRefresh>, Counter>::default();
         registry.register(
@@ -384,7 +403,9 @@ impl Metrics {
             readings,
             export,
             jit_rejects,
+            window_write_errors,
             jit_entries,
+            jit_bytes,
             jvm_refreshes,
             symbol_misses,
             object_refusals,
@@ -450,6 +471,13 @@ impl Metrics {
     /// Counts `n` unreadable or malformed `/proc` entries of kind `reason`.
     pub fn proc_read_error(&self, reason: ProcRead, n: u64) {
         self.proc_read_errors
+            .get_or_create(&ReasonLabel { reason })
+            .inc_by(n);
+    }
+
+    /// Counts `n` window directory faults of kind `reason`.
+    pub fn window_write_error(&self, reason: WindowWriteError, n: u64) {
+        self.window_write_errors
             .get_or_create(&ReasonLabel { reason })
             .inc_by(n);
     }

@@ -61,9 +61,11 @@ label_enum! {
         NoScratch => "no_scratch",
         /// Userspace: a record shorter than its header says.
         Malformed => "malformed",
-        /// Userspace: the capture → aggregate queue was full.
+        /// Userspace: the capture → aggregate queue was full (`limits.sample_queue_batches`
+        /// or `limits.sample_queue_bytes`).
         QueueFull => "queue_full",
-        /// Userspace: `limits.max_stacks_per_window` reached.
+        /// Userspace: `limits.max_stacks_per_window` or `limits.max_stack_bytes_per_window`
+        /// reached.
         StackCap => "stack_cap",
         /// Userspace: a closed window could not be queued for encoding.
         WindowQueue => "window_queue",
@@ -108,6 +110,9 @@ label_enum! {
         SymbolTables => "symbol_tables",
         /// Filter orders (deny or allow a pid or cgroup in BPF) from the aggregator to capture.
         ControlQueue => "control_queue",
+        /// Deny orders the BPF deny maps refused (full): the workload stays sampled in BPF
+        /// and is dropped in userspace.
+        DenyMaps => "deny_maps",
         /// A closed window waiting for encoding.
         WindowQueue => "window_queue",
         /// A window that could not be compressed.
@@ -274,12 +279,28 @@ label_enum! {
         BadRange => "bad_range",
         /// An entry beyond the per-process or total cap.
         TooMany => "too_many",
+        /// An entry beyond the per-process or total byte cap.
+        Bytes => "bytes",
         /// Not a jitdump (bad magic), another byte order or an unknown version.
         JitdumpHeader => "jitdump_header",
         /// A jitdump record whose size cannot be right (the rest of the file is ignored).
         JitdumpMalformed => "jitdump_malformed",
         /// A jitdump ending in a partial record that did not grow since the last read.
         JitdumpTruncated => "jitdump_truncated",
+    }
+}
+
+label_enum! {
+    /// `ember_window_write_errors_total{reason}`: what went wrong with the window directory.
+    pub enum WindowWriteError {
+        /// No space (or quota) left on its file system; the window was dropped.
+        NoSpace => "no_space",
+        /// Its file system is read-only; the window was dropped.
+        ReadOnly => "read_only",
+        /// The directory was gone and was created again (the window was written).
+        DirRecreated => "dir_recreated",
+        /// Any other write error; the window was dropped.
+        Other => "other",
     }
 }
 
@@ -301,6 +322,12 @@ label_enum! {
         Io => "io",
         /// The JVM answered with a non-zero result.
         Refused => "refused",
+        /// The process exited, or its pid now names another process, before the signal.
+        Gone => "gone",
+        /// `.java_pid<pid>` is not a socket (a symlink or a file put there): never connected.
+        NotSocket => "not_socket",
+        /// The attach did not finish within its one total deadline (connect, write, answer).
+        Timeout => "timeout",
     }
 }
 
@@ -379,6 +406,9 @@ pub enum ExportDrop {
     Encode,
     /// The HTTP request could not be built (a header the client refuses).
     BadRequest,
+    /// Delivering the request failed inside ember (a bug: the sink's task caught it, logged
+    /// it and went on with the next request).
+    Internal,
     /// The backend answered with this HTTP status (a permanent one: not 408, 429 or 5xx).
     Http(u16),
     /// The backend answered with this gRPC status code (a permanent one).
@@ -395,6 +425,7 @@ impl ExportDrop {
             ExportDrop::RetriesExhausted => "retries_exhausted".into(),
             ExportDrop::Encode => "encode".into(),
             ExportDrop::BadRequest => "bad_request".into(),
+            ExportDrop::Internal => "internal".into(),
             ExportDrop::Http(status) => format!("http_{status}").into(),
             ExportDrop::Grpc(code) => grpc_label(code).into(),
         }

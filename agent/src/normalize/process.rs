@@ -6,8 +6,9 @@
 //! objects are shared by `(device, inode)` across processes. Addresses are turned
 //! into `(object, file offset)` here, while the mapping is known ("normalized").
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -57,6 +58,8 @@ struct Proc {
     rescanned: u64,
     /// What the JIT stage needs: a JVM? a jitdump?
     jit: crate::normalize::jit::Hints,
+    /// `(device, inode)` of the executable when read, to tell an exec from a rename.
+    exe: Option<(u64, u64)>,
 }
 
 /// What the unwind loader read of a process while it lived: a process that lives 30 ms is
@@ -89,6 +92,12 @@ pub struct ProcessTable {
     /// Snapshots of processes not sampled yet, by pid with the window they came in: taken
     /// when the process is first sampled, dropped a window later (most are never sampled).
     pending: HashMap<u32, (Snapshot, u64)>,
+    /// `(last_seen, pid)` in the order pids were last seen, oldest first, so eviction
+    /// finds the least recent pid without a scan. Entries go stale when a pid is seen
+    /// again or removed (skipped when met); the queue is rebuilt when stale ones pile up.
+    recency: VecDeque<(u64, u32)>,
+    /// `/proc/PID` reads done (a rename or a move must not make every window pay one).
+    reads: u64,
 }
 
 /// Snapshots of processes not sampled yet that are kept at most.
@@ -112,7 +121,26 @@ impl ProcessTable {
             ),
             metrics,
             pending: HashMap::new(),
+            recency: VecDeque::new(),
+            reads: 0,
         }
+    }
+
+    /// Notes that `pid` was last seen in `window` (for eviction order).
+    fn seen_in(&mut self, pid: u32, window: u64) {
+        self.recency.push_back((window, pid));
+        if self.recency.len() > 2 * self.procs.len() + 1024 {
+            let procs = &self.procs;
+            self.recency
+                .retain(|(w, pid)| procs.get(pid).is_some_and(|p| p.last_seen == *w));
+        }
+    }
+
+    /// Inserts `proc` for `pid`, keeping the eviction order.
+    fn put(&mut self, pid: u32, proc: Proc) {
+        let seen = proc.last_seen;
+        self.procs.insert(pid, proc);
+        self.seen_in(pid, seen);
     }
 
     /// Replaces the JIT settings (the default reads perf maps and jitdumps, no JVM refresh).
@@ -125,15 +153,33 @@ impl ProcessTable {
     pub fn touch(&mut self, pid: u32, tid: u32, comm: &[u8; 16], cgroup_id: u64) {
         let window = self.window;
         if let Some(p) = self.procs.get_mut(&pid) {
+            let first_this_window = p.last_seen != window;
             p.last_seen = window;
-            // The leader renamed means (almost always) exec: a new program with new mappings,
-            // so the name and maps read at first sight are stale. Reread, once per window.
-            let name_len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
             // A sample from another cgroup than the one this pid was read in is another
-            // process on a reused pid (or one moved between cgroups): read it again too.
+            // process on a reused pid (or one moved between cgroups): read it again.
             let moved = p.cgroup.v2_id != 0 && cgroup_id != 0 && p.cgroup.v2_id != cgroup_id;
-            let renamed = tid == pid && p.name.as_bytes() != &comm[..name_len];
-            if !(moved || renamed) || p.rescanned == window {
+            // The leader renamed may be an exec (a new program with new mappings) or just
+            // a rename (prctl, which a process may do at will, so it must stay cheap): the
+            // executable's identity, one stat, tells them apart.
+            let name_len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+            let comm = &comm[..name_len];
+            let renamed = tid == pid && p.name.as_bytes() != comm;
+            let mut reread = moved;
+            if renamed && !moved {
+                let exe = exe_id(&self.proc_root, pid);
+                if exe.is_some() && exe == p.exe {
+                    p.name = Arc::from(String::from_utf8_lossy(comm).as_ref());
+                } else {
+                    reread = true;
+                }
+            }
+            if first_this_window {
+                self.seen_in(pid, window);
+            }
+            let Some(p) = self.procs.get_mut(&pid) else {
+                return;
+            };
+            if !reread || p.rescanned == window {
                 return;
             }
             p.rescanned = window;
@@ -144,7 +190,7 @@ impl ProcessTable {
                 // A new program: whatever JIT symbols the old one had are meaningless.
                 self.jit.forget(pid);
                 self.jit.seen(pid, &fresh.jit, window);
-                self.procs.insert(pid, fresh);
+                self.put(pid, fresh);
                 self.gc_objects();
             }
             return;
@@ -157,6 +203,7 @@ impl ProcessTable {
                 if let Some(cg) = Arc::get_mut(&mut p.cgroup) {
                     cg.v2_id = cgroup_id;
                 }
+                self.seen_in(pid, window);
             }
             return;
         }
@@ -173,12 +220,13 @@ impl ProcessTable {
             last_seen: window,
             rescanned: window,
             jit: crate::normalize::jit::Hints::default(),
+            exe: None,
         });
         if let Some(cg) = Arc::get_mut(&mut proc.cgroup) {
             cg.v2_id = cgroup_id;
         }
         self.jit.seen(pid, &proc.jit, window);
-        self.procs.insert(pid, proc);
+        self.put(pid, proc);
         self.metrics.processes.set(self.procs.len() as i64);
         self.metrics.objects.set(self.objects.len() as i64);
     }
@@ -233,7 +281,7 @@ impl ProcessTable {
             cgroup.v2_id = v2_id;
         }
         self.jit.seen(snap.pid, &jit, window);
-        self.procs.insert(
+        self.put(
             snap.pid,
             Proc {
                 start_time: snap.start_time,
@@ -243,6 +291,7 @@ impl ProcessTable {
                 last_seen,
                 rescanned: window,
                 jit,
+                exe: None,
             },
         );
         self.gc_objects();
@@ -375,12 +424,23 @@ impl ProcessTable {
         self.objects.len()
     }
 
+    /// Drops the least recently seen process: amortized O(1) (stale queue entries are
+    /// skipped), so a table kept full by a stream of new pids costs no scan per pid. Its
+    /// objects are let go of at the end of the window or when the object table is full.
     fn evict_least_recent(&mut self) {
+        while let Some((seen, pid)) = self.recency.pop_front() {
+            if self.procs.get(&pid).is_some_and(|p| p.last_seen == seen) {
+                self.procs.remove(&pid);
+                self.jit.forget(pid);
+                self.metrics.dropped(Cache::Processes, 1);
+                return;
+            }
+        }
+        // Only if the queue lost track (it should not): the scan.
         if let Some((&pid, _)) = self.procs.iter().min_by_key(|(_, p)| p.last_seen) {
             self.procs.remove(&pid);
             self.jit.forget(pid);
             self.metrics.dropped(Cache::Processes, 1);
-            self.gc_objects();
         }
     }
 
@@ -390,6 +450,7 @@ impl ProcessTable {
     }
 
     fn read_process(&mut self, pid: u32) -> Option<Proc> {
+        self.reads += 1;
         let dir = self.proc_root.join(pid.to_string());
         let stat = match procfs::read_capped(&dir.join("stat"), 4096)
             .ok()
@@ -431,6 +492,7 @@ impl ProcessTable {
             last_seen: self.window,
             rescanned: self.window,
             jit,
+            exe: exe_id(&self.proc_root, pid),
         })
     }
 
@@ -512,6 +574,12 @@ fn find(maps: &[ExecMap], addr: u64) -> Option<UserAddr> {
         Target::File(o) => UserAddr::Object(o.clone(), offset),
         Target::Region(label) => UserAddr::Region(label.clone(), addr - m.start),
     })
+}
+
+/// `(device, inode)` of the executable of `pid` (one stat through `/proc/PID/exe`).
+fn exe_id(root: &Path, pid: u32) -> Option<(u64, u64)> {
+    let m = std::fs::metadata(root.join(pid.to_string()).join("exe")).ok()?;
+    Some((m.dev(), m.ino()))
 }
 
 fn current_start_time(root: &Path, pid: u32) -> Option<u64> {
@@ -621,6 +689,91 @@ mod tests {
         let me = std::process::id();
         t.touch(me, me, &[0; 16], 1);
         assert_eq!(t.len(), 4);
+    }
+
+    /// A `sleep 30` whose name is `name`: exec'd through a symlink of that name (the
+    /// kernel names a process after the file it execs).
+    fn renamed_sleep(name: &[u8]) -> (std::process::Child, tempfile::TempDir) {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().expect("tmp");
+        let link = dir.path().join(std::ffi::OsStr::from_bytes(name));
+        let sleep = ["/bin/sleep", "/usr/bin/sleep"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("sleep");
+        std::os::unix::fs::symlink(sleep, &link).expect("symlink");
+        let child = std::process::Command::new(&link)
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        (child, dir)
+    }
+
+    fn comm(name: &[u8]) -> [u8; 16] {
+        let mut c = [0u8; 16];
+        c[..name.len()].copy_from_slice(name);
+        c
+    }
+
+    #[test]
+    fn a_non_utf8_name_keeps_maps_and_cgroup() {
+        let (mut child, _dir) = renamed_sleep(b"bad\xff\xfename");
+        let pid = child.id();
+        let mut t = table();
+        t.touch(pid, pid, &comm(b"bad\xff\xfename"), 1);
+        let p = t.procs.get(&pid).expect("known");
+        assert!(p.start_time > 0, "stat was read");
+        assert!(!p.maps.is_empty(), "maps were read");
+        assert!(!p.cgroup.info.path.is_empty(), "cgroup was read");
+        assert_eq!(t.name(pid).as_ref(), "bad\u{fffd}\u{fffd}name");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[test]
+    fn renames_without_exec_cost_no_rescan() {
+        let (mut child, _dir) = renamed_sleep(b"churn0");
+        let pid = child.id();
+        let mut t = table();
+        t.touch(pid, pid, &comm(b"churn0"), 1);
+        let reads = t.reads;
+        // Samples name the thread as the kernel saw it: a process that renames itself
+        // (prctl) every few milliseconds shows a new name in every window.
+        for i in 1..=20u8 {
+            let name = format!("churn{i}");
+            t.touch(pid, pid, &comm(name.as_bytes()), 1);
+            assert_eq!(t.name(pid).as_ref(), name, "the new name is taken");
+            t.end_window();
+        }
+        assert_eq!(t.reads, reads, "renames reread nothing");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_seen() {
+        let mut t = table();
+        for pid in [1, 2, 3, 4] {
+            t.touch(pid, pid, &[0; 16], 1);
+        }
+        t.end_window();
+        // 1 and 3 seen again: 2 then 4 are the least recent.
+        t.touch(3, 3, &[0; 16], 1);
+        t.touch(1, 1, &[0; 16], 1);
+        t.touch(5, 5, &[0; 16], 1);
+        let mut left: Vec<u32> = t.procs.keys().copied().collect();
+        left.sort();
+        assert_eq!(left, [1, 3, 4, 5]);
+        t.touch(6, 6, &[0; 16], 1);
+        let mut left: Vec<u32> = t.procs.keys().copied().collect();
+        left.sort();
+        assert_eq!(left, [1, 3, 5, 6]);
+        // Many pids through a full table: the queue stays bounded.
+        for pid in 3_000_000..3_010_000 {
+            t.touch(pid, pid, &[0; 16], 1);
+        }
+        assert_eq!(t.len(), 4);
+        assert!(t.recency.len() <= 2 * 4 + 1024 + 1, "{}", t.recency.len());
     }
 
     #[test]

@@ -143,13 +143,19 @@ pub fn kib_field(status: &str, key: &str) -> Option<u64> {
 }
 
 /// Reads a small /proc file as text, at most `cap` bytes (a hostile or huge file cannot blow memory).
+///
+/// Invalid UTF-8 is replaced, not an error: a process named (or mapping a file named) with
+/// arbitrary bytes must not lose its maps and pod; the parsers only need the ASCII fields.
 pub fn read_capped(path: &Path, cap: u64) -> std::io::Result<String> {
     use std::io::Read;
-    let mut s = String::new();
+    let mut bytes = Vec::new();
     std::fs::File::open(path)?
         .take(cap)
-        .read_to_string(&mut s)?;
-    Ok(s)
+        .read_to_end(&mut bytes)?;
+    Ok(match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
 }
 
 #[cfg(test)]

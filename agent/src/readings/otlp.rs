@@ -25,7 +25,7 @@ use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::Resource;
 
-use crate::config::OtlpMetrics;
+use crate::config::{OtlpMetrics, Secret};
 use crate::readings::{Family, Kind, Published, Value};
 
 /// Why the exporter could not start.
@@ -72,12 +72,12 @@ pub fn resource(node_name: Option<&str>) -> Resource {
         .build()
 }
 
-fn metadata(headers: &BTreeMap<String, String>) -> Result<tonic::metadata::MetadataMap, OtlpError> {
+fn metadata(headers: &BTreeMap<String, Secret>) -> Result<tonic::metadata::MetadataMap, OtlpError> {
     let mut map = tonic::metadata::MetadataMap::new();
     for (k, v) in headers {
         let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
             .map_err(|_| OtlpError::Header(k.clone()))?;
-        let value = tonic::metadata::MetadataValue::try_from(v.as_str())
+        let value = tonic::metadata::MetadataValue::try_from(v.0.as_str())
             .map_err(|_| OtlpError::Header(k.clone()))?;
         map.insert(key, value);
     }
@@ -94,7 +94,7 @@ pub fn start(
 ) -> Result<Exporter, OtlpError> {
     let mut builder = opentelemetry_otlp::MetricExporter::builder()
         .with_tonic()
-        .with_endpoint(settings.endpoint.clone())
+        .with_endpoint(settings.endpoint.0.clone())
         .with_timeout(settings.timeout)
         .with_metadata(metadata(&settings.headers)?);
     if settings.endpoint.starts_with("https://") {
@@ -350,9 +350,9 @@ mod tests {
     #[test]
     fn bad_headers_are_refused() {
         let mut h = BTreeMap::new();
-        h.insert("x-scope-orgid".into(), "tenant".into());
+        h.insert("x-scope-orgid".into(), Secret("tenant".into()));
         assert!(metadata(&h).is_ok());
-        h.insert("bad key".into(), "v".into());
+        h.insert("bad key".into(), Secret("v".into()));
         assert!(matches!(metadata(&h), Err(OtlpError::Header(_))));
     }
 }

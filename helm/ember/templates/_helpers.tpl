@@ -54,6 +54,18 @@ enabled and must not listen on loopback only. */}}
 {{- splitList ":" $listen | last }}
 {{- end }}
 
+{{/* The memory limit: the sum of what the config's caps let ember hold plus a
+baseline (the runtime, the process table, symbolizing a busy node's window),
+so that the caps bite (counted drops) before the OOM killer does. */}}
+{{- define "ember.memoryLimit" -}}
+{{- $c := .Values.config }}
+{{- $sinks := 0 }}
+{{- if $c.sinks.pyroscope.enabled }}{{ $sinks = add $sinks 1 }}{{ end }}
+{{- if $c.sinks.otlp.enabled }}{{ $sinks = add $sinks 1 }}{{ end }}
+{{- $bytes := add $c.limits.sample_queue_bytes (mul 2 $c.limits.max_stack_bytes_per_window) $c.jit.max_total_bytes $c.sampling.unwind_max_bytes (mul 2 $c.sampling.ring_buffer_bytes) (mul $sinks $c.sinks.queue_bytes) }}
+{{- printf "%dMi" (add (div (add $bytes 1048575) 1048576) .Values.memoryBaselineMi | int64) }}
+{{- end }}
+
 {{/* Kubernetes >= 1.30 has securityContext.appArmorProfile and recursiveReadOnly. */}}
 {{- define "ember.modernKube" -}}
 {{- if semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version }}true{{ end }}

@@ -10,6 +10,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use super::names::Names;
+
 /// Why (part of) a jitdump was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reject {
@@ -21,7 +23,15 @@ pub enum Reject {
     BadRange,
     /// The entry cap was reached.
     TooMany,
+    /// The byte cap was reached (code ranges with their debug lines, or debug lines
+    /// waiting for their code).
+    TooBig,
 }
+
+/// What one code range costs besides its name and lines, rounded up.
+const ENTRY_OVERHEAD: usize = 64;
+/// What one debug line costs besides its file name's text.
+const LINE_COST: usize = std::mem::size_of::<DebugLine>();
 
 /// One source position: code from `addr` on comes from `file:line`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +49,8 @@ struct Code {
     end: u64,
     name: Arc<str>,
     lines: Arc<[DebugLine]>,
+    /// Bytes charged for this range: name, lines and their distinct file names.
+    cost: usize,
 }
 
 /// What an address in jitted code resolves to.
@@ -60,8 +72,14 @@ pub struct JitDump {
     broken: bool,
     code: BTreeMap<u64, Code>,
     /// `DEBUG_INFO` waiting for its `CODE_LOAD`, by code address.
-    pending_debug: HashMap<u64, Arc<[DebugLine]>>,
+    pending_debug: HashMap<u64, (Arc<[DebugLine]>, usize)>,
+    /// Bytes charged for `pending_debug`.
+    pending_bytes: usize,
     max_entries: usize,
+    /// Bytes charged for the code ranges held, and their cap.
+    bytes: usize,
+    max_bytes: usize,
+    names: Names,
 }
 
 const MAGIC: u32 = 0x4A69_5444;
@@ -79,17 +97,37 @@ const CODE_MOVE: u32 = 1;
 const DEBUG_INFO: u32 = 2;
 
 impl JitDump {
-    /// An empty dump holding at most `max_entries` code ranges.
+    /// An empty dump holding at most `max_entries` code ranges (and no byte cap).
+    #[cfg(any(test, fuzzing))]
     pub fn new(max_entries: usize) -> Self {
+        Self::with_limits(max_entries, usize::MAX, Names::default())
+    }
+
+    /// An empty dump holding at most `max_entries` code ranges and `max_bytes` bytes
+    /// (debug lines waiting for their code count too), names interned in `names`.
+    pub fn with_limits(max_entries: usize, max_bytes: usize, names: Names) -> Self {
         Self {
             max_entries,
+            max_bytes,
+            names,
             ..Default::default()
         }
     }
 
-    /// Changes the entry cap; entries already held stay.
-    pub fn set_max_entries(&mut self, max_entries: usize) {
+    /// Changes the entry and byte caps; entries already held stay.
+    pub fn set_limits(&mut self, max_entries: usize, max_bytes: usize) {
         self.max_entries = max_entries;
+        self.max_bytes = max_bytes;
+    }
+
+    /// Whether a malformed header or record stopped parsing for good.
+    pub fn broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Bytes charged for what is held (code ranges and pending debug lines).
+    pub fn bytes(&self) -> usize {
+        self.bytes + self.pending_bytes
     }
 
     /// Parses `bytes`, which start where the previous call's consumed bytes ended.
@@ -148,8 +186,11 @@ impl JitDump {
         }
         let (addr, size) = (u64_at(b, 16), u64_at(b, 24));
         let (name, _) = c_string(&b[40..]).ok_or(Reject::Malformed)?;
-        let lines = self.pending_debug.remove(&addr).unwrap_or_default();
-        self.insert(addr, size, Arc::from(name), lines)
+        let (lines, lines_cost) = self.pending_debug.remove(&addr).unwrap_or_default();
+        self.pending_bytes = self.pending_bytes.saturating_sub(lines_cost);
+        let name = self.names.intern(&name);
+        let cost = ENTRY_OVERHEAD + name.len() + lines_cost;
+        self.insert(addr, size, name, lines, cost)
     }
 
     fn code_move(&mut self, b: &[u8]) -> Result<(), Reject> {
@@ -161,6 +202,7 @@ impl JitDump {
         let Some(code) = self.code.remove(&old) else {
             return Ok(()); // moving code we never saw: nothing to name
         };
+        self.bytes = self.bytes.saturating_sub(code.cost);
         let delta = new.wrapping_sub(old);
         let lines: Vec<DebugLine> = code
             .lines
@@ -170,7 +212,7 @@ impl JitDump {
                 ..l.clone()
             })
             .collect();
-        self.insert(new, size, code.name, lines.into())
+        self.insert(new, size, code.name, lines.into(), code.cost)
     }
 
     fn debug_info(&mut self, b: &[u8]) -> Result<(), Reject> {
@@ -182,7 +224,13 @@ impl JitDump {
         if n > MAX_DEBUG_ENTRIES {
             return Err(Reject::Malformed);
         }
+        // Every entry takes at least 17 bytes of the record, so `n` is checked against
+        // the record before anything is allocated for it.
+        if n.saturating_mul(17) > (b.len() - 16) as u64 {
+            return Err(Reject::Malformed);
+        }
         let mut lines = Vec::with_capacity(n as usize);
+        let mut cost = 0usize;
         let mut rest = &b[16..];
         let mut last_file: Option<Arc<str>> = None;
         for _ in 0..n {
@@ -196,8 +244,12 @@ impl JitDump {
             // Consecutive entries nearly always share the file: share the string too.
             let file = match &last_file {
                 Some(f) if **f == *file => f.clone(),
-                _ => Arc::from(file),
+                _ => {
+                    cost += file.len();
+                    self.names.intern(&file)
+                }
             };
+            cost += LINE_COST;
             last_file = Some(file.clone());
             lines.push(DebugLine {
                 addr: a,
@@ -206,10 +258,20 @@ impl JitDump {
             });
         }
         lines.sort_by_key(|l| l.addr);
-        if self.pending_debug.len() >= MAX_PENDING_DEBUG {
-            self.pending_debug.clear();
+        // Lines for code that never loads must not pile up: the waiting ones are
+        // dropped when their count or bytes would pass the caps.
+        let room = self.max_bytes.saturating_sub(self.bytes);
+        if cost > room {
+            return Err(Reject::TooBig);
         }
-        self.pending_debug.insert(addr, lines.into());
+        if self.pending_debug.len() >= MAX_PENDING_DEBUG || self.pending_bytes + cost > room {
+            self.pending_debug.clear();
+            self.pending_bytes = 0;
+        }
+        if let Some((_, old)) = self.pending_debug.insert(addr, (lines.into(), cost)) {
+            self.pending_bytes = self.pending_bytes.saturating_sub(old);
+        }
+        self.pending_bytes += cost;
         Ok(())
     }
 
@@ -220,6 +282,7 @@ impl JitDump {
         size: u64,
         name: Arc<str>,
         lines: Arc<[DebugLine]>,
+        cost: usize,
     ) -> Result<(), Reject> {
         let end = start
             .checked_add(size)
@@ -235,10 +298,30 @@ impl JitDump {
         if overlapping.is_empty() && self.code.len() >= self.max_entries {
             return Err(Reject::TooMany);
         }
-        for s in overlapping {
-            self.code.remove(&s);
+        let freed: usize = overlapping
+            .iter()
+            .filter_map(|s| self.code.get(s))
+            .map(|c| c.cost)
+            .sum();
+        let after = self.bytes.saturating_sub(freed) + cost + self.pending_bytes;
+        if after > self.max_bytes && after > self.bytes() {
+            return Err(Reject::TooBig);
         }
-        self.code.insert(start, Code { end, name, lines });
+        for s in overlapping {
+            if let Some(c) = self.code.remove(&s) {
+                self.bytes = self.bytes.saturating_sub(c.cost);
+            }
+        }
+        self.bytes += cost;
+        self.code.insert(
+            start,
+            Code {
+                end,
+                name,
+                lines,
+                cost,
+            },
+        );
         Ok(())
     }
 
@@ -463,6 +546,31 @@ mod tests {
         assert_eq!(d.len(), 3);
         assert_eq!(rejects.len(), 7);
         assert!(rejects.iter().all(|r| *r == Reject::TooMany));
+    }
+
+    #[test]
+    fn byte_cap_holds_with_debug_lines() {
+        let file = "f".repeat(4000);
+        let mut bytes = build::header(7);
+        for i in 0..50u64 {
+            let addr = 0x1000 * (i + 1);
+            let f = format!("{file}{i}");
+            bytes.extend(build::debug_info(addr, &[(addr, 1, &f), (addr + 8, 2, &f)]));
+            bytes.extend(build::code_load(addr, 0x40, "f"));
+        }
+        let cap = 100_000;
+        let mut d = JitDump::with_limits(1000, cap, Names::default());
+        let (_, rejects) = d.feed(&bytes);
+        assert!(d.bytes() <= cap, "{} bytes held", d.bytes());
+        assert!(d.len() >= 10 && d.len() < 50, "{} ranges", d.len());
+        assert!(rejects.contains(&Reject::TooBig));
+        // A debug record claiming more entries than it has bytes for allocates nothing.
+        let mut lie = build::debug_info(0x9000, &[(0x9000, 1, "a")]);
+        lie[24..32].copy_from_slice(&65_536u64.to_le_bytes());
+        let mut d = JitDump::new(10);
+        let mut bytes = build::header(7);
+        bytes.extend(lie);
+        assert_eq!(d.feed(&bytes).1, [Reject::Malformed]);
     }
 
     #[test]

@@ -15,21 +15,36 @@
 //! calling thread — and restores root afterwards (the saved uid stays 0, so it can). No other
 //! thread ever runs with changed credentials, and nothing is forked.
 //! It runs off the sampling path: requests go through a bounded queue (full = counted and
-//! dropped), each attach is bounded by a timeout, and results come back on a queue.
+//! dropped), each attach is bounded by one total deadline (connect, write and answer: a
+//! peer that never accepts or dribbles a byte a second cannot hold the thread), and results
+//! come back on a queue.
+//!
+//! A pid may be reused between the request and the signal, so the request carries a pidfd
+//! taken when it was queued and the process's start time: right before SIGQUIT the start
+//! time and the `SigCgt` mask are read again, and the signal goes through the pidfd, which
+//! can only reach the process it was opened for. The socket is opened `O_PATH|O_NOFOLLOW`
+//! inside the JVM's `/tmp`, checked to be a socket, and connected to through
+//! `/proc/self/fd/N`, so a socket swapped for a symlink is never followed.
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::metrics::{Cache, JvmRefresh, Metrics};
 use crate::os::openat2::{openat2_in_root, RESOLVE_NO_SYMLINKS};
 
 /// One JVM to ask.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Request {
+    /// A pidfd for the process, taken when the request was queued (`None` if the kernel
+    /// refused one: then the attach is not attempted).
+    pub pidfd: Option<Arc<OwnedFd>>,
+    /// The process's start time (clock ticks since boot) when the request was queued.
+    pub start_time: u64,
     /// Host pid.
     pub pid: u32,
     /// Pid in the JVM's own pid namespace (the attach files are named with it).
@@ -63,6 +78,15 @@ pub enum AttachError {
     /// The JVM answered with a non-zero result.
     #[error("the JVM answered {0:?}")]
     Refused(String),
+    /// The process is gone, or its pid names another process now.
+    #[error("the process exited or its pid was reused")]
+    Gone,
+    /// The attach path is not a socket.
+    #[error("the attach path is not a socket")]
+    NotSocket,
+    /// The deadline passed.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
 }
 
 impl AttachError {
@@ -75,6 +99,9 @@ impl AttachError {
             AttachError::NoSocket(_) => JvmRefresh::NoSocket,
             AttachError::Io(_) => JvmRefresh::Io,
             AttachError::Refused(_) => JvmRefresh::Refused,
+            AttachError::Gone => JvmRefresh::Gone,
+            AttachError::NotSocket => JvmRefresh::NotSocket,
+            AttachError::Timeout(_) => JvmRefresh::Timeout,
         }
     }
 }
@@ -137,10 +164,77 @@ impl Worker {
     }
 }
 
-/// Asks the JVM `req` to write `/tmp/perf-<nspid>.map`, waiting at most `timeout`.
-/// Must run on a thread of its own (it changes that thread's credentials for a while).
+/// Flags argument of the pidfd system calls: none.
+const NO_FLAGS: libc::c_long = 0;
+
+/// A pidfd for `pid` and its start time now, for a [`Request`].
+pub fn pin(pid: u32) -> (Option<Arc<OwnedFd>>, u64) {
+    // SAFETY: pidfd_open takes a pid and flags by value; a negative result is an error.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, NO_FLAGS) };
+    let pidfd = (fd >= 0).then(|| {
+        // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
+        Arc::new(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    });
+    (pidfd, start_time(pid).unwrap_or(0))
+}
+
+fn start_time(pid: u32) -> Option<u64> {
+    let text =
+        crate::os::procfs::read_capped(std::path::Path::new(&format!("/proc/{pid}/stat")), 4096)
+            .ok()?;
+    crate::os::procfs::parse_stat(&text).map(|s| s.start_time)
+}
+
+/// Whether `pid` catches SIGQUIT now, from `/proc/<pid>/status`.
+fn catches_sigquit(pid: u32) -> Option<bool> {
+    let text = crate::os::procfs::read_capped(
+        std::path::Path::new(&format!("/proc/{pid}/status")),
+        64 << 10,
+    )
+    .ok()?;
+    let mask = text.lines().find_map(|l| l.strip_prefix("SigCgt:"))?.trim();
+    let mask = u64::from_str_radix(mask, 16).ok()?;
+    Some(mask & (1 << (libc::SIGQUIT - 1)) != 0)
+}
+
+/// Sends SIGQUIT to the process of `req`, only if it is still the process the request was
+/// made for (same start time, alive behind the pidfd) and it catches SIGQUIT right now.
+fn signal(req: &Request) -> Result<(), AttachError> {
+    let pidfd = req.pidfd.as_ref().ok_or(AttachError::Gone)?;
+    // SigCgt first, then the start time: if the start time still matches (and the pidfd
+    // still reaches a live process), the mask read before it was this process's.
+    let catches = catches_sigquit(req.pid);
+    if start_time(req.pid) != Some(req.start_time) {
+        return Err(AttachError::Gone);
+    }
+    match catches {
+        Some(true) => {}
+        Some(false) => return Err(AttachError::NoHandler),
+        None => return Err(AttachError::Gone),
+    }
+    // SAFETY: pidfd_send_signal takes a descriptor, a signal number, a null siginfo and
+    // flags; the pidfd can only reach the process it was opened for.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd() as libc::c_long,
+            libc::SIGQUIT as libc::c_long,
+            std::ptr::null::<libc::siginfo_t>(),
+            NO_FLAGS,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(AttachError::Gone)
+    }
+}
+
+/// Asks the JVM `req` to write `/tmp/perf-<nspid>.map`, within one total deadline of
+/// `timeout`. Must run on a thread of its own (it changes that thread's credentials for a
+/// while; they are restored on every path, by the guard's drop).
 pub fn perfmap(req: &Request, timeout: Duration) -> Result<(), AttachError> {
-    let started = Instant::now();
+    let deadline = Instant::now() + timeout;
     let root = File::open(format!("/proc/{}/root", req.pid)).map_err(AttachError::Tmp)?;
     let tmp = openat2_in_root(
         &root,
@@ -157,26 +251,26 @@ pub fn perfmap(req: &Request, timeout: Duration) -> Result<(), AttachError> {
         }
         let trigger = format!(".attach_pid{}", req.nspid);
         let made = create_file(&tmp, &trigger);
-        // SAFETY: kill has no memory effects; the target handles SIGQUIT (checked above).
-        unsafe { libc::kill(req.pid as i32, libc::SIGQUIT) };
-        let found = wait_for_socket(&tmp, &socket_name, timeout);
+        let signalled = signal(req);
+        let found = signalled.is_ok() && wait_for_socket(&tmp, &socket_name, deadline);
         if made {
             unlink(&tmp, &trigger);
         }
+        signalled?;
         if !found {
             return Err(AttachError::NoSocket(timeout));
         }
     }
-    let path = format!("/proc/self/fd/{}/{socket_name}", tmp.as_raw_fd());
-    let mut stream = UnixStream::connect(path)?;
-    let left = timeout
-        .saturating_sub(started.elapsed())
-        .max(Duration::from_millis(100));
-    stream.set_read_timeout(Some(left))?;
+    let mut stream = connect_in(&tmp, &socket_name, deadline, timeout)?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(AttachError::Timeout(timeout));
+    }
     stream.set_write_timeout(Some(left))?;
-    stream.write_all(b"1\0jcmd\0Compiler.perfmap\0\0\0")?;
-    let mut answer = Vec::new();
-    stream.take(64 << 10).read_to_end(&mut answer)?;
+    stream
+        .write_all(b"1\0jcmd\0Compiler.perfmap\0\0\0")
+        .map_err(|e| timed_out(e, timeout))?;
+    let answer = read_answer(&mut stream, deadline, timeout)?;
     let text = String::from_utf8_lossy(&answer);
     let code = text.lines().next().unwrap_or("").trim();
     // The first line is the attach result; a jcmd that failed says so in its output.
@@ -187,6 +281,134 @@ pub fn perfmap(req: &Request, timeout: Duration) -> Result<(), AttachError> {
             text.chars().take(200).collect::<String>(),
         ))
     }
+}
+
+/// A read or write that hit its timeout is the deadline passing.
+fn timed_out(e: std::io::Error, timeout: Duration) -> AttachError {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            AttachError::Timeout(timeout)
+        }
+        _ => AttachError::Io(e),
+    }
+}
+
+/// Reads the answer (at most 64 KiB) until the JVM closes the connection or `deadline`.
+fn read_answer(
+    stream: &mut UnixStream,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Vec<u8>, AttachError> {
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(AttachError::Timeout(timeout));
+        }
+        // Each read waits at most what is left of the one deadline, so a peer sending a
+        // byte at a time cannot stretch it.
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut buf) {
+            Ok(0) => return Ok(answer),
+            Ok(n) => {
+                answer.extend_from_slice(&buf[..n]);
+                if answer.len() >= 64 << 10 {
+                    answer.truncate(64 << 10);
+                    return Ok(answer);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(timed_out(e, timeout)),
+        }
+    }
+}
+
+/// Connects to the socket `name` in `dir`: opened `O_PATH|O_NOFOLLOW` (a symlink is
+/// opened as itself, never followed), checked to be a socket, then connected to through
+/// `/proc/self/fd/N`, without blocking past `deadline` (a full backlog makes a blocking
+/// connect wait).
+fn connect_in(
+    dir: &File,
+    name: &str,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<UnixStream, AttachError> {
+    let c = std::ffi::CString::new(name).map_err(|_| AttachError::NotSocket)?;
+    // SAFETY: valid dirfd and NUL-terminated name; the result is checked.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(AttachError::Io(std::io::Error::last_os_error()));
+    }
+    // SAFETY: just opened, owned here.
+    let path_fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: a zeroed stat is a valid out-buffer; the fd is valid.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(path_fd.as_raw_fd(), &mut st) } != 0
+        || st.st_mode & libc::S_IFMT != libc::S_IFSOCK
+    {
+        return Err(AttachError::NotSocket);
+    }
+    let target = format!("/proc/self/fd/{}", path_fd.as_raw_fd());
+    // SAFETY: a zeroed sockaddr_un is valid; the path fits (checked).
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    if target.len() >= addr.sun_path.len() {
+        return Err(AttachError::NotSocket);
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(target.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: plain socket creation; the result is checked.
+    let sock = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if sock < 0 {
+        return Err(AttachError::Io(std::io::Error::last_os_error()));
+    }
+    // SAFETY: just created, owned here.
+    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    loop {
+        // SAFETY: addr is a valid sockaddr_un of the size given.
+        let rc = unsafe {
+            libc::connect(
+                sock.as_raw_fd(),
+                (&addr as *const libc::sockaddr_un).cast(),
+                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            // A full backlog: try again until the deadline.
+            Some(libc::EISCONN) => break,
+            Some(libc::EAGAIN)
+            | Some(libc::EINPROGRESS)
+            | Some(libc::EALREADY)
+            | Some(libc::EINTR) => {
+                if Instant::now() >= deadline {
+                    return Err(AttachError::Timeout(timeout));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            _ => return Err(AttachError::Io(e)),
+        }
+    }
+    let stream = UnixStream::from(sock);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
 }
 
 fn is_socket(dir: &File, name: &str) -> bool {
@@ -206,8 +428,7 @@ fn is_socket(dir: &File, name: &str) -> bool {
     rc == 0 && st.st_mode & libc::S_IFMT == libc::S_IFSOCK
 }
 
-fn wait_for_socket(dir: &File, name: &str, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
+fn wait_for_socket(dir: &File, name: &str, deadline: Instant) -> bool {
     while Instant::now() < deadline {
         if is_socket(dir, name) {
             return true;
@@ -296,5 +517,187 @@ fn set_ids(call: libc::c_long, id: u32) -> std::io::Result<()> {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+    use std::path::PathBuf;
+    use std::process::{Child, Command};
+
+    /// A process that catches SIGQUIT (as a JVM does), and its attach socket path.
+    struct FakeJvm {
+        child: Child,
+        socket: PathBuf,
+    }
+
+    impl FakeJvm {
+        fn start() -> Self {
+            let child = Command::new("sh")
+                .args(["-c", "trap 'echo quit' QUIT; while :; do sleep 0.1; done"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn sh");
+            let pid = child.id();
+            // Wait until the trap is installed.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while catches_sigquit(pid) != Some(true) {
+                assert!(Instant::now() < deadline, "no QUIT handler");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let socket = PathBuf::from(format!("/tmp/.java_pid{pid}"));
+            Self { child, socket }
+        }
+
+        fn request(&self) -> Request {
+            let pid = self.child.id();
+            let (pidfd, start_time) = pin(pid);
+            // SAFETY: geteuid/getegid have no preconditions.
+            let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+            Request {
+                pidfd,
+                start_time,
+                pid,
+                nspid: pid,
+                uid,
+                gid,
+                sigquit: true,
+            }
+        }
+    }
+
+    impl Drop for FakeJvm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.socket);
+            let _ = std::fs::remove_file(format!("/tmp/.attach_pid{}", self.child.id()));
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    const DEADLINE: Duration = Duration::from_secs(1);
+    /// Slack for a loaded machine: the attach must end near its deadline, never much later.
+    const SLACK: Duration = Duration::from_secs(3);
+
+    #[test]
+    fn a_listener_that_never_accepts_ends_by_the_deadline() {
+        let jvm = FakeJvm::start();
+        let _listener = UnixListener::bind(&jvm.socket).expect("bind");
+        let started = Instant::now();
+        let r = perfmap(&jvm.request(), DEADLINE);
+        assert!(matches!(r, Err(AttachError::Timeout(_))), "{r:?}");
+        assert!(
+            started.elapsed() < DEADLINE + SLACK,
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_listener_that_dribbles_ends_by_the_deadline() {
+        let jvm = FakeJvm::start();
+        let listener = UnixListener::bind(&jvm.socket).expect("bind");
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let server = std::thread::spawn(move || {
+            if let Ok((mut c, _)) = listener.accept() {
+                // One byte every 100 ms, never closing: each read succeeds in time.
+                while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                    if c.write_all(b"0").is_err() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        });
+        let started = Instant::now();
+        let r = perfmap(&jvm.request(), DEADLINE);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(matches!(r, Err(AttachError::Timeout(_))), "{r:?}");
+        assert!(
+            started.elapsed() < DEADLINE + SLACK,
+            "{:?}",
+            started.elapsed()
+        );
+        let _ = server.join();
+    }
+
+    #[test]
+    fn a_socket_swapped_for_a_symlink_is_never_connected() {
+        let jvm = FakeJvm::start();
+        let outside = tempfile::tempdir().expect("tmp");
+        let target = outside.path().join("host.sock");
+        let host = UnixListener::bind(&target).expect("bind");
+        host.set_nonblocking(true).expect("nonblocking");
+        std::os::unix::fs::symlink(&target, &jvm.socket).expect("symlink");
+        // Straight at the connect step (as if swapped after the socket check) ...
+        let tmp = File::open("/tmp").expect("tmp");
+        let name = jvm
+            .socket
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("name");
+        let r = connect_in(&tmp, name, Instant::now() + DEADLINE, DEADLINE);
+        assert!(matches!(r, Err(AttachError::NotSocket)), "{r:?}");
+        // ... and through a whole attach.
+        let r = perfmap(&jvm.request(), DEADLINE);
+        assert!(r.is_err(), "{r:?}");
+        assert!(
+            matches!(host.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "the host socket behind the symlink was connected to"
+        );
+    }
+
+    #[test]
+    fn a_reused_pid_is_not_signalled() {
+        // `sleep` dies of SIGQUIT: if it were signalled, it would be gone.
+        let mut sleeper = Command::new("sleep").arg("30").spawn().expect("spawn");
+        let pid = sleeper.id();
+        let (pidfd, start_time) = pin(pid);
+        let req = Request {
+            pidfd,
+            start_time: start_time + 1, // as if the pid named another process now
+            pid,
+            nspid: pid,
+            uid: 0,
+            gid: 0,
+            sigquit: true,
+        };
+        assert!(matches!(signal(&req), Err(AttachError::Gone)));
+        let req = Request { start_time, ..req };
+        // The right process, but it does not catch SIGQUIT now.
+        assert!(matches!(signal(&req), Err(AttachError::NoHandler)));
+        assert!(sleeper.try_wait().expect("wait").is_none(), "still alive");
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+    }
+
+    #[test]
+    fn credentials_are_restored_on_every_path() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(
+                std::env::var("EMBER_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+                "needs root (setresuid) and EMBER_REQUIRE_PRIVILEGED=1 forbids skipping"
+            );
+            return;
+        }
+        let jvm = FakeJvm::start();
+        let _listener = UnixListener::bind(&jvm.socket).expect("bind");
+        let mut req = jvm.request();
+        // Another user: the root-owned 0600 socket refuses it (an error path).
+        req.uid = 4242;
+        req.gid = 4242;
+        let ids = std::thread::spawn(move || {
+            let r = perfmap(&req, DEADLINE);
+            // SAFETY: no preconditions; per-thread ids.
+            let ids = unsafe { (libc::geteuid(), libc::getegid()) };
+            (r.is_err(), ids)
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(ids, (true, (0, 0)));
     }
 }

@@ -14,7 +14,9 @@
 //! - the jitdump is the very file the process maps (through `/proc/PID/map_files`);
 //! - a file is used only when owned by the process's uid or by root (perf's rule), when it
 //!   is a regular file, and when it is no larger than `jit.max_file_bytes`;
-//! - entries are capped per process and across all processes;
+//! - entries and the bytes they hold (a name may be 64 KiB) are capped per process and
+//!   across all processes, names are interned (a fleet of identical runtimes on a node
+//!   writes the same names), and files are read in bounded chunks;
 //!
 //! and every refusal is counted in `ember_jit_rejects_total{reason}`. Files are re-read
 //! incrementally: only the bytes appended since the last read, everything again when the
@@ -24,6 +26,7 @@
 
 mod jitdump;
 mod jvm;
+mod names;
 mod perfmap;
 
 use std::collections::HashMap;
@@ -38,6 +41,7 @@ use crate::normalize::jit::jitdump::JitDump;
 use crate::metrics::{JitReject, Metrics};
 use crate::normalize::object::Object;
 use crate::os::openat2::{openat2_in_root, RESOLVE_NO_SYMLINKS};
+use names::Names;
 use perfmap::PerfMap;
 
 /// Where a JIT frame's name came from.
@@ -121,6 +125,12 @@ pub struct JitTables {
     procs: HashMap<u32, ProcJit>,
     /// Entries held across `procs`, kept up to date (the global cap is checked often).
     total: usize,
+    /// Bytes charged across `procs`, likewise.
+    total_bytes: usize,
+    /// Names shared by every table.
+    names: Names,
+    /// The window `names` was last pruned in.
+    pruned: u64,
     metrics: Metrics,
     attach: Option<jvm::Worker>,
 }
@@ -138,6 +148,9 @@ impl JitTables {
             settings,
             procs: HashMap::new(),
             total: 0,
+            total_bytes: 0,
+            names: Names::default(),
+            pruned: 0,
             metrics,
             attach,
         }
@@ -185,12 +198,16 @@ impl JitTables {
     pub fn forget(&mut self, pid: u32) {
         if let Some(p) = self.procs.remove(&pid) {
             self.total = self.total.saturating_sub(p.perf.len() + p.dump.len());
+            self.total_bytes = self
+                .total_bytes
+                .saturating_sub(p.perf.bytes() + p.dump.bytes());
             self.publish();
         }
     }
 
     fn publish(&self) {
         self.metrics.jit_entries.set(self.total as i64);
+        self.metrics.jit_bytes.set(self.total_bytes as i64);
     }
 
     /// The state of `pid`, created from `/proc/<pid>/status` on first use.
@@ -203,6 +220,7 @@ impl JitTables {
             .ok()?;
             let st = parse_status(&status)?;
             let cap = self.settings.max_entries_per_process;
+            let bytes = self.settings.max_bytes_per_process;
             self.procs.insert(
                 pid,
                 ProcJit {
@@ -211,9 +229,9 @@ impl JitTables {
                     gid: st.gid,
                     sigquit: st.sigquit,
                     checked: window.wrapping_sub(1),
-                    perf: PerfMap::new(cap),
+                    perf: PerfMap::with_limits(cap, bytes, self.names.clone()),
                     perf_at: None,
-                    dump: JitDump::new(cap),
+                    dump: JitDump::with_limits(cap, bytes, self.names.clone()),
                     dump_at: None,
                     dump_stalled: false,
                     dump_size: 0,
@@ -235,19 +253,37 @@ impl JitTables {
         };
         p.checked = window;
         let own = p.perf.len() + p.dump.len();
-        // What the global cap leaves this process, on top of what it holds.
+        let own_bytes = p.perf.bytes() + p.dump.bytes();
+        // What the global caps leave this process, on top of what it holds.
         let room = self
             .settings
             .max_total_entries
             .saturating_sub(self.total.saturating_sub(own))
             .min(self.settings.max_entries_per_process);
+        let room_bytes = self
+            .settings
+            .max_total_bytes
+            .saturating_sub(self.total_bytes.saturating_sub(own_bytes))
+            .min(self.settings.max_bytes_per_process);
         let mut rejects: Vec<JitReject> = Vec::new();
-        let limits = (self.settings.max_file_bytes, room);
-        read_perf_map(pid, p, limits, &mut rejects);
+        let limits = Limits {
+            file_bytes: self.settings.max_file_bytes,
+            entries: room,
+            bytes: room_bytes,
+            names: &self.names,
+        };
+        read_perf_map(pid, p, &limits, &mut rejects);
         if let Some(obj) = &hints.jitdump {
-            read_jitdump(obj, p, limits, &mut rejects);
+            read_jitdump(obj, p, &limits, &mut rejects);
         }
         self.total = self.total.saturating_sub(own) + p.perf.len() + p.dump.len();
+        self.total_bytes =
+            self.total_bytes.saturating_sub(own_bytes) + p.perf.bytes() + p.dump.bytes();
+        if self.pruned != window {
+            // Names of tables replaced or forgotten since: at most one sweep per window.
+            self.pruned = window;
+            self.names.prune();
+        }
         let mut counted: HashMap<JitReject, u64> = HashMap::new();
         for r in rejects {
             *counted.entry(r).or_default() += 1;
@@ -270,7 +306,12 @@ impl JitTables {
             return;
         }
         p.jvm_asked = Some(Instant::now());
+        // Pinned now: the pid may name another process by the time the attach thread
+        // gets to it.
+        let (pidfd, start_time) = jvm::pin(pid);
         attach.request(jvm::Request {
+            pidfd,
+            start_time,
             pid,
             nspid: p.nspid,
             uid: p.uid,
@@ -299,6 +340,7 @@ fn perfmap_reason(r: perfmap::Reject) -> JitReject {
         perfmap::Reject::Malformed => JitReject::Malformed,
         perfmap::Reject::BadRange => JitReject::BadRange,
         perfmap::Reject::TooMany => JitReject::TooMany,
+        perfmap::Reject::TooBig => JitReject::Bytes,
     }
 }
 
@@ -309,11 +351,25 @@ fn jitdump_reason(r: jitdump::Reject) -> JitReject {
         jitdump::Reject::Malformed => JitReject::JitdumpMalformed,
         jitdump::Reject::BadRange => JitReject::BadRange,
         jitdump::Reject::TooMany => JitReject::TooMany,
+        jitdump::Reject::TooBig => JitReject::Bytes,
     }
 }
 
-fn read_perf_map(pid: u32, p: &mut ProcJit, limits: (u64, usize), rejects: &mut Vec<JitReject>) {
-    let (max_bytes, room) = limits;
+/// What one process may read and hold in one refresh.
+struct Limits<'a> {
+    /// Largest file read.
+    file_bytes: u64,
+    /// Entries and bytes it may hold (its own cap, less what others hold of the global one).
+    entries: usize,
+    bytes: usize,
+    names: &'a Names,
+}
+
+/// Bytes read from a JIT file at a time: the parsers take appended pieces, so a 64 MB map
+/// never needs 64 MB of buffer.
+const READ_CHUNK: u64 = 1 << 20;
+
+fn read_perf_map(pid: u32, p: &mut ProcJit, limits: &Limits, rejects: &mut Vec<JitReject>) {
     let Ok(root) = File::open(format!("/proc/{pid}/root")) else {
         return;
     };
@@ -329,49 +385,78 @@ fn read_perf_map(pid: u32, p: &mut ProcJit, limits: (u64, usize), rejects: &mut 
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return rejects.push(JitReject::Symlink),
         Err(_) => return rejects.push(JitReject::Open),
     };
-    let Some((size, at)) = check_file(&file, p.uid, max_bytes, rejects) else {
+    let Some((size, at)) = check_file(&file, p.uid, limits.file_bytes, rejects) else {
         return;
     };
     let mut cursor = match p.perf_at {
         Some(c) if c.dev == at.dev && c.ino == at.ino && c.offset <= size && !p.reread => c,
         _ => {
             // New, replaced, shrunk or rewritten on request: start over.
-            p.perf = PerfMap::new(room);
+            p.perf = PerfMap::with_limits(limits.entries, limits.bytes, limits.names.clone());
             at
         }
     };
     p.reread = false;
-    p.perf.set_max_entries(room.max(p.perf.len()));
-    let Some(bytes) = read_range(&file, cursor.offset, size) else {
-        return rejects.push(JitReject::Read);
-    };
-    rejects.extend(p.perf.feed_bytes(&bytes).into_iter().map(perfmap_reason));
-    cursor.offset = size;
+    p.perf.set_limits(
+        limits.entries.max(p.perf.len()),
+        limits.bytes.max(p.perf.bytes()),
+    );
+    while cursor.offset < size {
+        let to = size.min(cursor.offset + READ_CHUNK);
+        let Some(bytes) = read_range(&file, cursor.offset, to) else {
+            return rejects.push(JitReject::Read);
+        };
+        if bytes.is_empty() {
+            break; // shrank meanwhile: the next read starts over
+        }
+        rejects.extend(p.perf.feed_bytes(&bytes).into_iter().map(perfmap_reason));
+        cursor.offset += bytes.len() as u64;
+    }
     p.perf_at = Some(cursor);
 }
 
 /// Reads the records appended to the jitdump the process maps.
-fn read_jitdump(obj: &Object, p: &mut ProcJit, limits: (u64, usize), rejects: &mut Vec<JitReject>) {
-    let (max_bytes, room) = limits;
+fn read_jitdump(obj: &Object, p: &mut ProcJit, limits: &Limits, rejects: &mut Vec<JitReject>) {
     let file = obj.file();
-    let Some((size, at)) = check_file(file, p.uid, max_bytes, rejects) else {
+    let Some((size, at)) = check_file(file, p.uid, limits.file_bytes, rejects) else {
         return;
     };
     let mut cursor = match p.dump_at {
         Some(c) if c.dev == at.dev && c.ino == at.ino && c.offset <= size => c,
         _ => {
-            p.dump = JitDump::new(room);
+            p.dump = JitDump::with_limits(limits.entries, limits.bytes, limits.names.clone());
             p.dump_stalled = false;
             at
         }
     };
-    p.dump.set_max_entries(room.max(p.dump.len()));
-    let Some(bytes) = read_range(file, cursor.offset, size) else {
-        return rejects.push(JitReject::Read);
-    };
-    let (used, rs) = p.dump.feed(&bytes);
-    rejects.extend(rs.into_iter().map(jitdump_reason));
-    let pending = bytes.len() - used;
+    p.dump.set_limits(
+        limits.entries.max(p.dump.len()),
+        limits.bytes.max(p.dump.bytes()),
+    );
+    // Whole records only are consumed: read a chunk (grown to hold one large record, up
+    // to the file's size cap) until what is left is an incomplete tail.
+    let mut used = 0usize;
+    let mut pending = 0usize;
+    let mut chunk = READ_CHUNK;
+    while cursor.offset < size {
+        let to = size.min(cursor.offset + chunk);
+        let Some(bytes) = read_range(file, cursor.offset, to) else {
+            return rejects.push(JitReject::Read);
+        };
+        let (n, rs) = p.dump.feed(&bytes);
+        rejects.extend(rs.into_iter().map(jitdump_reason));
+        cursor.offset += n as u64;
+        used += n;
+        pending = bytes.len() - n;
+        if n == 0 {
+            if to >= size || bytes.is_empty() || p.dump.broken() {
+                break;
+            }
+            chunk = chunk.saturating_mul(2);
+        } else {
+            chunk = READ_CHUNK;
+        }
+    }
     // A tail that did not grow since the last read is a truncated record, not one being
     // written: count it once (it still gets parsed if the rest ever arrives).
     let stalled = pending > 0 && used == 0 && p.dump_at.is_some() && size == p.dump_size;
@@ -380,7 +465,6 @@ fn read_jitdump(obj: &Object, p: &mut ProcJit, limits: (u64, usize), rejects: &m
     }
     p.dump_stalled = stalled;
     p.dump_size = size;
-    cursor.offset += used as u64;
     p.dump_at = Some(cursor);
 }
 
@@ -680,6 +764,49 @@ mod tests {
         assert_eq!(rejects(&m, "too_many"), 7 + 8);
         t.forget(a.pid());
         assert_eq!(t.total, 2);
+    }
+
+    #[test]
+    fn byte_caps_per_process_and_global() {
+        let m = Metrics::new();
+        let settings = Jit {
+            max_bytes_per_process: 2 << 20,
+            max_total_bytes: 5 << 20,
+            ..Jit::default()
+        };
+        let mut t = JitTables::new(settings, m.clone());
+        // Four processes, each with 100 distinct 64 KiB names (6.4 MB of map).
+        let victims: Vec<Victim> = (0..4).map(|_| Victim::new()).collect();
+        for (k, v) in victims.iter().enumerate() {
+            let lines: String = (1..=100u64)
+                .map(|i| {
+                    format!(
+                        "{:x} 10 {}{k}_{i}\n",
+                        i * 0x1000,
+                        "n".repeat((64 << 10) - 64)
+                    )
+                })
+                .collect();
+            std::fs::write(&v.map, lines).expect("write");
+        }
+        // 2 MiB each for the first two, the 1 MiB left of the global 5 for the third,
+        // nothing for the fourth.
+        let named: Vec<bool> = victims
+            .iter()
+            .map(|v| name(&mut t, v.pid(), 0x1000, 1).is_some())
+            .collect();
+        assert_eq!(named, [true, true, true, false]);
+        let held = m.jit_bytes.get() as usize;
+        assert!(held <= 5 << 20, "{held} bytes held, cap 5 MiB");
+        assert!(held >= 4 << 20, "the budget is used: {held}");
+        assert!(t.procs.values().all(|p| p.perf.bytes() <= 2 << 20));
+        assert!(rejects(&m, "bytes") >= 4 * 100 - 5 * 16 * 4);
+        for v in &victims {
+            t.forget(v.pid());
+        }
+        assert_eq!(m.jit_bytes.get(), 0);
+        t.names.prune();
+        assert!(t.names.is_empty());
     }
 
     #[test]

@@ -5,9 +5,15 @@
 //! is read incrementally: runtimes append to it for as long as they run, so
 //! [`PerfMap::feed_bytes`] takes whatever was appended since the last read, and a partial
 //! last line waits for the rest. Later entries win over earlier ones for overlapping
-//! ranges, as in perf. Names are kept as written, with invalid UTF-8 replaced.
+//! ranges, as in perf. Names are kept as written, with invalid UTF-8 replaced, and
+//! interned in a [`Names`] set shared with other maps.
+//!
+//! Both the entries and the bytes they hold are capped: a name may be 64 KiB long, so an
+//! entry cap alone would let one process's map hold gigabytes.
 
 use std::collections::BTreeMap;
+
+use super::names::Names;
 
 /// Why a line was skipped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -18,6 +24,18 @@ pub enum Reject {
     BadRange,
     /// The per-map entry cap was reached.
     TooMany,
+    /// The per-map byte cap was reached.
+    TooBig,
+}
+
+/// What one entry costs besides its name's bytes: the tree node's share, the range and the
+/// shared name's header, rounded up.
+pub const ENTRY_OVERHEAD: usize = 64;
+
+/// The bytes charged for one entry named `name` (charged in full even when the name is
+/// shared with other entries or maps: the budget errs on the safe side).
+pub fn entry_cost(name: &str) -> usize {
+    name.len() + ENTRY_OVERHEAD
 }
 
 /// The symbols of one process's perf map.
@@ -30,14 +48,27 @@ pub struct PerfMap {
     /// Inside an overlong line: drop bytes up to the next newline.
     skipping: bool,
     max_entries: usize,
+    /// Bytes charged for the entries held ([`entry_cost`] each), and their cap.
+    bytes: usize,
+    max_bytes: usize,
+    names: Names,
     rejected: BTreeMap<Reject, u64>,
 }
 
 impl PerfMap {
-    /// An empty map holding at most `max_entries` ranges.
+    /// An empty map holding at most `max_entries` ranges (and no byte cap).
+    #[cfg(any(test, fuzzing))]
     pub fn new(max_entries: usize) -> Self {
+        Self::with_limits(max_entries, usize::MAX, Names::default())
+    }
+
+    /// An empty map holding at most `max_entries` ranges and `max_bytes` bytes, its names
+    /// interned in `names`.
+    pub fn with_limits(max_entries: usize, max_bytes: usize, names: Names) -> Self {
         Self {
             max_entries,
+            max_bytes,
+            names,
             ..Default::default()
         }
     }
@@ -108,10 +139,16 @@ impl PerfMap {
         rejects.push(r);
     }
 
-    /// Changes the entry cap (the JIT stage shares a global budget between processes);
-    /// entries already held stay.
-    pub fn set_max_entries(&mut self, max_entries: usize) {
+    /// Changes the entry and byte caps (the JIT stage shares a global budget between
+    /// processes); entries already held stay.
+    pub fn set_limits(&mut self, max_entries: usize, max_bytes: usize) {
         self.max_entries = max_entries;
+        self.max_bytes = max_bytes;
+    }
+
+    /// Bytes charged for the entries held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     fn add_line(&mut self, line: &str) -> Result<(), Reject> {
@@ -133,29 +170,72 @@ impl PerfMap {
     }
 
     /// Inserts `[start, end)`, cutting back whatever older ranges it overlaps.
+    ///
+    /// The older ranges' parts outside the new one stay (a head before it, a tail after
+    /// it), so a line strictly inside an older range adds three entries for the one it
+    /// removes: the caps are checked on the count and bytes after the whole change, and
+    /// when they would be exceeded the older tail is given up first, then the line.
     fn insert(&mut self, start: u64, end: u64, name: &str) -> Result<(), Reject> {
-        let overlapping: Vec<u64> = self
+        let overlapping: Vec<(u64, u64, usize)> = self
             .ranges
             .range(..end)
             .rev()
             .take_while(|(_, (e, _))| *e > start)
-            .map(|(s, _)| *s)
+            .map(|(s, (e, n))| (*s, *e, entry_cost(n)))
             .collect();
-        if overlapping.is_empty() && self.ranges.len() >= self.max_entries {
-            return Err(Reject::TooMany);
-        }
-        for s in overlapping {
+        // Overlapping ranges are disjoint and sorted: only the first (lowest) can stick
+        // out before `start`, only the last (highest) after `end`.
+        let head = overlapping
+            .last()
+            .filter(|(s, _, _)| *s < start)
+            .map(|(_, _, c)| *c);
+        let tail = overlapping
+            .first()
+            .filter(|(_, e, _)| *e > end)
+            .map(|(_, _, c)| *c);
+        let removed: usize = overlapping.iter().map(|(_, _, c)| c).sum();
+        let cost = entry_cost(name);
+        let fits = |tail: Option<usize>| {
+            let entries = self.ranges.len() - overlapping.len()
+                + 1
+                + usize::from(head.is_some())
+                + usize::from(tail.is_some());
+            let bytes =
+                self.bytes.saturating_sub(removed) + cost + head.unwrap_or(0) + tail.unwrap_or(0);
+            // Growing past a cap is refused; a map already over a lowered cap may still
+            // replace what it holds.
+            if entries > self.max_entries && entries > self.ranges.len() {
+                Err(Reject::TooMany)
+            } else if bytes > self.max_bytes && bytes > self.bytes {
+                Err(Reject::TooBig)
+            } else {
+                Ok(())
+            }
+        };
+        let keep_tail = match (tail, fits(tail)) {
+            (Some(_), Ok(())) => true,
+            (None, Ok(())) => false,
+            (Some(_), Err(_)) => {
+                fits(None)?;
+                false
+            }
+            (None, Err(r)) => return Err(r),
+        };
+        for (s, _, c) in overlapping {
+            self.bytes = self.bytes.saturating_sub(c);
             if let Some((e, old)) = self.ranges.remove(&s) {
-                // Keep the parts of the older range outside the new one.
                 if s < start {
+                    self.bytes += entry_cost(&old);
                     self.ranges.insert(s, (start, old.clone()));
                 }
-                if e > end && self.ranges.len() < self.max_entries {
+                if e > end && keep_tail {
+                    self.bytes += entry_cost(&old);
                     self.ranges.insert(end, (e, old));
                 }
             }
         }
-        self.ranges.insert(start, (end, name.into()));
+        self.bytes += cost;
+        self.ranges.insert(start, (end, self.names.intern(name)));
         Ok(())
     }
 
@@ -308,6 +388,43 @@ mod tests {
         // A replacement within the cap still lands.
         assert!(m.feed("1000 10 a2\n").is_empty());
         assert_eq!(m.lookup(0x1000).map(|r| r.0), Some("a2"));
+    }
+
+    #[test]
+    fn nested_lines_respect_the_entry_cap() {
+        // Each line strictly inside the one before: cutting the older range around it
+        // makes a head and a tail piece, and both count toward the cap.
+        let mut m = PerfMap::new(3);
+        let text: String = (0..1000u64)
+            .map(|i| format!("{:x} {:x} n{i}\n", 0x1000 + i, 0x10_0000 - 2 * i))
+            .collect();
+        m.feed(&text);
+        assert!(m.len() <= 3, "{} entries with a cap of 3", m.len());
+        assert!(m.rejected().get(&Reject::TooMany).is_some_and(|n| *n > 0));
+    }
+
+    #[test]
+    fn bytes_are_capped_and_names_shared() {
+        let names = Names::default();
+        let long = "x".repeat(MAX_LINE - 64);
+        let text: String = (1..=100u64)
+            .map(|i| format!("{:x} 10 {long}\n", i * 0x1000))
+            .collect();
+        let cap = 10 * entry_cost(&long);
+        let mut a = PerfMap::with_limits(1000, cap, names.clone());
+        let mut b = PerfMap::with_limits(1000, cap, names.clone());
+        a.feed(&text);
+        b.feed(&text);
+        for m in [&a, &b] {
+            assert_eq!(m.len(), 10);
+            assert!(m.bytes() <= cap);
+            assert_eq!(m.rejected().get(&Reject::TooBig), Some(&90));
+        }
+        assert_eq!(names.len(), 1, "one copy of the name for both maps");
+        assert_eq!(names.bytes(), long.len());
+        drop((a, b));
+        names.prune();
+        assert!(names.is_empty());
     }
 
     #[test]
