@@ -437,8 +437,8 @@ struct Pipeline {
 const TASK_RING_PAGES: usize = 16;
 /// Process snapshots queued from the unwind loader to the process table.
 const SNAPSHOT_QUEUE: usize = 1024;
-/// Windows queued between aggregation and symbolization.
-const WINDOW_QUEUE: usize = 2;
+/// Windows queued between aggregation and symbolization (a CPU and an off-CPU one per window).
+const WINDOW_QUEUE: usize = 4;
 /// BPF deny/allow orders queued between aggregation and capture.
 const CONTROL_QUEUE: usize = 4096;
 
@@ -483,6 +483,7 @@ impl Pipeline {
             workloads,
         );
         agg.set_jit(cfg.jit.clone());
+        agg.set_offcpu(cfg.offcpu.enabled);
         let (snap_tx, snap_rx) = mpsc::sync_channel(SNAPSHOT_QUEUE);
         let aggregate = spawn("ember-aggregate", move || {
             agg.run(batch_rx, snap_rx, window_tx, window, align)
@@ -494,7 +495,13 @@ impl Pipeline {
             output_loop(window_rx, Symbolizer::new(cache, m.clone()), m, on_window)
         })?;
 
-        let (capture, link) = Capture::start(&cfg.sampling, batch_tx, control_rx, metrics.clone())?;
+        let (capture, link) = Capture::start(
+            &cfg.sampling,
+            &cfg.offcpu,
+            batch_tx,
+            control_rx,
+            metrics.clone(),
+        )?;
         let unwind = match link.maps {
             Some(maps) => {
                 let settings = unwind::Settings {

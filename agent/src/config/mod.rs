@@ -80,6 +80,39 @@ pub struct Config {
     pub otlp_metrics: OtlpMetrics,
     /// Where windows are shipped besides the local files (Pyroscope, OTLP).
     pub sinks: Sinks,
+    /// Off-CPU profiling: where threads wait, how long and why.
+    pub offcpu: OffCpu,
+}
+
+/// `offcpu:` keys: off-CPU profiles from `sched_switch` (see README "Off-CPU profiles").
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct OffCpu {
+    /// Load the off-CPU programs and write off-CPU windows.
+    pub enabled: bool,
+    /// Blocks shorter than this are not reported (counted as short).
+    #[serde(deserialize_with = "duration")]
+    pub min_block: Duration,
+    /// Fraction of switch-outs whose stacks are taken (0 < rate <= 1); reported times are
+    /// scaled by its inverse.
+    pub sample_rate: f64,
+    /// Threads off CPU whose stacks are held at once (BPF map entries, ~2.2 KiB each
+    /// while used); more are counted as dropped.
+    pub max_threads: u32,
+    /// The off-CPU ring buffer, in bytes (power of two).
+    pub ring_buffer_bytes: u32,
+}
+
+impl Default for OffCpu {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            min_block: Duration::from_micros(1000),
+            sample_rate: 1.0,
+            max_threads: 8192,
+            ring_buffer_bytes: 1 << 20,
+        }
+    }
 }
 
 /// `readings:` keys: USE metrics of the host and its containers, read on their own thread.
@@ -522,6 +555,19 @@ impl Config {
             return invalid(
                 "sampling.unwind_max_processes",
                 "must be between 1 and 1048576",
+            );
+        }
+        let o = &self.offcpu;
+        if !(o.sample_rate > 0.0 && o.sample_rate <= 1.0) {
+            return invalid("offcpu.sample_rate", "must be above 0 and at most 1");
+        }
+        if !(1..=1 << 20).contains(&o.max_threads) {
+            return invalid("offcpu.max_threads", "must be between 1 and 1048576");
+        }
+        if !o.ring_buffer_bytes.is_power_of_two() || o.ring_buffer_bytes < 4096 {
+            return invalid(
+                "offcpu.ring_buffer_bytes",
+                "must be a power of two of at least 4096",
             );
         }
         if self.window.duration < Duration::from_millis(100) {

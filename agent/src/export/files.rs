@@ -3,9 +3,11 @@
 //!
 //! Files are named by the UTC start of their window,
 //! `20261122T031500.123Z.pb.gz`, so names sort by time; a second window with
-//! the same start gets `-1`, `-2`, … before `.pb.gz`. Only names of exactly
-//! that shape are listed, served or removed: anything else in the directory
-//! belongs to someone else and is left alone.
+//! the same start gets `-1`, `-2`, … before `.pb.gz`. Off-CPU windows
+//! (`offcpu.enabled`) are `20261122T031500.123Z.offcpu.pb.gz` beside them, and
+//! count in the same retention caps. Only names of exactly that shape are
+//! listed, served or removed: anything else in the directory belongs to
+//! someone else and is left alone.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -14,11 +16,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::aggregate::ProfileKind;
 use time::macros::format_description;
 use time::OffsetDateTime;
 
 /// File name suffix of every window file.
 const SUFFIX: &str = ".pb.gz";
+/// What off-CPU window names carry before [`SUFFIX`].
+const OFFCPU_TAG: &str = ".offcpu";
 /// Length of the timestamp part, `20261122T031500.123Z`.
 const STAMP_LEN: usize = 20;
 /// Most `-N` suffixes tried for windows that start in the same millisecond.
@@ -79,6 +84,8 @@ pub struct WindowFile {
     pub name: String,
     /// Size on disk in bytes.
     pub bytes: u64,
+    /// What the window measures (from its name).
+    pub kind: ProfileKind,
 }
 
 /// The window directory: writes windows atomically, enforces retention and
@@ -122,10 +129,22 @@ impl WindowDir {
     /// and returns its path, then removes the oldest windows beyond the
     /// caps (logged). The file appears under its final name only once
     /// complete, so readers never see half a window.
+    #[cfg(test)]
     pub fn write(&self, start: SystemTime, gz: &[u8]) -> Result<PathBuf, FilesError> {
+        self.write_kind(start, ProfileKind::Cpu, gz)
+    }
+
+    /// [`WindowDir::write`] for a window of `kind` (off-CPU windows are named
+    /// `<stamp>.offcpu.pb.gz`).
+    pub fn write_kind(
+        &self,
+        start: SystemTime,
+        kind: ProfileKind,
+        gz: &[u8],
+    ) -> Result<PathBuf, FilesError> {
         let stamp = stamp(start)?;
         let _guard = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let name = self.free_name(&stamp)?;
+        let name = self.free_name(&stamp, kind)?;
         let path = self.dir.join(&name);
         let temp = self.dir.join(temp_name(&name));
         let written = write_file(&temp, gz).and_then(|()| fs::rename(&temp, &path));
@@ -183,12 +202,16 @@ impl WindowDir {
 
     /// The first of `<stamp>.pb.gz`, `<stamp>-1.pb.gz`, … not yet taken.
     /// Called with the write lock held.
-    fn free_name(&self, stamp: &str) -> Result<String, FilesError> {
+    fn free_name(&self, stamp: &str, kind: ProfileKind) -> Result<String, FilesError> {
+        let tag = match kind {
+            ProfileKind::Cpu => "",
+            ProfileKind::OffCpu => OFFCPU_TAG,
+        };
         for n in 0..=MAX_COLLISIONS {
             let name = if n == 0 {
-                format!("{stamp}{SUFFIX}")
+                format!("{stamp}{tag}{SUFFIX}")
             } else {
-                format!("{stamp}-{n}{SUFFIX}")
+                format!("{stamp}-{n}{tag}{SUFFIX}")
             };
             // symlink_metadata so a dangling symlink also counts as taken.
             if fs::symlink_metadata(self.dir.join(&name)).is_err() {
@@ -238,14 +261,13 @@ impl WindowDir {
             .filter_map(|entry| {
                 let entry = entry.ok()?;
                 let name = entry.file_name().into_string().ok()?;
-                if !is_window_name(&name) {
-                    return None;
-                }
+                let (_, _, kind) = parse_name(&name)?;
                 // DirEntry::metadata does not follow symlinks.
                 let meta = entry.metadata().ok()?;
                 meta.is_file().then_some(WindowFile {
                     name,
                     bytes: meta.len(),
+                    kind,
                 })
             })
             .collect();
@@ -311,9 +333,13 @@ fn stamp(start: SystemTime) -> Result<String, FilesError> {
 }
 
 /// Splits a window name into its timestamp and collision number, or `None`
-/// if it is not exactly `YYYYMMDDTHHMMSS.mmmZ[-N].pb.gz`.
-fn parse_name(name: &str) -> Option<(&str, u32)> {
+/// and kind, or `None` if it is not exactly `YYYYMMDDTHHMMSS.mmmZ[-N][.offcpu].pb.gz`.
+fn parse_name(name: &str) -> Option<(&str, u32, ProfileKind)> {
     let rest = name.strip_suffix(SUFFIX)?;
+    let (rest, kind) = match rest.strip_suffix(OFFCPU_TAG) {
+        Some(r) => (r, ProfileKind::OffCpu),
+        None => (rest, ProfileKind::Cpu),
+    };
     let (stamp, n) = match rest.split_once('-') {
         Some((stamp, n)) => {
             // 1..=999 without leading zeros, so each number has one name.
@@ -332,7 +358,7 @@ fn parse_name(name: &str) -> Option<(&str, u32)> {
             19 => *c == b'Z',
             _ => c.is_ascii_digit(),
         });
-    shape_ok.then_some((stamp, n))
+    shape_ok.then_some((stamp, n, kind))
 }
 
 /// Whether `name` is a window file name this module could have produced.
@@ -342,9 +368,12 @@ pub fn is_window_name(name: &str) -> bool {
 }
 
 /// Sorts windows by start time, then collision number (plain string order
-/// would put `…Z-1.pb.gz` before `…Z.pb.gz`).
-fn sort_key(name: &str) -> (String, u32) {
-    parse_name(name).map_or_else(|| (name.to_string(), 0), |(s, n)| (s.to_string(), n))
+/// would put `…Z-1.pb.gz` before `…Z.pb.gz`), CPU before off-CPU.
+fn sort_key(name: &str) -> (String, u32, bool) {
+    parse_name(name).map_or_else(
+        || (name.to_string(), 0, false),
+        |(s, n, k)| (s.to_string(), n, k == ProfileKind::OffCpu),
+    )
 }
 
 #[cfg(test)]

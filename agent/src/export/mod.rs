@@ -62,7 +62,7 @@ impl Files {
 
 impl Sink for Files {
     fn accept(&mut self, w: &Encoded) {
-        if let Err(e) = self.dir.write(w.start, &w.gz) {
+        if let Err(e) = self.dir.write_kind(w.start, w.window.kind, &w.gz) {
             tracing::error!("could not write a window: {e}");
             self.metrics.dropped(Cache::WindowWrite, 1);
         }

@@ -19,8 +19,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
 pub use reasons::{
-    Cache, ExportDrop, FrameResult, JitReject, JvmRefresh, Loss, ProcRead, ReadingsSource,
-    StackEnd, StackSide, SymbolMiss, TableBuild,
+    Cache, ExportDrop, FrameResult, JitReject, JvmRefresh, Loss, OffCpuEvent, OffState, ProcRead,
+    ReadingsSource, StackEnd, StackSide, SymbolMiss, TableBuild,
 };
 
 /// Label set with a single `reason`, one of the enums of [`reasons`].
@@ -130,6 +130,10 @@ pub struct Metrics {
     pub unwind_processes: Gauge<i64, AtomicI64>,
     /// Kernel memory of unwind tables and ranges now, in bytes.
     pub unwind_map_bytes: Gauge<i64, AtomicI64>,
+    /// Off-CPU switch-outs and blocks, by what became of them.
+    pub offcpu_events: Family<ResultLabel<OffCpuEvent>, Counter>,
+    /// Threads off CPU whose stacks the off-CPU program holds now.
+    pub offcpu_threads: Gauge<i64, AtomicI64>,
     lost_sum: Arc<AtomicU64>,
 }
 
@@ -187,6 +191,12 @@ impl Metrics {
             "CPU time of each container as its cgroup counts it (cpuacct.usage or cpu.stat usage_usec)",
             Unit::Seconds,
             containers.cgroup.clone(),
+        );
+        registry.register_with_unit(
+            "container_offcpu",
+            "Time the threads of each container were off CPU, by why (sleep, disk, runnable; offcpu.enabled)",
+            Unit::Seconds,
+            containers.offcpu.clone(),
         );
         registry.register(
             "container_info",
@@ -339,6 +349,18 @@ impl Metrics {
             Unit::Bytes,
             unwind_map_bytes.clone(),
         );
+        let offcpu_events = Family::<ResultLabel<OffCpuEvent>, Counter>::default();
+        registry.register(
+            "offcpu_events",
+            "Off-CPU switch-outs and blocks, by what became of them (losses: map_full, ringbuf_full, no_scratch, malformed)",
+            offcpu_events.clone(),
+        );
+        let offcpu_threads = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "offcpu_threads",
+            "Threads off CPU whose stacks the off-CPU program holds now (at most offcpu.max_threads)",
+            offcpu_threads.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             samples,
@@ -369,6 +391,8 @@ impl Metrics {
             unwind_tables,
             unwind_processes,
             unwind_map_bytes,
+            offcpu_events,
+            offcpu_threads,
             lost_sum: Arc::default(),
         }
     }
@@ -400,6 +424,13 @@ impl Metrics {
         self.unwind_tables_built
             .get_or_create(&ResultLabel { result })
             .inc();
+    }
+
+    /// Counts `n` off-CPU switch-outs or blocks that ended in `result`.
+    pub fn offcpu(&self, result: OffCpuEvent, n: u64) {
+        self.offcpu_events
+            .get_or_create(&ResultLabel { result })
+            .inc_by(n);
     }
 
     /// Counts `n` entries dropped from the cache or queue `cache`.
