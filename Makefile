@@ -208,6 +208,7 @@ bench-only:
 	$(CARGO) bench -p ember
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/stacks.py
+	EMBER_BIN=$(EMBER) $(PYTHON) bench/offcpu.py --write
 
 bench: bench-deps
 	$(CARGO_BUILD)

@@ -875,6 +875,63 @@ mod tests {
         assert_eq!(parse_record(&r), None);
     }
 
+    fn offcpu_record(state: u32, off_ns: u64, runnable_ns: u64) -> Vec<u8> {
+        let head = ember_offcpu_head {
+            off_ns,
+            runnable_ns,
+            state,
+            pad: 0,
+        };
+        // SAFETY: test-only view of a repr(C) POD struct as bytes.
+        let mut out = unsafe {
+            std::slice::from_raw_parts(
+                (&head as *const ember_offcpu_head).cast::<u8>(),
+                OFFCPU_HEAD,
+            )
+        }
+        .to_vec();
+        out.extend(record(&[0xffff_0001], &[0x401000]));
+        out
+    }
+
+    #[test]
+    fn offcpu_records_split_at_the_wakeup_and_scale() {
+        let (samples, _) = parse_offcpu_record(&offcpu_record(0, 700, 300), 1.0).expect("valid");
+        let got: Vec<_> = samples.iter().map(|s| s.off_cpu).collect();
+        assert_eq!(
+            got,
+            [
+                Some(OffCpu {
+                    state: OffState::Sleep,
+                    ns: 700
+                }),
+                Some(OffCpu {
+                    state: OffState::Runnable,
+                    ns: 300
+                }),
+            ]
+        );
+        assert_eq!(samples[1].user, [0x401000], "both halves keep the stack");
+        let (samples, _) = parse_offcpu_record(&offcpu_record(1, 1000, 0), 2.0).expect("valid");
+        assert_eq!(
+            samples.iter().map(|s| s.off_cpu).collect::<Vec<_>>(),
+            [Some(OffCpu {
+                state: OffState::Disk,
+                ns: 2000
+            })],
+            "no wakeup part; scaled by 1 / sample rate"
+        );
+        assert!(
+            parse_offcpu_record(&offcpu_record(9, 1, 0), 1.0).is_none(),
+            "unknown state"
+        );
+        let mut short = offcpu_record(2, 5, 0);
+        short.truncate(OFFCPU_HEAD + 8);
+        assert!(parse_offcpu_record(&short, 1.0).is_none());
+        assert_eq!(sample_threshold(1.0), 1 << 32);
+        assert_eq!(sample_threshold(0.5), 1 << 31);
+    }
+
     #[test]
     fn header_matches_c_layout() {
         // time_ns, cgroup_id, pid, tid, cpu, kern_frames, user_frames, comm[16],

@@ -886,12 +886,12 @@ mod tests {
         // Every key of the schema appears in the documented default file.
         let v: serde_yaml::Value = serde_yaml::from_str(DEFAULT_YAML).expect("yaml");
         let sections = v.as_mapping().expect("mapping");
-        assert_eq!(sections.len(), 13);
+        assert_eq!(sections.len(), 14);
         let count: usize = sections
             .values()
             .map(|s| s.as_mapping().map_or(0, |m| m.len()))
             .sum();
-        assert_eq!(count, 9 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 7 + 5 + 3 + 6 + 8);
+        assert_eq!(count, 9 + 1 + 3 + 2 + 5 + 3 + 8 + 1 + 7 + 5 + 3 + 6 + 8 + 5);
         let sinks = &v["sinks"];
         assert_eq!(sinks["pyroscope"].as_mapping().map_or(0, |m| m.len()), 13);
         assert_eq!(sinks["otlp"].as_mapping().map_or(0, |m| m.len()), 7);

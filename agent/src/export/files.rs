@@ -430,6 +430,35 @@ mod tests {
     }
 
     #[test]
+    fn offcpu_windows_sit_beside_cpu_windows() -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let w = WindowDir::open(tmp.path(), 10, u64::MAX)?;
+        w.write_kind(at(123), ProfileKind::Cpu, b"cpu")?;
+        let p = w.write_kind(at(123), ProfileKind::OffCpu, b"off")?;
+        assert!(p.ends_with("20261122T031500.123Z.offcpu.pb.gz"));
+        w.write_kind(at(123), ProfileKind::OffCpu, b"off2")?;
+        let listed: Vec<_> = w.list().into_iter().map(|f| (f.name, f.kind)).collect();
+        assert_eq!(
+            listed,
+            vec![
+                (
+                    "20261122T031500.123Z-1.offcpu.pb.gz".to_string(),
+                    ProfileKind::OffCpu
+                ),
+                (
+                    "20261122T031500.123Z.offcpu.pb.gz".to_string(),
+                    ProfileKind::OffCpu
+                ),
+                ("20261122T031500.123Z.pb.gz".to_string(), ProfileKind::Cpu),
+            ]
+        );
+        assert_eq!(w.read("20261122T031500.123Z.offcpu.pb.gz")?, b"off");
+        assert!(!is_window_name("20261122T031500.123Z.offcpu-1.pb.gz"));
+        assert!(!is_window_name("20261122T031500.123Z.other.pb.gz"));
+        Ok(())
+    }
+
+    #[test]
     fn retention_by_count() -> Result<(), Box<dyn std::error::Error>> {
         let tmp = tempfile::tempdir()?;
         let w = WindowDir::open(tmp.path(), 3, u64::MAX)?;
