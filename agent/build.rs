@@ -23,6 +23,7 @@ fn main() {
         "bpf/ember.bpf.c",
         "bpf/runqlat.bpf.c",
         "bpf/ember.h",
+        "bpf/offcpu.bpf.h",
         "bpf/types.h",
     ] {
         println!("cargo:rerun-if-changed={f}");

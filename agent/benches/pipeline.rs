@@ -52,6 +52,7 @@ fn samples() -> Vec<Sample> {
                 kernel: Vec::new(),
                 user: (0..20).map(|f| addrs[(k + f) % addrs.len()]).collect(),
                 user_end: ember::metrics::StackEnd::Complete,
+                off_cpu: None,
             }
         })
         .collect()

@@ -764,3 +764,6 @@ int BPF_PROG(ember_exec, struct task_struct *task)
 		count(EMBER_CNT_EXEC_RANGES);
 	return 0;
 }
+
+/* Off-CPU profiling: its own programs and maps, sharing the walker and its tables (offcpu.bpf.h). */
+#include "offcpu.bpf.h"

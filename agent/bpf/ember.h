@@ -257,4 +257,48 @@ struct ember_unwind_file {
 /* User frames the table walker takes per program run; it tail-calls itself for more. */
 #define EMBER_FRAMES_PER_RUN 16
 
+/*
+ * Off-CPU (offcpu.bpf.h, part of the sampler's object so it shares the unwind
+ * tables and the walker): at sched_switch the thread switched out (`prev`) has
+ * its kernel and user stacks taken and kept per thread in `offcpu_threads`; when
+ * it next runs, the time it was off CPU goes out on the `offcpu_samples` ring.
+ */
+struct ember_offcpu_config {
+	/* Blocks shorter than this (switch-out to switch-in) are not reported. */
+	__u64 min_block_ns;
+	/* A switch-out is taken when bpf_get_prandom_u32() < this (2^32 = every one). */
+	__u64 sample_threshold;
+};
+
+/* Why a thread was off CPU, from its state at switch-out. */
+enum ember_offcpu_state {
+	EMBER_OFFCPU_SLEEP = 0,    /* interruptible sleep (and TASK_IDLE, stopped, traced) */
+	EMBER_OFFCPU_DISK = 1,     /* uninterruptible (D state), not TASK_NOLOAD */
+	EMBER_OFFCPU_RUNNABLE = 2, /* preempted or woken: waiting for a CPU */
+};
+
+/*
+ * An off-CPU record on the `offcpu_samples` ring: this head, then a struct
+ * ember_record (its time_ns is the switch-out) and its kernel and user ips.
+ */
+struct ember_offcpu_head {
+	__u64 off_ns;      /* time off CPU in `state`: switch-out to wakeup (or to switch-in) */
+	__u64 runnable_ns; /* then runnable: wakeup to switch-in (0 when `state` is runnable) */
+	__u32 state;       /* enum ember_offcpu_state */
+	__u32 pad;
+};
+
+/* Indexes of the per-CPU `offcpu_counters` map. */
+enum ember_offcpu_counter {
+	EMBER_OFFCPU_CNT_SWITCHES = 0,  /* switch-outs of threads that were not filtered out */
+	EMBER_OFFCPU_CNT_TAKEN = 1,     /* ... whose stacks were taken (sampled) */
+	EMBER_OFFCPU_CNT_MAP_FULL = 2,  /* ... and lost: `offcpu_threads` full */
+	EMBER_OFFCPU_CNT_SHORT = 3,     /* blocks under min_block (not a loss) */
+	EMBER_OFFCPU_CNT_SENT = 4,      /* records handed to the ring buffer */
+	EMBER_OFFCPU_CNT_LOST_RINGBUF = 5, /* ring buffer full: the block is lost */
+	EMBER_OFFCPU_CNT_NO_SCRATCH = 6, /* per-CPU scratch missing: lost */
+	EMBER_OFFCPU_CNT_FILTERED = 7,  /* excluded by --pid or the filters (not a loss) */
+	EMBER_OFFCPU_CNT_MAX = 8,
+};
+
 #endif /* EMBER_H */

@@ -448,8 +448,8 @@ struct Pipeline {
 const TASK_RING_PAGES: usize = 16;
 /// Process snapshots queued from the unwind loader to the process table.
 const SNAPSHOT_QUEUE: usize = 1024;
-/// Windows queued between aggregation and symbolization.
-const WINDOW_QUEUE: usize = 2;
+/// Windows queued between aggregation and symbolization (a CPU and an off-CPU one per window).
+const WINDOW_QUEUE: usize = 4;
 /// BPF deny/allow orders queued between aggregation and capture.
 const CONTROL_QUEUE: usize = 4096;
 
@@ -496,6 +496,7 @@ impl Pipeline {
         );
         agg.set_jit(cfg.jit.clone());
         agg.set_queue_bytes(queue_bytes.clone());
+        agg.set_offcpu(cfg.offcpu.enabled);
         let (snap_tx, snap_rx) = mpsc::sync_channel(SNAPSHOT_QUEUE);
         let aggregate = spawn("ember-aggregate", move || {
             agg.run(batch_rx, snap_rx, window_tx, window, align)
@@ -510,6 +511,7 @@ impl Pipeline {
 
         let (capture, link) = Capture::start(
             &cfg.sampling,
+            &cfg.offcpu,
             batch_tx,
             queue_bytes,
             control_rx,

@@ -9,9 +9,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::capture::{Batch, Control, Sample};
+use crate::capture::{Batch, Control, OffCpu, Sample};
 use crate::config::Limits;
-use crate::metrics::{Cache, Loss, Metrics, StackEnd, MAX_WORKLOADS};
+use crate::metrics::{Cache, Loss, Metrics, OffState, StackEnd, MAX_WORKLOADS};
 use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
 
 /// How often the aggregator looks for process snapshots while it waits for samples.
@@ -45,8 +45,31 @@ pub struct Stack {
     /// side is a return address and has already been moved back by one byte, so it
     /// points into the call instruction.
     pub frames: Vec<Frame>,
-    /// Samples of this stack.
+    /// Samples of this stack (CPU), or blocks reported (off-CPU).
     pub count: u64,
+    /// Off-CPU stacks: why, and the nanoseconds off CPU summed over its blocks.
+    pub off_cpu: Option<OffCpu>,
+}
+
+/// What a window's profile measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ProfileKind {
+    /// CPU time, from samples at `sampling.frequency_hz`.
+    #[default]
+    Cpu,
+    /// Time threads spent off CPU, from context switches (`offcpu.enabled`).
+    OffCpu,
+}
+
+impl ProfileKind {
+    /// The name `ember record --type` and `/api` take, and the window files carry
+    /// (`<start>.offcpu.pb.gz`; CPU windows carry none).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ProfileKind::Cpu => "cpu",
+            ProfileKind::OffCpu => "offcpu",
+        }
+    }
 }
 
 /// One closed window, ready to symbolize.
@@ -58,11 +81,24 @@ pub struct Window {
     pub duration: Duration,
     /// Nanoseconds of CPU time one sample stands for (1e9 / Hz).
     pub period_ns: u64,
+    /// What it measures.
+    pub kind: ProfileKind,
     /// Distinct stacks.
     pub stacks: Vec<Stack>,
 }
 
 impl Window {
+    /// The window's times and kind, without its stacks.
+    fn clone_header(&self) -> Self {
+        Self {
+            start: self.start,
+            duration: self.duration,
+            period_ns: self.period_ns,
+            kind: self.kind,
+            stacks: Vec::new(),
+        }
+    }
+
     /// Total samples in the window.
     pub fn samples(&self) -> u64 {
         self.stacks.iter().map(|s| s.count).sum()
@@ -77,6 +113,16 @@ struct Key {
     kernel: Box<[u64]>,
     user: Box<[u64]>,
     end: StackEnd,
+    /// `None` for CPU samples.
+    off: Option<OffState>,
+}
+
+/// What the samples of one key add up to.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    count: u64,
+    /// Off-CPU nanoseconds.
+    ns: u64,
 }
 
 /// What the aggregator needs to attribute samples to workloads and filter them.
@@ -98,8 +144,10 @@ type Judged = (Arc<Labels>, Arc<Cgroup>);
 /// Per-window sample counts plus the process table they are normalized against.
 pub struct Aggregator {
     table: ProcessTable,
-    counts: HashMap<Key, u64>,
+    counts: HashMap<Key, Tally>,
     max_stacks: usize,
+    /// Off-CPU windows are made (`offcpu.enabled`).
+    offcpu: bool,
     period_ns: u64,
     start: SystemTime,
     started: Instant,
@@ -131,6 +179,7 @@ impl Aggregator {
             stack_bytes: 0,
             max_stack_bytes: limits.max_stack_bytes_per_window,
             queue_bytes: None,
+            offcpu: false,
             period_ns: 1_000_000_000 / frequency_hz.max(1),
             start: SystemTime::now(),
             started: Instant::now(),
@@ -152,6 +201,11 @@ impl Aggregator {
         self.table.set_jit(settings);
     }
 
+    /// Makes an off-CPU window beside each CPU window (`offcpu.enabled`).
+    pub fn set_offcpu(&mut self, on: bool) {
+        self.offcpu = on;
+    }
+
     /// Counts one sample; the first sample of a process reads its mappings.
     pub fn add(&mut self, s: Sample) {
         if self.denied.contains(&s.pid) {
@@ -166,15 +220,20 @@ impl Aggregator {
             kernel: s.kernel.into_boxed_slice(),
             user: s.user.into_boxed_slice(),
             end: s.user_end,
+            off: s.off_cpu.map(|o| o.state),
         };
         let bytes = stack_bytes(&key);
         let full = self.counts.len() >= self.max_stacks
             || self.stack_bytes.saturating_add(bytes) > self.max_stack_bytes;
+        let ns = s.off_cpu.map_or(0, |o| o.ns);
         match self.counts.get_mut(&key) {
-            Some(c) => *c += 1,
+            Some(t) => {
+                t.count += 1;
+                t.ns += ns;
+            }
             None if full => self.metrics.lost(Loss::StackCap, 1),
             None => {
-                self.counts.insert(key, 1);
+                self.counts.insert(key, Tally { count: 1, ns });
                 self.stack_bytes += bytes;
             }
         }
@@ -271,22 +330,44 @@ impl Aggregator {
         }
     }
 
-    /// Closes the window: normalizes its stacks and starts the next one.
+    /// Closes the window: normalizes its stacks and starts the next one. Returns the CPU
+    /// window (off-CPU stacks, if any, are dropped: see [`Aggregator::close_windows`]).
     pub fn close(&mut self) -> Window {
+        let mut windows = self.close_windows();
+        windows.swap_remove(0)
+    }
+
+    /// Closes the window: the CPU window, then (with `offcpu.enabled`) the off-CPU one.
+    pub fn close_windows(&mut self) -> Vec<Window> {
         let counts = std::mem::take(&mut self.counts);
         self.stack_bytes = 0;
         let verdicts = self.judge(counts.keys().map(|k| k.pid).collect());
         let mut stacks = Vec::with_capacity(counts.len());
-        for (key, count) in counts {
+        let mut off_stacks = Vec::new();
+        for (key, tally) in counts {
+            let count = tally.count;
             let Some(Some((labels, cg))) = verdicts.get(&key.pid) else {
                 self.metrics.samples_filtered.inc_by(count);
                 continue;
             };
-            if let Some(acc) = &mut self.workloads.accounting {
-                acc.add(labels, cg, (count * self.period_ns) as f64 / 1e9);
+            let off_cpu = key.off.map(|state| OffCpu {
+                state,
+                ns: tally.ns,
+            });
+            match off_cpu {
+                None => {
+                    if let Some(acc) = &mut self.workloads.accounting {
+                        acc.add(labels, cg, (count * self.period_ns) as f64 / 1e9);
+                    }
+                    let workload = self.stack_workload(labels, &self.table.name(key.pid));
+                    self.metrics.stacks_ended(&workload, key.end, count);
+                }
+                Some(o) => {
+                    if let Some(acc) = &mut self.workloads.accounting {
+                        acc.add_offcpu(labels, cg, o.state, o.ns as f64 / 1e9);
+                    }
+                }
             }
-            let workload = self.stack_workload(labels, &self.table.name(key.pid));
-            self.metrics.stacks_ended(&workload, key.end, count);
             let mut frames = Vec::with_capacity(key.kernel.len() + key.user.len());
             frames.extend(
                 key.kernel
@@ -302,7 +383,7 @@ impl Aggregator {
                 .iter()
                 .position(|&b| b == 0)
                 .unwrap_or(key.comm.len());
-            stacks.push(Stack {
+            let stack = Stack {
                 pid: key.pid,
                 tid: key.tid,
                 comm: String::from_utf8_lossy(&key.comm[..comm_len]).into_owned(),
@@ -310,10 +391,18 @@ impl Aggregator {
                 labels: labels.clone(),
                 frames,
                 count,
-            });
+                off_cpu,
+            };
+            if off_cpu.is_some() {
+                off_stacks.push(stack);
+            } else {
+                stacks.push(stack);
+            }
         }
         // Stable order makes output deterministic and diffable.
         stacks.sort_by(|a, b| (a.pid, a.tid, b.count).cmp(&(b.pid, b.tid, a.count)));
+        let ns = |s: &Stack| s.off_cpu.map_or(0, |o| o.ns);
+        off_stacks.sort_by(|a, b| (a.pid, a.tid, ns(b)).cmp(&(b.pid, b.tid, ns(a))));
         if let Some(acc) = &mut self.workloads.accounting {
             acc.end_window();
         }
@@ -324,15 +413,23 @@ impl Aggregator {
         }
         self.allow_gone_cgroups();
         let now = SystemTime::now();
-        let window = Window {
+        let mut windows = vec![Window {
             start: self.start,
             duration: self.started.elapsed(),
             period_ns: self.period_ns,
+            kind: ProfileKind::Cpu,
             stacks,
-        };
+        }];
+        if self.offcpu {
+            windows.push(Window {
+                kind: ProfileKind::OffCpu,
+                stacks: off_stacks,
+                ..windows[0].clone_header()
+            });
+        }
         self.start = now;
         self.started = Instant::now();
-        window
+        windows
     }
 }
 
@@ -369,11 +466,12 @@ impl Aggregator {
                     while let Ok(snap) = snapshots.try_recv() {
                         self.table.adopt(snap);
                     }
-                    let w = self.close();
-                    let n = w.samples();
-                    if let Err(TrySendError::Full(_)) = tx.try_send(w) {
-                        self.metrics.dropped(Cache::WindowQueue, 1);
-                        self.metrics.lost(Loss::WindowQueue, n);
+                    for w in self.close_windows() {
+                        let n = w.samples();
+                        if let Err(TrySendError::Full(_)) = tx.try_send(w) {
+                            self.metrics.dropped(Cache::WindowQueue, 1);
+                            self.metrics.lost(Loss::WindowQueue, n);
+                        }
                     }
                     deadline = Instant::now() + until_boundary(window, align);
                 }
@@ -382,7 +480,9 @@ impl Aggregator {
                     while let Ok(snap) = snapshots.try_recv() {
                         self.table.adopt(snap);
                     }
-                    let _ = tx.send(self.close());
+                    for w in self.close_windows() {
+                        let _ = tx.send(w);
+                    }
                     return;
                 }
             }
@@ -438,6 +538,7 @@ mod tests {
             kernel: vec![0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020],
             user: user.to_vec(),
             user_end: crate::metrics::StackEnd::Complete,
+            off_cpu: None,
         }
     }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use ember::agent::{Agent, Mode};
+use ember::aggregate::ProfileKind;
 use ember::config::{Config, NodeName};
 use ember::encode::flamegraph;
 use ember::encode::Encoded;
@@ -72,6 +73,19 @@ struct RecordArgs {
     /// Output file: .pb.gz (pprof), .folded (collapsed stacks) or .svg (flame graph).
     #[arg(long, short = 'o')]
     output: PathBuf,
+    /// What to record: cpu (samples of running threads) or offcpu (where threads wait,
+    /// how long and why; turns on offcpu.enabled).
+    #[arg(long = "type", value_enum, default_value_t = RecordType::Cpu)]
+    kind: RecordType,
+}
+
+/// `ember record --type`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum RecordType {
+    /// CPU time.
+    Cpu,
+    /// Off-CPU time.
+    Offcpu,
 }
 
 fn main() -> ExitCode {
@@ -187,7 +201,14 @@ fn format_of(path: &Path) -> Result<Format> {
 }
 
 fn record(args: RecordArgs) -> Result<()> {
-    let cfg = load(&args.common)?;
+    let mut cfg = load(&args.common)?;
+    let kind = match args.kind {
+        RecordType::Cpu => ProfileKind::Cpu,
+        RecordType::Offcpu => {
+            cfg.offcpu.enabled = true;
+            ProfileKind::OffCpu
+        }
+    };
     let format = format_of(&args.output)?;
     init_logging(&cfg);
     let node = NodeName::resolve(&cfg.kubernetes);
@@ -204,7 +225,11 @@ fn record(args: RecordArgs) -> Result<()> {
         },
     )?;
     eprintln!(
-        "ember: recording {} for {:?} at {} Hz",
+        "ember: recording {}{} for {:?} at {} Hz",
+        match kind {
+            ProfileKind::Cpu => "",
+            ProfileKind::OffCpu => "off-CPU time of ",
+        },
         if cfg.sampling.pids.is_empty() {
             "every process".to_owned()
         } else {
@@ -215,7 +240,10 @@ fn record(args: RecordArgs) -> Result<()> {
     );
     agent.wait();
     agent.stop()?;
-    let (enc, lost) = rx.recv().context("the pipeline ended without a profile")?;
+    let (enc, lost) = rx
+        .iter()
+        .find(|(enc, _)| enc.window.kind == kind)
+        .context("the pipeline ended without a profile")?;
     let bytes = match format {
         Format::Pprof => enc.gz.clone(),
         Format::Folded => {
@@ -224,7 +252,11 @@ fn record(args: RecordArgs) -> Result<()> {
             text.into_bytes()
         }
         Format::Svg => {
-            flamegraph::svg(&enc.profile, &format!("ember record, {:?}", args.duration))?
+            let title = match kind {
+                ProfileKind::Cpu => format!("ember record, {:?}", args.duration),
+                ProfileKind::OffCpu => format!("ember record --type offcpu, {:?}", args.duration),
+            };
+            flamegraph::svg(&enc.profile, &title)?
         }
     };
     std::fs::write(&args.output, bytes)

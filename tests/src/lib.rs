@@ -235,6 +235,15 @@ impl Fixture {
         self.wait_for("ready", Duration::from_secs(10))
     }
 
+    /// Writes `line` to the fixture's stdin (without waiting for anything).
+    pub fn send_line(&mut self, line: &str) -> Result<()> {
+        let stdin = self.stdin.as_mut().ok_or_else(|| anyhow!("stdin gone"))?;
+        stdin.write_all(line.as_bytes())?;
+        stdin.write_all(b"\n")?;
+        stdin.flush()?;
+        Ok(())
+    }
+
     /// utime + stime so far, in clock ticks.
     pub fn cpu_ticks(&self) -> Result<u64> {
         cpu_ticks(self.pid)

@@ -20,8 +20,8 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 use tracing::{info, warn};
 
-use crate::config::{SampleEvent, Sampling, UnwindMode};
-use crate::metrics::{Cache, Loss, Metrics, StackEnd, StackSide};
+use crate::config::{OffCpu as OffCpuSettings, SampleEvent, Sampling, UnwindMode};
+use crate::metrics::{Cache, Loss, Metrics, OffCpuEvent, OffState, StackEnd, StackSide};
 
 pub mod perf_record;
 pub mod tasks;
@@ -31,7 +31,10 @@ pub use tasks::{Drained, Mmap, TaskError, TaskEvent, TaskWatch};
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/ember.skel.rs"));
 }
-use skel::types::{ember_counter, ember_record, ember_unwind_result};
+use skel::types::{
+    ember_counter, ember_offcpu_counter, ember_offcpu_head, ember_offcpu_state, ember_record,
+    ember_unwind_result,
+};
 use skel::EmberSkelBuilder;
 
 /// Frames per stack side, as `EMBER_MAX_FRAMES` in `bpf/ember.h`.
@@ -39,6 +42,8 @@ pub const MAX_FRAMES: usize = 127;
 const HEADER: usize = std::mem::size_of::<ember_record>();
 // The header is the contract: the ips must start 8-byte aligned right after it.
 const _: () = assert!(HEADER % 8 == 0);
+const OFFCPU_HEAD: usize = std::mem::size_of::<ember_offcpu_head>();
+const _: () = assert!(OFFCPU_HEAD % 8 == 0);
 
 /// One stack sample as the BPF program saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +66,18 @@ pub struct Sample {
     pub user: Vec<u64>,
     /// How the user stack's walk ended.
     pub user_end: StackEnd,
+    /// `None` for a CPU sample; for an off-CPU one, why and how long the thread was off CPU
+    /// (the stacks are the ones it left the CPU with).
+    pub off_cpu: Option<OffCpu>,
+}
+
+/// Time a thread was off CPU, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffCpu {
+    /// Why.
+    pub state: OffState,
+    /// Nanoseconds.
+    pub ns: u64,
 }
 
 /// What the sampler asks the unwind loader for, on behalf of a sampled process.
@@ -205,6 +222,7 @@ impl Capture {
     /// Returns once the program is attached (or failed to attach).
     pub fn start(
         settings: &Sampling,
+        offcpu: &OffCpuSettings,
         tx: SyncSender<Batch>,
         budget: QueueBytes,
         control: Receiver<Control>,
@@ -214,12 +232,14 @@ impl Capture {
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let thread_stop = stop.clone();
         let settings = settings.clone();
+        let offcpu = offcpu.clone();
         let (ask_tx, ask_rx) = mpsc::sync_channel(ASK_QUEUE);
         let thread = std::thread::Builder::new()
             .name("ember-capture".into())
             .spawn(move || {
                 run(
                     settings,
+                    offcpu,
                     (tx, budget),
                     control,
                     ask_tx,
@@ -260,8 +280,10 @@ impl Drop for Capture {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(
     settings: Sampling,
+    offcpu: OffCpuSettings,
     (tx, budget): (SyncSender<Batch>, QueueBytes),
     control: Receiver<Control>,
     asks: SyncSender<Ask>,
@@ -270,7 +292,7 @@ fn run(
     ready: SyncSender<Result<Option<UnwindMaps>, CaptureError>>,
 ) {
     let mut open_object = MaybeUninit::<OpenObject>::uninit();
-    let mut sampler = match Sampler::load(&settings, &mut open_object) {
+    let mut sampler = match Sampler::load(&settings, &offcpu, &mut open_object) {
         Ok(s) => s,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -293,21 +315,25 @@ fn run(
     let malformed = Rc::new(RefCell::new(0u64));
     let mut builder = RingBufferBuilder::new();
     let (cb_batch, cb_bad, cb_metrics) = (batch.clone(), malformed.clone(), metrics.clone());
-    let added = builder
+    // Asked at once, not at the next batch: the process may live 30 ms.
+    let ask = move |pid: u32, flags: u8, metrics: &Metrics| {
+        let ask = match flags {
+            f if f & REC_UNKNOWN_PROCESS != 0 => Some(Ask::Process(pid)),
+            f if f & REC_RANGE_MISS != 0 => Some(Ask::Remap(pid)),
+            _ => None,
+        };
+        if let Some(ask) = ask {
+            if asks.try_send(ask).is_err() {
+                metrics.dropped(Cache::UnwindRequests, 1);
+            }
+        }
+    };
+    let cb_ask = ask.clone();
+    let mut added = builder
         .add(&sampler.skel.maps.samples, move |data: &[u8]| {
             match parse_record(data) {
                 Some((s, flags)) => {
-                    // Asked at once, not at the next batch: the process may live 30 ms.
-                    let ask = match flags {
-                        f if f & REC_UNKNOWN_PROCESS != 0 => Some(Ask::Process(s.pid)),
-                        f if f & REC_RANGE_MISS != 0 => Some(Ask::Remap(s.pid)),
-                        _ => None,
-                    };
-                    if let Some(ask) = ask {
-                        if asks.try_send(ask).is_err() {
-                            cb_metrics.dropped(Cache::UnwindRequests, 1);
-                        }
-                    }
+                    cb_ask(s.pid, flags, &cb_metrics);
                     cb_batch.borrow_mut().push(s)
                 }
                 None => *cb_bad.borrow_mut() += 1,
@@ -315,6 +341,26 @@ fn run(
             0
         })
         .map(|_| ());
+    if !sampler.offcpu_links.is_empty() {
+        let (cb_batch, cb_metrics) = (batch.clone(), metrics.clone());
+        let scale = 1.0 / offcpu.sample_rate;
+        added = added.and_then(|()| {
+            builder
+                .add(&sampler.skel.maps.offcpu_samples, move |data: &[u8]| {
+                    match parse_offcpu_record(data, scale) {
+                        Some((samples, flags)) => {
+                            if let Some(s) = samples.first() {
+                                ask(s.pid, flags, &cb_metrics);
+                            }
+                            cb_batch.borrow_mut().extend(samples);
+                        }
+                        None => cb_metrics.offcpu(OffCpuEvent::Malformed, 1),
+                    }
+                    0
+                })
+                .map(|_| ())
+        });
+    }
     let ring = match added.and_then(|()| builder.build()) {
         Ok(r) => r,
         Err(e) => {
@@ -390,6 +436,7 @@ fn run(
     }
     // Detach first so nothing new arrives, then take everything still buffered.
     sampler.links.clear();
+    sampler.offcpu_links.clear();
     let _ = ring.consume();
     flush(true);
     counters.sync(&sampler, &metrics);
@@ -401,12 +448,15 @@ struct Sampler<'obj> {
     links: BTreeMap<u32, Link>,
     /// `ember_exec` on sched_process_exec, when unwinding by tables with kernel BTF.
     exec: Option<Link>,
+    /// The off-CPU programs on sched_switch and sched_wakeup (`offcpu.enabled`).
+    offcpu_links: Vec<Link>,
     event: SampleEvent,
 }
 
 impl<'obj> Sampler<'obj> {
     fn load(
         settings: &Sampling,
+        offcpu: &OffCpuSettings,
         object: &'obj mut MaybeUninit<OpenObject>,
     ) -> Result<Self, CaptureError> {
         let mut open = EmberSkelBuilder::default()
@@ -422,7 +472,29 @@ impl<'obj> Sampler<'obj> {
                 UnwindMode::Dwarf => 2,
             };
             rodata.ember_cfg.task_regs = u32::from(kernel_btf());
+            rodata.ember_offcpu_cfg.min_block_ns =
+                u64::try_from(offcpu.min_block.as_nanos()).unwrap_or(u64::MAX);
+            rodata.ember_offcpu_cfg.sample_threshold = sample_threshold(offcpu.sample_rate);
         }
+        // The off-CPU programs are BTF tracepoints too; off, their maps are kept minimal.
+        let offcpu_on = offcpu.enabled && kernel_btf();
+        if offcpu.enabled && !offcpu_on {
+            warn!("off-CPU profiling needs the kernel's BTF (/sys/kernel/btf/vmlinux): off");
+        }
+        open.progs.ember_offcpu_switch.set_autoload(offcpu_on);
+        open.progs.ember_offcpu_wakeup.set_autoload(offcpu_on);
+        open.maps
+            .offcpu_threads
+            .set_max_entries(if offcpu_on { offcpu.max_threads } else { 1 })
+            .map_err(CaptureError::Load)?;
+        open.maps
+            .offcpu_samples
+            .set_max_entries(if offcpu_on {
+                offcpu.ring_buffer_bytes
+            } else {
+                4096
+            })
+            .map_err(CaptureError::Load)?;
         // The exec hook is a BTF tracepoint: without kernel BTF it would fail the whole load.
         let exec_hook = settings.unwind != UnwindMode::FramePointer && kernel_btf();
         open.progs.ember_exec.set_autoload(exec_hook);
@@ -452,10 +524,20 @@ impl<'obj> Sampler<'obj> {
         } else {
             None
         };
+        let mut offcpu_links = Vec::new();
+        if offcpu_on {
+            for prog in [
+                &skel.progs.ember_offcpu_switch,
+                &skel.progs.ember_offcpu_wakeup,
+            ] {
+                offcpu_links.push(prog.attach().map_err(CaptureError::Load)?);
+            }
+        }
         Ok(Self {
             skel,
             links: BTreeMap::new(),
             exec,
+            offcpu_links,
             event: settings.event,
         })
     }
@@ -606,8 +688,58 @@ pub fn parse_record(data: &[u8]) -> Option<(Sample, u8)> {
         kernel,
         user,
         user_end,
+        off_cpu: None,
     };
     Some((sample, hdr.user_flags))
+}
+
+/// `offcpu.sample_rate` as the BPF program's threshold on a random u32 (2^32: every one).
+fn sample_threshold(rate: f64) -> u64 {
+    if rate >= 1.0 {
+        1 << 32
+    } else {
+        (rate.max(0.0) * (1u64 << 32) as f64) as u64
+    }
+}
+
+/// Turns one off-CPU record into its samples (the time in its state, then the time
+/// runnable after a wakeup, if any; times scaled by `scale` = 1 / sample rate) and its
+/// `EMBER_REC_*` flags; `None` if it is malformed.
+pub fn parse_offcpu_record(data: &[u8], scale: f64) -> Option<(Vec<Sample>, u8)> {
+    if data.len() < OFFCPU_HEAD {
+        return None;
+    }
+    // SAFETY: the slice holds at least OFFCPU_HEAD bytes; ember_offcpu_head is plain old data.
+    let head: ember_offcpu_head = unsafe { std::ptr::read_unaligned(data.as_ptr().cast()) };
+    let (sample, flags) = parse_record(&data[OFFCPU_HEAD..])?;
+    type S = ember_offcpu_state;
+    let state = match ember_offcpu_state(head.state) {
+        S::EMBER_OFFCPU_SLEEP => OffState::Sleep,
+        S::EMBER_OFFCPU_DISK => OffState::Disk,
+        S::EMBER_OFFCPU_RUNNABLE => OffState::Runnable,
+        _ => return None,
+    };
+    let scaled = |ns: u64| (ns as f64 * scale).round() as u64;
+    let mut out = Vec::with_capacity(2);
+    if head.runnable_ns > 0 && state != OffState::Runnable {
+        let mut woken = sample.clone();
+        woken.off_cpu = Some(OffCpu {
+            state: OffState::Runnable,
+            ns: scaled(head.runnable_ns),
+        });
+        out.push(woken);
+    }
+    out.insert(
+        0,
+        Sample {
+            off_cpu: Some(OffCpu {
+                state,
+                ns: scaled(head.off_ns),
+            }),
+            ..sample
+        },
+    );
+    Some((out, flags))
 }
 
 /// The metric label of a record's `enum ember_unwind_result`.
@@ -645,10 +777,12 @@ enum Counted {
 #[derive(Default)]
 struct CounterSync {
     last: [u64; ember_counter::EMBER_CNT_MAX.0 as usize],
+    offcpu_last: [u64; ember_offcpu_counter::EMBER_OFFCPU_CNT_MAX.0 as usize],
 }
 
 impl CounterSync {
     fn sync(&mut self, sampler: &Sampler<'_>, metrics: &Metrics) {
+        self.sync_offcpu(sampler, metrics);
         // Each BPF counter and the series its increase goes to.
         for (idx, into) in [
             (
@@ -698,16 +832,53 @@ impl CounterSync {
     }
 }
 
+impl CounterSync {
+    /// The off-CPU counters and the number of threads held, when the programs are attached.
+    fn sync_offcpu(&mut self, sampler: &Sampler<'_>, metrics: &Metrics) {
+        if sampler.offcpu_links.is_empty() {
+            return;
+        }
+        type C = ember_offcpu_counter;
+        for (idx, event) in [
+            (C::EMBER_OFFCPU_CNT_SWITCHES, OffCpuEvent::Switch),
+            (C::EMBER_OFFCPU_CNT_TAKEN, OffCpuEvent::Taken),
+            (C::EMBER_OFFCPU_CNT_MAP_FULL, OffCpuEvent::MapFull),
+            (C::EMBER_OFFCPU_CNT_SHORT, OffCpuEvent::Short),
+            (C::EMBER_OFFCPU_CNT_SENT, OffCpuEvent::Sent),
+            (C::EMBER_OFFCPU_CNT_LOST_RINGBUF, OffCpuEvent::RingbufFull),
+            (C::EMBER_OFFCPU_CNT_NO_SCRATCH, OffCpuEvent::NoScratch),
+            (C::EMBER_OFFCPU_CNT_FILTERED, OffCpuEvent::Filtered),
+        ] {
+            let i = idx.0 as usize;
+            let Some(now) = read_percpu(&sampler.skel.maps.offcpu_counters, idx.0) else {
+                continue;
+            };
+            // Every series exists from the start (at zero), so alerts have one to read.
+            metrics.offcpu(event, now.saturating_sub(self.offcpu_last[i]));
+            self.offcpu_last[i] = now;
+        }
+        if let Some(bss) = sampler.skel.maps.bss_data.as_deref() {
+            // SAFETY: the mmapped .bss is written by BPF atomics; a volatile read sees a whole u64.
+            let live = unsafe { std::ptr::read_volatile(&bss.ember_offcpu_live) };
+            metrics
+                .offcpu_threads
+                .set(i64::try_from(live).unwrap_or(i64::MAX));
+        }
+    }
+}
+
 /// Kernel BTF, which typed tracepoints, `bpf_task_pt_regs` and CO-RE field reads need.
 fn kernel_btf() -> bool {
     std::path::Path::new("/sys/kernel/btf/vmlinux").exists()
 }
 
 fn read_counter(sampler: &Sampler<'_>, idx: u32) -> Option<u64> {
-    let per_cpu = sampler
-        .skel
-        .maps
-        .counters
+    read_percpu(&sampler.skel.maps.counters, idx)
+}
+
+/// The sum over CPUs of slot `idx` of a per-CPU array of u64 counters.
+fn read_percpu(map: &impl MapCore, idx: u32) -> Option<u64> {
+    let per_cpu = map
         .lookup_percpu(&idx.to_ne_bytes(), MapFlags::ANY)
         .ok()??;
     Some(
@@ -776,6 +947,63 @@ mod tests {
         let mut r = record(&[], &[]);
         r[28] = 200; // kern_frames > MAX_FRAMES
         assert_eq!(parse_record(&r), None);
+    }
+
+    fn offcpu_record(state: u32, off_ns: u64, runnable_ns: u64) -> Vec<u8> {
+        let head = ember_offcpu_head {
+            off_ns,
+            runnable_ns,
+            state,
+            pad: 0,
+        };
+        // SAFETY: test-only view of a repr(C) POD struct as bytes.
+        let mut out = unsafe {
+            std::slice::from_raw_parts(
+                (&head as *const ember_offcpu_head).cast::<u8>(),
+                OFFCPU_HEAD,
+            )
+        }
+        .to_vec();
+        out.extend(record(&[0xffff_0001], &[0x401000]));
+        out
+    }
+
+    #[test]
+    fn offcpu_records_split_at_the_wakeup_and_scale() {
+        let (samples, _) = parse_offcpu_record(&offcpu_record(0, 700, 300), 1.0).expect("valid");
+        let got: Vec<_> = samples.iter().map(|s| s.off_cpu).collect();
+        assert_eq!(
+            got,
+            [
+                Some(OffCpu {
+                    state: OffState::Sleep,
+                    ns: 700
+                }),
+                Some(OffCpu {
+                    state: OffState::Runnable,
+                    ns: 300
+                }),
+            ]
+        );
+        assert_eq!(samples[1].user, [0x401000], "both halves keep the stack");
+        let (samples, _) = parse_offcpu_record(&offcpu_record(1, 1000, 0), 2.0).expect("valid");
+        assert_eq!(
+            samples.iter().map(|s| s.off_cpu).collect::<Vec<_>>(),
+            [Some(OffCpu {
+                state: OffState::Disk,
+                ns: 2000
+            })],
+            "no wakeup part; scaled by 1 / sample rate"
+        );
+        assert!(
+            parse_offcpu_record(&offcpu_record(9, 1, 0), 1.0).is_none(),
+            "unknown state"
+        );
+        let mut short = offcpu_record(2, 5, 0);
+        short.truncate(OFFCPU_HEAD + 8);
+        assert!(parse_offcpu_record(&short, 1.0).is_none());
+        assert_eq!(sample_threshold(1.0), 1 << 32);
+        assert_eq!(sample_threshold(0.5), 1 << 31);
     }
 
     #[test]

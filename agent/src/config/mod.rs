@@ -84,6 +84,8 @@ pub struct Config {
     pub symbols: Symbols,
     /// When `/healthz` reports a stuck stage.
     pub health: Health,
+    /// Off-CPU profiling: where threads wait, how long and why.
+    pub offcpu: OffCpu,
 }
 
 /// `symbols:` keys: how object files are read for names.
@@ -124,6 +126,37 @@ pub struct Health {
 impl Default for Health {
     fn default() -> Self {
         Self { stall_windows: 3 }
+    }
+}
+
+/// `offcpu:` keys: off-CPU profiles from `sched_switch` (see README "Off-CPU profiles").
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct OffCpu {
+    /// Load the off-CPU programs and write off-CPU windows.
+    pub enabled: bool,
+    /// Blocks shorter than this are not reported (counted as short).
+    #[serde(deserialize_with = "duration")]
+    pub min_block: Duration,
+    /// Fraction of switch-outs whose stacks are taken (0 < rate <= 1); reported times are
+    /// scaled by its inverse.
+    pub sample_rate: f64,
+    /// Threads off CPU whose stacks are held at once (BPF map entries, ~2.2 KiB each
+    /// while used); more are counted as dropped.
+    pub max_threads: u32,
+    /// The off-CPU ring buffer, in bytes (power of two).
+    pub ring_buffer_bytes: u32,
+}
+
+impl Default for OffCpu {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            min_block: Duration::from_micros(1000),
+            sample_rate: 1.0,
+            max_threads: 8192,
+            ring_buffer_bytes: 1 << 20,
+        }
     }
 }
 
@@ -582,6 +615,19 @@ impl Config {
                 "must be between 1 and 1048576",
             );
         }
+        let o = &self.offcpu;
+        if !(o.sample_rate > 0.0 && o.sample_rate <= 1.0) {
+            return invalid("offcpu.sample_rate", "must be above 0 and at most 1");
+        }
+        if !(1..=1 << 20).contains(&o.max_threads) {
+            return invalid("offcpu.max_threads", "must be between 1 and 1048576");
+        }
+        if !o.ring_buffer_bytes.is_power_of_two() || o.ring_buffer_bytes < 4096 {
+            return invalid(
+                "offcpu.ring_buffer_bytes",
+                "must be a power of two of at least 4096",
+            );
+        }
         if self.window.duration < Duration::from_millis(100) {
             return invalid("window.duration", "must be at least 100ms");
         }
@@ -968,14 +1014,14 @@ mod tests {
         // Every key of the schema appears in the documented default file.
         let v: serde_yaml::Value = serde_yaml::from_str(DEFAULT_YAML).expect("yaml");
         let sections = v.as_mapping().expect("mapping");
-        assert_eq!(sections.len(), 15);
+        assert_eq!(sections.len(), 16);
         let count: usize = sections
             .values()
             .map(|s| s.as_mapping().map_or(0, |m| m.len()))
             .sum();
         assert_eq!(
             count,
-            9 + 1 + 3 + 2 + 7 + 3 + 8 + 1 + 7 + 7 + 3 + 6 + 8 + 4 + 1
+            9 + 1 + 3 + 2 + 7 + 3 + 8 + 1 + 7 + 7 + 3 + 6 + 8 + 4 + 1 + 5
         );
         let sinks = &v["sinks"];
         assert_eq!(sinks["pyroscope"].as_mapping().map_or(0, |m| m.len()), 13);

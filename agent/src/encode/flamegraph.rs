@@ -105,6 +105,16 @@ impl<'a> Index<'a> {
         }
     }
 
+    /// The sample's string label `key`, if it has a non-empty one.
+    fn label(&self, sample: &Sample, key: &str) -> Option<&'a str> {
+        sample
+            .label
+            .iter()
+            .find(|l| self.string(l.key) == key)
+            .map(|l| self.string(l.str))
+            .filter(|s| !s.is_empty())
+    }
+
     /// The sample's `process` label, if it has a non-empty one.
     fn process(&self, sample: &Sample) -> Option<&'a str> {
         sample
@@ -167,18 +177,35 @@ fn sanitize(name: &str) -> String {
 /// sample's `process` label when it has one, so that different processes get
 /// separate towers in the flame graph. Names are sanitized so they cannot
 /// break the format (see `sanitize`). Samples with a zero count are left out.
+///
+/// Off-CPU profiles (default sample type `off_cpu`) count microseconds off CPU (as bcc's
+/// `offcputime -f` does), and each stack's second frame is its `state` in brackets
+/// (`[sleep]`, `[disk]`, `[runnable]`), so the graph splits first by why threads waited.
 pub fn folded(profile: &Profile) -> Vec<String> {
     let index = Index::new(profile);
+    let off_cpu = is_off_cpu(profile);
     let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
     let mut frames = Vec::new();
     for sample in &profile.sample {
-        let n = count(sample);
+        let n = if off_cpu {
+            sample
+                .value
+                .get(1)
+                .map_or(0, |v| u64::try_from(*v).unwrap_or(0) / 1000)
+        } else {
+            count(sample)
+        };
         if n == 0 {
             continue;
         }
         frames.clear();
         if let Some(process) = index.process(sample) {
             frames.push(sanitize(process));
+        }
+        if off_cpu {
+            if let Some(state) = index.label(sample, "state") {
+                frames.push(format!("[{}]", sanitize(state)));
+            }
         }
         for &id in sample.location_id.iter().rev() {
             index.push_frames(id, &mut frames);
@@ -205,13 +232,21 @@ pub fn svg(profile: &Profile, title: &str) -> Result<Vec<u8>, FlameGraphError> {
     }
     let mut options = inferno::flamegraph::Options::default();
     options.title = title.to_string();
-    options.count_name = "samples".to_string();
+    options.count_name = if is_off_cpu(profile) { "us" } else { "samples" }.to_string();
     // Same function, same colour, across windows: easier to compare.
     options.hash = true;
     let mut out = Vec::new();
     inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut out)
         .map_err(FlameGraphError::Render)?;
     Ok(out)
+}
+
+/// Whether `profile` is an off-CPU profile (its default sample type is `off_cpu`).
+pub fn is_off_cpu(profile: &Profile) -> bool {
+    usize::try_from(profile.default_sample_type)
+        .ok()
+        .and_then(|i| profile.string_table.get(i))
+        .is_some_and(|s| s == "off_cpu")
 }
 
 /// A minimal valid SVG showing the title and "no samples".

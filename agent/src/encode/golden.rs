@@ -86,6 +86,7 @@ fn fixture() -> (Window, HashMap<FrameKey, Resolved>) {
         labels: labels.clone(),
         frames,
         count,
+        off_cpu: None,
     };
     let stacks = vec![
         stack(
@@ -165,6 +166,7 @@ fn fixture() -> (Window, HashMap<FrameKey, Resolved>) {
         start: UNIX_EPOCH + Duration::from_secs(1_790_000_000),
         duration: Duration::from_secs(10),
         period_ns: 10_101_010,
+        kind: Default::default(),
         stacks,
     };
     let mut symbols = HashMap::new();

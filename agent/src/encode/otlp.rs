@@ -30,9 +30,10 @@ pub fn request(w: &Symbolized, host: &str, per: ResourcePer) -> ExportProfilesSe
         .start
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
+    let (kind, unit) = crate::encode::pprof::value_type(w.kind);
     let cpu_ns = otlp::ValueType {
-        type_strindex: d.string("cpu"),
-        unit_strindex: d.string("nanoseconds"),
+        type_strindex: d.string(kind),
+        unit_strindex: d.string(unit),
     };
     let mut groups: BTreeMap<String, (Vec<KeyValue>, Vec<otlp::Sample>)> = BTreeMap::new();
     for s in &w.stacks {
@@ -54,12 +55,18 @@ pub fn request(w: &Symbolized, host: &str, per: ResourcePer) -> ExportProfilesSe
             attribute_indices.push(d.attribute("process.pid", int(s.pid)));
             attribute_indices.push(d.attribute("process.executable.name", string(&s.process)));
         }
+        if let Some(o) = s.off_cpu {
+            attribute_indices.push(d.attribute("state", string(o.state.as_str())));
+        }
         let stack_index = d.stack(s);
         entry.1.push(otlp::Sample {
             stack_index,
             attribute_indices,
             link_index: 0,
-            values: vec![(s.count * w.period_ns) as i64],
+            values: vec![match s.off_cpu {
+                Some(o) => o.ns as i64,
+                None => (s.count * w.period_ns) as i64,
+            }],
             timestamps_unix_nano: Vec::new(),
         });
     }
@@ -82,7 +89,10 @@ pub fn request(w: &Symbolized, host: &str, per: ResourcePer) -> ExportProfilesSe
                     time_unix_nano: start,
                     duration_nano: w.duration.as_nanos() as u64,
                     period_type: Some(cpu_ns),
-                    period: w.period_ns as i64,
+                    period: match w.kind {
+                        crate::aggregate::ProfileKind::Cpu => w.period_ns as i64,
+                        crate::aggregate::ProfileKind::OffCpu => 1,
+                    },
                     ..Default::default()
                 }],
                 schema_url: String::new(),
@@ -328,6 +338,7 @@ mod tests {
             start: UNIX_EPOCH + Duration::from_secs(100),
             duration: Duration::from_secs(10),
             period_ns: 10_000_000,
+            kind: Default::default(),
             stacks: vec![
                 SymStack {
                     pid: 10,
@@ -337,6 +348,7 @@ mod tests {
                     labels: container,
                     frames: vec![work, main.clone()],
                     count: 2,
+                    off_cpu: None,
                 },
                 SymStack {
                     pid: 20,
@@ -346,6 +358,7 @@ mod tests {
                     labels: Arc::default(),
                     frames: vec![main],
                     count: 1,
+                    off_cpu: None,
                 },
             ],
         };

@@ -10,6 +10,7 @@ use std::time::UNIX_EPOCH;
 use flate2::write::GzEncoder;
 use flate2::Compression;
 
+use crate::aggregate::ProfileKind;
 use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 use crate::symbolize::{Func, Mapping as SymMapping, SymFrame, SymStack, Symbolized};
 
@@ -118,7 +119,7 @@ pub(crate) enum LabelValue<'a> {
 }
 
 /// The sample labels of a stack, in the order profiles list them: `pid`, `tid`, `comm`,
-/// `process`, then the workload's non-empty labels.
+/// `process`, then the workload's non-empty labels; off-CPU stacks then say why (`state`).
 pub(crate) fn sample_labels(s: &SymStack) -> impl Iterator<Item = (&'static str, LabelValue<'_>)> {
     [
         ("pid", LabelValue::Num(i64::from(s.pid))),
@@ -132,11 +133,28 @@ pub(crate) fn sample_labels(s: &SymStack) -> impl Iterator<Item = (&'static str,
             .sample_labels()
             .map(|(k, v)| (k, LabelValue::Str(v))),
     )
+    .chain(
+        s.off_cpu
+            .map(|o| ("state", LabelValue::Str(o.state.as_str()))),
+    )
 }
 
-/// The values of a stack's sample: `samples/count` and `cpu/nanoseconds`.
+/// The values of a stack's sample: `samples/count` and `cpu/nanoseconds`, or for an
+/// off-CPU stack `samples/count` (blocks) and `off_cpu/nanoseconds`.
 pub(crate) fn values(s: &SymStack, period_ns: u64) -> Vec<i64> {
-    vec![s.count as i64, (s.count * period_ns) as i64]
+    match s.off_cpu {
+        Some(o) => vec![s.count as i64, o.ns as i64],
+        None => vec![s.count as i64, (s.count * period_ns) as i64],
+    }
+}
+
+/// The second sample type of a window's profiles, and its unit: `cpu` or `off_cpu`,
+/// in nanoseconds.
+pub(crate) fn value_type(kind: ProfileKind) -> (&'static str, &'static str) {
+    match kind {
+        ProfileKind::Cpu => ("cpu", "nanoseconds"),
+        ProfileKind::OffCpu => ("off_cpu", "nanoseconds"),
+    }
 }
 
 /// A pprof profile under construction: strings, mappings, functions and locations are
@@ -178,14 +196,19 @@ impl<'w> Builder<'w> {
             r#type: b.string("samples"),
             unit: b.string("count"),
         };
-        let cpu = ValueType {
-            r#type: b.string("cpu"),
-            unit: b.string("nanoseconds"),
+        let (kind, unit) = value_type(w.kind);
+        let time = ValueType {
+            r#type: b.string(kind),
+            unit: b.string(unit),
         };
-        b.profile.sample_type = vec![samples, cpu];
-        b.profile.period_type = Some(cpu);
-        b.profile.period = w.period_ns as i64;
-        b.profile.default_sample_type = cpu.r#type;
+        b.profile.sample_type = vec![samples, time];
+        b.profile.period_type = Some(time);
+        // Off-CPU values are measured times, not counts of a period: one nanosecond each.
+        b.profile.period = match w.kind {
+            ProfileKind::Cpu => w.period_ns as i64,
+            ProfileKind::OffCpu => 1,
+        };
+        b.profile.default_sample_type = time.r#type;
         b.profile.time_nanos = w
             .start
             .duration_since(UNIX_EPOCH)
@@ -386,11 +409,13 @@ mod tests {
             labels: Arc::default(),
             frames,
             count,
+            off_cpu: None,
         };
         Window {
             start: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
             duration: Duration::from_secs(10),
             period_ns: 10_101_010,
+            kind: Default::default(),
             stacks: vec![
                 stack(
                     10,
@@ -501,6 +526,7 @@ mod tests {
             start: SystemTime::now(),
             duration: Duration::from_secs(1),
             period_ns: 1,
+            kind: Default::default(),
             stacks: vec![],
         };
         let (p, c) = encode_with(w, &HashMap::new());

@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::aggregate::ProfileKind;
 use crate::encode::pprof::{sample_labels, values, Builder, WindowLocations};
 use crate::proto::Profile;
 use crate::push_proto::LabelPair;
@@ -39,6 +40,18 @@ pub struct Service {
     pub uniform: Vec<(&'static str, String)>,
     /// The service's profile.
     pub profile: Profile,
+    /// What the profile measures.
+    pub kind: ProfileKind,
+}
+
+/// Pyroscope's profile name (`__name__`) for a window's kind: `process_cpu` as Grafana
+/// Alloy's eBPF profiler sends CPU profiles, `off_cpu` as Pyroscope names off-CPU profiles
+/// it ingests from the OpenTelemetry eBPF profiler (grafana/pyroscope#3875).
+pub fn profile_name(kind: ProfileKind) -> &'static str {
+    match kind {
+        ProfileKind::Cpu => "process_cpu",
+        ProfileKind::OffCpu => "off_cpu",
+    }
 }
 
 impl Service {
@@ -46,7 +59,7 @@ impl Service {
     /// (a name already set is not repeated).
     pub fn series_labels(&self, static_labels: &BTreeMap<String, String>) -> Vec<LabelPair> {
         let mut labels = vec![
-            pair("__name__", "process_cpu"),
+            pair("__name__", profile_name(self.kind)),
             pair("service_name", &self.name),
         ];
         let mut seen: HashSet<&str> = ["__name__", "service_name"].into_iter().collect();
@@ -101,6 +114,7 @@ pub fn split(w: &Symbolized, keep: &HashSet<String>) -> Vec<Service> {
                 name: name.to_owned(),
                 uniform,
                 profile: profile(w, &stacks, keep, &window),
+                kind: w.kind,
             }
         })
         .collect()
@@ -193,11 +207,13 @@ pub(crate) mod tests {
             labels: labels.clone(),
             frames,
             count,
+            off_cpu: None,
         };
         Symbolized {
             start: UNIX_EPOCH + Duration::from_secs(1_800_000_000),
             duration: Duration::from_secs(10),
             period_ns: PERIOD,
+            kind: Default::default(),
             stacks: vec![
                 // Two threads of shop/web with the same stack: merged once tid goes.
                 stack(1, 100, "web", &web, vec![work.clone(), main.clone()], 1),

@@ -3,9 +3,11 @@
 //!
 //! Files are named by the UTC start of their window,
 //! `20261122T031500.123Z.pb.gz`, so names sort by time; a second window with
-//! the same start gets `-1`, `-2`, … before `.pb.gz`. Only names of exactly
-//! that shape are listed, served or removed: anything else in the directory
-//! belongs to someone else and is left alone.
+//! the same start gets `-1`, `-2`, … before `.pb.gz`. Off-CPU windows
+//! (`offcpu.enabled`) are `20261122T031500.123Z.offcpu.pb.gz` beside them, and
+//! count in the same retention caps. Only names of exactly that shape are
+//! listed, served or removed: anything else in the directory belongs to
+//! someone else and is left alone.
 //!
 //! Faults on the directory are survived: a directory removed under us is created again
 //! on the next write; a full or read-only file system fails the write (the caller counts
@@ -21,11 +23,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use crate::aggregate::ProfileKind;
 use time::macros::format_description;
 use time::OffsetDateTime;
 
 /// File name suffix of every window file.
 const SUFFIX: &str = ".pb.gz";
+/// What off-CPU window names carry before [`SUFFIX`].
+const OFFCPU_TAG: &str = ".offcpu";
 /// Length of the timestamp part, `20261122T031500.123Z`.
 const STAMP_LEN: usize = 20;
 /// Most `-N` suffixes tried for windows that start in the same millisecond.
@@ -86,6 +91,8 @@ pub struct WindowFile {
     pub name: String,
     /// Size on disk in bytes.
     pub bytes: u64,
+    /// What the window measures (from its name).
+    pub kind: ProfileKind,
 }
 
 /// The window directory: writes windows atomically, enforces retention and
@@ -177,13 +184,22 @@ impl WindowDir {
     /// and returns its path, then removes the oldest windows beyond the
     /// caps (logged). The file appears under its final name only once
     /// complete, so readers never see half a window.
-    ///
-    /// A directory removed meanwhile is created again; a failure is remembered for
-    /// [`WindowDir::health`] until a write succeeds.
+    #[cfg(test)]
     pub fn write(&self, start: SystemTime, gz: &[u8]) -> Result<PathBuf, FilesError> {
+        self.write_kind(start, ProfileKind::Cpu, gz)
+    }
+
+    /// [`WindowDir::write`] for a window of `kind` (off-CPU windows are named
+    /// `<stamp>.offcpu.pb.gz`).
+    pub fn write_kind(
+        &self,
+        start: SystemTime,
+        kind: ProfileKind,
+        gz: &[u8],
+    ) -> Result<PathBuf, FilesError> {
         let stamp = stamp(start)?;
         let _guard = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let result = self.write_locked(&stamp, gz);
+        let result = self.write_locked(&stamp, kind, gz);
         let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
         match (
             &result,
@@ -200,7 +216,12 @@ impl WindowDir {
         result
     }
 
-    fn write_locked(&self, stamp: &str, gz: &[u8]) -> Result<PathBuf, FilesError> {
+    fn write_locked(
+        &self,
+        stamp: &str,
+        kind: ProfileKind,
+        gz: &[u8],
+    ) -> Result<PathBuf, FilesError> {
         if !self.dir.is_dir() {
             // Removed under us (by hand, a node cleanup, a remounted volume): create
             // it again, as `open` would.
@@ -215,7 +236,7 @@ impl WindowDir {
             self.recreated.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(dir = %self.dir.display(), "the window directory was gone; created it again");
         }
-        let name = self.free_name(stamp)?;
+        let name = self.free_name(stamp, kind)?;
         let path = self.dir.join(&name);
         let temp = self.dir.join(temp_name(&name));
         let written = write_file(&temp, gz).and_then(|()| fs::rename(&temp, &path));
@@ -291,12 +312,16 @@ impl WindowDir {
 
     /// The first of `<stamp>.pb.gz`, `<stamp>-1.pb.gz`, … not yet taken.
     /// Called with the write lock held.
-    fn free_name(&self, stamp: &str) -> Result<String, FilesError> {
+    fn free_name(&self, stamp: &str, kind: ProfileKind) -> Result<String, FilesError> {
+        let tag = match kind {
+            ProfileKind::Cpu => "",
+            ProfileKind::OffCpu => OFFCPU_TAG,
+        };
         for n in 0..=MAX_COLLISIONS {
             let name = if n == 0 {
-                format!("{stamp}{SUFFIX}")
+                format!("{stamp}{tag}{SUFFIX}")
             } else {
-                format!("{stamp}-{n}{SUFFIX}")
+                format!("{stamp}-{n}{tag}{SUFFIX}")
             };
             // symlink_metadata so a dangling symlink also counts as taken.
             if fs::symlink_metadata(self.dir.join(&name)).is_err() {
@@ -356,14 +381,13 @@ impl WindowDir {
             .filter_map(|entry| {
                 let entry = entry.ok()?;
                 let name = entry.file_name().into_string().ok()?;
-                if !is_window_name(&name) {
-                    return None;
-                }
+                let (_, _, kind) = parse_name(&name)?;
                 // DirEntry::metadata does not follow symlinks.
                 let meta = entry.metadata().ok()?;
                 meta.is_file().then_some(WindowFile {
                     name,
                     bytes: meta.len(),
+                    kind,
                 })
             })
             .collect();
@@ -429,9 +453,13 @@ fn stamp(start: SystemTime) -> Result<String, FilesError> {
 }
 
 /// Splits a window name into its timestamp and collision number, or `None`
-/// if it is not exactly `YYYYMMDDTHHMMSS.mmmZ[-N].pb.gz`.
-fn parse_name(name: &str) -> Option<(&str, u32)> {
+/// and kind, or `None` if it is not exactly `YYYYMMDDTHHMMSS.mmmZ[-N][.offcpu].pb.gz`.
+fn parse_name(name: &str) -> Option<(&str, u32, ProfileKind)> {
     let rest = name.strip_suffix(SUFFIX)?;
+    let (rest, kind) = match rest.strip_suffix(OFFCPU_TAG) {
+        Some(r) => (r, ProfileKind::OffCpu),
+        None => (rest, ProfileKind::Cpu),
+    };
     let (stamp, n) = match rest.split_once('-') {
         Some((stamp, n)) => {
             // 1..=999 without leading zeros, so each number has one name.
@@ -450,7 +478,7 @@ fn parse_name(name: &str) -> Option<(&str, u32)> {
             19 => *c == b'Z',
             _ => c.is_ascii_digit(),
         });
-    shape_ok.then_some((stamp, n))
+    shape_ok.then_some((stamp, n, kind))
 }
 
 /// Whether `name` is a window file name this module could have produced.
@@ -460,9 +488,12 @@ pub fn is_window_name(name: &str) -> bool {
 }
 
 /// Sorts windows by start time, then collision number (plain string order
-/// would put `…Z-1.pb.gz` before `…Z.pb.gz`).
-fn sort_key(name: &str) -> (String, u32) {
-    parse_name(name).map_or_else(|| (name.to_string(), 0), |(s, n)| (s.to_string(), n))
+/// would put `…Z-1.pb.gz` before `…Z.pb.gz`), CPU before off-CPU.
+fn sort_key(name: &str) -> (String, u32, bool) {
+    parse_name(name).map_or_else(
+        || (name.to_string(), 0, false),
+        |(s, n, k)| (s.to_string(), n, k == ProfileKind::OffCpu),
+    )
 }
 
 #[cfg(test)]
@@ -628,6 +659,35 @@ mod tests {
             w.write(UNIX_EPOCH - Duration::from_secs(1), b""),
             Err(FilesError::Time)
         ));
+        Ok(())
+    }
+
+    #[test]
+    fn offcpu_windows_sit_beside_cpu_windows() -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let w = WindowDir::open(tmp.path(), 10, u64::MAX)?;
+        w.write_kind(at(123), ProfileKind::Cpu, b"cpu")?;
+        let p = w.write_kind(at(123), ProfileKind::OffCpu, b"off")?;
+        assert!(p.ends_with("20261122T031500.123Z.offcpu.pb.gz"));
+        w.write_kind(at(123), ProfileKind::OffCpu, b"off2")?;
+        let listed: Vec<_> = w.list().into_iter().map(|f| (f.name, f.kind)).collect();
+        assert_eq!(
+            listed,
+            vec![
+                (
+                    "20261122T031500.123Z-1.offcpu.pb.gz".to_string(),
+                    ProfileKind::OffCpu
+                ),
+                (
+                    "20261122T031500.123Z.offcpu.pb.gz".to_string(),
+                    ProfileKind::OffCpu
+                ),
+                ("20261122T031500.123Z.pb.gz".to_string(), ProfileKind::Cpu),
+            ]
+        );
+        assert_eq!(w.read("20261122T031500.123Z.offcpu.pb.gz")?, b"off");
+        assert!(!is_window_name("20261122T031500.123Z.offcpu-1.pb.gz"));
+        assert!(!is_window_name("20261122T031500.123Z.other.pb.gz"));
         Ok(())
     }
 

@@ -68,7 +68,7 @@ impl Files {
 
 impl Sink for Files {
     fn accept(&mut self, w: &Encoded) {
-        let result = self.dir.write(w.start, &w.gz);
+        let result = self.dir.write_kind(w.start, w.window.kind, &w.gz);
         let recreated = self.dir.recreated();
         if recreated > self.recreated {
             self.metrics

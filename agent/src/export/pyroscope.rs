@@ -5,7 +5,7 @@
 //! gzip'ed protobuf `PushRequest` (`application/proto`); the pprof inside each
 //! `RawSample` is not compressed, as the pyroscope-io client sends it. Old
 //! servers get the legacy `POST /ingest?name=…&format=pprof`, one request per
-//! service. Series labels: `__name__=process_cpu`, `service_name`, the
+//! service. Series labels: `__name__=process_cpu` (`off_cpu` for off-CPU windows), `service_name`, the
 //! namespace/pod/container/container_id shared by every sample of the service,
 //! and the configured static labels.
 
@@ -130,7 +130,11 @@ impl Encoder {
             .chain(self.labels.iter().map(|(k, v)| format!("{k}={v}")))
             .collect();
         tags.dedup();
-        format!("{}.cpu{{{}}}", s.name, tags.join(","))
+        let kind = match s.kind {
+            crate::aggregate::ProfileKind::Cpu => "cpu",
+            crate::aggregate::ProfileKind::OffCpu => "off_cpu",
+        };
+        format!("{}.{kind}{{{}}}", s.name, tags.join(","))
     }
 }
 

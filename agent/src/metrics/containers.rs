@@ -38,6 +38,21 @@ pub struct ContainerInfoLabels {
     pub node: String,
 }
 
+/// Label set of `ember_container_offcpu_seconds_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContainerOffCpuLabels {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+    /// Container id.
+    pub container_id: String,
+    /// Why its threads were off CPU.
+    pub state: super::OffState,
+}
+
 /// Per-container CPU series: seconds from samples beside seconds from the cgroup itself.
 #[derive(Clone, Default)]
 pub struct ContainerMetrics {
@@ -47,4 +62,7 @@ pub struct ContainerMetrics {
     pub cgroup: Family<ContainerLabels, Counter<f64, AtomicU64>>,
     /// `ember_container_info`: 1 per container, for joins.
     pub info: Family<ContainerInfoLabels, Gauge>,
+    /// `ember_container_offcpu_seconds_total{state}`: time its threads were off CPU
+    /// (`offcpu.enabled`), summed over threads.
+    pub offcpu: Family<ContainerOffCpuLabels, Counter<f64, AtomicU64>>,
 }

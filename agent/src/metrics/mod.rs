@@ -20,8 +20,9 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
 pub use reasons::{
-    Cache, ExportDrop, FrameResult, JitReject, JvmRefresh, Loss, ObjectRefusal, ProcRead,
-    ReadingsSource, StackEnd, StackSide, Stage, SymbolMiss, TableBuild, WindowWriteError,
+    Cache, ExportDrop, FrameResult, JitReject, JvmRefresh, Loss, ObjectRefusal, OffCpuEvent,
+    OffState, ProcRead, ReadingsSource, StackEnd, StackSide, Stage, SymbolMiss, TableBuild,
+    WindowWriteError,
 };
 
 /// Label set with a single `reason`, one of the enums of [`reasons`].
@@ -141,6 +142,10 @@ pub struct Metrics {
     pub unwind_processes: Gauge<i64, AtomicI64>,
     /// Kernel memory of unwind tables and ranges now, in bytes.
     pub unwind_map_bytes: Gauge<i64, AtomicI64>,
+    /// Off-CPU switch-outs and blocks, by what became of them.
+    pub offcpu_events: Family<ResultLabel<OffCpuEvent>, Counter>,
+    /// Threads off CPU whose stacks the off-CPU program holds now.
+    pub offcpu_threads: Gauge<i64, AtomicI64>,
     lost_sum: Arc<AtomicU64>,
 }
 
@@ -198,6 +203,12 @@ impl Metrics {
             "CPU time of each container as its cgroup counts it (cpuacct.usage or cpu.stat usage_usec)",
             Unit::Seconds,
             containers.cgroup.clone(),
+        );
+        registry.register_with_unit(
+            "container_offcpu",
+            "Time the threads of each container were off CPU, by why (sleep, disk, runnable; offcpu.enabled)",
+            Unit::Seconds,
+            containers.offcpu.clone(),
         );
         registry.register(
             "container_info",
@@ -381,6 +392,18 @@ impl Metrics {
             Unit::Bytes,
             unwind_map_bytes.clone(),
         );
+        let offcpu_events = Family::<ResultLabel<OffCpuEvent>, Counter>::default();
+        registry.register(
+            "offcpu_events",
+            "Off-CPU switch-outs and blocks, by what became of them (losses: map_full, ringbuf_full, no_scratch, malformed)",
+            offcpu_events.clone(),
+        );
+        let offcpu_threads = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "offcpu_threads",
+            "Threads off CPU whose stacks the off-CPU program holds now (at most offcpu.max_threads)",
+            offcpu_threads.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             samples,
@@ -416,6 +439,8 @@ impl Metrics {
             unwind_tables,
             unwind_processes,
             unwind_map_bytes,
+            offcpu_events,
+            offcpu_threads,
             lost_sum: Arc::default(),
         }
     }
@@ -447,6 +472,13 @@ impl Metrics {
         self.unwind_tables_built
             .get_or_create(&ResultLabel { result })
             .inc();
+    }
+
+    /// Counts `n` off-CPU switch-outs or blocks that ended in `result`.
+    pub fn offcpu(&self, result: OffCpuEvent, n: u64) {
+        self.offcpu_events
+            .get_or_create(&ResultLabel { result })
+            .inc_by(n);
     }
 
     /// Counts `n` entries dropped from the cache or queue `cache`.

@@ -159,6 +159,46 @@ label_enum! {
 }
 
 label_enum! {
+    /// Why a thread was off CPU: the `state` label of off-CPU samples and of
+    /// `ember_container_offcpu_seconds_total`.
+    pub enum OffState {
+        /// Interruptible sleep (timers, poll, pipes, sockets, futexes), and TASK_IDLE, stopped
+        /// and traced tasks.
+        Sleep => "sleep",
+        /// Uninterruptible sleep that counts in the load average (D state): disk I/O, page
+        /// faults, most kernel locks.
+        Disk => "disk",
+        /// Runnable but not running: preempted, or woken and waiting for a CPU.
+        Runnable => "runnable",
+    }
+}
+
+label_enum! {
+    /// `ember_offcpu_events_total{result}`: what became of each switch-out and block the
+    /// off-CPU programs saw (`offcpu.enabled`).
+    pub enum OffCpuEvent {
+        /// A thread left a CPU (not filtered out).
+        Switch => "switch",
+        /// Its stacks were taken (`offcpu.sample_rate` chose it).
+        Taken => "taken",
+        /// It ran again sooner than `offcpu.min_block` (not reported; not a loss).
+        Short => "short",
+        /// Reported: a record went to userspace.
+        Sent => "sent",
+        /// Lost: `offcpu.max_threads` threads were already held.
+        MapFull => "map_full",
+        /// Lost: the off-CPU ring buffer was full.
+        RingbufFull => "ringbuf_full",
+        /// Lost: the per-CPU scratch buffer was missing.
+        NoScratch => "no_scratch",
+        /// Lost: a record shorter than its header says.
+        Malformed => "malformed",
+        /// Excluded by `--pid` or the filters (not a loss).
+        Filtered => "filtered",
+    }
+}
+
+label_enum! {
     /// `ember_stacks_total{workload,result}`: how each sampled user stack ended.
     pub enum StackEnd {
         /// The walk reached the outermost frame (the program's entry or a thread's start).

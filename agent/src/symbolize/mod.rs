@@ -29,7 +29,8 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::aggregate::{Frame, Window};
+use crate::aggregate::{Frame, ProfileKind, Window};
+use crate::capture::OffCpu;
 use crate::config::Symbols;
 use crate::metrics::{Cache, Metrics, ObjectRefusal, ProcRead, SymbolMiss};
 use crate::normalize::elf_file::{ElfError, ElfReader, Limits};
@@ -82,6 +83,8 @@ pub struct Symbolized {
     pub duration: Duration,
     /// Nanoseconds of CPU time one sample stands for (1e9 / Hz).
     pub period_ns: u64,
+    /// What the window measures (CPU or off-CPU time).
+    pub kind: ProfileKind,
     /// Distinct stacks, in the aggregator's order.
     pub stacks: Vec<SymStack>,
 }
@@ -124,8 +127,10 @@ pub struct SymStack {
     /// Kernel frames then user frames, leaf first. Frames are shared between the
     /// stacks of a window.
     pub frames: Vec<Arc<SymFrame>>,
-    /// Samples of this stack.
+    /// Samples of this stack (CPU), or blocks reported (off-CPU).
     pub count: u64,
+    /// Off-CPU stacks: why, and the nanoseconds off CPU.
+    pub off_cpu: Option<OffCpu>,
 }
 
 /// One resolved frame: where its address is, and the functions there.
@@ -601,7 +606,17 @@ pub(crate) fn assemble(window: Window, names: &HashMap<FrameKey, Resolved>) -> S
         .stacks
         .into_iter()
         .map(|s| SymStack {
-            frames: s.frames.iter().map(&mut frame).collect(),
+            frames: match s.off_cpu {
+                // The kernel side was taken inside the tracepoint: its leaf frames are the
+                // tracing machinery (bpf_prog_*, __traceiter_*), not the thread's wait.
+                Some(_) => {
+                    let all: Vec<_> = s.frames.iter().map(&mut frame).collect();
+                    let skip = all.iter().position(is_schedule_frame).unwrap_or(0);
+                    all.into_iter().skip(skip).collect()
+                }
+                None => s.frames.iter().map(&mut frame).collect(),
+            },
+            off_cpu: s.off_cpu,
             pid: s.pid,
             tid: s.tid,
             comm: s.comm,
@@ -614,8 +629,15 @@ pub(crate) fn assemble(window: Window, names: &HashMap<FrameKey, Resolved>) -> S
         start: window.start,
         duration: window.duration,
         period_ns: window.period_ns,
+        kind: window.kind,
         stacks,
     }
+}
+
+/// The scheduler's core (`__schedule`), where sched_switch fires: off-CPU kernel stacks
+/// start there; the frames below it are the tracing machinery that ran the BPF program.
+fn is_schedule_frame(f: &Arc<SymFrame>) -> bool {
+    matches!(f.mapping, Mapping::Kernel) && f.funcs.iter().any(|func| &*func.name == "__schedule")
 }
 
 /// One frame, resolved: its mapping (objects named by the first path seen in the
@@ -706,6 +728,7 @@ mod tests {
             start: SystemTime::now(),
             duration: Duration::from_secs(1),
             period_ns: 1,
+            kind: Default::default(),
             stacks: vec![Stack {
                 pid: 1,
                 tid: 1,
@@ -714,6 +737,7 @@ mod tests {
                 labels: Arc::default(),
                 frames,
                 count: 1,
+                off_cpu: None,
             }],
         }
     }

@@ -10,7 +10,10 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::metrics::containers::{ContainerInfoLabels, ContainerLabels, ContainerMetrics};
+use crate::metrics::containers::{
+    ContainerInfoLabels, ContainerLabels, ContainerMetrics, ContainerOffCpuLabels,
+};
+use crate::metrics::OffState;
 
 use super::cgroup::{read_cpu_seconds, Cgroup};
 use super::labels::Labels;
@@ -50,11 +53,27 @@ impl Accounting {
 
     /// Adds one window's samples of a container (`seconds` = samples × period).
     pub fn add(&mut self, labels: &Labels, cg: &Cgroup, seconds: f64) {
+        if let Some(t) = self.track(labels, cg) {
+            let key = t.labels.clone();
+            self.metrics.sampled.get_or_create(&key).inc_by(seconds);
+        }
+    }
+
+    /// Adds time a container's threads were off CPU, in `state`.
+    pub fn add_offcpu(&mut self, labels: &Labels, cg: &Cgroup, state: OffState, seconds: f64) {
+        if let Some(t) = self.track(labels, cg) {
+            let key = offcpu_labels(&t.labels, state);
+            self.metrics.offcpu.get_or_create(&key).inc_by(seconds);
+        }
+    }
+
+    /// The container's entry, made (within the cap) or refreshed for this window.
+    fn track(&mut self, labels: &Labels, cg: &Cgroup) -> Option<&Tracked> {
         if labels.container_id.is_empty() {
-            return;
+            return None;
         }
         if !self.tracked.contains_key(&labels.container_id) && self.tracked.len() >= self.max {
-            return;
+            return None;
         }
         let window = self.window;
         let t = self
@@ -81,9 +100,7 @@ impl Accounting {
             });
         // Pod metadata may arrive after the container's first window: move its series then.
         if t.labels.pod.is_empty() && !labels.pod.is_empty() {
-            self.metrics.sampled.remove(&t.labels);
-            self.metrics.cgroup.remove(&t.labels);
-            self.metrics.info.remove(&t.info);
+            remove_series(&self.metrics, t);
             t.labels.namespace = labels.namespace.clone();
             t.labels.pod = labels.pod.clone();
             t.labels.container = labels.container.clone();
@@ -98,10 +115,7 @@ impl Accounting {
             node: self.node.clone(),
         };
         t.last_window = window;
-        self.metrics
-            .sampled
-            .get_or_create(&t.labels)
-            .inc_by(seconds);
+        Some(t)
     }
 
     /// Closes a window: reads each container's cgroup usage, sets the info series and
@@ -110,9 +124,7 @@ impl Accounting {
         let (m, now) = (&self.metrics, self.window);
         self.tracked.retain(|_, t| {
             if now.saturating_sub(t.last_window) > FORGET_AFTER_WINDOWS {
-                m.sampled.remove(&t.labels);
-                m.cgroup.remove(&t.labels);
-                m.info.remove(&t.info);
+                remove_series(m, t);
                 return false;
             }
             m.info.get_or_create(&t.info).set(1);
@@ -141,6 +153,27 @@ impl Accounting {
             true
         });
         self.window += 1;
+    }
+}
+
+/// The off-CPU series of a container in `state`.
+fn offcpu_labels(l: &ContainerLabels, state: OffState) -> ContainerOffCpuLabels {
+    ContainerOffCpuLabels {
+        namespace: l.namespace.clone(),
+        pod: l.pod.clone(),
+        container: l.container.clone(),
+        container_id: l.container_id.clone(),
+        state,
+    }
+}
+
+/// Removes every series of a container (it moved to its pod's labels, or went idle).
+fn remove_series(m: &ContainerMetrics, t: &Tracked) {
+    m.sampled.remove(&t.labels);
+    m.cgroup.remove(&t.labels);
+    m.info.remove(&t.info);
+    for &state in OffState::ALL {
+        m.offcpu.remove(&offcpu_labels(&t.labels, state));
     }
 }
 
