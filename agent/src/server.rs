@@ -205,10 +205,20 @@ async fn healthz(State(state): State<AppState>) -> Response {
         .and_then(|()| state.windows.health().map_err(|e| e.to_string()))
         .and_then(|()| state.metrics.progress.check());
     match verdict {
-        Ok(()) => (StatusCode::OK, "ok
-").into_response(),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}
-")).into_response(),
+        Ok(()) => (
+            StatusCode::OK,
+            "ok
+",
+        )
+            .into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "{why}
+"
+            ),
+        )
+            .into_response(),
     }
 }
 

@@ -20,9 +20,9 @@ use gimli::{
 };
 
 use super::elf;
+use super::elf::CodeReader;
 use super::error::{SkipReason, UnsupportedReason, UnwindError};
 use super::row::{CfaRule, RbpRule, Rule, UnwindPage, UnwindRow, PAGE_SHIFT, PAGE_SIZE};
-use super::sparse::CodeReader;
 
 /// x86-64 DWARF register numbers.
 const RBP: Register = Register(6);

@@ -9,7 +9,20 @@ use object::read::elf::{FileHeader, ProgramHeader, SectionHeader, SectionTable};
 use object::LittleEndian;
 
 use super::error::UnwindError;
-use super::sparse::CodeReader;
+
+/// Reads code bytes for the compiler: `len` bytes at file offset `offset`.
+pub trait CodeReader: std::fmt::Debug {
+    /// The bytes, or `None` when they cannot be read in full.
+    fn read_code(&self, offset: u64, len: usize) -> Option<Vec<u8>>;
+}
+
+impl CodeReader for std::fs::File {
+    fn read_code(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        std::os::unix::fs::FileExt::read_exact_at(self, &mut buf, offset).ok()?;
+        Some(buf)
+    }
+}
 
 /// A CFI section: its virtual address and bytes.
 #[derive(Debug, Clone, Copy)]

@@ -35,8 +35,9 @@ use libbpf_rs::{libbpf_sys, MapCore, MapFlags, MapHandle, MapType};
 use tracing::{debug, warn};
 
 use super::compile::{compile_with, Limits, UnwindTable, DEFAULT_LIMITS};
+use super::elf::CodeReader;
 use super::error::UnwindError;
-use super::sparse::{CodeReader, Sparse};
+use super::sparse::Sparse;
 use super::store::{key_of, row_bytes, Store, StoreError, TableKey};
 use crate::capture::tasks::{Mmap, TaskEvent, TaskWatch};
 use crate::capture::{Ask, UnwindMaps};

@@ -20,20 +20,6 @@ use ring::digest::{Context, SHA256};
 
 use super::store::TableKey;
 
-/// Reads code bytes for the compiler: `len` bytes at file offset `offset`.
-pub trait CodeReader: std::fmt::Debug {
-    /// The bytes, or `None` when they cannot be read in full.
-    fn read_code(&self, offset: u64, len: usize) -> Option<Vec<u8>>;
-}
-
-impl CodeReader for File {
-    fn read_code(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
-        let mut buf = vec![0u8; len];
-        self.read_exact_at(&mut buf, offset).ok()?;
-        Some(buf)
-    }
-}
-
 /// Sections the compiler reads (the others are only named).
 const CFI_SECTIONS: [&[u8]; 2] = [b".eh_frame", b".debug_frame"];
 /// An object with more section headers than this is read no further than its headers
