@@ -79,10 +79,10 @@ pub enum AgentError {
     /// The async runtime could not be built.
     #[error("starting the async runtime")]
     Runtime(#[source] std::io::Error),
-    /// `server.listen` could not be bound.
+    /// `server.listen` or `server.metrics_listen` could not be bound.
     #[error("listening on {addr}")]
     Listen {
-        /// `server.listen`.
+        /// The address.
         addr: SocketAddr,
         /// Why.
         source: std::io::Error,
@@ -213,10 +213,9 @@ impl Agent {
             .build()
             .map_err(AgentError::Runtime)?;
         let listener = if run && cfg.server.enabled {
-            let addr = cfg.server.listen;
             Some(
-                rt.block_on(server::bind(addr))
-                    .map_err(|source| AgentError::Listen { addr, source })?,
+                rt.block_on(server::bind(&cfg.server))
+                    .map_err(|(addr, source)| AgentError::Listen { addr, source })?,
             )
         } else {
             None
@@ -296,13 +295,24 @@ impl Agent {
             );
         }
         if let (Some(listener), Some(windows)) = (listener, windows) {
-            tracing::info!(
-                "serving /metrics, /healthz and flame graphs on http://{}",
-                cfg.server.listen
-            );
+            let token = if cfg.server.token_file.as_os_str().is_empty() {
+                ""
+            } else {
+                " (bearer token required)"
+            };
+            match listener.profiles_addr() {
+                Ok(addr) => tracing::info!(
+                    "serving the profile explorer, its API, /metrics and /healthz on http://{addr}/{token}"
+                ),
+                Err(e) => tracing::warn!(error = %e, "profiles listener has no address"),
+            }
+            if let Some(addr) = listener.metrics_addr() {
+                tracing::info!("serving /metrics and /healthz on http://{addr}/");
+            }
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let task = rt.spawn(server::serve(
                 listener,
+                cfg.server.clone(),
                 metrics.clone(),
                 windows,
                 health,

@@ -129,7 +129,7 @@ agent_rejects_unknown() {
 # (listen and data dir moved to loopback and a temp dir): it must serve
 # /healthz 200 and write windows.
 agent_with_manifest_caps() {
-    local caps dir port pid
+    local caps dir port mport pid
     caps=$("$PY" - deploy/ember.yaml <<'EOF2'
 import sys, yaml
 ds = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "DaemonSet"][0]
@@ -147,15 +147,16 @@ EOF2
     rm -rf "$dir" && mkdir -p "$dir"
     manifests config deploy/ember.yaml "$dir/ember.yaml" || return 1
     port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    mport=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     # timeout: it ends even if this script is interrupted.
     NODE_NAME=deploy-check timeout -s INT 60 \
         setpriv --no-new-privs --bounding-set "-all,$caps" --inh-caps "-all,$caps" -- \
-        "$EMBER" run --config "$dir/ember.yaml" --listen "127.0.0.1:$port" \
+        "$EMBER" run --config "$dir/ember.yaml" --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$mport" \
         --data-dir "$dir/windows" --window 2s >"$dir/log" 2>&1 &
     pid=$!
     sleep 7
     "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' \
-        "http://127.0.0.1:$port/healthz" || { kill -INT "$pid"; wait "$pid"; cat "$dir/log"; return 1; }
+        "http://127.0.0.1:$mport/healthz" || { kill -INT "$pid"; wait "$pid"; cat "$dir/log"; return 1; }
     kill -INT "$pid"
     wait "$pid" || { cat "$dir/log"; return 1; }
     [ "$(find "$dir/windows" -name '*.pb.gz' | wc -l)" -ge 2 ] || { cat "$dir/log"; return 1; }
@@ -232,9 +233,9 @@ refuses_loopback() {
         echo "rendered, but should have failed"
         return 1
     fi
-    grep -q "must not be a loopback" <<<"$out" || { echo "$out"; return 1; }
+    grep -q "metrics_listen must not be a loopback" <<<"$out" || { echo "$out"; return 1; }
 }
-check "render chart: loopback server.listen is refused" refuses_loopback
+check "render chart: loopback server.metrics_listen is refused" refuses_loopback
 
 check "kubernetes-validate chart default (k8s $K8S_MIN)" kv "$K8S_MIN" "$R-default.yaml.core"
 check "kubernetes-validate chart default (k8s $K8S_MAX)" kv "$K8S_MAX" "$R-default.yaml.core"

@@ -161,14 +161,20 @@ def policy(docs):
         fail(f"args {args} do not pass --config {cfg_dir}/ember.yaml")
     cfg = yaml.safe_load(cm["data"]["ember.yaml"]) or {}
     server = cfg.get("server", {})
-    listen = str(server.get("listen", ""))
+    listen = str(server.get("metrics_listen", ""))
     if server.get("enabled") is False:
         fail("config server.enabled is false: the probes need /healthz")
     if listen.startswith(("127.", "localhost", "[::1]")) or not listen:
-        fail(f"config server.listen {listen!r} is loopback: probes and scrapes use the pod IP")
+        fail(f"config server.metrics_listen {listen!r} is loopback: probes and scrapes use the pod IP")
     port = int(listen.rsplit(":", 1)[-1]) if listen else None
     if port not in ports.values():
-        fail(f"config server.listen port {port} is not a container port {ports}")
+        fail(f"config server.metrics_listen port {port} is not a container port {ports}")
+    # Profiles name every process and pod on the node: loopback, or a token.
+    profiles = str(server.get("listen", ""))
+    if not profiles.startswith(("127.", "localhost", "[::1]")) and not server.get("token_file"):
+        fail(f"config server.listen {profiles!r} exposes profiles without server.token_file")
+    if profiles.rsplit(":", 1)[-1] in {str(p) for p in ports.values()}:
+        fail(f"config server.listen {profiles!r} is a container port: profiles are not for the pod IP")
     scrape_port = annotations.get("prometheus.io/port")
     if scrape_port is not None and scrape_port != str(port):
         fail(f"prometheus.io/port {scrape_port} is not the listen port {port}")

@@ -19,8 +19,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
 pub use reasons::{
-    Cache, ExportDrop, FrameResult, JitReject, JvmRefresh, Loss, ProcRead, ReadingsSource,
-    StackEnd, StackSide, SymbolMiss, TableBuild,
+    Cache, ExportDrop, FrameResult, HttpRefusal, JitReject, JvmRefresh, Loss, ProcRead,
+    ReadingsSource, StackEnd, StackSide, SymbolMiss, TableBuild,
 };
 
 /// Label set with a single `reason`, one of the enums of [`reasons`].
@@ -114,6 +114,8 @@ pub struct Metrics {
     pub export: ExportMetrics,
     /// JIT map files, lines and records refused, by reason.
     pub jit_rejects: Family<ReasonLabel<JitReject>, Counter>,
+    /// HTTP connections and requests turned away, by reason.
+    pub http_refused: Family<ReasonLabel<HttpRefusal>, Counter>,
     /// JIT symbol entries held across all processes.
     pub jit_entries: Gauge<i64, AtomicI64>,
     /// JVM perf map refreshes asked for, by result.
@@ -283,6 +285,15 @@ impl Metrics {
             "JIT symbol files, lines and records refused (perf maps, jitdumps), by reason",
             jit_rejects.clone(),
         );
+        let http_refused = Family::<ReasonLabel<HttpRefusal>, Counter>::default();
+        registry.register(
+            "http_refused",
+            "HTTP connections and requests turned away or cut short, by reason",
+            http_refused.clone(),
+        );
+        for &reason in HttpRefusal::ALL {
+            let _ = http_refused.get_or_create(&ReasonLabel { reason });
+        }
         let jit_entries = Gauge::<i64, AtomicI64>::default();
         registry.register(
             "jit_entries",
@@ -361,6 +372,7 @@ impl Metrics {
             readings,
             export,
             jit_rejects,
+            http_refused,
             jit_entries,
             jvm_refreshes,
             symbol_misses,
@@ -432,6 +444,13 @@ impl Metrics {
     pub fn readings_error(&self, source: ReadingsSource) {
         self.readings_errors
             .get_or_create(&SourceLabel { source })
+            .inc();
+    }
+
+    /// Counts one HTTP connection or request turned away for `reason`.
+    pub fn http_refused(&self, reason: HttpRefusal) {
+        self.http_refused
+            .get_or_create(&ReasonLabel { reason })
             .inc();
     }
 
