@@ -376,7 +376,7 @@ pub(super) async fn windows(State(api): State<Api>, req: Request) -> Result<Resp
 /// `GET /api/labels`: the values of each sample label in the range (at most
 /// [`MAX_LABEL_VALUES`] per key; `truncated` lists the keys that had more).
 pub(super) async fn labels(State(api): State<Api>, req: Request) -> Result<Response, ApiError> {
-    #[derive(Serialize, Default)]
+    #[derive(Serialize)]
     struct Labels {
         labels: BTreeMap<String, BTreeSet<String>>,
         truncated: BTreeSet<String>,
@@ -385,8 +385,9 @@ pub(super) async fn labels(State(api): State<Api>, req: Request) -> Result<Respo
     let q = Query::parse(req.uri().query(), SystemTime::now())?;
     let out = api
         .blocking(move |api, deadline| {
-            let mut out = Labels::default();
-            out.windows = api.for_each_window(&q, deadline, |p| {
+            let mut labels: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+            let mut truncated = BTreeSet::new();
+            let windows = api.for_each_window(&q, deadline, |p| {
                 for s in &p.sample {
                     for l in &s.label {
                         let key = str_at(p, l.key);
@@ -399,17 +400,21 @@ pub(super) async fn labels(State(api): State<Api>, req: Request) -> Result<Respo
                         } else {
                             l.num.to_string()
                         };
-                        let values = out.labels.entry(key.to_string()).or_default();
+                        let values = labels.entry(key.to_string()).or_default();
                         if values.len() < MAX_LABEL_VALUES {
                             values.insert(value);
                         } else if !values.contains(&value) {
-                            out.truncated.insert(key.to_string());
+                            truncated.insert(key.to_string());
                         }
                     }
                 }
                 Ok(())
             })?;
-            Ok(out)
+            Ok(Labels {
+                labels,
+                truncated,
+                windows,
+            })
         })
         .await?;
     Ok(json(&out))
