@@ -3,7 +3,7 @@
 // /api/*; nothing is fetched from elsewhere.
 "use strict";
 
-const FILTER_KEYS = ["service_name", "namespace", "pod", "container", "process", "comm", "pid", "cgroup", "systemd_unit"];
+const FILTER_KEYS = ["service_name", "namespace", "pod", "container", "container_id", "process", "comm", "pid", "cgroup", "systemd_unit"];
 const RANGES = { "5m": 3e5, "15m": 9e5, "1h": 36e5, "6h": 216e5, "24h": 864e5 };
 const state = { type: "cpu", from: null, to: null, filters: {}, baseFilters: {}, search: "", diff: false, baseline: "previous", icicle: false };
 const $ = (id) => document.getElementById(id);
