@@ -210,6 +210,7 @@ fuzz: rust-deps
 bench-only:
 	$(CARGO) bench -p ember
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py
+	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py --unwind-compare --seconds 20
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/stacks.py
 
 bench: bench-deps

@@ -18,6 +18,12 @@ What it does:
      it into BENCHMARKS.md between the overhead markers, with the date, kernel,
      and CPU count.
 
+With --unwind-compare it instead runs `ember run` whole-host with
+`sampling.unwind: frame_pointer` (no tables: the frame-pointer-only agent) and
+`auto` (the default), interleaved, --runs times each, and writes the medians side
+by side (section "unwind" of BENCHMARKS.md): what unwinding tables costs on the
+same workload in the same run.
+
 Options: --seconds N (default 30), --frequency HZ (99), --no-write (print only),
 --pids-only (profile only the cpu_hog pids: `ember run --pid ...` and
 `perf record -g -p ...`; for a busy shared machine, where whole-host numbers
@@ -46,6 +52,7 @@ TARGET = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MODES = {
+    "unwind": "Whole host: unwind tables on and off (`bench/overhead.py --unwind-compare`)",
     "host": "Whole host (what `make bench` runs)",
     "pids": "Only the workload's processes (`bench/overhead.py --pids-only`)",
 }
@@ -192,12 +199,20 @@ def wait4(proc):
     return proc.returncode, ru
 
 
-def measure_ember(ember, hogs, seconds, hz, workdir, pids_only):
+def measure_ember(ember, hogs, seconds, hz, workdir, pids_only, unwind=None):
     data = os.path.join(workdir, "windows")
+    shutil.rmtree(data, ignore_errors=True)
     addr = f"127.0.0.1:{free_port()}"
     errf = open(os.path.join(workdir, "ember.stderr"), "w+")
     cmd = [ember, "run", "--window", "10s", "--frequency", str(hz), "--data-dir", data,
            "--listen", addr]
+    if unwind:
+        # The table cache stays in the work dir: the first auto run compiles, later ones read it.
+        config = os.path.join(workdir, f"unwind-{unwind}.yaml")
+        with open(config, "w") as f:
+            f.write(f"sampling:\n  unwind: {unwind}\n"
+                    f"  unwind_cache_dir: {os.path.join(workdir, 'unwind-cache')}\n")
+        cmd += ["--config", config]
     if pids_only:
         for h in hogs:
             cmd += ["--pid", str(h.pid)]
@@ -462,6 +477,48 @@ def write_benchmarks(section, mode):
     log(f"wrote {path}")
 
 
+def unwind_compare(ember, hogs, seconds, hz, workdir, runs, load):
+    """Runs frame_pointer and auto interleaved; returns the report section."""
+    results = {"frame_pointer": [], "auto": []}
+    for i in range(runs):
+        for mode in ("frame_pointer", "auto"):
+            e = measure_ember(ember, hogs, seconds, hz, workdir, False, unwind=mode)
+            log(f"run {i + 1}/{runs} {mode}: cpu {100 * e['cpu_s'] / e['elapsed_s']:.3f} %, "
+                f"rss {e['rss_steady_mb']:.1f} MB, peak {e['rss_peak_mb']:.1f} MB, bpf "
+                f"{e['bpf_ns'] / max(e['bpf_cnt'], 1) / 1000:.2f} µs")
+            results[mode].append(e)
+            time.sleep(1)
+
+    def med(mode, f):
+        return statistics.median(f(e) for e in results[mode])
+
+    metrics = [
+        ("Userspace CPU, % of one core (steady)", lambda e: 100 * e["cpu_s"] / e["elapsed_s"],
+         "{:.3f} %"),
+        ("BPF time per sample", lambda e: e["bpf_ns"] / max(e["bpf_cnt"], 1) / 1000, "{:.2f} µs"),
+        ("Steady RSS (median of the last 20 s)", lambda e: e["rss_steady_mb"], "{:.1f} MB"),
+        ("Peak RSS (VmHWM)", lambda e: e["rss_peak_mb"], "{:.1f} MB"),
+        ("Samples delivered", lambda e: e["samples"], "{:.0f}"),
+    ]
+    rows = ["| metric | frame_pointer | auto (tables) | auto / frame_pointer |", "|---|---|---|---|"]
+    for name, f, fmt in metrics:
+        a, b = med("frame_pointer", f), med("auto", f)
+        ratio = f"{b / a:.2f}×" if a else "n/a"
+        rows.append(f"| {name} | {fmt.format(a)} | {fmt.format(b)} | {ratio} |")
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    busy = statistics.median(e["host_busy_s"] for r in results.values() for e in r)
+    hog = statistics.median(e["hog_cpu_s"] for r in results.values() for e in r)
+    head = (
+        f"Measured {now} (`bench/overhead.py --unwind-compare`) on kernel {platform.release()}, "
+        f"{os.cpu_count()} CPUs ({cpu_model()}), ember {git_rev()}; load average before the "
+        f"run {load}.\n\n"
+        f"Workload: {len(hogs)} × `cpu_hog`. `ember run --window 10s --frequency {hz}` (whole "
+        f"host) with `sampling.unwind: frame_pointer` and with `auto`, interleaved, {runs} runs "
+        f"of {seconds} s each; medians. Busy CPU per run: {busy:.1f} s (cpu_hog {hog:.1f} s).\n"
+    )
+    return head + "\n" + "\n".join(rows) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=int, default=30)
@@ -470,6 +527,9 @@ def main():
     ap.add_argument("--no-write", action="store_true", help="print the table only")
     ap.add_argument("--pids-only", action="store_true",
                     help="profile only the cpu_hog processes (ember --pid, perf -p)")
+    ap.add_argument("--unwind-compare", action="store_true",
+                    help="ember with unwind tables against frame pointers only (no perf)")
+    ap.add_argument("--runs", type=int, default=3, help="runs of each mode (--unwind-compare)")
     args = ap.parse_args()
 
     if os.geteuid() != 0:
@@ -507,11 +567,18 @@ def main():
     try:
         with open(stats_path, "w") as f:
             f.write("1")
-        # Long enough for both measurements and their start-up.
-        life = 2 * args.seconds + 60
+        # Long enough for both measurements (or every compared run) and their start-up.
+        life = (2 * args.runs if args.unwind_compare else 2) * (args.seconds + 5) + 60
         hogs = [start_hog(exe, life) for _ in range(args.hogs)]
         log(f"{args.hogs} cpu_hog running: pids {[h.pid for h in hogs]}")
         time.sleep(1)
+        if args.unwind_compare:
+            section = unwind_compare(ember, hogs, args.seconds, args.frequency, workdir,
+                                     args.runs, load)
+            print(section)
+            if not args.no_write:
+                write_benchmarks(section, "unwind")
+            return
         e = measure_ember(ember, hogs, args.seconds, args.frequency, workdir, args.pids_only)
         log(f"ember: {json.dumps({k: v for k, v in e.items() if k != 'stderr_tail'}, default=str)}")
         log(f"ember stderr (tail):\n{e['stderr_tail']}")

@@ -45,6 +45,7 @@ enum Lang {
 const NOFP_FIXTURES: &[(&str, &str, Lang)] = &[
     ("nofp_qsort.c", "nofp_qsort", Lang::C),
     ("nofp_signal.c", "nofp_signal", Lang::C),
+    ("nofp_vdso.c", "nofp_vdso", Lang::C),
     ("nofp_burst.c", "nofp_burst", Lang::C),
     ("burst_launcher.c", "burst_launcher", Lang::CStatic),
     ("nofp_cxx.cc", "nofp_cxx", Lang::Cxx),

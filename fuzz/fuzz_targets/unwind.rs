@@ -20,6 +20,7 @@ const LIMITS: Limits = Limits {
     max_cie_bytes: 256,
     work_factor: 8,
     work_base: 1 << 16,
+    max_inflated_bytes: 1 << 20,
 };
 
 const EH_ADDR: u64 = 0x8_0000;

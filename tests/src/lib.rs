@@ -40,6 +40,8 @@ pub const NOFP_CXX: &str = env!("FIXTURE_NOFP_CXX");
 pub const NOFP_RUST: &str = env!("FIXTURE_NOFP_RUST");
 /// No frame pointers, a SIGPROF handler that burns CPU (`nofp_signal.c`).
 pub const NOFP_SIGNAL: &str = env!("FIXTURE_NOFP_SIGNAL");
+/// No frame pointers, half of its time in the vDSO's `clock_gettime` (`nofp_vdso.c`).
+pub const NOFP_VDSO: &str = env!("FIXTURE_NOFP_VDSO");
 /// No frame pointers, one ~30 ms process (`nofp_burst.c`), run in a loop by [`BURST_LAUNCHER`].
 pub const NOFP_BURST: &str = env!("FIXTURE_NOFP_BURST");
 /// Static launcher running a program again and again (`burst_launcher.c`).

@@ -174,6 +174,14 @@ fn frames_matching(
     (by, all)
 }
 
+/// The tolerance on a 70/30 split measured over `n` samples: 5 points, or 3 sigma of the
+/// binomial noise when that is more (a busy machine preempts the fixture at random, so its
+/// time-sliced split is no longer locked to the sampling period).
+fn split_tolerance(n: i64) -> f64 {
+    let sigma = 100.0 * (0.7 * 0.3 / n.max(1) as f64).sqrt();
+    (3.0 * sigma).max(5.0)
+}
+
 fn share(by: &HashMap<(String, String), i64>, pred: impl Fn(&str) -> bool) -> (i64, f64) {
     let total: i64 = by.values().sum();
     let n: i64 = by
@@ -271,10 +279,11 @@ fn synthetic_jit_in_namespaces_is_named_from_perf_map_and_jitdump() {
             "JIT frames of pid {pid} are not all in {mapping}: {by:?}"
         );
         let (_, a) = share(&by, |n| n == format!("{prefix}hot_a"));
-        println!("pid {pid}: hot_a {a:.1}%");
+        let tol = split_tolerance(jit);
+        println!("pid {pid}: hot_a {a:.1}% (70 ± {tol:.1})");
         assert!(
-            (65.0..=75.0).contains(&a),
-            "{prefix}hot_a has {a:.1}%, not 70 ± 5"
+            (a - 70.0).abs() <= tol,
+            "{prefix}hot_a has {a:.1}%, not 70 ± {tol:.1}"
         );
         // The stack walks through the jitted frame into its C callers.
         let through = profiles
@@ -359,8 +368,12 @@ fn node_functions_are_named_with_their_shares() {
     );
     assert!(by.keys().all(|(_, m)| m == "[perf-map]"), "{by:?}");
     let (_, a) = share(&by, |n| n.contains("hotA "));
-    println!("hotA {a:.1}%");
-    assert!((65.0..=75.0).contains(&a), "hotA has {a:.1}%, not 70 ± 5");
+    let tol = split_tolerance(jit);
+    println!("hotA {a:.1}% (70 ± {tol:.1})");
+    assert!(
+        (a - 70.0).abs() <= tol,
+        "hotA has {a:.1}%, not 70 ± {tol:.1}"
+    );
     assert!(series(&metrics, "ember_frames_total", "result=\"jit\"") > 0.0);
 }
 

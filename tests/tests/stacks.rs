@@ -453,6 +453,146 @@ fn nofp_signal_handler_matches_perf_dwarf() {
     );
 }
 
+#[test]
+fn nofp_vdso_matches_perf_dwarf() {
+    if !ready_to_run() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let fx = start_fixture(NOFP_VDSO, &["--seconds", FIXTURE_SECONDS]);
+    compare(
+        &fx,
+        &Spec {
+            title: "nofp_vdso (clock_gettime in the vDSO 50 %, no frame pointers)",
+            roots: START_ROOTS.to_vec(),
+            reach_label: "main",
+            checks: vec![
+                func("main", ALL),
+                func("run", ALL),
+                // Every sample in the vDSO must lead back through libc to clock_round.
+                locked("clock_round", Some((43.0, 57.0))),
+                object("[vdso]", Some((30.0, 57.0))),
+                locked("spin_round", Some((43.0, 57.0))),
+            ],
+        },
+    );
+}
+
+/// Builds `fixtures/go_hot.go` with Debian's go toolchain into `dir`.
+fn build_go_hot(dir: &Path) -> std::path::PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/go_hot.go");
+    let bin = dir.join("go_hot");
+    let out = std::process::Command::new("go")
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .env("GO111MODULE", "off")
+        .env("GOFLAGS", "")
+        .env("GOCACHE", dir.join("gocache"))
+        .env("GOPATH", dir.join("gopath"))
+        .output()
+        .expect("running go (Debian: golang-go, in make deps)");
+    assert!(
+        out.status.success(),
+        "go build go_hot.go failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
+/// A Go binary: frame pointers, no `.eh_frame` (its call frame information is only in
+/// `.debug_frame`), frameless leaf functions, goroutine stacks from `runtime.goexit`.
+///
+/// perf is no reference here: on this very binary `perf record --call-graph dwarf`
+/// gives one-frame stacks (its DWARF unwinder does not walk Go's frames), and its
+/// frame-pointer walk loses the caller of every frameless leaf. The truth is the
+/// program's structure: every sample reaches `main.main`, and `main.keyOf` (a leaf with
+/// no frame of its own) is only ever called by the sort's closure.
+#[test]
+fn go_binary_reaches_main_through_frameless_leaves() {
+    if !ready_to_run() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = build_go_hot(dir.path());
+    let bin = bin.to_str().expect("utf-8 path");
+    let _lock = sampling_lock();
+    let fx = start_fixture(bin, &["--seconds", FIXTURE_SECONDS]);
+    let out = dir.path().join("ember.pb.gz");
+    let pid_s = fx.pid.to_string();
+    let window = format!("{SECONDS}s");
+    let ember = start_ember(
+        dir.path(),
+        &out,
+        &["--duration", window.as_str(), "--pid", pid_s.as_str()],
+    );
+    let profile = finish_ember(ember, &out);
+    let e = from_ember(&stacks_of(&profile, fx.pid));
+    let targets = [
+        Target::func("main.main"),
+        Target::func("main.run"),
+        Target::func("main.sortRound"),
+        Target::func("main.keyOf"),
+        Target::func("main.spinRound"),
+    ];
+    let side = measure(&e, &["main.main"], &targets);
+    // Samples whose leaf is keyOf, and of those, the ones whose next frame is its caller.
+    let (mut leaf_key, mut leaf_key_caller) = (0u64, 0u64);
+    for s in &e {
+        if s.frames.first().is_some_and(|f| f.name == "main.keyOf") {
+            leaf_key += s.count;
+            if s.frames
+                .get(1)
+                .is_some_and(|f| f.name == "main.sortRound.func1")
+            {
+                leaf_key_caller += s.count;
+            }
+        }
+    }
+    let mut table = format!(
+        "go_hot: {} samples, {:.2} % reach main.main; keyOf as leaf {leaf_key}, with its caller \
+         {leaf_key_caller}\n",
+        side.samples,
+        side.pct(side.reach)
+    );
+    for (t, share) in targets.iter().zip(&side.shares) {
+        let _ = writeln!(table, "  {:<20} {share:6.2} %", t.label());
+    }
+    let mut failures = Vec::new();
+    if side.samples < MIN_SAMPLES {
+        failures.push(format!("only {} samples", side.samples));
+    }
+    if side.pct(side.reach) < REACH_MIN {
+        failures.push(format!(
+            "{:.2} % reach main.main (< {REACH_MIN} %)",
+            side.pct(side.reach)
+        ));
+    }
+    if leaf_key == 0 || (leaf_key_caller as f64) < 0.99 * leaf_key as f64 {
+        failures.push("keyOf's caller is lost (frameless leaf walked as if it had a frame)".into());
+    }
+    // main.run is the caller of spinRound, itself a frameless leaf.
+    for (i, (lo, hi)) in [
+        (1, (REACH_MIN, 100.0)),
+        (2, (20.0, 60.0)),
+        (4, (40.0, 80.0)),
+    ] {
+        let share = side.shares[i];
+        if share < lo || share > hi {
+            failures.push(format!(
+                "{} at {share:.2} %, not in {lo}..{hi} %",
+                targets[i].label()
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{table}failures: {failures:?}\n--- heaviest stacks ---\n{}",
+        describe(&e, 8)
+    );
+    println!("{table}");
+}
+
 /// A CPU loop for Debian's own python3 (3.11: stripped, no frame pointers).
 const PYTHON_LOOP: &str = r#"
 import os
@@ -683,4 +823,176 @@ fn short_processes_loop_named_and_complete() {
         reported.map_or("nothing".to_string(), |n| n.to_string())
     );
     report(&c, &failures, &notes, &e_stacks, &p_stacks);
+}
+
+/// Busy python for about a second, then exit.
+const PYTHON_SECOND: &str = r#"
+import time
+def leaf(n):
+    s = 0
+    for i in range(n):
+        s += i * i
+    return s
+end = time.monotonic() + 1.0
+while time.monotonic() < end:
+    leaf(2000)
+"#;
+
+/// The table byte cap (`sampling.unwind_max_bytes`): a host with more executables than
+/// the cap holds keeps walking the hot ones by their tables, evicts the cold ones
+/// (counted), and the map memory never goes over the cap.
+///
+/// Six copies of Debian's python3, each made distinct by a few bytes appended (so each
+/// gets its own ~470 KiB table), run one after another for a second each, while
+/// nofp_qsort runs throughout; the cap (1.25 MiB) holds about two python tables beside
+/// libc's and the fixture's. `ember run` is scraped every 200 ms for
+/// `ember_unwind_map_bytes` and the evictions. Tables walked in the last 500 ms are never
+/// evicted, so a new one that does not fit beside them is refused (`over_budget`) rather
+/// than evicting the hot ones.
+#[test]
+fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
+    if !ready_to_run() {
+        return;
+    }
+    let python = fs::canonicalize("/usr/bin/python3").expect("Debian's python3 (make deps)");
+    let _lock = sampling_lock();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cap: u64 = 1_310_720;
+    let copies: Vec<String> = (0..6)
+        .map(|i| {
+            let path = dir.path().join(format!("python3-copy{i}"));
+            let mut bytes = fs::read(&python).expect("reading python3");
+            // Trailing bytes after the last section: the ELF is unchanged, its hash is not.
+            bytes.extend_from_slice(format!("ember-cap-test-{i}").as_bytes());
+            fs::write(&path, bytes).expect("writing a python copy");
+            fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .expect("chmod");
+            path.to_str().expect("utf-8").to_string()
+        })
+        .collect();
+    let config = dir.path().join("ember.yaml");
+    fs::write(
+        &config,
+        format!("sampling:\n  unwind_max_bytes: {cap}\n  unwind_cache_dir: \"\"\n"),
+    )
+    .expect("writing the config");
+    let data = dir.path().join("data");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let hot = start_fixture(NOFP_QSORT, &["--seconds", "60"]);
+    let mut ember = Ember::spawn(
+        &[
+            "run",
+            "--config",
+            config.to_str().expect("utf-8"),
+            "--window",
+            "2s",
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+            "--listen",
+            addr.as_str(),
+        ],
+        dir.path(),
+    )
+    .expect("starting ember run");
+    if ember.wait_attached(Duration::from_secs(15)).is_none() && !ember.running() {
+        panic!("ember run exited early\n--- stderr ---\n{}", ember.stderr());
+    }
+
+    // Scrape while the cold processes come and go.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scraper = {
+        let (addr, stop) = (addr.clone(), stop.clone());
+        thread::spawn(move || {
+            let (mut max_bytes, mut scrapes) = (0f64, 0u32);
+            let mut last = String::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok((200, text)) = http_get(&addr, "/metrics") {
+                    if let Some(b) = metric_value(&text, "ember_unwind_map_bytes") {
+                        max_bytes = max_bytes.max(b);
+                        scrapes += 1;
+                    }
+                    last = text;
+                }
+                thread::sleep(Duration::from_millis(200));
+            }
+            (max_bytes, scrapes, last)
+        })
+    };
+    thread::sleep(Duration::from_secs(2));
+    let mut cold_pids = HashSet::new();
+    for copy in &copies {
+        let mut child = std::process::Command::new(copy)
+            .args(["-c", PYTHON_SECOND])
+            .spawn()
+            .expect("starting a python copy");
+        cold_pids.insert(child.id());
+        let status = wait_timeout(&mut child, Duration::from_secs(30))
+            .expect("waiting for python")
+            .expect("python copy did not finish in 30 s");
+        assert!(status.success(), "python copy exited {status}");
+    }
+    // Two more windows of the hot process alone.
+    thread::sleep(Duration::from_secs(4));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (max_bytes, scrapes, metrics) = scraper.join().expect("scraper thread");
+    ember.signal(libc::SIGTERM);
+    let status = ember.wait(Duration::from_secs(20));
+    assert!(
+        status.success(),
+        "ember run exited {status}\n{}",
+        ember.stderr()
+    );
+
+    let counter = |family: &str, label: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{family}{{")) && l.contains(label))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let evicted = counter("ember_cache_dropped_total", "cache=\"unwind_tables\"");
+    let refused = counter("ember_unwind_tables_built_total", "result=\"over_budget\"");
+    let mut hot_stacks = Vec::new();
+    let mut cold_stacks = Vec::new();
+    let mut windows: Vec<_> = fs::read_dir(&data)
+        .expect("window dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+        .collect();
+    windows.sort();
+    for w in &windows {
+        let p = read_profile(w).expect("reading a window");
+        for s in stacks(&p) {
+            match s.pid.and_then(|p| u32::try_from(p).ok()) {
+                Some(p) if p == hot.pid => hot_stacks.push(s),
+                Some(p) if cold_pids.contains(&p) => cold_stacks.push(s),
+                _ => {}
+            }
+        }
+    }
+    let hot_side = measure(&from_ember(&hot_stacks), START_ROOTS, &[]);
+    let cold_roots = [START_ROOTS, &["Py_BytesMain"]].concat();
+    let cold_side = measure(&from_ember(&cold_stacks), &cold_roots, &[]);
+    let summary = format!(
+        "cap {cap} B: map bytes at most {max_bytes} over {scrapes} scrapes; tables evicted \
+         {evicted}, refused {refused}; hot nofp_qsort {} samples, {:.2} % reach main; the \
+         python copies {} samples, {:.2} % reach Py_BytesMain / libc start",
+        hot_side.samples,
+        hot_side.pct(hot_side.reach),
+        cold_side.samples,
+        cold_side.pct(cold_side.reach)
+    );
+    println!("{summary}");
+    assert!(scrapes >= 10, "too few scrapes: {summary}");
+    assert!(max_bytes > 0.0, "no unwind map memory seen: {summary}");
+    assert!(max_bytes <= cap as f64, "over the cap: {summary}");
+    assert!(evicted >= 1.0, "no table was evicted: {summary}");
+    assert!(hot_side.samples >= MIN_SAMPLES, "{summary}");
+    assert!(
+        hot_side.pct(hot_side.reach) >= REACH_MIN,
+        "hot process lost its table: {summary}"
+    );
+    // How many of the cold copies' samples are complete depends on what else the host
+    // runs (tables walked in the last 500 ms are never evicted for them): printed only.
 }

@@ -200,6 +200,10 @@ label_enum! {
         OverCap => "over_cap",
         /// The kernel refused the table's map (memory, or the slot cap of 4096 tables).
         MapFailed => "map_failed",
+        /// No room under `sampling.unwind_max_bytes` without evicting tables walked in the
+        /// last 500 ms, or the table alone would take over half of it: walked by frame
+        /// pointers, tried again after 10 s.
+        OverBudget => "over_budget",
         /// A cache file that failed its check was removed (the table was compiled again).
         CacheCorrupt => "cache_corrupt",
     }

@@ -52,12 +52,15 @@ pub struct Limits {
     pub work_factor: u64,
     /// See `work_factor`.
     pub work_base: u64,
+    /// Largest compressed `.debug_frame` inflated, in bytes it declares (Go's are a few
+    /// hundred KiB; the cap stops a bomb before anything is allocated).
+    pub max_inflated_bytes: u64,
 }
 
 /// The caps until they become configuration: 1 GiB objects, 4 Mi rows (32 MiB, the
 /// whole default budget of BPF map memory), 4 Mi entries, 65,536 pages (4 GiB of
 /// code), 16,384 CIEs of at most 4 KiB, 8 times the sections' bytes of CFA program plus
-/// 1 MiB.
+/// 1 MiB, 32 MiB of inflated `.debug_frame`.
 pub const DEFAULT_LIMITS: Limits = Limits {
     max_object_bytes: 1 << 30,
     max_rows: 4 << 20,
@@ -67,6 +70,7 @@ pub const DEFAULT_LIMITS: Limits = Limits {
     max_cie_bytes: 4096,
     work_factor: 8,
     work_base: 1 << 20,
+    max_inflated_bytes: 32 << 20,
 };
 
 impl Default for Limits {
@@ -82,7 +86,8 @@ pub struct Stats {
     pub eh_frame_bytes: u64,
     /// Bytes of `.debug_frame` read.
     pub debug_frame_bytes: u64,
-    /// A compressed `.debug_frame` was present and not read.
+    /// A compressed `.debug_frame` was present and not read (zstd, or it did not inflate
+    /// beside an `.eh_frame`).
     pub debug_frame_compressed: bool,
     /// CIEs read.
     pub cies: u64,
@@ -214,7 +219,25 @@ pub fn compile(object: &[u8], limits: &Limits) -> Result<UnwindTable, UnwindErro
             max: limits.max_object_bytes,
         });
     }
-    let parts = elf::parse(object)?;
+    let mut parts = elf::parse(object)?;
+    // Go writes its call frame information only to a zlib-compressed `.debug_frame`.
+    let inflated = match parts.debug_frame_zlib {
+        Some(z) if parts.debug_frame.is_none() => {
+            match elf::inflate(z, limits.max_inflated_bytes) {
+                Ok(bytes) => Some(bytes),
+                // With `.eh_frame` there is still a table: leave the other section out.
+                Err(_) if parts.eh_frame.is_some() => {
+                    parts.debug_frame_compressed = true;
+                    None
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        _ => None,
+    };
+    if let Some(data) = inflated.as_deref() {
+        parts.debug_frame = Some(elf::CfiSection { addr: 0, data });
+    }
     let mut c = Compiler::new(limits, &parts);
 
     let mut eh_spans = Vec::new();

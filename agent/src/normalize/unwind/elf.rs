@@ -19,6 +19,15 @@ pub struct CfiSection<'a> {
     pub data: &'a [u8],
 }
 
+/// A zlib-compressed section: the stream after its ELF compression header.
+#[derive(Debug, Clone, Copy)]
+pub struct Compressed<'a> {
+    /// The zlib stream.
+    pub stream: &'a [u8],
+    /// The size the header declares for the inflated bytes (not trusted: capped).
+    pub size: u64,
+}
+
 /// What the table compiler reads from an object.
 #[derive(Debug)]
 pub struct ElfParts<'a> {
@@ -26,7 +35,10 @@ pub struct ElfParts<'a> {
     pub eh_frame: Option<CfiSection<'a>>,
     /// `.debug_frame`, when present, not empty and not compressed.
     pub debug_frame: Option<CfiSection<'a>>,
-    /// `.debug_frame` is present but compressed (`SHF_COMPRESSED`): not read.
+    /// `.debug_frame` compressed with zlib (`SHF_COMPRESSED`, as Go's linker writes it):
+    /// the stream and its declared size, for [`inflate`].
+    pub debug_frame_zlib: Option<Compressed<'a>>,
+    /// `.debug_frame` is present but compressed in a way ember does not read (zstd).
     pub debug_frame_compressed: bool,
     /// `.text`'s address: the base of `DW_EH_PE_textrel` pointers.
     pub text_addr: Option<u64>,
@@ -99,12 +111,30 @@ pub fn parse(bytes: &[u8]) -> Result<ElfParts<'_>, UnwindError> {
         got_addr: section(&sections, b".got").map(|s| s.sh_addr(endian)),
         eh_frame: None,
         debug_frame: None,
+        debug_frame_zlib: None,
         debug_frame_compressed: false,
     };
     parts.eh_frame = cfi_section(&sections, b".eh_frame", bytes)?;
     if let Some(s) = section(&sections, b".debug_frame") {
         if s.sh_flags(endian) & u64::from(SHF_COMPRESSED) != 0 {
-            parts.debug_frame_compressed = true;
+            // The object crate checks the header and the stream's bounds against the bytes.
+            match s.compression(endian, bytes) {
+                Ok(Some((header, offset, size)))
+                    if header.ch_type.get(endian) == object::elf::ELFCOMPRESS_ZLIB =>
+                {
+                    let stream = usize::try_from(offset)
+                        .ok()
+                        .zip(usize::try_from(size).ok())
+                        .and_then(|(o, n)| bytes.get(o..)?.get(..n))
+                        .ok_or(UnwindError::BadElf("compressed section"))?;
+                    parts.debug_frame_zlib = Some(Compressed {
+                        stream,
+                        size: header.ch_size.get(endian),
+                    });
+                }
+                Ok(_) => parts.debug_frame_compressed = true,
+                Err(_) => return Err(UnwindError::BadElf("compression header")),
+            }
         } else {
             parts.debug_frame = cfi_section(&sections, b".debug_frame", bytes)?;
         }
@@ -163,4 +193,77 @@ fn cfi_section<'a>(
         addr: header.sh_addr(LittleEndian),
         data,
     }))
+}
+
+/// Inflates a zlib-compressed section into bytes ember owns, refusing a declared size over
+/// `max` before allocating and never producing more than the declared size (a zlib bomb
+/// stops there); a stream that ends short of it, or is corrupt, is an error.
+pub fn inflate(section: Compressed<'_>, max: u64) -> Result<Vec<u8>, UnwindError> {
+    use std::io::Read as _;
+    if section.size > max {
+        return Err(UnwindError::TooLarge {
+            bytes: section.size,
+            max,
+        });
+    }
+    let size = usize::try_from(section.size).map_err(|_| UnwindError::BadElf("compressed size"))?;
+    let mut out = Vec::with_capacity(size);
+    flate2::read::ZlibDecoder::new(section.stream)
+        .take(section.size)
+        .read_to_end(&mut out)
+        .map_err(|_| UnwindError::BadElf("zlib stream"))?;
+    if out.len() != size {
+        return Err(UnwindError::BadElf("zlib stream shorter than declared"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+
+    fn zlib(bytes: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(bytes).expect("compress");
+        e.finish().expect("compress")
+    }
+
+    #[test]
+    fn inflate_is_capped_and_checked() {
+        let data = vec![7u8; 4096];
+        let stream = zlib(&data);
+        let ok = Compressed {
+            stream: &stream,
+            size: 4096,
+        };
+        assert_eq!(inflate(ok, 1 << 20).expect("inflates"), data);
+        // A declared size over the cap is refused before anything is allocated.
+        let bomb = Compressed {
+            stream: &stream,
+            size: 1 << 62,
+        };
+        assert!(matches!(
+            inflate(bomb, 1 << 20),
+            Err(UnwindError::TooLarge { .. })
+        ));
+        // A stream that inflates to more than declared stops at the declared size.
+        let zeros = zlib(&vec![0u8; 8 << 20]);
+        let under = Compressed {
+            stream: &zeros,
+            size: 1000,
+        };
+        assert_eq!(inflate(under, 1 << 20).expect("stops at 1000").len(), 1000);
+        // Shorter than declared, or not zlib at all: errors.
+        let short = Compressed {
+            stream: &stream,
+            size: 5000,
+        };
+        assert!(inflate(short, 1 << 20).is_err());
+        let junk = Compressed {
+            stream: b"not a zlib stream",
+            size: 10,
+        };
+        assert!(inflate(junk, 1 << 20).is_err());
+    }
 }

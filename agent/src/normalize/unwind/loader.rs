@@ -71,9 +71,15 @@ const PROC_OVERHEAD: u64 = 64;
 const MAPS_CAP: u64 = 32 << 20;
 /// File identities remembered (each is a few dozen bytes).
 const MAX_FILES: usize = 65_536;
-/// How often processes that exited are looked for (exit records are the first way; this
-/// catches records the kernel dropped) and CPUs re-checked.
-const SWEEP_EVERY: Duration = Duration::from_secs(2);
+/// How often processes that exited are looked for when the kernel's task records are
+/// followed: their exit records are the first way, and a lost record triggers a sweep at
+/// once, so this only bounds what a missed one costs (each sweep reads the `stat` of every
+/// process with ranges).
+const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// The same without task records, where sweeps are the only way to see exits.
+const SWEEP_EVERY_UNFOLLOWED: Duration = Duration::from_secs(2);
+/// How often the task record reader checks for CPUs brought online.
+const CPU_CHECK_EVERY: Duration = Duration::from_secs(5);
 /// The longest the loader sleeps between looks at the sampler's asks.
 const POLL: Duration = Duration::from_millis(50);
 /// How long after an exec or mmap the loader waits for more before reading the process.
@@ -82,6 +88,14 @@ const SETTLE: Duration = Duration::from_millis(2);
 const TASK_QUEUE: usize = 16_384;
 /// The sampler's asks served per round of the loader's loop.
 const ASKS_PER_ROUND: usize = 4;
+/// A table walked this recently is in use: never evicted to make room for another (a host
+/// whose working set is over the cap would otherwise evict and rebuild tables endlessly).
+const IN_USE: Duration = Duration::from_millis(500);
+/// A table refused for want of room is not built or installed again for this long.
+const RETRY_REFUSED: Duration = Duration::from_secs(10);
+/// A table larger than this share of the cap (1/`MAX_SHARE`) is never installed: it would
+/// evict most others.
+const MAX_SHARE: u64 = 2;
 
 /// The loader's settings.
 #[derive(Debug, Clone)]
@@ -156,6 +170,8 @@ pub struct Loader {
     /// Where what was read of each process goes, for the symbolizer (the process may be
     /// gone before its samples are handled).
     snapshots: Option<SyncSender<Snapshot>>,
+    /// Tables refused for want of room, and until when they stay refused.
+    refused: HashMap<TableKey, Instant>,
 }
 
 impl Loader {
@@ -194,6 +210,7 @@ impl Loader {
             vdso: None,
             pending: Vec::new(),
             snapshots: None,
+            refused: HashMap::new(),
         })
     }
 
@@ -214,7 +231,9 @@ impl Loader {
         let only: HashSet<u32> = preload.iter().copied().collect();
         let stop = Arc::new(AtomicBool::new(false));
         let _stop_reader = StopOnDrop(stop.clone());
-        let mut tasks = watch.and_then(|w| spawn_reader(w, self.metrics.clone(), stop));
+        let lost = Arc::new(AtomicBool::new(false));
+        let mut tasks =
+            watch.and_then(|w| spawn_reader(w, self.metrics.clone(), stop, lost.clone()));
         let mut dirty = BTreeSet::new();
         let mut last_sweep = Instant::now();
         loop {
@@ -259,7 +278,12 @@ impl Loader {
                     Err(TryRecvError::Disconnected) => return,
                 }
             }
-            if last_sweep.elapsed() >= SWEEP_EVERY {
+            let every = if tasks.is_some() {
+                SWEEP_EVERY
+            } else {
+                SWEEP_EVERY_UNFOLLOWED
+            };
+            if lost.swap(false, Ordering::Relaxed) || last_sweep.elapsed() >= every {
                 last_sweep = Instant::now();
                 self.sweep();
             }
@@ -589,6 +613,9 @@ impl Loader {
             if self.tables.get(&key).is_some_and(|t| t.slot.is_some()) {
                 return Some(key);
             }
+            if self.is_refused(&key) {
+                return None;
+            }
             // Evicted: the disk cache has it, or it is compiled again below.
             if let Some(t) = self.cached(&key) {
                 return self.install(key, &t).then_some(key);
@@ -702,6 +729,9 @@ impl Loader {
         if self.tables.get(&key).is_some_and(|t| t.slot.is_some()) {
             return Some(key);
         }
+        if self.is_refused(&key) {
+            return None;
+        }
         let table = match self.cached(&key) {
             Some(t) => t,
             None => match compile(bytes, &self.limits) {
@@ -746,8 +776,9 @@ impl Loader {
     fn install(&mut self, key: TableKey, table: &UnwindTable) -> bool {
         let entries = 1 + table.pages.len() + table.rows.len();
         let bytes = (entries.div_ceil(CHUNK_SLOTS) * CHUNK_BYTES) as u64;
-        if !self.make_room(bytes) {
-            self.metrics.dropped(Cache::UnwindTables, 1);
+        if bytes > self.settings.max_bytes / MAX_SHARE || !self.make_room(bytes) {
+            self.metrics.table_built(TableBuild::OverBudget);
+            self.refuse(key);
             return false;
         }
         let Some(slot) = self.free_slot() else {
@@ -833,6 +864,27 @@ impl Loader {
     }
 
     /// Evicts least recently used tables until `bytes` more fit under the cap.
+    /// Whether `key` was refused for want of room a moment ago.
+    fn is_refused(&mut self, key: &TableKey) -> bool {
+        match self.refused.get(key) {
+            Some(until) if *until > Instant::now() => true,
+            Some(_) => {
+                self.refused.remove(key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn refuse(&mut self, key: TableKey) {
+        if self.refused.len() >= MAX_FILES {
+            self.refused.clear();
+        }
+        self.refused.insert(key, Instant::now() + RETRY_REFUSED);
+    }
+
+    /// Evicts tables not walked in the last [`IN_USE`] until `bytes` more fit under the cap;
+    /// false (nothing evicted past what was idle) when they cannot.
     fn make_room(&mut self, bytes: u64) -> bool {
         while self.used_bytes() + bytes > self.settings.max_bytes {
             if self.evict_one().is_none() {
@@ -842,15 +894,20 @@ impl Loader {
         true
     }
 
-    /// Evicts the least recently walked table; `None` if none is loaded.
+    /// Evicts the least recently walked table; `None` if every loaded table was walked in
+    /// the last [`IN_USE`] (or none is loaded).
     fn evict_one(&mut self) -> Option<()> {
+        let idle_before = now_ns().saturating_sub(IN_USE.as_nanos() as u64);
         let (slot, key) = self
             .slots
             .iter()
             .enumerate()
             .filter_map(|(i, k)| k.map(|k| (i, k)))
             .filter(|(i, _)| !self.pending.iter().any(|(s, _)| *s as usize == *i))
-            .min_by_key(|(i, _)| self.used.get(*i))?;
+            .map(|(i, k)| (i, k, self.used.get(i)))
+            .filter(|&(_, _, used)| used < idle_before)
+            .min_by_key(|&(_, _, used)| used)
+            .map(|(i, k, _)| (i, k))?;
         // First point every range at the frame pointer, then free the slot: the sampler
         // never finds a slot that holds another object's table.
         let users: Vec<u32> = self
@@ -973,6 +1030,7 @@ fn spawn_reader(
     mut watch: TaskWatch,
     metrics: Metrics,
     stop: Arc<AtomicBool>,
+    lost: Arc<AtomicBool>,
 ) -> Option<Receiver<TaskEvent>> {
     let (tx, rx) = std::sync::mpsc::sync_channel(TASK_QUEUE);
     let spawned = std::thread::Builder::new()
@@ -988,6 +1046,8 @@ fn spawn_reader(
                 let d = watch.drain(&mut events);
                 if d.lost > 0 {
                     metrics.dropped(Cache::TaskRecords, d.lost);
+                    // An exit may be among them: the loader sweeps.
+                    lost.store(true, Ordering::Relaxed);
                 }
                 if d.malformed + d.rejected > 0 {
                     metrics.proc_read_error(ProcRead::TaskRecord, d.malformed + d.rejected);
@@ -995,11 +1055,14 @@ fn spawn_reader(
                 for ev in events.drain(..) {
                     match tx.try_send(ev) {
                         Ok(()) => {}
-                        Err(TrySendError::Full(_)) => metrics.dropped(Cache::TaskRecords, 1),
+                        Err(TrySendError::Full(_)) => {
+                            metrics.dropped(Cache::TaskRecords, 1);
+                            lost.store(true, Ordering::Relaxed);
+                        }
                         Err(TrySendError::Disconnected(_)) => return,
                     }
                 }
-                if last_sync.elapsed() >= SWEEP_EVERY {
+                if last_sync.elapsed() >= CPU_CHECK_EVERY {
                     last_sync = Instant::now();
                     if let Some(online) = procfs::online_cpus() {
                         if let Err(e) = watch.sync_cpus(&online) {
