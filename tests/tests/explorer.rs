@@ -557,7 +557,10 @@ fn grafana_dashboards_query_a_real_prometheus() {
     let _daemon = Daemon(
         Command::new("prometheus")
             .arg(format!("--config.file={}", prom_cfg.display()))
-            .arg(format!("--storage.tsdb.path={}", s.dir.path().join("tsdb").display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                s.dir.path().join("tsdb").display()
+            ))
             .arg(format!("--web.listen-address={prom}"))
             .stdout(fs::File::create(&log).expect("log"))
             .stderr(fs::File::create(s.dir.path().join("prometheus.err")).expect("log"))
@@ -578,8 +581,13 @@ fn grafana_dashboards_query_a_real_prometheus() {
         let d: serde_json::Value =
             serde_json::from_str(&fs::read_to_string(&path).expect("dashboard")).expect("json");
         for v in d["templating"]["list"].as_array().expect("variables") {
-            let Some(q) = v["query"].as_str() else { continue };
-            let Some(inner) = q.strip_prefix("label_values(").and_then(|r| r.strip_suffix(')')) else {
+            let Some(q) = v["query"].as_str() else {
+                continue;
+            };
+            let Some(inner) = q
+                .strip_prefix("label_values(")
+                .and_then(|r| r.strip_suffix(')'))
+            else {
                 continue;
             };
             let (metric, label) = inner.rsplit_once(',').expect("label_values(metric, label)");
@@ -597,7 +605,9 @@ fn grafana_dashboards_query_a_real_prometheus() {
         }
         for p in d["panels"].as_array().expect("panels") {
             for t in p["targets"].as_array().into_iter().flatten() {
-                let Some(expr) = t["expr"].as_str() else { continue };
+                let Some(expr) = t["expr"].as_str() else {
+                    continue;
+                };
                 let expr = expr
                     .replace("$__rate_interval", "30s")
                     .replace("$__range", "5m")
@@ -605,7 +615,9 @@ fn grafana_dashboards_query_a_real_prometheus() {
                     .replace("$container_id", ".*");
                 let r = query(&expr);
                 assert!(
-                    r["data"]["result"].as_array().is_some_and(|a| !a.is_empty()),
+                    r["data"]["result"]
+                        .as_array()
+                        .is_some_and(|a| !a.is_empty()),
                     "{file}: panel {:?} returns no series: {expr}\n{r}",
                     p["title"]
                 );
