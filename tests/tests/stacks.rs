@@ -989,10 +989,14 @@ fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
     assert!(scrapes >= 10, "too few scrapes: {summary}");
     assert!(max_bytes > 0.0, "no unwind map memory seen: {summary}");
     assert!(max_bytes <= cap as f64, "over the cap: {summary}");
-    assert!(evicted >= 1.0, "no table was evicted: {summary}");
+    // The cap acted: a table was evicted, or refused beside tables still in use (on a
+    // quiet host the copies follow each other within the 500 ms "in use" window).
+    assert!(evicted + refused >= 1.0, "the cap never acted: {summary}");
     assert!(hot_side.samples >= MIN_SAMPLES, "{summary}");
+    // The fixture predates ember: its first samples, before its table loads, are walked by
+    // the frame pointer; a hot process whose table was evicted falls far below this.
     assert!(
-        hot_side.pct(hot_side.reach) >= REACH_MIN,
+        hot_side.pct(hot_side.reach) >= 97.0,
         "hot process lost its table: {summary}"
     );
     // How many of the cold copies' samples are complete depends on what else the host
