@@ -46,6 +46,9 @@ DEB_PKGS += nodejs openjdk-17-jdk-headless
 DEB_PKGS += python3-venv
 # The stack tests profile Debian's own python3 and the stripped xz against perf dwarf.
 DEB_PKGS += python3 xz-utils
+# The explorer's browser test drives Debian's chromium through chromedriver with Debian's
+# selenium (tests/browser/explorer.py, run by /usr/bin/python3); curl fetches profiles.
+DEB_PKGS += chromium chromium-driver python3-selenium curl
 # Only `make bench` needs these.
 BENCH_PKGS := python3
 # Daemons the resource-metrics tests start themselves on free loopback ports

@@ -80,10 +80,10 @@ pub enum AgentError {
     /// The async runtime could not be built.
     #[error("starting the async runtime")]
     Runtime(#[source] std::io::Error),
-    /// `server.listen` could not be bound.
+    /// `server.listen` or `server.metrics_listen` could not be bound.
     #[error("listening on {addr}")]
     Listen {
-        /// `server.listen`.
+        /// The address.
         addr: SocketAddr,
         /// Why.
         source: std::io::Error,
@@ -218,16 +218,22 @@ impl Agent {
                     .progress
                     .set_limit(stall.saturating_add(server::HEALTH_GRACE));
             }
+            let stages = metrics.progress.clone();
+            health.add_check("stages", move || stages.check());
+            // The window directory reports its faults (full, read-only) until a write succeeds.
+            if let Some(dir) = &windows {
+                let dir = dir.clone();
+                health.add_check("window files", move || dir.health());
+            }
         }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(AgentError::Runtime)?;
         let listener = if run && cfg.server.enabled {
-            let addr = cfg.server.listen;
             Some(
-                rt.block_on(server::bind(addr))
-                    .map_err(|source| AgentError::Listen { addr, source })?,
+                rt.block_on(server::bind(&cfg.server))
+                    .map_err(|(addr, source)| AgentError::Listen { addr, source })?,
             )
         } else {
             None
@@ -307,13 +313,24 @@ impl Agent {
             );
         }
         if let (Some(listener), Some(windows)) = (listener, windows) {
-            tracing::info!(
-                "serving /metrics, /healthz and flame graphs on http://{}",
-                cfg.server.listen
-            );
+            let token = if cfg.server.token_file.as_os_str().is_empty() {
+                ""
+            } else {
+                " (bearer token required)"
+            };
+            match listener.profiles_addr() {
+                Ok(addr) => tracing::info!(
+                    "serving the profile explorer, its API, /metrics and /healthz on http://{addr}/{token}"
+                ),
+                Err(e) => tracing::warn!(error = %e, "profiles listener has no address"),
+            }
+            if let Some(addr) = listener.metrics_addr() {
+                tracing::info!("serving /metrics and /healthz on http://{addr}/");
+            }
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let task = rt.spawn(server::serve(
                 listener,
+                cfg.server.clone(),
                 metrics.clone(),
                 windows,
                 health,

@@ -55,9 +55,12 @@ struct RunArgs {
     /// Directory for window files (output.data_dir).
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// HTTP listen address (server.listen).
+    /// HTTP listen address of the profiles listener (server.listen).
     #[arg(long)]
     listen: Option<SocketAddr>,
+    /// Listen address for /metrics and /healthz only (server.metrics_listen).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
     /// Window length, e.g. 10s (window.duration).
     #[arg(long, value_parser = humantime::parse_duration)]
     window: Option<Duration>,
@@ -163,6 +166,11 @@ fn run(args: RunArgs) -> Result<()> {
     if let Some(listen) = args.listen {
         cfg.server.listen = listen;
     }
+    if let Some(addr) = args.metrics_listen {
+        cfg.server.metrics_listen = Some(addr);
+    }
+    // The flags above must meet the same rules as the file (a public --listen needs a token).
+    cfg.validate("the command line")?;
     if let Some(w) = args.window {
         cfg.window.duration = w;
     }

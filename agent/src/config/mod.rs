@@ -452,8 +452,33 @@ pub struct Output {
 pub struct Server {
     /// Serve HTTP at all.
     pub enabled: bool,
-    /// Listen address.
+    /// Address of the profiles listener: window files, the explorer page and its API
+    /// (and `/metrics`, `/healthz` when `metrics_listen` is unset).
     pub listen: SocketAddr,
+    /// Address of a second listener with only `/metrics` and `/healthz`, for Prometheus
+    /// and the kubelet; `None` serves them on `listen` alone.
+    #[serde(deserialize_with = "optional_addr")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// File holding the bearer token the profiles listener requires; re-read when it
+    /// changes; empty for none. Required when `listen` is not a loopback address.
+    pub token_file: PathBuf,
+    /// Connections open at once per listener; more are closed at accept (counted).
+    pub max_connections: usize,
+    /// Requests that read or merge windows at once; more get 503 (counted).
+    pub max_concurrent_requests: usize,
+    /// Time a client has to send a request's headers.
+    #[serde(deserialize_with = "duration")]
+    pub header_read_timeout: Duration,
+    /// A connection that moves no byte for this long is closed.
+    #[serde(deserialize_with = "duration")]
+    pub idle_timeout: Duration,
+    /// Time a request may take to produce its response.
+    #[serde(deserialize_with = "duration")]
+    pub request_timeout: Duration,
+    /// Largest window file served or merged, in bytes.
+    pub max_file_bytes: u64,
+    /// Distinct samples (stack + labels) a merged profile may hold.
+    pub max_merge_samples: usize,
 }
 
 /// `limits:` keys.
@@ -483,6 +508,17 @@ pub struct Limits {
 pub struct Log {
     /// Default log level.
     pub level: String,
+}
+
+/// An address, or `""` for none.
+fn optional_addr<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.is_empty() {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .map_err(|e| serde::de::Error::custom(format!("{s:?}: {e}")))
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -529,6 +565,15 @@ impl Default for Server {
         Self {
             enabled: true,
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            metrics_listen: None,
+            token_file: PathBuf::new(),
+            max_connections: 512,
+            max_concurrent_requests: 4,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(30),
+            max_file_bytes: 64 << 20,
+            max_merge_samples: 1_000_000,
         }
     }
 }
@@ -585,7 +630,9 @@ impl Config {
         Ok(cfg)
     }
 
-    fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+    /// Checks values the types cannot (ranges, combinations); `origin` names where they
+    /// came from in the error. Loading runs it; run it again after changing fields.
+    pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         let invalid = |key, message: &str| {
             Err(ConfigError::Invalid {
                 origin: origin.to_owned(),
@@ -677,6 +724,38 @@ impl Config {
             if v < 1 << 20 {
                 return invalid(key, "must be at least 1 MiB (1048576)");
             }
+        }
+        let v = &self.server;
+        if v.enabled && !v.listen.ip().is_loopback() && v.token_file.as_os_str().is_empty() {
+            return invalid(
+                "server.token_file",
+                "must be set when server.listen is not a loopback address \
+                 (profiles name every process and pod on the host)",
+            );
+        }
+        if v.metrics_listen == Some(v.listen) {
+            return invalid("server.metrics_listen", "must differ from server.listen");
+        }
+        for (key, n) in [
+            ("server.max_connections", v.max_connections),
+            ("server.max_concurrent_requests", v.max_concurrent_requests),
+            ("server.max_merge_samples", v.max_merge_samples),
+        ] {
+            if n == 0 {
+                return invalid(key, "must be at least 1");
+            }
+        }
+        for (key, d) in [
+            ("server.header_read_timeout", v.header_read_timeout),
+            ("server.idle_timeout", v.idle_timeout),
+            ("server.request_timeout", v.request_timeout),
+        ] {
+            if d < Duration::from_millis(100) {
+                return invalid(key, "must be at least 100ms");
+            }
+        }
+        if v.max_file_bytes < 4096 {
+            return invalid("server.max_file_bytes", "must be at least 4096");
         }
         let r = &self.readings;
         if r.interval < Duration::from_millis(100) {

@@ -20,9 +20,9 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
 pub use reasons::{
-    Cache, ExportDrop, FrameResult, JitReject, JvmRefresh, Loss, ObjectRefusal, OffCpuEvent,
-    OffState, ProcRead, ReadingsSource, StackEnd, StackSide, Stage, SymbolMiss, TableBuild,
-    WindowWriteError,
+    Cache, ExportDrop, FrameResult, HttpRefusal, JitReject, JvmRefresh, Loss, ObjectRefusal,
+    OffCpuEvent, OffState, ProcRead, ReadingsSource, StackEnd, StackSide, Stage, SymbolMiss,
+    TableBuild, WindowWriteError,
 };
 
 /// Label set with a single `reason`, one of the enums of [`reasons`].
@@ -118,6 +118,8 @@ pub struct Metrics {
     pub jit_rejects: Family<ReasonLabel<JitReject>, Counter>,
     /// Window directory faults, by reason.
     pub window_write_errors: Family<ReasonLabel<WindowWriteError>, Counter>,
+    /// HTTP connections and requests turned away, by reason.
+    pub http_refused: Family<ReasonLabel<HttpRefusal>, Counter>,
     /// JIT symbol entries held across all processes.
     pub jit_entries: Gauge<i64, AtomicI64>,
     /// Bytes charged for the JIT symbols held across all processes.
@@ -314,6 +316,15 @@ impl Metrics {
             "JIT symbol files, lines and records refused (perf maps, jitdumps), by reason",
             jit_rejects.clone(),
         );
+        let http_refused = Family::<ReasonLabel<HttpRefusal>, Counter>::default();
+        registry.register(
+            "http_refused",
+            "HTTP connections and requests turned away or cut short, by reason",
+            http_refused.clone(),
+        );
+        for &reason in HttpRefusal::ALL {
+            let _ = http_refused.get_or_create(&ReasonLabel { reason });
+        }
         let jit_entries = Gauge::<i64, AtomicI64>::default();
         registry.register(
             "jit_entries",
@@ -427,6 +438,7 @@ impl Metrics {
             export,
             jit_rejects,
             window_write_errors,
+            http_refused,
             jit_entries,
             jit_bytes,
             jvm_refreshes,
@@ -518,6 +530,13 @@ impl Metrics {
     pub fn readings_error(&self, source: ReadingsSource) {
         self.readings_errors
             .get_or_create(&SourceLabel { source })
+            .inc();
+    }
+
+    /// Counts one HTTP connection or request turned away for `reason`.
+    pub fn http_refused(&self, reason: HttpRefusal) {
+        self.http_refused
+            .get_or_create(&ReasonLabel { reason })
             .inc();
     }
 

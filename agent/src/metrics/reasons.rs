@@ -299,6 +299,25 @@ label_enum! {
 }
 
 label_enum! {
+    /// `ember_http_refused_total{reason}`: connections and requests the HTTP server turned
+    /// away or cut short.
+    pub enum HttpRefusal {
+        /// A connection beyond `server.max_connections`, closed at accept.
+        ConnectionCap => "connection_cap",
+        /// A connection closed after `server.idle_timeout` without a byte.
+        Idle => "idle",
+        /// A request beyond `server.max_concurrent_requests` (503).
+        Busy => "busy",
+        /// A request that ran past `server.request_timeout` (503).
+        Timeout => "timeout",
+        /// A request to the profiles listener without the right bearer token (401).
+        Unauthorized => "unauthorized",
+        /// A merge beyond `server.max_merge_samples` or a file beyond `server.max_file_bytes` (413).
+        TooLarge => "too_large",
+    }
+}
+
+label_enum! {
     /// `ember_jit_rejects_total{reason}`: why a JIT symbol file, line or record was refused.
     pub enum JitReject {
         /// The perf map is a symbolic link.
@@ -529,6 +548,12 @@ mod tests {
         check(&Loss::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>());
         check(&Cache::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>());
         check(&ProcRead::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>());
+        check(
+            &HttpRefusal::ALL
+                .iter()
+                .map(|r| r.as_str())
+                .collect::<Vec<_>>(),
+        );
         check(
             &JitReject::ALL
                 .iter()

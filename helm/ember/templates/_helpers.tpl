@@ -39,17 +39,18 @@ app.kubernetes.io/component: agent
 {{- end }}
 {{- end }}
 
-{{/* The HTTP port, from config.server.listen ("0.0.0.0:9464", "[::]:9464").
-The kubelet probes and Prometheus scrapes the pod IP, so the server must be
-enabled and must not listen on loopback only. */}}
+{{/* The metrics port, from config.server.metrics_listen ("0.0.0.0:9464", "[::]:9464"):
+the listener with only /metrics and /healthz. The kubelet probes and Prometheus
+scrapes the pod IP, so it must be set and must not be loopback. Profiles stay on
+config.server.listen (the pod's loopback unless a token_file is set). */}}
 {{- define "ember.port" -}}
 {{- $server := .Values.config.server }}
 {{- if not $server.enabled }}
 {{- fail "config.server.enabled must be true: the probes use /healthz" }}
 {{- end }}
-{{- $listen := required "config.server.listen is required" $server.listen }}
+{{- $listen := required "config.server.metrics_listen is required" $server.metrics_listen }}
 {{- if or (hasPrefix "127." $listen) (hasPrefix "localhost" $listen) (hasPrefix "[::1]" $listen) }}
-{{- fail "config.server.listen must not be a loopback address in a pod: use 0.0.0.0:PORT" }}
+{{- fail "config.server.metrics_listen must not be a loopback address in a pod: use 0.0.0.0:PORT" }}
 {{- end }}
 {{- splitList ":" $listen | last }}
 {{- end }}

@@ -23,7 +23,8 @@
 // .Chart.{Name,Version,AppVersion,Description,Type}, .Capabilities.KubeVersion.{Version,Major,Minor},
 // .Capabilities.APIVersions.Has, .Template.{Name,BasePath}, define/template/block,
 // sprig's functions (less env/expandenv, as in helm), include, tpl, required,
-// toYaml, fromYaml, toJson. Not supported: .Files, lookup, subcharts, schemas, hooks.
+// toYaml, fromYaml, toJson, .Files.Get. Not supported: other .Files methods, lookup, subcharts,
+// schemas, hooks.
 package main
 
 import (
@@ -284,6 +285,7 @@ func render(chartDir string, files []string, name, namespace, kubeVersion, apis 
 			continue
 		}
 		top := map[string]interface{}{
+			"Files":        Files{dir: chartDir},
 			"Values":       values,
 			"Chart":        chart,
 			"Capabilities": caps,
@@ -311,6 +313,23 @@ func render(chartDir string, files []string, name, namespace, kubeVersion, apis 
 		fmt.Fprintf(&out, "---\n# Source: %s\n%s\n", n, strings.TrimRight(text, "\n"))
 	}
 	return out.String(), notesText, nil
+}
+
+// Files is .Files: Get reads a file of the chart by its path inside the chart ("" when
+// it is missing or the path leaves the chart).
+type Files struct{ dir string }
+
+// Get returns the file's text.
+func (f Files) Get(name string) string {
+	clean := path.Clean("/" + filepath.ToSlash(name))[1:]
+	if clean == "" || clean != filepath.ToSlash(name) {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(f.dir, filepath.FromSlash(clean)))
+	if err != nil {
+		return ""
+	}
+	return string(b)
 }
 
 // checkYAML fails when a rendered template is not a YAML stream of mappings.

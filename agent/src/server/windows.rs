@@ -1,0 +1,60 @@
+//! Single windows: the raw `.pb.gz` file (`/windows/<name>`) and inferno's SVG flame
+//! graph of one window (`/flamegraph/<name>.svg`), each under `server.max_file_bytes`.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+
+use super::RouteError;
+use crate::encode::flamegraph;
+use crate::export::files::WindowDir;
+use crate::metrics::{HttpRefusal, Metrics};
+
+/// What these routes need.
+#[derive(Clone)]
+pub(super) struct Windows {
+    pub(super) dir: Arc<WindowDir>,
+    pub(super) max_file_bytes: u64,
+    pub(super) metrics: Metrics,
+}
+
+impl Windows {
+    /// The bytes of window `name`, refusing files over the cap.
+    fn read(&self, name: &str) -> Result<Vec<u8>, RouteError> {
+        let bytes = self.dir.read(name)?;
+        if bytes.len() as u64 > self.max_file_bytes {
+            self.metrics.http_refused(HttpRefusal::TooLarge);
+            return Err(RouteError::TooLarge);
+        }
+        Ok(bytes)
+    }
+}
+
+/// `GET /windows/<name>`: the window file as written.
+pub(super) async fn raw(
+    State(w): State<Windows>,
+    Path(name): Path<String>,
+) -> Result<Response, RouteError> {
+    let bytes = tokio::task::spawn_blocking(move || w.read(&name)).await??;
+    Ok(([(CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+}
+
+/// `GET /flamegraph/<name>.svg`: inferno's flame graph of one window.
+pub(super) async fn svg(
+    State(w): State<Windows>,
+    Path(file): Path<String>,
+) -> Result<Response, RouteError> {
+    let name = file
+        .strip_suffix(".svg")
+        .filter(|n| crate::export::files::is_window_name(n))
+        .ok_or(RouteError::NotFound)?
+        .to_string();
+    let svg = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, RouteError> {
+        let profile = flamegraph::decode_gz(&w.read(&name)?)?;
+        Ok(flamegraph::svg(&profile, &format!("ember CPU {name}"))?)
+    })
+    .await??;
+    Ok(([(CONTENT_TYPE, "image/svg+xml")], svg).into_response())
+}
