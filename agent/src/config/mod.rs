@@ -1098,9 +1098,11 @@ mod tests {
             .values()
             .map(|s| s.as_mapping().map_or(0, |m| m.len()))
             .sum();
+        // sampling, offcpu, window, output, server, limits, kubernetes, filters, log, sinks,
+        // readings, jit, counters, otlp_metrics, symbols, health.
         assert_eq!(
             count,
-            9 + 1 + 3 + 2 + 7 + 3 + 8 + 1 + 7 + 7 + 3 + 6 + 8 + 4 + 1 + 5
+            9 + 5 + 1 + 3 + 11 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 4 + 1
         );
         let sinks = &v["sinks"];
         assert_eq!(sinks["pyroscope"].as_mapping().map_or(0, |m| m.len()), 13);
