@@ -8,8 +8,8 @@ pub mod progress;
 pub mod reasons;
 pub mod snapshot;
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::text::encode;
