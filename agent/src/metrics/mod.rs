@@ -728,3 +728,23 @@ impl ExportMetrics {
 /// Content type of [`Metrics::encode`]'s output.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workloads_past_the_cap_share_other() {
+        let m = Metrics::new();
+        for i in 0..MAX_WORKLOADS {
+            assert_eq!(m.workload_label(format!("w{i}")), format!("w{i}"));
+        }
+        assert_eq!(m.workload_label("w0".into()), "w0");
+        assert_eq!(m.workload_label("late".into()), "other");
+        m.unnamed_frames("late".into(), 3);
+        m.unnamed_frames("w1".into(), 2);
+        let text = m.encode();
+        assert!(text.contains("ember_unnamed_frames_total{workload=\"other\"} 3"), "{text}");
+        assert!(text.contains("ember_unnamed_frames_total{workload=\"w1\"} 2"), "{text}");
+    }
+}
