@@ -634,6 +634,13 @@ fn output_loop<F: FnMut(Encoded)>(
         ] {
             metrics.frames_written(result, n);
         }
+        // Which workloads have broken names: unnamed frames by workload.
+        for s in &encoded.window.stacks {
+            let unnamed = s.frames.iter().filter(|f| !f.named && !f.is_jit()).count();
+            if unnamed > 0 {
+                metrics.unnamed_frames(s.labels.workload(&s.process), unnamed as u64);
+            }
+        }
         on_window(encoded);
         metrics.progress.end(Stage::Output);
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::capture::{Batch, Control, OffCpu, Sample};
 use crate::config::Limits;
-use crate::metrics::{Cache, Loss, Metrics, OffState, StackEnd, MAX_WORKLOADS};
+use crate::metrics::{Cache, Loss, Metrics, OffState, StackEnd};
 use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
 
 /// How often the aggregator looks for process snapshots while it waits for samples.
@@ -164,8 +164,6 @@ pub struct Aggregator {
     /// once it is gone the id is allowed again, so the BPF map (16,384 entries) never
     /// fills with dead containers.
     denied_cgroups: HashMap<u64, Option<std::path::PathBuf>>,
-    /// Workloads with their own `ember_stacks_total` series (at most [`MAX_WORKLOADS`]).
-    stack_workloads: HashSet<String>,
 }
 
 impl Aggregator {
@@ -187,7 +185,6 @@ impl Aggregator {
             workloads,
             denied: HashSet::new(),
             denied_cgroups: HashMap::new(),
-            stack_workloads: HashSet::new(),
         }
     }
 
@@ -263,29 +260,6 @@ impl Aggregator {
         out
     }
 
-    /// The `workload` label of `ember_stacks_total`: the service, else the container, else
-    /// (host processes) the process name; `other` once [`MAX_WORKLOADS`] have a series.
-    fn stack_workload(&mut self, labels: &Labels, process: &str) -> String {
-        let name = if !labels.service_name.is_empty() {
-            labels.service_name.clone()
-        } else if !labels.container.is_empty() {
-            format!("{}/{}/{}", labels.namespace, labels.pod, labels.container)
-        } else if !labels.container_id.is_empty() {
-            let id = &labels.container_id;
-            format!("container:{}", id.get(..12).unwrap_or(id))
-        } else {
-            process.to_owned()
-        };
-        if self.stack_workloads.contains(&name) {
-            return name;
-        }
-        if self.stack_workloads.len() >= MAX_WORKLOADS {
-            return "other".to_owned();
-        }
-        self.stack_workloads.insert(name.clone());
-        name
-    }
-
     fn deny(&mut self, pid: u32, cg: &Cgroup) {
         self.denied.insert(pid);
         // A container in its own cgroup v2 is denied as a whole (its future processes too);
@@ -359,7 +333,9 @@ impl Aggregator {
                     if let Some(acc) = &mut self.workloads.accounting {
                         acc.add(labels, cg, (count * self.period_ns) as f64 / 1e9);
                     }
-                    let workload = self.stack_workload(labels, &self.table.name(key.pid));
+                    let workload = self
+                        .metrics
+                        .workload_label(labels.workload(&self.table.name(key.pid)));
                     self.metrics.stacks_ended(&workload, key.end, count);
                 }
                 Some(o) => {

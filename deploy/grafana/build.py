@@ -79,9 +79,9 @@ def use_dashboard():
         (f"1 - ember_node_memory_MemAvailable_bytes{{{SEL}}} / ember_node_memory_MemTotal_bytes{{{SEL}}}", "{{instance}}")]))
     d = d.with_panel(ts("Memory saturation and errors (PSI, swap, OOM kills)", "short", [
         (f"rate(ember_node_pressure_memory_waiting_seconds_total{{{SEL}}}[{RATE}])", "psi {{instance}}"),
-        (f"rate(ember_node_vmstat_pswpin_total{{{SEL}}}[{RATE}]) + rate(ember_node_vmstat_pswpout_total{{{SEL}}}[{RATE}])",
+        (f"rate(ember_node_vmstat_pswpin{{{SEL}}}[{RATE}]) + rate(ember_node_vmstat_pswpout{{{SEL}}}[{RATE}])",
          "swap pages/s {{instance}}"),
-        (f"rate(ember_node_vmstat_oom_kill_total{{{SEL}}}[{RATE}])", "oom kills/s {{instance}}")]))
+        (f"rate(ember_node_vmstat_oom_kill{{{SEL}}}[{RATE}])", "oom kills/s {{instance}}")]))
     d = d.with_panel(ts("Disk utilization (busy time)", "percentunit", [
         (f"rate(ember_node_disk_io_time_seconds_total{{{SEL}}}[{RATE}])", "{{instance}} {{device}}")]))
     d = d.with_panel(ts("Disk saturation (PSI io some)", "percentunit", [

@@ -488,7 +488,8 @@ fn limits_hold_under_idle_connections_and_downloads() {
     // Permits free up as idle connections close (idle timeout, or hyper's header-read
     // timeout, not counted here), so not all 9,744 beyond the cap are refused at accept.
     assert!(refused("connection_cap") >= 5_000.0, "{metrics}");
-    assert!(refused("idle") >= 1.0, "{metrics}");
+    // The idle sockets were closed in time (checked above), by the idle timeout or, first,
+    // by hyper's header-read timeout, which `idle` does not count: no bar on it here.
     let (code, _) = http_get(&maddr, "/healthz").expect("healthz after");
     assert_eq!(code, 200);
     // Bounded: 256 connections and 4 downloads at a time cost far less than 64 MiB.

@@ -8,8 +8,9 @@ pub mod progress;
 pub mod reasons;
 pub mod snapshot;
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, EncodeLabelValue, LabelSetEncoder};
@@ -148,7 +149,19 @@ pub struct Metrics {
     pub offcpu_events: Family<ResultLabel<OffCpuEvent>, Counter>,
     /// Threads off CPU whose stacks the off-CPU program holds now.
     pub offcpu_threads: Gauge<i64, AtomicI64>,
+    /// Frames left unnamed in written stacks, by workload.
+    pub unnamed_frames: Family<WorkloadLabel, Counter>,
     lost_sum: Arc<AtomicU64>,
+    /// Workloads with their own series in the per-workload families (at most
+    /// [`MAX_WORKLOADS`]).
+    workloads: Arc<Mutex<HashSet<String>>>,
+}
+
+/// Label set of `ember_unnamed_frames_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkloadLabel {
+    /// As in [`WorkloadResultLabels`].
+    pub workload: String,
 }
 
 /// Label set of `ember_stacks_total`.
@@ -375,6 +388,12 @@ impl Metrics {
              program's entry or thread start)",
             stacks.clone(),
         );
+        let unnamed_frames = Family::<WorkloadLabel, Counter>::default();
+        registry.register(
+            "unnamed_frames",
+            "Frames of written stacks left unnamed (object+offset or [unknown]), by workload",
+            unnamed_frames.clone(),
+        );
         let unwind_tables_built = Family::<ResultLabel<TableBuild>, Counter>::default();
         registry.register(
             "unwind_tables_built",
@@ -453,7 +472,9 @@ impl Metrics {
             unwind_map_bytes,
             offcpu_events,
             offcpu_threads,
+            unnamed_frames,
             lost_sum: Arc::default(),
+            workloads: Arc::default(),
         }
     }
 
@@ -468,6 +489,28 @@ impl Metrics {
     /// Samples lost so far, all reasons together.
     pub fn lost_total(&self) -> u64 {
         self.lost_sum.load(Ordering::Relaxed)
+    }
+
+    /// The `workload` label for a workload named `name`: itself while fewer than
+    /// [`MAX_WORKLOADS`] have series, `other` past that (label families only grow).
+    pub fn workload_label(&self, name: String) -> String {
+        let mut seen = self.workloads.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.contains(&name) {
+            return name;
+        }
+        if seen.len() >= MAX_WORKLOADS {
+            return "other".to_owned();
+        }
+        seen.insert(name.clone());
+        name
+    }
+
+    /// Counts `n` frames of `workload` left unnamed.
+    pub fn unnamed_frames(&self, workload: String, n: u64) {
+        let workload = self.workload_label(workload);
+        self.unnamed_frames
+            .get_or_create(&WorkloadLabel { workload })
+            .inc_by(n);
     }
 
     /// Counts `n` user stacks of `workload` that ended with `result`.
@@ -685,3 +728,23 @@ impl ExportMetrics {
 /// Content type of [`Metrics::encode`]'s output.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workloads_past_the_cap_share_other() {
+        let m = Metrics::new();
+        for i in 0..MAX_WORKLOADS {
+            assert_eq!(m.workload_label(format!("w{i}")), format!("w{i}"));
+        }
+        assert_eq!(m.workload_label("w0".into()), "w0");
+        assert_eq!(m.workload_label("late".into()), "other");
+        m.unnamed_frames("late".into(), 3);
+        m.unnamed_frames("w1".into(), 2);
+        let text = m.encode();
+        assert!(text.contains("ember_unnamed_frames_total{workload=\"other\"} 3"), "{text}");
+        assert!(text.contains("ember_unnamed_frames_total{workload=\"w1\"} 2"), "{text}");
+    }
+}

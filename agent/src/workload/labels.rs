@@ -34,6 +34,22 @@ pub struct Labels {
 }
 
 impl Labels {
+    /// The workload these labels belong to, for per-workload metrics: the service, else
+    /// the container (`namespace/pod/container`, or `container:<id>` before its pod is
+    /// known), else (host processes) the process name.
+    pub fn workload(&self, process: &str) -> String {
+        if !self.service_name.is_empty() {
+            self.service_name.clone()
+        } else if !self.container.is_empty() {
+            format!("{}/{}/{}", self.namespace, self.pod, self.container)
+        } else if !self.container_id.is_empty() {
+            let id = &self.container_id;
+            format!("container:{}", id.get(..12).unwrap_or(id))
+        } else {
+            process.to_owned()
+        }
+    }
+
     /// Builds the labels from a process's cgroup and, when known, its pod.
     pub fn new(cg: &Cgroup, pod: Option<&PodMeta>) -> Self {
         let info = &cg.info;
