@@ -136,10 +136,13 @@ def main():
         driver.find_element(By.ID, "reset").click()
 
         # 6. Icicle: the same graph upside down (the status line stays the same).
+        # One script call: the chart is redrawn under the test, and element handles taken
+        # across a redraw go stale.
         def root_on_top(d):
-            return any(g.get_attribute("name") == "all"
-                       and "translate(0,0)" in (g.get_attribute("transform") or "").replace(" ", "")
-                       for g in d.find_elements(By.CSS_SELECTOR, "#chart g.frame"))
+            return d.execute_script(
+                "return [...document.querySelectorAll('#chart g.frame')].some(g =>"
+                " g.getAttribute('name') === 'all' &&"
+                " (g.getAttribute('transform') || '').replace(/ /g, '').includes('translate(0,0)'))")
         driver.find_element(By.ID, "icicle").click()
         try:
             wait.until(root_on_top)

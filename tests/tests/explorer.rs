@@ -22,43 +22,73 @@ use ember_tests::*;
 const ID_A: &str = "e3e3aaaae3e3aaaae3e3aaaae3e3aaaae3e3aaaae3e3aaaae3e3aaaae3e3aaa1";
 const ID_B: &str = "e3e3bbbbe3e3bbbbe3e3bbbbe3e3bbbbe3e3bbbbe3e3bbbbe3e3bbbbe3e3bbb2";
 
-/// A v2 cgroup made for the test; its processes go back to the root on drop.
+/// A cgroup made for the test: in the v2 hierarchy, and on hybrid hosts also in the v1
+/// `cpu`, `cpuacct` and `memory` hierarchies at the same path (where kubelet's cgroupfs
+/// driver puts a container, and where ember reads its CPU and memory there), so that the
+/// container has every reading the dashboards chart. Its processes go back to each root on
+/// drop.
 struct TestCgroup {
-    root: PathBuf,
-    leaf: PathBuf,
+    dirs: Vec<(PathBuf, PathBuf)>,
 }
 
 impl TestCgroup {
     fn create(id: &str, pod: &str) -> Self {
         let cg = Path::new("/sys/fs/cgroup");
-        let root = ["unified", ""]
+        let v2 = ["unified", ""]
             .iter()
             .map(|d| cg.join(d))
             .find(|p| p.join("cgroup.controllers").exists())
             .expect("a cgroup v2 hierarchy");
-        let leaf = root.join(format!(
+        let rel = format!(
             "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{pod}.slice/cri-containerd-{id}.scope"
-        ));
-        fs::create_dir_all(&leaf).expect("creating the test cgroup");
-        Self { root, leaf }
+        );
+        let v1 = ["cpu", "cpuacct", "memory"]
+            .iter()
+            .map(|c| cg.join(c))
+            .filter(|p| p.join("cgroup.procs").exists() && !p.join("cgroup.controllers").exists());
+        let dirs: Vec<(PathBuf, PathBuf)> = std::iter::once(v2.clone())
+            .chain(v1)
+            .map(|root| {
+                let leaf = root.join(&rel);
+                fs::create_dir_all(&leaf).expect("creating the test cgroup");
+                (root, leaf)
+            })
+            .collect();
+        // On a v2-only host the memory and cpu files appear only where the parent enables
+        // the controllers; best effort (a host may not delegate them).
+        let mut dir = v2.clone();
+        for part in Path::new(&rel).parent().into_iter().flat_map(|p| p.iter()) {
+            for c in ["+memory", "+cpu"] {
+                let _ = fs::write(dir.join("cgroup.subtree_control"), c);
+            }
+            dir.push(part);
+        }
+        for c in ["+memory", "+cpu"] {
+            let _ = fs::write(dir.join("cgroup.subtree_control"), c);
+        }
+        Self { dirs }
     }
 
     fn add(&self, pid: u32) {
-        fs::write(self.leaf.join("cgroup.procs"), pid.to_string()).expect("moving the fixture");
+        for (_, leaf) in &self.dirs {
+            fs::write(leaf.join("cgroup.procs"), pid.to_string()).expect("moving the fixture");
+        }
     }
 }
 
 impl Drop for TestCgroup {
     fn drop(&mut self) {
-        if let Ok(procs) = fs::read_to_string(self.leaf.join("cgroup.procs")) {
-            for pid in procs.lines() {
-                let _ = fs::write(self.root.join("cgroup.procs"), pid);
+        for (root, leaf) in &self.dirs {
+            if let Ok(procs) = fs::read_to_string(leaf.join("cgroup.procs")) {
+                for pid in procs.lines() {
+                    let _ = fs::write(root.join("cgroup.procs"), pid);
+                }
             }
-        }
-        let mut dir = self.leaf.clone();
-        while dir != self.root {
-            if fs::remove_dir(&dir).is_err() || !dir.pop() {
-                break;
+            let mut dir = leaf.clone();
+            while dir != *root {
+                if fs::remove_dir(&dir).is_err() || !dir.pop() {
+                    break;
+                }
             }
         }
     }

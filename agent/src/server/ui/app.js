@@ -118,17 +118,23 @@ function drawSelects(box, labels, chosen, prefix) {
   }
 }
 
-// The differential tree: the target's shape, each node with `delta` = target minus the
-// baseline scaled to the target's total (so ranges of different lengths compare).
+// The differential tree: the union of both graphs, the baseline scaled to the target's
+// total (so ranges of different lengths compare). A frame is as wide as target + scaled
+// baseline, so a function that vanished stays visible (blue) beside one that is new (red),
+// and `delta` = target − scaled baseline colours it.
 function diffTree(target, base) {
   const scale = base.value ? target.value / base.value : 0;
-  function walk(t, b) {
-    const out = { name: t.name, value: t.value, delta: t.value - (b ? b.value * scale : 0) };
-    const kids = new Map((b && b.children || []).map((c) => [c.name, c]));
-    if (t.children) out.children = t.children.map((c) => walk(c, kids.get(c.name)));
+  function walk(name, t, b) {
+    const tv = t ? t.value : 0;
+    const bv = b ? b.value * scale : 0;
+    const out = { name, value: tv + bv, delta: tv - bv };
+    const kids = new Map();
+    for (const c of (t && t.children) || []) kids.set(c.name, [c, null]);
+    for (const c of (b && b.children) || []) kids.set(c.name, [(kids.get(c.name) || [null])[0], c]);
+    if (kids.size) out.children = [...kids].map(([n, [tc, bc]]) => walk(n, tc, bc));
     return out;
   }
-  return walk(target, base);
+  return walk(target.name, target, base);
 }
 
 function drawChart(root) {
