@@ -744,7 +744,13 @@ mod tests {
         m.unnamed_frames("late".into(), 3);
         m.unnamed_frames("w1".into(), 2);
         let text = m.encode();
-        assert!(text.contains("ember_unnamed_frames_total{workload=\"other\"} 3"), "{text}");
-        assert!(text.contains("ember_unnamed_frames_total{workload=\"w1\"} 2"), "{text}");
+        assert!(
+            text.contains("ember_unnamed_frames_total{workload=\"other\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ember_unnamed_frames_total{workload=\"w1\"} 2"),
+            "{text}"
+        );
     }
 }
