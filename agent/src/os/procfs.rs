@@ -158,6 +158,22 @@ pub fn read_capped(path: &Path, cap: u64) -> std::io::Result<String> {
     })
 }
 
+/// The bytes of the agent's own vDSO: every process on this kernel maps the same image, so
+/// the unwinder builds its table and the symbolizer names its functions from this copy.
+/// `None` when the agent has none (or one over 1 MiB, which no kernel makes).
+pub fn own_vdso() -> Option<Vec<u8>> {
+    let text = read_capped(Path::new("/proc/self/maps"), 32 << 20).ok()?;
+    let (entries, _) = parse_maps(&text);
+    let e = entries.iter().find(|e| e.path == "[vdso]")?;
+    let len = usize::try_from(e.end.checked_sub(e.start)?).ok()?;
+    if len > 1 << 20 {
+        return None;
+    }
+    // SAFETY: [vdso] is mapped readable in this process for its whole life, at this range.
+    let image = unsafe { std::slice::from_raw_parts(e.start as *const u8, len) };
+    Some(image.to_vec())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -69,7 +69,12 @@ pub(crate) enum FrameKey {
     Kernel(u64),
     /// Offset in an object file.
     Object(ObjectKey, u64),
+    /// Offset in the vDSO (every process maps the same image).
+    Vdso(u64),
 }
+
+/// The path column of the vDSO's mapping, the label of its frames.
+const VDSO: &str = "[vdso]";
 
 /// Name of the pseudo-file that kernel frames are attributed to.
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
@@ -239,6 +244,9 @@ pub struct Symbolizer {
     cap: usize,
     window: u64,
     metrics: Metrics,
+    /// The vDSO's symbols, from the agent's own image; built on the first vDSO frame
+    /// (`Some(None)`: the agent has none, or it did not parse).
+    vdso: Option<Option<SymTable>>,
 }
 
 impl Symbolizer {
@@ -256,6 +264,7 @@ impl Symbolizer {
             kernel: load_kallsyms(&metrics),
             modules: modules_fingerprint(),
             cache: HashMap::new(),
+            vdso: None,
             cap: cache_entries.max(1),
             window: 0,
             metrics,
@@ -279,12 +288,16 @@ impl Symbolizer {
         self.window += 1;
         self.refresh_kernel();
         let mut kernel: Vec<u64> = Vec::new();
+        let mut vdso: Vec<u64> = Vec::new();
         let mut by_object: HashMap<ObjectKey, (Arc<Object>, Vec<u64>)> = HashMap::new();
         let mut out: HashMap<FrameKey, Resolved> = HashMap::new();
         for frame in window.stacks.iter().flat_map(|s| &s.frames) {
             let key = match frame {
                 Frame::Kernel(a) => FrameKey::Kernel(*a),
                 Frame::User(UserAddr::Object(o, off)) => FrameKey::Object(o.key, *off),
+                Frame::User(UserAddr::Region(label, off)) if &**label == VDSO => {
+                    FrameKey::Vdso(*off)
+                }
                 Frame::User(_) => continue,
             };
             if out.contains_key(&key) {
@@ -303,6 +316,7 @@ impl Symbolizer {
                     .or_insert_with(|| (o.clone(), Vec::new()))
                     .1
                     .push(*off),
+                Frame::User(UserAddr::Region(_, off)) => vdso.push(*off),
                 Frame::User(_) => {}
             }
         }
@@ -320,6 +334,21 @@ impl Symbolizer {
         );
         // Addresses that got no name, by reason, counted once per batch.
         let mut missed: HashMap<SymbolMiss, u64> = HashMap::new();
+        if !vdso.is_empty() {
+            match self.vdso_table() {
+                Some(table) => {
+                    for off in vdso {
+                        match table.lookup(off) {
+                            Ok(name) => {
+                                out.insert(FrameKey::Vdso(off), named(demangle(name)));
+                            }
+                            Err(m) => *missed.entry(miss(m)).or_default() += 1,
+                        }
+                    }
+                }
+                None => *missed.entry(SymbolMiss::Error).or_default() += vdso.len() as u64,
+            }
+        }
         for (key, (obj, offsets)) in by_object {
             let Some(table) = self.table(&obj) else {
                 *missed.entry(SymbolMiss::Error).or_default() += offsets.len() as u64;
@@ -397,6 +426,30 @@ impl Symbolizer {
             }
             self.cache.entry(*k).or_insert_with(|| v.clone());
         }
+    }
+
+    /// The vDSO's symbol table, built once from the agent's own image (the kernel maps
+    /// the same one into every process).
+    fn vdso_table(&mut self) -> Option<&SymTable> {
+        let metrics = &self.metrics;
+        self.vdso
+            .get_or_insert_with(|| {
+                let image = crate::os::procfs::own_vdso()?;
+                let limits = Limits {
+                    max_read_bytes: 1 << 20,
+                    max_section_bytes: 1 << 20,
+                };
+                let table = ElfReader::new(&image[..], limits)
+                    .and_then(|mut elf| SymTable::build::<[u8], [u8]>(&mut elf, None));
+                match table {
+                    Ok((t, _)) => Some(t),
+                    Err(e) => {
+                        metrics.object_refused(refusal(&e));
+                        None
+                    }
+                }
+            })
+            .as_ref()
     }
 
     /// kallsyms changes when modules load or unload: then reload it.
@@ -663,7 +716,11 @@ fn sym_frame(
                 Some(FrameKey::Object(o.key, *off)),
             )
         }
-        Frame::User(UserAddr::Region(label, off)) => (Mapping::Region(label.clone()), *off, None),
+        Frame::User(UserAddr::Region(label, off)) => (
+            Mapping::Region(label.clone()),
+            *off,
+            (&**label == VDSO).then_some(FrameKey::Vdso(*off)),
+        ),
         Frame::User(UserAddr::Unknown(a)) => (Mapping::Unknown, *a, None),
         Frame::User(UserAddr::Jit(j)) => {
             return SymFrame {
@@ -740,6 +797,44 @@ mod tests {
                 off_cpu: None,
             }],
         }
+    }
+
+    #[test]
+    fn names_vdso_functions_from_the_agents_own_image() {
+        // glibc registers the vDSO as a loaded object: dlsym gives its functions'
+        // addresses without ember's ELF reader.
+        // SAFETY: RTLD_NOLOAD only looks the already mapped vDSO up; the names are C strings.
+        let f = unsafe {
+            let h = libc::dlopen(
+                c"linux-vdso.so.1".as_ptr(),
+                libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+            );
+            assert!(!h.is_null(), "no vDSO registered with the dynamic loader");
+            libc::dlsym(h, c"__vdso_clock_gettime".as_ptr()) as u64
+        };
+        assert_ne!(f, 0);
+        let mut table = crate::normalize::process::ProcessTable::new(
+            &crate::config::Limits::default(),
+            Metrics::new(),
+        );
+        let pid = std::process::id();
+        table.touch(pid, pid, &[0; 16], 1);
+        // A few bytes into the function, as a sampled instruction pointer is.
+        let ua = table.normalize(pid, f + 4);
+        let UserAddr::Region(ref label, off) = ua else {
+            panic!("not the vDSO: {ua:?}")
+        };
+        assert_eq!(&**label, VDSO);
+        let mut s = Symbolizer::new(1000, Metrics::new());
+        let r = s.resolve(&window(vec![Frame::User(ua.clone())]));
+        let got = &r[&FrameKey::Vdso(off)];
+        assert!(got.named, "{got:?}");
+        assert!(got.funcs[0].name.contains("clock_gettime"), "{got:?}");
+        // The assembled frame keeps the vDSO as its mapping and carries the name.
+        let sym = assemble(window(vec![Frame::User(ua)]), &r);
+        let frame = &sym.stacks[0].frames[0];
+        assert_eq!(frame.mapping, Mapping::Region(Arc::from(VDSO)));
+        assert!(frame.named);
     }
 
     #[test]

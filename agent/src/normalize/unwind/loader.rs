@@ -729,7 +729,7 @@ impl Loader {
                 return None;
             }
         }
-        let bytes = own_vdso()?;
+        let bytes = procfs::own_vdso()?;
         let key = key_of(&bytes);
         let got = self.table_from_bytes(key, &bytes, None);
         self.vdso = Some(got);
@@ -1161,20 +1161,6 @@ fn now_ns() -> u64 {
 fn start_time(dir: &Path) -> Option<u64> {
     let text = procfs::read_capped(&dir.join("stat"), 4096).ok()?;
     procfs::parse_stat(&text).map(|s| s.start_time)
-}
-
-/// The bytes of the agent's own vDSO (every process on this kernel maps the same image).
-fn own_vdso() -> Option<Vec<u8>> {
-    let text = procfs::read_capped(Path::new("/proc/self/maps"), MAPS_CAP).ok()?;
-    let (entries, _) = procfs::parse_maps(&text);
-    let e = entries.iter().find(|e| e.path == "[vdso]")?;
-    let len = usize::try_from(e.end - e.start).ok()?;
-    if len > 1 << 20 {
-        return None;
-    }
-    // SAFETY: [vdso] is mapped readable in this process for its whole life, at this range.
-    let image = unsafe { std::slice::from_raw_parts(e.start as *const u8, len) };
-    Some(image.to_vec())
 }
 
 /// A read-write shared mapping of the first `len` bytes of an mmapable array map (the
