@@ -446,6 +446,10 @@ label_enum! {
         Compression => "compression",
         /// The parser panicked; the panic was caught.
         Panic => "panic",
+        /// Its symbol table is bigger than `symbols.cache_bytes`: it named one window's
+        /// frames, then the object stays unnamed for a while rather than being parsed again
+        /// in every window.
+        OverBudget => "over_budget",
     }
 }
 

@@ -24,7 +24,7 @@ mod golden_names;
 mod kallsyms;
 pub mod table;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -349,9 +349,15 @@ impl Symbolizer {
                 None => *missed.entry(SymbolMiss::Error).or_default() += vdso.len() as u64,
             }
         }
+        // Frames of objects paused over the budget: not kept in the frame cache, so they
+        // are named once the object is parsed again.
+        let mut transient: HashSet<FrameKey> = HashSet::new();
         for (key, (obj, offsets)) in by_object {
             let Some(table) = self.table(&obj) else {
                 *missed.entry(SymbolMiss::Error).or_default() += offsets.len() as u64;
+                if self.tables.over_budget.contains_key(&obj.id) {
+                    transient.extend(offsets.iter().map(|&off| FrameKey::Object(key, off)));
+                }
                 continue;
             };
             for off in offsets {
@@ -366,7 +372,7 @@ impl Symbolizer {
         for (reason, n) in missed {
             self.metrics.symbol_missed(reason, n);
         }
-        self.remember(&out);
+        self.remember(&out, &transient);
         self.metrics
             .symbol_table_bytes
             .set(self.tables.bytes as i64);
@@ -378,6 +384,9 @@ impl Symbolizer {
     fn table(&mut self, obj: &Object) -> Option<Arc<SymTable>> {
         if let Some(t) = self.tables.get(&obj.id, self.window) {
             return t;
+        }
+        if self.tables.refused(&obj.id, self.window) {
+            return None;
         }
         let (settings, metrics) = (&self.settings, &self.metrics);
         // A parser bug on a hostile file costs that file's names, not the agent.
@@ -401,17 +410,25 @@ impl Symbolizer {
             }
         };
         let evicted = self.tables.insert(obj.id, table.clone(), self.window);
+        if self.tables.refused(&obj.id, self.window) {
+            tracing::debug!(
+                "the symbol table of {} is over symbols.cache_bytes; unnamed for {OVER_BUDGET_WINDOWS} windows",
+                obj.path
+            );
+            self.metrics.object_refused(ObjectRefusal::OverBudget);
+        }
         if evicted > 0 {
             self.metrics.dropped(Cache::SymbolTables, evicted);
         }
         table
     }
 
-    /// Keeps this window's results for the next ones, within the cap.
-    fn remember(&mut self, results: &HashMap<FrameKey, Resolved>) {
-        let new = results
-            .keys()
-            .filter(|k| !self.cache.contains_key(k))
+    /// Keeps this window's results for the next ones, within the cap; `transient` ones (of
+    /// an object whose table is paused over the budget) are asked again next time.
+    fn remember(&mut self, results: &HashMap<FrameKey, Resolved>, transient: &HashSet<FrameKey>) {
+        let results = || results.iter().filter(|(k, _)| !transient.contains(k));
+        let new = results()
+            .filter(|(k, _)| !self.cache.contains_key(k))
             .count();
         if self.cache.len() + new > self.cap {
             // Whole-cache reset: O(1) bookkeeping, and the next window refills what is hot.
@@ -419,7 +436,7 @@ impl Symbolizer {
                 .dropped(Cache::Symbols, self.cache.len() as u64);
             self.cache.clear();
         }
-        for (k, v) in results {
+        for (k, v) in results() {
             if self.cache.len() >= self.cap {
                 self.metrics.dropped(Cache::Symbols, 1);
                 break;
@@ -511,7 +528,19 @@ struct Tables {
     map: HashMap<FileId, (Option<Arc<SymTable>>, usize, u64)>,
     bytes: usize,
     budget: usize,
+    /// Files whose table was bigger than the whole budget, with the window it was built
+    /// in: not parsed again for [`OVER_BUDGET_WINDOWS`] windows (capped at
+    /// [`MAX_OVER_BUDGET`] files).
+    over_budget: HashMap<FileId, u64>,
 }
+
+/// Windows an object whose table exceeds the budget stays unnamed before it is parsed
+/// again (a build host maps a 150 MB compiler library in every window; parsing it each
+/// time cost 4 % of a core).
+const OVER_BUDGET_WINDOWS: u64 = 30;
+
+/// Files remembered as over the budget; past it the memory starts afresh.
+const MAX_OVER_BUDGET: usize = 1024;
 
 /// What the cache counts for a file without a table (the entry itself).
 const NEGATIVE_BYTES: usize = 64;
@@ -522,6 +551,19 @@ impl Tables {
             map: HashMap::new(),
             bytes: 0,
             budget: usize::try_from(budget).unwrap_or(usize::MAX),
+            over_budget: HashMap::new(),
+        }
+    }
+
+    /// Whether `id`'s table was over the budget within the last [`OVER_BUDGET_WINDOWS`].
+    fn refused(&mut self, id: &FileId, window: u64) -> bool {
+        match self.over_budget.get(id) {
+            Some(&w) if window.saturating_sub(w) < OVER_BUDGET_WINDOWS => true,
+            Some(_) => {
+                self.over_budget.remove(id);
+                false
+            }
+            None => false,
         }
     }
 
@@ -537,6 +579,10 @@ impl Tables {
     fn insert(&mut self, id: FileId, table: Option<Arc<SymTable>>, window: u64) -> u64 {
         let size = table.as_ref().map_or(NEGATIVE_BYTES, |t| t.bytes());
         if size > self.budget {
+            if self.over_budget.len() >= MAX_OVER_BUDGET {
+                self.over_budget.clear();
+            }
+            self.over_budget.insert(id, window);
             return 1;
         }
         let mut evicted = 0;
@@ -1030,6 +1076,48 @@ mod tests {
             t.get(&id(1), 40).is_none(),
             "least recently used went first"
         );
+    }
+
+    #[test]
+    fn a_table_over_the_budget_is_not_parsed_in_every_window() {
+        let _ = a_very_distinct_function_name();
+        let metrics = Metrics::new();
+        let mut table = crate::normalize::process::ProcessTable::new(
+            &crate::config::Limits::default(),
+            metrics.clone(),
+        );
+        let pid = std::process::id();
+        table.touch(pid, pid, &[0; 16], 1);
+        let ua = table.normalize(pid, a_very_distinct_function_name as *const () as u64);
+        let UserAddr::Object(obj, off) = ua.clone() else {
+            panic!("not normalized: {ua:?}")
+        };
+        let settings = Symbols {
+            cache_bytes: 1,
+            ..Symbols::default()
+        };
+        let mut s = Symbolizer::with_settings(1000, settings, metrics.clone());
+        let key = FrameKey::Object(obj.key, off);
+        let refusals = |m: &Metrics| {
+            m.encode()
+                .lines()
+                .find(|l| l.starts_with("ember_object_refusals_total{reason=\"over_budget\"}"))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let w = window(vec![Frame::User(ua)]);
+        assert!(s.resolve(&w)[&key].named, "the first window is named");
+        assert_eq!(refusals(&metrics), 1);
+        // The frame cache would answer the same address: each window asks for the table
+        // as a window with new addresses in the object does.
+        for _ in 1..OVER_BUDGET_WINDOWS {
+            s.cache.clear();
+            assert!(!s.resolve(&w)[&key].named, "then unnamed, not parsed again");
+        }
+        assert_eq!(refusals(&metrics), 1);
+        s.cache.clear();
+        assert!(s.resolve(&w)[&key].named, "parsed again after the pause");
+        assert_eq!(refusals(&metrics), 2);
     }
 
     #[test]
