@@ -20,14 +20,21 @@ pub mod unwind;
 
 pub mod elf_builder;
 
+// The agent's object reader and symbol-table builder, by file. Their `#[path]` is given
+// here, at the crate root: inside an inline `mod normalize { .. }` it would be resolved from
+// `src/normalize/`, a directory that does not exist, so the open of `../..` fails.
+#[path = "../../agent/src/normalize/elf_file.rs"]
+pub mod elf_file;
+
+#[path = "../../agent/src/symbolize/table.rs"]
+pub mod table;
+
 /// The safe object reader, at the path the symbol table imports it from.
 pub mod normalize {
-    #[path = "../../../agent/src/normalize/elf_file.rs"]
-    pub mod elf_file;
+    pub use crate::elf_file;
 }
 
 /// The symbol-table builder.
 pub mod symbolize {
-    #[path = "../../../agent/src/symbolize/table.rs"]
-    pub mod table;
+    pub use crate::table;
 }

@@ -454,3 +454,201 @@ fn run_counts_refused_objects_and_stays_healthy() {
         );
     }
 }
+
+/// A static program, stripped, whose one hot function is `name`, at `/prog` in the new
+/// root `root`, and its debug file (`objcopy --only-keep-debug`); returns the debug file's
+/// path under `/usr/lib/debug/.build-id/` inside a root (`/ab/cdef….debug`, relative).
+fn build_rooted_prog(root: &Path, name: &str) -> (PathBuf, PathBuf) {
+    fs::create_dir_all(root).expect("mkdir root");
+    let src = root.with_extension("c");
+    fs::write(
+        &src,
+        format!(
+            "#include <stdio.h>\n\
+             __attribute__((noinline)) unsigned long {name}(unsigned long n) {{\n\
+             \x20 volatile unsigned long x = 0;\n\
+             \x20 for (unsigned long i = 0; i < n; i++) x += i * 7;\n\
+             \x20 return x;\n}}\n\
+             int main(void) {{\n\
+             \x20 puts(\"ready\");\n\
+             \x20 fflush(stdout);\n\
+             \x20 for (;;) {name}(2000000);\n}}\n"
+        ),
+    )
+    .expect("write C");
+    let prog = root.join("prog");
+    let debug = root.with_extension("debug");
+    let run = |cmd: &mut Command| {
+        let out = cmd.output().expect("running a build tool");
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    run(Command::new("clang")
+        .args([
+            "-static",
+            "-O1",
+            "-fno-omit-frame-pointer",
+            "-Wl,--build-id",
+            "-o",
+        ])
+        .arg(&prog)
+        .arg(&src));
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&prog)
+        .arg(&debug));
+    run(Command::new("strip").arg("--strip-all").arg(&prog));
+    let stripped = fs::read(&prog).expect("read prog");
+    assert!(
+        !stripped.windows(name.len()).any(|w| w == name.as_bytes()),
+        "{name} is still in the stripped program"
+    );
+    let notes =
+        String::from_utf8_lossy(&run(Command::new("readelf").arg("-n").arg(&prog))).into_owned();
+    let id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("no build id:\n{notes}"))
+        .trim()
+        .to_owned();
+    let by_id = PathBuf::from(&id[..2]).join(format!("{}.debug", &id[2..]));
+    (debug, by_id)
+}
+
+/// Starts `/prog` chrooted into `root` and waits until it runs.
+fn start_rooted(root: &Path) -> Child {
+    let mut child = Command::new("chroot")
+        .arg(root)
+        .arg("/prog")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting chroot");
+    let mut line = [0u8; 6];
+    child
+        .stdout
+        .as_mut()
+        .expect("stdout")
+        .read_exact(&mut line)
+        .expect("rooted program ready");
+    assert_eq!(&line, b"ready\n");
+    child
+}
+
+/// Debug files inside a process's own root (its container image): a stripped program in a
+/// chroot is named from the debug file at `/usr/lib/debug/.build-id/…` in that root; in a
+/// second root, a symlink at that path (to the right debug file, inside the root) is refused,
+/// counted as `symlink`, and its target never opened.
+#[test]
+fn debug_files_inside_the_process_root_name_stripped_programs() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let build_ids = Path::new("usr/lib/debug/.build-id");
+
+    let good_root = tmp.path().join("good");
+    let (debug, by_id) = build_rooted_prog(&good_root, "ember_rooted_debug_hot");
+    let at = good_root.join(build_ids).join(&by_id);
+    fs::create_dir_all(at.parent().expect("parent")).expect("mkdir");
+    fs::rename(&debug, &at).expect("place debug file");
+
+    let link_root = tmp.path().join("link");
+    let (debug, by_id) = build_rooted_prog(&link_root, "ember_rooted_symlink_hot");
+    let target = link_root.join("real.debug");
+    fs::rename(&debug, &target).expect("place debug file");
+    let at = link_root.join(build_ids).join(&by_id);
+    fs::create_dir_all(at.parent().expect("parent")).expect("mkdir");
+    // Absolute: followed inside the root, it would reach the right file.
+    std::os::unix::fs::symlink("/real.debug", &at).expect("symlink");
+    let watch = OpenWatch::new(&[&target]);
+
+    let mut good = start_rooted(&good_root);
+    let mut linked = start_rooted(&link_root);
+    let (good_pid, link_pid) = (good.id(), linked.id());
+    let addr = format!("127.0.0.1:{}", free_port());
+    let data = tmp.path().join("data");
+    let mut ember = Ember::spawn(
+        &[
+            "run",
+            "--pid",
+            &good_pid.to_string(),
+            "--pid",
+            &link_pid.to_string(),
+            "--window",
+            "2s",
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+            "--listen",
+            &addr,
+        ],
+        tmp.path(),
+    )
+    .expect("starting ember run");
+    let started = Instant::now();
+    let mut metrics = String::new();
+    while started.elapsed() < Duration::from_secs(40) {
+        thread::sleep(Duration::from_secs(1));
+        if let Ok((200, m)) = http_get(&addr, "/metrics") {
+            metrics = m;
+            if refused(&metrics, "symlink") >= 1.0 {
+                break;
+            }
+        }
+    }
+    // One more window, so the good program's names are written too.
+    thread::sleep(Duration::from_secs(3));
+    ember.signal(libc::SIGTERM);
+    let status = ember.wait(Duration::from_secs(30));
+    for child in [&mut good, &mut linked] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let stderr = ember.stderr();
+    assert!(status.success(), "ember run: {status}\n{stderr}");
+    let refusals: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("ember_object_refusals_total"))
+        .collect();
+    println!("refusals:\n{}", refusals.join("\n"));
+    assert!(
+        refused(&metrics, "symlink") >= 1.0,
+        "the symlinked debug file was not refused:\n{}\n{stderr}",
+        refusals.join("\n")
+    );
+    let opened = watch.opened();
+    assert!(opened.is_empty(), "followed the symlink to {opened:?}");
+
+    let mut windows: Vec<PathBuf> = fs::read_dir(&data)
+        .expect("data dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+        .collect();
+    windows.sort();
+    let (mut good_stacks, mut link_stacks) = (Vec::new(), Vec::new());
+    for w in &windows {
+        let p = read_profile(w).expect("decoding a window");
+        good_stacks.extend(stacks_of(&p, good_pid));
+        link_stacks.extend(stacks_of(&p, link_pid));
+    }
+    assert!(
+        good_stacks.iter().any(|s| s.has("ember_rooted_debug_hot")),
+        "the stripped program was not named from the debug file in its root:\n{}",
+        describe(&good_stacks, 10)
+    );
+    assert!(
+        !link_stacks.is_empty(),
+        "the second program was not sampled"
+    );
+    assert!(
+        !link_stacks
+            .iter()
+            .any(|s| s.has("ember_rooted_symlink_hot")),
+        "named through a symlinked debug file:\n{}",
+        describe(&link_stacks, 10)
+    );
+}

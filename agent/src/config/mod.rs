@@ -101,6 +101,9 @@ pub struct Symbols {
     /// Host directories searched by build id (`DIR/.build-id/ab/cdef….debug`) for the
     /// symbols of stripped objects; debug links named inside objects are never followed.
     pub debug_dirs: Vec<PathBuf>,
+    /// The same search inside the root of the process that maps the object (a container's
+    /// image), after the host's: confined to that root, symlinks refused.
+    pub root_debug_dirs: Vec<PathBuf>,
 }
 
 impl Default for Symbols {
@@ -110,6 +113,7 @@ impl Default for Symbols {
             max_read_bytes: 64 << 20,
             max_section_bytes: 48 << 20,
             debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
+            root_debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
         }
     }
 }
@@ -1102,7 +1106,7 @@ mod tests {
         // readings, jit, counters, otlp_metrics, symbols, health.
         assert_eq!(
             count,
-            9 + 5 + 1 + 3 + 11 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 4 + 1
+            9 + 5 + 1 + 3 + 11 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 5 + 1
         );
         let sinks = &v["sinks"];
         assert_eq!(sinks["pyroscope"].as_mapping().map_or(0, |m| m.len()), 13);

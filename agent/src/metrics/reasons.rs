@@ -424,8 +424,11 @@ label_enum! {
     /// The object stays unnamed (`lib.so+0x…`) and the agent goes on.
     pub enum ObjectRefusal {
         /// Neither `/proc/PID/map_files` nor the path inside the process's root opened (gone,
-        /// a symlink, or permission).
+        /// or permission), or a debug file inside a process's root failed to open.
         Open => "open",
+        /// A path inside a process's root (a mapped object where `map_files` was refused, a
+        /// debug file by build id) is or passes through a symlink: not followed.
+        Symlink => "symlink",
         /// The mapping is of a deleted file and `map_files` was refused: the path now names
         /// something else, so it is not opened.
         Deleted => "deleted",

@@ -11,11 +11,14 @@
 //! refusal is counted in `ember_object_refusals_total{reason}`.
 //!
 //! Open objects are held so that they stay readable after the process (or its container)
-//! is gone, shared by `(device, inode)` across processes.
+//! is gone, shared by `(device, inode)` across processes. Each holds the root directory of
+//! the process it was first seen in ([`open_root`]), so that the debug file of a stripped
+//! object can be looked up inside that root ([`open_in_root`]) after the process is gone.
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::metrics::{Metrics, ObjectRefusal};
 use crate::normalize::elf_file::{ElfError, ElfReader, ReadAt};
@@ -69,6 +72,9 @@ pub struct Object {
     pub build_id: Option<Vec<u8>>,
     /// The open file's identity and size.
     pub id: FileId,
+    /// Root directory of the process the object was first seen in, where that is not
+    /// ember's own root: debug files are looked up inside it too.
+    pub root: Option<Arc<File>>,
     file: File,
 }
 
@@ -91,8 +97,9 @@ impl Object {
         self.path.rsplit('/').next().unwrap_or(&self.path)
     }
 
-    /// An object for the open `file`, known to the process as `path`; reads its build id.
-    pub fn new(key: ObjectKey, path: String, file: File) -> Self {
+    /// An object for the open `file`, known to the process as `path`, in the process root
+    /// `root` (see [`open_root`]); reads its build id.
+    pub fn new(key: ObjectKey, path: String, file: File, root: Option<Arc<File>>) -> Self {
         let id = FileId::of(&file).unwrap_or(FileId {
             dev: 0,
             ino: key.inode,
@@ -104,6 +111,7 @@ impl Object {
             path,
             build_id: None,
             id,
+            root,
             file,
         };
         obj.build_id = read_build_id(&obj.reader());
@@ -115,7 +123,7 @@ impl Object {
         let file = File::open(path)?;
         let inode = file.metadata()?.ino();
         let key = ObjectKey { dev: (0, 0), inode };
-        Ok(Self::new(key, path.display().to_string(), file))
+        Ok(Self::new(key, path.display().to_string(), file, None))
     }
 }
 
@@ -198,16 +206,53 @@ fn open_mapped_inner(dir: &Path, e: &MapsEntry) -> Result<File, ObjectRefusal> {
         Err(_) if e.path.ends_with(" (deleted)") => return Err(ObjectRefusal::Deleted),
         Err(_) => {
             let root = File::open(dir.join("root")).map_err(|_| ObjectRefusal::Open)?;
-            openat2_in_root(
-                &root,
-                e.path.trim_start_matches('/'),
-                libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW,
-                RESOLVE_NO_SYMLINKS,
-            )
-            .map_err(|_| ObjectRefusal::Open)?
+            open_confined(&root, &e.path).map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => ObjectRefusal::Symlink,
+                _ => ObjectRefusal::Open,
+            })?
         }
     };
     regular(file)
+}
+
+/// Opens `path` inside `root`: resolved as if `root` were `/` (`..` and absolute symlinks
+/// cannot leave it), failing on any symlink or magic link, non-blocking.
+fn open_confined(root: &File, path: &str) -> std::io::Result<File> {
+    openat2_in_root(
+        root,
+        path.trim_start_matches('/'),
+        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW,
+        RESOLVE_NO_SYMLINKS,
+    )
+}
+
+/// Opens the root directory of the process whose `/proc` directory is `dir` (what
+/// `/proc/PID/root` points to) as an `O_PATH` handle: it stays usable as the base of
+/// [`open_in_root`] after the process has exited, and never names a host path.
+pub fn open_root(dir: &Path) -> Option<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir.join("root"))
+        .ok()
+}
+
+/// Opens `path` (a debug file by build id, such as `/usr/lib/debug/.build-id/ab/cd….debug`)
+/// inside a process's `root`, as safely as a mapped object: confined to the root, no
+/// symlinks, non-blocking, regular files only. A file that is not there is no refusal;
+/// anything else that stops the open (a symlink, a FIFO) is counted.
+pub fn open_in_root(root: &File, path: &Path, metrics: &Metrics) -> Option<File> {
+    let path = path.to_str()?;
+    let refused = match open_confined(root, path) {
+        Ok(file) => return regular(file).map_err(|r| metrics.object_refused(r)).ok(),
+        Err(e) => match e.raw_os_error() {
+            Some(libc::ENOENT | libc::ENOTDIR) => return None,
+            Some(libc::ELOOP) => ObjectRefusal::Symlink,
+            _ => ObjectRefusal::Open,
+        },
+    };
+    metrics.object_refused(refused);
+    None
 }
 
 /// Opens a file of the host (a debug file in a configured directory): non-blocking,
@@ -276,7 +321,7 @@ mod tests {
         let m = Metrics::new();
         let reason = |p: &str| open_mapped(dir.path(), &entry(p), &m).err();
         assert_eq!(reason("/lib/fifo.so"), Some(ObjectRefusal::NotRegular));
-        assert_eq!(reason("/lib/link.so"), Some(ObjectRefusal::Open));
+        assert_eq!(reason("/lib/link.so"), Some(ObjectRefusal::Symlink));
         assert_eq!(
             reason("/lib/real.so (deleted)"),
             Some(ObjectRefusal::Deleted)
@@ -286,6 +331,43 @@ mod tests {
         assert!(
             text.contains("ember_object_refusals_total{reason=\"not_regular\"} 1"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn debug_files_in_a_root_are_opened_safely() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ids = dir.path().join("usr/lib/debug/.build-id/ab");
+        std::fs::create_dir_all(&ids).expect("mkdir");
+        std::fs::write(ids.join("01.debug"), b"\x7fELF").expect("write");
+        std::fs::write(dir.path().join("real.debug"), b"\x7fELF").expect("write");
+        // Absolute, so it would resolve inside the root were symlinks followed.
+        std::os::unix::fs::symlink("/real.debug", ids.join("02.debug")).expect("symlink");
+        let fifo =
+            std::ffi::CString::new(ids.join("03.debug").to_str().expect("utf-8")).expect("cstring");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        std::fs::create_dir_all(dir.path().join("proc/1")).expect("mkdir");
+        std::os::unix::fs::symlink(dir.path(), dir.path().join("proc/1/root")).expect("symlink");
+        let root = open_root(&dir.path().join("proc/1")).expect("open root");
+        let m = Metrics::new();
+        let debug = Path::new("/usr/lib/debug");
+        let open = |id: &[u8]| {
+            let path = debug_file_path(debug, id).expect("path");
+            open_in_root(&root, &path, &m).is_some()
+        };
+        assert!(open(&[0xab, 0x01]));
+        assert!(!open(&[0xab, 0x02]), "a symlink is not followed");
+        assert!(!open(&[0xab, 0x03]), "a FIFO is refused");
+        assert!(!open(&[0xab, 0x04]), "not there");
+        let text = m.encode();
+        for (reason, n) in [("symlink", 1), ("not_regular", 1)] {
+            let line = format!("ember_object_refusals_total{{reason=\"{reason}\"}} {n}");
+            assert!(text.contains(&line), "{text}");
+        }
+        assert!(
+            !text.contains("ember_object_refusals_total{reason=\"open\"} 1"),
+            "a missing file is no refusal: {text}"
         );
     }
 

@@ -76,6 +76,8 @@ pub struct Snapshot {
     pub cgroup: Cgroup,
     /// Its executable mappings, each with the mapped file when it could be opened.
     pub maps: Vec<(MapsEntry, Option<File>)>,
+    /// Its root directory ([`crate::normalize::object::open_root`]), for debug files.
+    pub root: Option<File>,
 }
 
 /// Process table, owned by the aggregation stage.
@@ -98,6 +100,12 @@ pub struct ProcessTable {
     recency: VecDeque<(u64, u32)>,
     /// `/proc/PID` reads done (a rename or a move must not make every window pay one).
     reads: u64,
+    /// Process roots the objects hold, one handle per directory (`st_dev`, `st_ino`): most
+    /// processes share a few roots (the host's, one per container).
+    roots: HashMap<(u64, u64), Arc<File>>,
+    /// ember's own root: objects of processes there get no root of their own, as
+    /// `symbols.debug_dirs` on the host already is that root.
+    own_root: Option<(u64, u64)>,
 }
 
 /// Snapshots of processes not sampled yet that are kept at most.
@@ -123,7 +131,27 @@ impl ProcessTable {
             pending: HashMap::new(),
             recency: VecDeque::new(),
             reads: 0,
+            roots: HashMap::new(),
+            own_root: std::fs::metadata("/proc/self/root")
+                .ok()
+                .map(|m| (m.dev(), m.ino())),
         }
+    }
+
+    /// The shared handle of `root` (a process's root directory), `None` for ember's own.
+    fn share_root(&mut self, root: Option<File>) -> Option<Arc<File>> {
+        let root = root?;
+        let m = root.metadata().ok()?;
+        let id = (m.dev(), m.ino());
+        if Some(id) == self.own_root {
+            return None;
+        }
+        Some(
+            self.roots
+                .entry(id)
+                .or_insert_with(|| Arc::new(root))
+                .clone(),
+        )
     }
 
     /// Notes that `pid` was last seen in `window` (for eviction order).
@@ -261,9 +289,10 @@ impl ProcessTable {
         }
         let mut maps = Vec::with_capacity(snap.maps.len());
         let mut jit = crate::normalize::jit::Hints::default();
+        let root = self.share_root(snap.root);
         for (e, file) in snap.maps {
             let target = match file {
-                Some(f) => self.target_from_file(&e, f),
+                Some(f) => self.target_from_file(&e, f, &root),
                 None => region(&e),
             };
             push_map(&mut maps, &mut jit, &e, target);
@@ -300,7 +329,7 @@ impl ProcessTable {
     }
 
     /// The object for a file the loader opened, shared with every other mapping of it.
-    fn target_from_file(&mut self, e: &MapsEntry, file: File) -> Target {
+    fn target_from_file(&mut self, e: &MapsEntry, file: File, root: &Option<Arc<File>>) -> Target {
         let key = ObjectKey {
             dev: e.dev,
             inode: e.inode,
@@ -315,6 +344,7 @@ impl ProcessTable {
             key,
             e.path.trim_end_matches(" (deleted)").to_owned(),
             file,
+            root.clone(),
         ));
         self.objects.insert(key, obj.clone());
         Target::File(obj)
@@ -447,6 +477,7 @@ impl ProcessTable {
     /// Drops objects no process maps any more (windows in flight keep their own `Arc`).
     fn gc_objects(&mut self) {
         self.objects.retain(|_, o| Arc::strong_count(o) > 1);
+        self.roots.retain(|_, r| Arc::strong_count(r) > 1);
     }
 
     fn read_process(&mut self, pid: u32) -> Option<Proc> {
@@ -475,8 +506,9 @@ impl ProcessTable {
         }
         let mut maps = Vec::new();
         let mut jit = crate::normalize::jit::Hints::default();
+        let root = self.share_root(crate::normalize::object::open_root(&dir));
         for e in entries.iter().filter(|e| e.exec) {
-            let target = self.target_for(&dir, e);
+            let target = self.target_for(&dir, e, &root);
             push_map(&mut maps, &mut jit, e, target);
         }
         maps.sort_by_key(|m| m.start);
@@ -496,7 +528,7 @@ impl ProcessTable {
         })
     }
 
-    fn target_for(&mut self, dir: &Path, e: &MapsEntry) -> Target {
+    fn target_for(&mut self, dir: &Path, e: &MapsEntry, root: &Option<Arc<File>>) -> Target {
         if e.inode == 0 || !e.path.starts_with('/') {
             return region(e);
         }
@@ -512,7 +544,7 @@ impl ProcessTable {
             return Target::Region(Arc::from(e.path.as_str()));
         }
         match crate::normalize::object::open_mapped(dir, e, &self.metrics) {
-            Ok(file) => self.target_from_file(e, file),
+            Ok(file) => self.target_from_file(e, file, root),
             Err(_) => {
                 self.metrics.proc_read_error(ProcRead::OpenObject, 1);
                 Target::Region(Arc::from(e.path.as_str()))

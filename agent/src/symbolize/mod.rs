@@ -10,12 +10,14 @@
 //! any build id, not another file's inode) through the safe reader of
 //! [`crate::normalize::object`], kept between windows under `symbols.cache_bytes` and shared
 //! by every process that maps the file. `.symtab` comes from the object itself or from a
-//! debug file found by build id in `symbols.debug_dirs` on the host; `.gnu_debuglink` and
-//! other paths named inside an object are never followed. Names only: no source lines or
-//! inlined frames (DWARF is neither read nor held). Names are demangled (Rust, C++) when
-//! first looked up. The kernel is named from a compact kallsyms table, reloaded when the
-//! module list changes. Results are cached by `(object, file offset)`. Addresses with no
-//! name keep a placeholder (`libc.so.6+0x1a2b`) and count in
+//! debug file found by build id in `symbols.debug_dirs` on the host, else in
+//! `symbols.root_debug_dirs` inside the root of the process the object came from (opened
+//! like a mapped object: confined to that root, no symlinks, non-blocking, regular files
+//! only); `.gnu_debuglink` and other paths named inside an object are never followed. Names
+//! only: no source lines or inlined frames (DWARF is neither read nor held). Names are
+//! demangled (Rust, C++) when first looked up. The kernel is named from a compact kallsyms
+//! table, reloaded when the module list changes. Results are cached by `(object, file
+//! offset)`. Addresses with no name keep a placeholder (`libc.so.6+0x1a2b`) and count in
 //! `ember_symbol_misses_total{reason}`; objects refused (unreadable, malformed, over a cap,
 //! a parser panic) count in `ember_object_refusals_total{reason}`.
 
@@ -35,7 +37,9 @@ use crate::config::Symbols;
 use crate::metrics::{Cache, Metrics, ObjectRefusal, ProcRead, SymbolMiss};
 use crate::normalize::elf_file::{ElfError, ElfReader, Limits};
 use crate::normalize::jit;
-use crate::normalize::object::{debug_file_path, refusal, FileAt, FileId, Object, ObjectKey};
+use crate::normalize::object::{
+    debug_file_path, open_host, open_in_root, refusal, FileAt, FileId, Object, ObjectKey,
+};
 use crate::normalize::process::UserAddr;
 use crate::symbolize::kallsyms::Kallsyms;
 use crate::symbolize::table::{Miss, SymTable};
@@ -482,7 +486,8 @@ impl Symbolizer {
 
 /// Reads the symbol table of `obj` within the `symbols:` caps: its own `.symtab` and
 /// `.dynsym`, and, when it has no `.symtab`, that of the debug file with its build id in a
-/// configured host directory.
+/// directory of `symbols.debug_dirs` on the host, else of `symbols.root_debug_dirs` inside the
+/// root of the process the object came from (a container's own debug packages).
 fn build_table(obj: &Object, settings: &Symbols, metrics: &Metrics) -> Result<SymTable, ElfError> {
     let limits = Limits {
         max_read_bytes: settings.max_read_bytes,
@@ -495,11 +500,19 @@ fn build_table(obj: &Object, settings: &Symbols, metrics: &Metrics) -> Result<Sy
         .iter()
         .any(|s| s.kind == object::elf::SHT_SYMTAB);
     let debug_file = match (&obj.build_id, stripped) {
-        (Some(id), true) => settings
-            .debug_dirs
-            .iter()
-            .filter_map(|dir| debug_file_path(dir, id))
-            .find_map(|path| crate::normalize::object::open_host(&path, metrics)),
+        (Some(id), true) => {
+            let path = |dir: &std::path::PathBuf| debug_file_path(dir, id);
+            let host = settings.debug_dirs.iter().filter_map(path);
+            host.into_iter()
+                .find_map(|p| open_host(&p, metrics))
+                .or_else(|| {
+                    let root = obj.root.as_deref()?;
+                    let in_root = settings.root_debug_dirs.iter().filter_map(path);
+                    in_root
+                        .into_iter()
+                        .find_map(|p| open_in_root(root, &p, metrics))
+                })
+        }
         _ => None,
     };
     let debug_src = debug_file

@@ -467,6 +467,7 @@ impl Loader {
                     .unwrap_or_default(),
                 cgroup: Cgroup::read(pid).unwrap_or_default(),
                 maps: seen,
+                root: crate::normalize::object::open_root(&dir),
             };
             if tx.try_send(snap).is_err() {
                 self.metrics.dropped(Cache::ProcessSnapshots, 1);
