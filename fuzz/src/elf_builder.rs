@@ -60,7 +60,7 @@ fn section(name: u32, kind: u32, flags: u64, offset: usize, size: usize, link: u
 /// The object.
 pub fn elf(p: &Parts<'_>) -> Vec<u8> {
     let mut f = vec![0u8; EHDR + PHDR];
-    let mut place = |bytes: &[u8], f: &mut Vec<u8>| {
+    let place = |bytes: &[u8], f: &mut Vec<u8>| {
         let at = f.len();
         f.extend_from_slice(bytes);
         at
