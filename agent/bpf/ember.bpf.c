@@ -69,9 +69,13 @@ struct {
 	__type(value, __u8);
 } pid_deny SEC(".maps");
 
+/*
+ * Not LRU: a forgotten cgroup would be sampled again. The agent removes an entry once the
+ * cgroup is gone or its workload is allowed again, and denies by pid when this is full.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
+	__uint(max_entries, 16384); /* resized from CGROUP_DENY_ENTRIES before load */
 	__type(key, __u64);
 	__type(value, __u8);
 } cgroup_deny SEC(".maps");

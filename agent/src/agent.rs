@@ -495,9 +495,10 @@ impl Pipeline {
         let (control_tx, control_rx) = mpsc::sync_channel::<Control>(CONTROL_QUEUE);
 
         let accounting = Accounting::new(
-            metrics.containers.clone(),
+            &metrics,
             node.name.clone(),
             cfg.limits.max_processes,
+            crate::workload::accounting::MAX_BYTES,
         );
         let workloads = Workloads {
             metadata,

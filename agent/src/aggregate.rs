@@ -9,7 +9,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::capture::{Batch, Control, OffCpu, Sample};
+use crate::capture::{Batch, Control, OffCpu, Sample, CGROUP_DENY_ENTRIES};
 use crate::config::Limits;
 use crate::metrics::{Cache, Loss, Metrics, OffState, StackEnd};
 use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
@@ -138,6 +138,13 @@ pub struct Workloads {
     pub control: Option<SyncSender<Control>>,
 }
 
+/// A cgroup denied in BPF: the directory that tells whether it still exists, and the
+/// cgroup its labels are judged from again each window.
+struct DeniedCgroup {
+    dir: Option<std::path::PathBuf>,
+    cgroup: Arc<Cgroup>,
+}
+
 /// A process the filter let through: its labels and cgroup for this window.
 type Judged = (Arc<Labels>, Arc<Cgroup>);
 
@@ -160,10 +167,13 @@ pub struct Aggregator {
     queue_bytes: Option<crate::capture::QueueBytes>,
     /// Excluded processes whose samples may still be in flight.
     denied: HashSet<u32>,
-    /// Cgroups denied in BPF, with the directory that tells whether they still exist:
-    /// once it is gone the id is allowed again, so the BPF map (16,384 entries) never
-    /// fills with dead containers.
-    denied_cgroups: HashMap<u64, Option<std::path::PathBuf>>,
+    /// Cgroups denied in BPF (at most [`CGROUP_DENY_ENTRIES`]): allowed again once their
+    /// directory is gone or their workload no longer excluded (its pod's labels changed),
+    /// so the BPF map never fills with dead containers nor keeps out live ones.
+    denied_cgroups: HashMap<u64, DeniedCgroup>,
+    /// Cgroups to allow in BPF whose order found the control queue full: sent again at
+    /// the next window's close. Still in the BPF map, so they count toward its entries.
+    allow_cgroups: Vec<u64>,
 }
 
 impl Aggregator {
@@ -185,6 +195,7 @@ impl Aggregator {
             workloads,
             denied: HashSet::new(),
             denied_cgroups: HashMap::new(),
+            allow_cgroups: Vec::new(),
         }
     }
 
@@ -245,13 +256,11 @@ impl Aggregator {
         for pid in pids {
             let cg = self.table.cgroup(pid);
             let labels = workload::labels_for(&cg, self.workloads.metadata.as_ref());
-            if self
-                .workloads
-                .filter
-                .verdict(&self.table.name(pid), &labels)
-                == Verdict::Exclude
-            {
-                self.deny(pid, &cg);
+            let filter = &self.workloads.filter;
+            if filter.verdict(&self.table.name(pid), &labels) == Verdict::Exclude {
+                // Excluded by its process name: its container's other processes may be wanted.
+                let whole = filter.workload_verdict(&labels) == Verdict::Exclude;
+                self.deny(pid, &cg, whole);
                 out.insert(pid, None);
             } else {
                 out.insert(pid, Some((Arc::new(labels), cg)));
@@ -260,48 +269,87 @@ impl Aggregator {
         out
     }
 
-    fn deny(&mut self, pid: u32, cg: &Cgroup) {
+    /// Denies an excluded process in BPF: its whole container (`whole`, the workload rules
+    /// exclude it) where it has a cgroup v2 of its own, else the pid.
+    fn deny(&mut self, pid: u32, cg: &Arc<Cgroup>, whole: bool) {
         self.denied.insert(pid);
         // A container in its own cgroup v2 is denied as a whole (its future processes too);
-        // elsewhere (cgroup v1, hybrid hosts where every task reads the root id) by pid.
-        let order = if cg.v2_id > 1 && cg.info.container_id.is_some() {
-            if self.denied_cgroups.contains_key(&cg.v2_id) {
-                return;
-            }
+        // elsewhere (cgroup v1, hybrid hosts where every task reads the root id), beyond the
+        // map's entries, or when only this process is excluded, by pid.
+        let by_cgroup = whole
+            && cg.v2_id > 1
+            && cg.info.container_id.is_some()
+            && (self.denied_cgroups.contains_key(&cg.v2_id)
+                || self.denied_cgroups.len() + self.allow_cgroups.len()
+                    < CGROUP_DENY_ENTRIES as usize);
+        if !by_cgroup {
+            self.send(Control::DenyPid(pid));
+            return;
+        }
+        if self.denied_cgroups.contains_key(&cg.v2_id) {
+            return;
+        }
+        // Remembered only once the order is queued: a dropped one is sent again when the
+        // cgroup's next samples are judged.
+        if self.send(Control::DenyCgroup(cg.v2_id)) {
             let dir = cg
                 .cpu_usage_file
                 .as_ref()
                 .and_then(|f| f.parent())
                 .map(|d| d.to_path_buf());
-            self.denied_cgroups.insert(cg.v2_id, dir);
-            Control::DenyCgroup(cg.v2_id)
-        } else {
-            Control::DenyPid(pid)
-        };
-        self.send(order);
+            self.denied_cgroups.insert(
+                cg.v2_id,
+                DeniedCgroup {
+                    dir,
+                    cgroup: cg.clone(),
+                },
+            );
+            self.allow_cgroups.retain(|&id| id != cg.v2_id);
+        }
     }
 
-    /// Allows the denied cgroups whose directory is gone (the container ended; ids are
-    /// not reused). One stat per denied cgroup per window.
-    fn allow_gone_cgroups(&mut self) {
-        let gone: Vec<u64> = self
+    /// Allows the denied cgroups whose directory is gone (the container ended; ids are not
+    /// reused) or whose workload the filter no longer excludes (its pod's labels changed).
+    /// One stat and one verdict per denied cgroup per window.
+    fn review_denied_cgroups(&mut self) {
+        let metadata = self.workloads.metadata.as_ref();
+        let filter = &self.workloads.filter;
+        let allowed: Vec<u64> = self
             .denied_cgroups
             .iter()
-            .filter(|(_, dir)| dir.as_ref().is_some_and(|d| !d.exists()))
+            .filter(|(_, d)| {
+                let gone = d.dir.as_ref().is_some_and(|dir| !dir.exists());
+                gone || {
+                    let labels = workload::labels_for(&d.cgroup, metadata);
+                    // Undecided (its pod unknown again) stays denied: only a clear Include
+                    // is a change of mind.
+                    filter.workload_verdict(&labels) == Verdict::Include
+                }
+            })
             .map(|(id, _)| *id)
             .collect();
-        for id in gone {
+        for id in allowed {
             self.denied_cgroups.remove(&id);
-            self.send(Control::AllowCgroup(id));
+            self.allow_cgroups.push(id);
+        }
+        let pending = std::mem::take(&mut self.allow_cgroups);
+        for id in pending {
+            if !self.send(Control::AllowCgroup(id)) {
+                self.allow_cgroups.push(id);
+            }
         }
     }
 
-    fn send(&self, order: Control) {
-        if let Some(tx) = &self.workloads.control {
-            if tx.try_send(order).is_err() {
-                self.metrics.dropped(Cache::ControlQueue, 1);
-            }
+    /// Queues an order for the sampler; false (counted) when the queue was full.
+    fn send(&self, order: Control) -> bool {
+        let Some(tx) = &self.workloads.control else {
+            return true;
+        };
+        if tx.try_send(order).is_err() {
+            self.metrics.dropped(Cache::ControlQueue, 1);
+            return false;
         }
+        true
     }
 
     /// Closes the window: normalizes its stacks and starts the next one. Returns the CPU
@@ -387,7 +435,7 @@ impl Aggregator {
                 self.send(Control::AllowPid(pid));
             }
         }
-        self.allow_gone_cgroups();
+        self.review_denied_cgroups();
         let now = SystemTime::now();
         let mut windows = vec![Window {
             start: self.start,
@@ -694,16 +742,20 @@ mod tests {
 
     #[test]
     fn denied_cgroups_are_allowed_again_once_gone() {
-        let (tx, rx) = std::sync::mpsc::sync_channel(8);
-        let workloads = Workloads {
-            control: Some(tx),
-            ..Default::default()
-        };
-        let mut a = Aggregator::new(99, &limits(100), Metrics::new(), workloads);
         let live = tempfile::tempdir().expect("tmp");
         let dead = tempfile::tempdir().expect("tmp");
-        a.denied_cgroups.insert(41, Some(live.path().to_path_buf()));
-        a.denied_cgroups.insert(42, Some(dead.path().to_path_buf()));
+        let (cg, pod) = container(live.path(), "batch");
+        let rules = crate::config::Filters {
+            exclude_pod_selector: "app=batch".into(),
+            ..Default::default()
+        };
+        let (mut a, rx) = filtered(rules, Some(Metadata::with_test_pods(vec![pod])));
+        let denied = |dir: &std::path::Path| DeniedCgroup {
+            dir: Some(dir.to_path_buf()),
+            cgroup: cg.clone(),
+        };
+        a.denied_cgroups.insert(41, denied(live.path()));
+        a.denied_cgroups.insert(42, denied(dead.path()));
         let _ = a.close();
         assert!(rx.try_recv().is_err(), "both still exist");
         drop(dead);
@@ -711,5 +763,152 @@ mod tests {
         assert_eq!(rx.try_recv(), Ok(Control::AllowCgroup(42)));
         assert!(rx.try_recv().is_err());
         assert_eq!(a.denied_cgroups.len(), 1);
+    }
+
+    /// A container's cgroup v2 (id 77) whose directory exists, and the pod that runs it.
+    fn container(
+        dir: &std::path::Path,
+        app: &str,
+    ) -> (Arc<Cgroup>, k8s_openapi::api::core::v1::Pod) {
+        const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let text = format!(
+            "0::/kubepods.slice/kubepods-pod1b2c3d4e_0000_1111_2222_333344445555.slice/cri-containerd-{ID}.scope\n"
+        );
+        let mut cg = Cgroup::from_text(&text, std::path::Path::new("/nonexistent"));
+        cg.v2_id = 77;
+        cg.cpu_usage_file = Some(dir.join("cpu.stat"));
+        let pod = k8s_openapi::serde_json::from_value(k8s_openapi::serde_json::json!({
+            "metadata": {"name": "web-1", "namespace": "shop",
+                         "uid": "1b2c3d4e-0000-1111-2222-333344445555",
+                         "labels": {"app": app}},
+            "status": {"containerStatuses": [{"name": "web", "containerID": format!("containerd://{ID}"),
+                "image": "web", "imageID": "", "ready": true, "restartCount": 0}]}
+        }))
+        .expect("pod json");
+        (Arc::new(cg), pod)
+    }
+
+    fn filtered(
+        rules: crate::config::Filters,
+        metadata: Option<Metadata>,
+    ) -> (Aggregator, Receiver<Control>) {
+        let (tx, rx) = std::sync::mpsc::sync_channel(2);
+        let workloads = Workloads {
+            filter: Filter::new(&rules).expect("filter"),
+            metadata,
+            control: Some(tx),
+            ..Default::default()
+        };
+        (
+            Aggregator::new(99, &limits(100), Metrics::new(), workloads),
+            rx,
+        )
+    }
+
+    #[test]
+    fn a_process_excluded_by_name_denies_its_pid_not_its_container() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (cg, pod) = container(dir.path(), "web");
+        let rules = crate::config::Filters {
+            exclude_processes: vec!["sleep".into()],
+            ..Default::default()
+        };
+        let (mut a, rx) = filtered(rules, Some(Metadata::with_test_pods(vec![pod])));
+        let labels = workload::labels_for(&cg, a.workloads.metadata.as_ref());
+        assert_eq!(
+            a.workloads.filter.verdict("sleep", &labels),
+            Verdict::Exclude
+        );
+        let whole = a.workloads.filter.workload_verdict(&labels) == Verdict::Exclude;
+        a.deny(1234, &cg, whole);
+        assert_eq!(rx.try_recv(), Ok(Control::DenyPid(1234)));
+        assert!(
+            a.denied_cgroups.is_empty(),
+            "the container's other processes stay sampled"
+        );
+    }
+
+    #[test]
+    fn a_denied_cgroup_is_allowed_again_when_its_pod_no_longer_matches() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (cg, pod) = container(dir.path(), "batch");
+        let rules = crate::config::Filters {
+            exclude_pod_selector: "app=batch".into(),
+            ..Default::default()
+        };
+        let metadata = Metadata::with_test_pods(vec![pod]);
+        let (mut a, rx) = filtered(rules, Some(metadata.clone()));
+        let labels = workload::labels_for(&cg, Some(&metadata));
+        assert_eq!(
+            a.workloads.filter.workload_verdict(&labels),
+            Verdict::Exclude
+        );
+        a.deny(1234, &cg, true);
+        assert_eq!(rx.try_recv(), Ok(Control::DenyCgroup(77)));
+        let _ = a.close();
+        assert!(rx.try_recv().is_err(), "still excluded: stays denied");
+        // The pod is relabelled: the filter no longer excludes it.
+        let (_, relabelled) = container(dir.path(), "web");
+        metadata.set_test_pods(vec![relabelled]);
+        let _ = a.close();
+        assert_eq!(rx.try_recv(), Ok(Control::AllowCgroup(77)));
+        assert!(a.denied_cgroups.is_empty());
+    }
+
+    #[test]
+    fn cgroup_orders_the_control_queue_refused_are_sent_again() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (cg, pod) = container(dir.path(), "batch");
+        let rules = crate::config::Filters {
+            exclude_pod_selector: "app=batch".into(),
+            ..Default::default()
+        };
+        let (mut a, rx) = filtered(rules, Some(Metadata::with_test_pods(vec![pod])));
+        // The queue (2 orders) is full: the deny is not remembered, so it is sent again
+        // when the cgroup's next samples are judged.
+        a.send(Control::DenyPid(1));
+        a.send(Control::DenyPid(2));
+        a.deny(1234, &cg, true);
+        assert!(a.denied_cgroups.is_empty());
+        let _ = (rx.try_recv(), rx.try_recv());
+        a.deny(1234, &cg, true);
+        assert_eq!(rx.try_recv(), Ok(Control::DenyCgroup(77)));
+        // The cgroup is gone while the queue is full: the allow waits for room.
+        a.send(Control::DenyPid(1));
+        a.send(Control::DenyPid(2));
+        let path = dir.path().to_path_buf();
+        drop(dir);
+        assert!(!path.exists());
+        let _ = a.close();
+        assert!(a.denied_cgroups.is_empty());
+        assert_eq!(a.allow_cgroups, vec![77]);
+        let _ = (rx.try_recv(), rx.try_recv());
+        let _ = a.close();
+        assert_eq!(rx.try_recv(), Ok(Control::AllowCgroup(77)));
+        assert!(a.allow_cgroups.is_empty());
+        let text = a.metrics.encode();
+        assert!(
+            text.contains("ember_cache_dropped_total{cache=\"control_queue\"} 2"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn denied_cgroups_are_capped_at_the_bpf_map_entries() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (cg, _) = container(dir.path(), "batch");
+        let (mut a, rx) = filtered(crate::config::Filters::default(), None);
+        for id in 0..CGROUP_DENY_ENTRIES as u64 {
+            a.denied_cgroups.insert(
+                1000 + id,
+                DeniedCgroup {
+                    dir: Some(dir.path().to_path_buf()),
+                    cgroup: cg.clone(),
+                },
+            );
+        }
+        a.deny(1234, &cg, true);
+        assert_eq!(rx.try_recv(), Ok(Control::DenyPid(1234)), "full: by pid");
+        assert_eq!(a.denied_cgroups.len(), CGROUP_DENY_ENTRIES as usize);
     }
 }

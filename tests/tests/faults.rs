@@ -7,14 +7,21 @@
 //! read-only or removed window directory and a clock stepped back a day
 //! (export/files.rs).
 //!
+//! Here: JIT maps over the byte budget, a broken window directory, a pid reused by another
+//! program with the same name in another container, and SIGTERM while a sink is wedged.
+//!
 //! Every test here samples, so each holds [`sampling_lock`] and needs root.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
-use std::path::Path;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ember_tests::*;
 
@@ -266,5 +273,361 @@ fn a_full_read_only_or_removed_data_dir_is_counted_and_survived() {
         status.success(),
         "ember exited {status}\n{}",
         ember.stderr()
+    );
+}
+
+/// A cgroup v2 directory made for a test; its processes go back to the root and the
+/// directories are removed on drop.
+struct TestCgroup {
+    root: PathBuf,
+    leaf: PathBuf,
+}
+
+impl TestCgroup {
+    fn create(root: &Path, rel: &str) -> std::io::Result<Self> {
+        let leaf = root.join(rel);
+        fs::create_dir_all(&leaf)?;
+        Ok(Self {
+            root: root.to_path_buf(),
+            leaf,
+        })
+    }
+
+    fn add(&self, pid: u32) -> std::io::Result<()> {
+        fs::write(self.leaf.join("cgroup.procs"), pid.to_string())
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        if let Ok(procs) = fs::read_to_string(self.leaf.join("cgroup.procs")) {
+            for pid in procs.lines() {
+                let _ = fs::write(self.root.join("cgroup.procs"), pid);
+            }
+        }
+        let mut dir = self.leaf.clone();
+        while dir != self.root {
+            if fs::remove_dir(&dir).is_err() || !dir.pop() {
+                break;
+            }
+        }
+    }
+}
+
+/// The cgroup v2 mount: `/sys/fs/cgroup` on v2 hosts, `/sys/fs/cgroup/unified` on hybrid ones.
+fn v2_root() -> Option<PathBuf> {
+    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.controllers").exists())
+}
+
+/// A kubelet-shaped (systemd driver) container cgroup path.
+fn kubelet_path(uid: &str, id: &str) -> String {
+    format!(
+        "kubepods.slice/kubepods-pod{}.slice/cri-containerd-{id}.scope",
+        uid.replace('-', "_")
+    )
+}
+
+/// Starts `path` so that it gets the pid `pid` (free again after its last owner was
+/// reaped): `ns_last_pid` is set to the pid before it, under the lock CRIU uses, then the
+/// fixture is forked. Another fork on the host may take the pid first: retried.
+fn spawn_with_pid(path: &str, args: &[&str], pid: u32) -> Fixture {
+    let ns_last_pid = fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/sys/kernel/ns_last_pid")
+        .expect("ns_last_pid");
+    // SAFETY: flock on a file descriptor we own; released when it is closed.
+    let r = unsafe { libc::flock(ns_last_pid.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(r, 0, "flock ns_last_pid");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).expect("ns_last_pid");
+        let f = Fixture::spawn(path, args).expect("fixture");
+        if f.pid == pid {
+            return f;
+        }
+        assert!(Instant::now() < deadline, "pid {pid} was not free again");
+        drop(f);
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Window files (`.pb.gz`, CPU) in `dir`, oldest first, with their profiles.
+fn window_profiles(dir: &Path) -> Vec<(String, ember::proto::Profile)> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".pb.gz") && !n.starts_with('.') && !n.contains("offcpu"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+        .into_iter()
+        .filter_map(|n| read_profile(&dir.join(&n)).ok().map(|p| (n, p)))
+        .collect()
+}
+
+/// Wall-clock nanoseconds since the epoch.
+fn epoch_ns(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// A sample of `pid` in a window: its string labels and names, leaf first.
+struct PidSample {
+    labels: BTreeMap<String, String>,
+    names: Vec<String>,
+    count: i64,
+}
+
+/// The samples of `pid` in `p`.
+fn samples_of(p: &ember::proto::Profile, pid: u32) -> Vec<PidSample> {
+    let resolved = stacks(p);
+    p.sample
+        .iter()
+        .zip(resolved)
+        .filter(|(_, st)| st.pid == Some(i64::from(pid)))
+        .map(|(s, st)| PidSample {
+            labels: s
+                .label
+                .iter()
+                .filter(|l| l.str != 0)
+                .map(|l| (string(p, l.key), string(p, l.str)))
+                .collect(),
+            names: st.frames.iter().map(|f| f.name.clone()).collect(),
+            count: st.count(),
+        })
+        .collect()
+}
+
+const ID_A: &str = "aaaa0000aaaa0000aaaa0000aaaa0000aaaa0000aaaa0000aaaa0000aaaa0001";
+const UID_A: &str = "aaaaaaaa-1111-2222-3333-444444444444";
+const ID_B: &str = "bbbb0000bbbb0000bbbb0000bbbb0000bbbb0000bbbb0000bbbb0000bbbb0002";
+const UID_B: &str = "bbbbbbbb-1111-2222-3333-444444444444";
+
+/// A pid reused by another program with the same name in another container: a process
+/// named `samecomm` (cpu_hog's code: `hot_a`, `hot_b`) runs in container A and is sampled,
+/// then killed; a new process gets the same pid and the same name but other code
+/// (syscall_hog's `do_syscalls`) in container B. Every window after the switch attributes
+/// the pid's samples to B's container and pod and names B's functions, never A's.
+#[test]
+fn a_reused_pid_with_the_same_comm_follows_the_new_process() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let v2 = v2_root().expect("a cgroup v2 hierarchy");
+    let tmp = tempfile::tempdir().expect("tmp");
+    // Same file name, so the same comm; different programs.
+    let bin = |sub: &str, from: &str| {
+        let d = tmp.path().join(sub);
+        fs::create_dir(&d).expect("mkdir");
+        let to = d.join("samecomm");
+        fs::copy(from, &to).expect("copy fixture");
+        to.to_str().expect("utf-8").to_owned()
+    };
+    let (bin_a, bin_b) = (bin("a", CPU_HOG), bin("b", SYSCALL_HOG));
+    let cg_a = TestCgroup::create(&v2, &kubelet_path(UID_A, ID_A)).expect("cgroup A");
+    let cg_b = TestCgroup::create(&v2, &kubelet_path(UID_B, ID_B)).expect("cgroup B");
+
+    let mut a = Fixture::spawn(&bin_a, &["--wait-start", "--seconds", "60"]).expect("A");
+    let pid = a.pid;
+    cg_a.add(pid).expect("A into its cgroup");
+    a.start().expect("start A");
+    let data = tmp.path().join("data");
+    let (mut ember, _addr) = run(tmp.path(), &data, "kubernetes:\n  enabled: false\n", &[pid]);
+    thread::sleep(Duration::from_secs(3));
+
+    // A ends; B takes its pid, its name and container B.
+    let switched = SystemTime::now();
+    drop(a);
+    let mut b = spawn_with_pid(&bin_b, &["--wait-start", "--seconds", "60"], pid);
+    cg_b.add(pid).expect("B into its cgroup");
+    b.start().expect("start B");
+    let b_started = SystemTime::now();
+    thread::sleep(Duration::from_secs(5));
+    ember.signal(libc::SIGTERM);
+    let status = ember.wait(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "ember exited {status}\n{}",
+        ember.stderr()
+    );
+    drop(b);
+
+    let (mut before, mut after) = (0i64, 0i64);
+    for (name, p) in window_profiles(&data) {
+        let (start, end) = (p.time_nanos, p.time_nanos + p.duration_nanos);
+        let mine = samples_of(&p, pid);
+        if end <= epoch_ns(switched) {
+            for s in &mine {
+                assert_eq!(
+                    s.labels.get("container_id").map(String::as_str),
+                    Some(ID_A),
+                    "{name}: {:?}",
+                    s.labels
+                );
+                assert_eq!(
+                    s.labels.get("comm").map(String::as_str),
+                    Some("samecomm"),
+                    "{name}: {:?}",
+                    s.labels
+                );
+                before += s.count;
+            }
+        } else if start >= epoch_ns(b_started) {
+            for s in &mine {
+                assert_eq!(
+                    s.labels.get("container_id").map(String::as_str),
+                    Some(ID_B),
+                    "{name}: {:?}",
+                    s.labels
+                );
+                assert_eq!(
+                    s.labels.get("pod_uid").map(String::as_str),
+                    Some(UID_B),
+                    "{name}: {:?}",
+                    s.labels
+                );
+                assert_eq!(
+                    s.labels.get("comm").map(String::as_str),
+                    Some("samecomm"),
+                    "{name}: {:?}",
+                    s.labels
+                );
+                for old in ["hot_a", "hot_b", "outer"] {
+                    assert!(
+                        !s.names.iter().any(|n| n == old),
+                        "{name}: A's {old} in B's stack {:?}",
+                        s.names
+                    );
+                }
+                if s.names.iter().any(|n| n == "do_syscalls") {
+                    after += s.count;
+                }
+            }
+        }
+    }
+    println!(
+        "pid {pid}: {before} samples of A before the switch, {after} of B's do_syscalls after"
+    );
+    assert!(before > 20, "A was barely sampled: {before}");
+    assert!(after > 20, "B's own functions were barely named: {after}");
+}
+
+/// A Pyroscope backend that accepts connections and never answers (nor reads): a request to
+/// it hangs until the client gives up. Counts the connections it accepted.
+struct SilentBackend {
+    addr: String,
+    accepted: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl SilentBackend {
+    fn start() -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let (accepted, stop) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (n, halt) = (accepted.clone(), stop.clone());
+        let thread = thread::spawn(move || {
+            let mut held = Vec::new();
+            while !halt.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        held.push(stream);
+                        n.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        Self {
+            addr,
+            accepted,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for SilentBackend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// SIGTERM while a stage is wedged: the Pyroscope sink's backend accepts and never answers,
+/// and `sinks.timeout` is an hour, so its delivery task hangs on a request. The agent's
+/// shutdown deadline is window + `sinks.shutdown_grace` + 5 s (agent.rs); it must exit
+/// cleanly within it, having written the window closed at SIGTERM to the data dir and
+/// counted the requests the backend never answered.
+#[test]
+fn sigterm_with_a_wedged_sink_exits_within_the_shutdown_deadline() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let backend = SilentBackend::start();
+    let hog = Fixture::spawn(CPU_HOG, &["--seconds", "60"]).expect("cpu_hog");
+    let grace = Duration::from_secs(2);
+    let config = format!(
+        "kubernetes:\n  enabled: false\nsinks:\n  timeout: 1h\n  retry_max_elapsed: 2h\n  \
+         shutdown_grace: 2s\n  pyroscope:\n    enabled: true\n    url: http://{}\n",
+        backend.addr
+    );
+    let data = tmp.path().join("data");
+    let (mut ember, _addr) = run(tmp.path(), &data, &config, &[hog.pid]);
+    // Wedged: a request is hanging, and windows keep coming.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while backend.accepted.load(Ordering::Relaxed) == 0 || window_profiles(&data).len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "no push or no windows\n{}",
+            ember.stderr()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let signalled = SystemTime::now();
+    let t0 = Instant::now();
+    ember.signal(libc::SIGTERM);
+    let status = ember.wait(Duration::from_secs(60));
+    let took = t0.elapsed();
+    let stderr = ember.stderr();
+    // window (1 s) + shutdown_grace + STOP_MARGIN (5 s).
+    let limit = Duration::from_secs(1) + grace + Duration::from_secs(5);
+    println!("stopped in {took:?} (deadline {limit:?})");
+    assert!(status.success(), "ember exited {status}\n{stderr}");
+    assert!(
+        took <= limit + Duration::from_millis(500),
+        "stopped in {took:?}\n{stderr}"
+    );
+    // It did wait for the wedged sink: the grace period, not longer.
+    assert!(
+        took >= grace - Duration::from_millis(100),
+        "stopped in {took:?}: was the sink wedged?"
+    );
+    let newest = window_profiles(&data).pop().expect("windows");
+    let end = newest.1.time_nanos + newest.1.duration_nanos;
+    assert!(
+        end + 100_000_000 >= epoch_ns(signalled),
+        "the newest window {} ends before SIGTERM",
+        newest.0
+    );
+    assert!(
+        stderr.contains("requests not delivered within sinks.shutdown_grace were dropped"),
+        "the undelivered requests are counted\n{stderr}"
     );
 }

@@ -169,6 +169,10 @@ impl QueueBytes {
     }
 }
 
+/// Entries of the BPF `cgroup_deny` map (set before load): the aggregator denies at most
+/// this many cgroups at once and denies further excluded processes by pid.
+pub const CGROUP_DENY_ENTRIES: u32 = 16384;
+
 /// Orders from the aggregator to the sampler: stop (or resume) sampling a workload in BPF.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
@@ -419,10 +423,16 @@ fn run(
         }
         flush(false);
         while let Ok(order) = control.try_recv() {
-            let deny = matches!(order, Control::DenyPid(_) | Control::DenyCgroup(_));
-            // A delete of an entry LRU already dropped fails harmlessly; a refused deny is
-            // what matters.
-            if sampler.apply(order).is_err() && deny {
+            // A refused deny leaves the workload sampled (dropped in userspace); a failed
+            // delete of a cgroup leaves its entry taking room. A delete of an entry that
+            // is not there (a pid LRU already dropped, a deny the map refused) is harmless.
+            let counted = match (order, sampler.apply(order)) {
+                (_, Ok(())) => false,
+                (Control::DenyPid(_) | Control::DenyCgroup(_), Err(_)) => true,
+                (Control::AllowCgroup(_), Err(e)) => e.kind() != libbpf_rs::ErrorKind::NotFound,
+                (Control::AllowPid(_), Err(_)) => false,
+            };
+            if counted {
                 metrics.dropped(Cache::DenyMaps, 1);
             }
         }
@@ -505,6 +515,10 @@ impl<'obj> Sampler<'obj> {
         open.maps
             .unwind_procs
             .set_max_entries(settings.unwind_max_processes)
+            .map_err(CaptureError::Load)?;
+        open.maps
+            .cgroup_deny
+            .set_max_entries(CGROUP_DENY_ENTRIES)
             .map_err(CaptureError::Load)?;
         let skel = open.load().map_err(CaptureError::Load)?;
         for pid in &settings.pids {

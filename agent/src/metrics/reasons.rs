@@ -113,6 +113,9 @@ label_enum! {
         /// Deny orders the BPF deny maps refused (full): the workload stays sampled in BPF
         /// and is dropped in userspace.
         DenyMaps => "deny_maps",
+        /// Containers left out of the per-container CPU series: beyond `limits.max_processes`
+        /// containers, or beyond the series' byte cap (8 MiB, see workload::accounting).
+        Accounting => "accounting",
         /// A closed window waiting for encoding.
         WindowQueue => "window_queue",
         /// A window that could not be compressed.

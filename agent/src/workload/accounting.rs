@@ -4,8 +4,9 @@
 //!
 //! In: each window's samples per container ([`Accounting::add`]: labels, cgroup, seconds)
 //! and the window's close ([`Accounting::end_window`], which reads each container's cgroup
-//! CPU usage file). Out: the series in [`ContainerMetrics`], bounded in number and forgotten
-//! when a container stays idle.
+//! CPU usage file). Out: the series in [`ContainerMetrics`], bounded in number and in bytes
+//! ([`MAX_BYTES`]; containers beyond either cap are counted in
+//! `ember_cache_dropped_total{cache="accounting"}`) and forgotten when a container stays idle.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -13,7 +14,7 @@ use std::path::PathBuf;
 use crate::metrics::containers::{
     ContainerInfoLabels, ContainerLabels, ContainerMetrics, ContainerOffCpuLabels,
 };
-use crate::metrics::OffState;
+use crate::metrics::{Cache, Metrics, OffState};
 
 use super::cgroup::{read_cpu_seconds, Cgroup};
 use super::labels::Labels;
@@ -24,31 +25,54 @@ struct Tracked {
     usage_file: Option<PathBuf>,
     last_usage: Option<f64>,
     last_window: u64,
+    /// What the entry and its series are charged against [`MAX_BYTES`].
+    bytes: usize,
 }
 
 /// Keeps the per-container series up to date and bounded: a container unseen for
 /// [`FORGET_AFTER_WINDOWS`] windows loses its series.
 pub struct Accounting {
     metrics: ContainerMetrics,
+    /// Where containers left out (over a cap) are counted.
+    dropped: Metrics,
     node: String,
     tracked: HashMap<String, Tracked>,
     window: u64,
     max: usize,
+    /// Bytes charged by `tracked`, and their cap.
+    bytes: usize,
+    max_bytes: usize,
 }
 
 /// Windows after which an idle container's series are removed.
 pub const FORGET_AFTER_WINDOWS: u64 = 30;
 
+/// Bytes the tracked containers and their series may hold: label strings come from cgroup
+/// paths and pod metadata, so the entry cap alone does not bound them. A container costs
+/// about 3 KiB (6 KiB with the longest names Kubernetes allows), so 8 MiB holds some 1,400
+/// to 2,800 containers seen within [`FORGET_AFTER_WINDOWS`] windows; it is part of the
+/// memory limit's baseline (deploy/README.md).
+pub const MAX_BYTES: usize = 8 << 20;
+
 impl Accounting {
-    /// Accounting into `metrics`, for at most `max` containers at a time.
-    pub fn new(metrics: ContainerMetrics, node: String, max: usize) -> Self {
+    /// Accounting into `metrics.containers`, for at most `max` containers and `max_bytes`
+    /// bytes at a time; containers left out are counted in `metrics`.
+    pub fn new(metrics: &Metrics, node: String, max: usize, max_bytes: usize) -> Self {
         Self {
-            metrics,
+            metrics: metrics.containers.clone(),
+            dropped: metrics.clone(),
             node,
             tracked: HashMap::new(),
             window: 0,
             max,
+            bytes: 0,
+            max_bytes,
         }
+    }
+
+    /// Bytes charged by the tracked containers and their series.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// Adds one window's samples of a container (`seconds` = samples × period).
@@ -67,14 +91,32 @@ impl Accounting {
         }
     }
 
-    /// The container's entry, made (within the cap) or refreshed for this window.
+    /// The container's entry, made (within the caps) or refreshed for this window. A
+    /// container that does not fit is counted and left out; one whose labels grew past
+    /// the byte cap (its pod arrived) loses its series.
     fn track(&mut self, labels: &Labels, cg: &Cgroup) -> Option<&Tracked> {
         if labels.container_id.is_empty() {
             return None;
         }
-        if !self.tracked.contains_key(&labels.container_id) && self.tracked.len() >= self.max {
-            return None;
+        let need = entry_bytes(labels, cg, &self.node);
+        let held = self.tracked.get(&labels.container_id).map(|t| t.bytes);
+        let fits = self.bytes - held.unwrap_or(0) + need <= self.max_bytes;
+        match held {
+            None if self.tracked.len() >= self.max || !fits => {
+                self.dropped.dropped(Cache::Accounting, 1);
+                return None;
+            }
+            Some(_) if !fits => {
+                if let Some(t) = self.tracked.remove(&labels.container_id) {
+                    remove_series(&self.metrics, &t);
+                    self.bytes -= t.bytes;
+                }
+                self.dropped.dropped(Cache::Accounting, 1);
+                return None;
+            }
+            _ => {}
         }
+        self.bytes = self.bytes - held.unwrap_or(0) + need;
         let window = self.window;
         let t = self
             .tracked
@@ -97,7 +139,9 @@ impl Accounting {
                 usage_file: cg.cpu_usage_file.clone(),
                 last_usage: None,
                 last_window: window,
+                bytes: 0,
             });
+        t.bytes = need;
         // Pod metadata may arrive after the container's first window: move its series then.
         if t.labels.pod.is_empty() && !labels.pod.is_empty() {
             remove_series(&self.metrics, t);
@@ -121,10 +165,11 @@ impl Accounting {
     /// Closes a window: reads each container's cgroup usage, sets the info series and
     /// forgets containers idle for too long.
     pub fn end_window(&mut self) {
-        let (m, now) = (&self.metrics, self.window);
+        let (m, now, bytes) = (&self.metrics, self.window, &mut self.bytes);
         self.tracked.retain(|_, t| {
             if now.saturating_sub(t.last_window) > FORGET_AFTER_WINDOWS {
                 remove_series(m, t);
+                *bytes -= t.bytes;
                 return false;
             }
             m.info.get_or_create(&t.info).set(1);
@@ -156,6 +201,34 @@ impl Accounting {
     }
 }
 
+/// What a container's entry and its series hold, estimated from its strings: the entry
+/// (key, series labels, info labels, usage file path) and one label set per series
+/// (CPU from samples, CPU from the cgroup, info, off-CPU per state), each with its
+/// counter and hash table share.
+fn entry_bytes(labels: &Labels, cg: &Cgroup, node: &str) -> usize {
+    const STRING: usize = std::mem::size_of::<String>();
+    const SERIES: usize = 64;
+    let names = labels.namespace.len()
+        + labels.pod.len()
+        + labels.container.len()
+        + labels.container_id.len();
+    let series_labels = 4 * STRING + names;
+    let info_labels = 6 * STRING + names + labels.pod_uid.len() + node.len();
+    let path = cg
+        .cpu_usage_file
+        .as_ref()
+        .map_or(0, |p| p.as_os_str().len());
+    let entry = std::mem::size_of::<(String, Tracked)>()
+        + labels.container_id.len()
+        + names
+        + (names + labels.pod_uid.len() + node.len())
+        + path;
+    let series = 2 * (series_labels + SERIES)
+        + (info_labels + SERIES)
+        + OffState::ALL.len() * (series_labels + SERIES);
+    entry + series
+}
+
 /// The off-CPU series of a container in `state`.
 fn offcpu_labels(l: &ContainerLabels, state: OffState) -> ContainerOffCpuLabels {
     ContainerOffCpuLabels {
@@ -184,8 +257,9 @@ mod tests {
 
     #[test]
     fn accounting_moves_series_when_the_pod_appears_and_forgets_idle_containers() {
-        let metrics = ContainerMetrics::default();
-        let mut acc = Accounting::new(metrics.clone(), "node-1".into(), 10);
+        let all = Metrics::new();
+        let metrics = all.containers.clone();
+        let mut acc = Accounting::new(&all, "node-1".into(), 10, MAX_BYTES);
         let cg = cg_in_pod();
         let bare = Labels::new(&cg, None);
         acc.add(&bare, &cg, 1.0);
@@ -205,8 +279,81 @@ mod tests {
             acc.end_window();
         }
         assert!(acc.tracked.is_empty());
+        assert_eq!(acc.bytes(), 0, "forgotten containers give their bytes back");
         // Host processes are not containers.
         acc.add(&Labels::default(), &Cgroup::default(), 1.0);
         assert!(acc.tracked.is_empty());
+    }
+
+    /// Labels of a container with the longest names Kubernetes allows (253-byte pod and
+    /// node names) and a distinct id.
+    fn long_labels(i: usize) -> Labels {
+        let mut l = pod_labels(&"n".repeat(63), &"c".repeat(63), "app");
+        l.pod = "p".repeat(253);
+        l.container_id = format!("{i:064x}");
+        l.pod_uid = format!("{i:036}");
+        l
+    }
+
+    #[test]
+    fn accounting_is_bounded_in_bytes_and_counts_what_it_leaves_out() {
+        let all = Metrics::new();
+        let cap = 256 << 10;
+        // The entry cap alone would let 100,000 containers in.
+        let mut acc = Accounting::new(&all, "n".repeat(253), 100_000, cap);
+        let cg = cg_in_pod();
+        for i in 0..1000 {
+            acc.add(&long_labels(i), &cg, 1.0);
+        }
+        let kept = acc.tracked.len();
+        println!("{kept} containers in {} bytes", acc.bytes());
+        assert!(acc.bytes() <= cap, "{} bytes", acc.bytes());
+        assert!(kept > 10 && kept < 1000, "{kept} kept");
+        let text = all.encode();
+        assert!(
+            text.contains(&format!(
+                "ember_cache_dropped_total{{cache=\"accounting\"}} {}",
+                1000 - kept
+            )),
+            "{text}"
+        );
+        // The series left out are not made either.
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("ember_container_cpu_seconds_total{"))
+            .count();
+        assert_eq!(series, kept);
+        // Room is made as idle containers are forgotten.
+        for _ in 0..=FORGET_AFTER_WINDOWS + 1 {
+            acc.end_window();
+        }
+        assert_eq!(acc.bytes(), 0);
+        acc.add(&long_labels(5000), &cg, 1.0);
+        assert_eq!(acc.tracked.len(), 1);
+    }
+
+    #[test]
+    fn a_container_whose_labels_outgrow_the_cap_loses_its_series() {
+        let all = Metrics::new();
+        let cg = cg_in_pod();
+        let bare = Labels::new(&cg, None);
+        let small = entry_bytes(&bare, &cg, "node");
+        let mut acc = Accounting::new(&all, "node".into(), 10, small + 100);
+        acc.add(&bare, &cg, 1.0);
+        assert_eq!(acc.tracked.len(), 1);
+        let mut named = long_labels(0);
+        named.container_id = bare.container_id.clone();
+        acc.add(&named, &cg, 1.0);
+        assert!(acc.tracked.is_empty());
+        assert_eq!(acc.bytes(), 0);
+        let text = all.encode();
+        assert!(
+            text.contains("ember_cache_dropped_total{cache=\"accounting\"} 1"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("ember_container_cpu_seconds_total{"),
+            "{text}"
+        );
     }
 }

@@ -74,6 +74,15 @@ impl Filter {
         if !r.include_processes.is_empty() && !listed(&r.include_processes, process) {
             return Verdict::Exclude;
         }
+        self.workload_verdict(labels)
+    }
+
+    /// Judges a workload by its labels alone (the namespace, container and pod rules): what
+    /// holds for every process of a container, so an `Exclude` here may deny its whole
+    /// cgroup. Process name rules are left to [`Filter::verdict`].
+    pub fn workload_verdict(&self, labels: &Labels) -> Verdict {
+        let r = &self.rules;
+        let listed = |list: &[String], v: &str| list.iter().any(|x| x == v);
         if !self.needs_pods() {
             return Verdict::Include;
         }

@@ -157,6 +157,22 @@ impl Metadata {
         }
     }
 
+    /// Metadata that knows exactly `pods`, for other modules' tests; calling it again on a
+    /// clone replaces them (a pod's labels changed).
+    #[cfg(test)]
+    pub(crate) fn set_test_pods(&self, pods: Vec<Pod>) {
+        let pods: Vec<Arc<Pod>> = pods.into_iter().map(Arc::new).collect();
+        *self.shared.write() = Index::from_pods(&pods, SystemTime::now());
+    }
+
+    /// Metadata with `pods`, listed (status synced), for other modules' tests.
+    #[cfg(test)]
+    pub(crate) fn with_test_pods(pods: Vec<Pod>) -> Self {
+        let m = Self::with_status("node-1".into(), Status::Synced);
+        m.set_test_pods(pods);
+        m
+    }
+
     /// The container with this id (64 hex as in cgroup paths, or a pod status id with its
     /// `containerd://`, `docker://`, `cri-o://` scheme), from regular, init or ephemeral
     /// container statuses.
