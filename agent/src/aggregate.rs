@@ -14,8 +14,9 @@ use crate::config::Limits;
 use crate::metrics::{Cache, Loss, Metrics, OffState, StackEnd};
 use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
 
-/// How often the aggregator looks for process snapshots while it waits for samples.
-const SNAPSHOT_POLL: Duration = Duration::from_millis(50);
+/// How often the aggregator looks for process snapshots while no samples arrive (it also
+/// takes them before each batch): only bounds how long they wait in their queue.
+const SNAPSHOT_POLL: Duration = Duration::from_millis(500);
 use crate::workload::kube::Metadata;
 use crate::workload::{self, Accounting, Cgroup, Filter, Labels, Verdict};
 
@@ -472,14 +473,18 @@ impl Aggregator {
         let mut deadline = Instant::now() + until_boundary(window, align);
         loop {
             self.metrics.progress.tick(crate::metrics::Stage::Aggregate);
-            // Snapshots of processes come from the unwind loader's thread; waking every
-            // SNAPSHOT_POLL keeps them current without a second blocking receive.
+            // Snapshots of processes come from the unwind loader's thread: taken before each
+            // batch (a process read while its samples were on their way is known when they
+            // are added), and every SNAPSHOT_POLL while none arrive.
             while let Ok(snap) = snapshots.try_recv() {
                 self.table.adopt(snap);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left.min(SNAPSHOT_POLL)) {
                 Ok(batch) => {
+                    while let Ok(snap) = snapshots.try_recv() {
+                        self.table.adopt(snap);
+                    }
                     if let Some(budget) = &self.queue_bytes {
                         budget.give(crate::capture::batch_bytes(&batch));
                     }
