@@ -691,3 +691,51 @@ pub fn metric_value(exposition: &str, name: &str) -> Option<f64> {
             (base == name).then(|| value.trim().parse().ok())?
         })
 }
+
+/// A cgroup directory made for a test; its processes go back to the root and the
+/// directories are removed on drop.
+pub struct TestCgroup {
+    root: PathBuf,
+    leaf: PathBuf,
+}
+
+impl TestCgroup {
+    /// Creates `root/rel` (and its parents).
+    pub fn create(root: &Path, rel: &str) -> std::io::Result<Self> {
+        let leaf = root.join(rel);
+        fs::create_dir_all(&leaf)?;
+        Ok(Self {
+            root: root.to_path_buf(),
+            leaf,
+        })
+    }
+
+    /// Moves `pid` into the cgroup.
+    pub fn add(&self, pid: u32) -> std::io::Result<()> {
+        fs::write(self.leaf.join("cgroup.procs"), pid.to_string())
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        if let Ok(procs) = fs::read_to_string(self.leaf.join("cgroup.procs")) {
+            for pid in procs.lines() {
+                let _ = fs::write(self.root.join("cgroup.procs"), pid);
+            }
+        }
+        let mut dir = self.leaf.clone();
+        while dir != self.root {
+            if fs::remove_dir(&dir).is_err() || !dir.pop() {
+                break;
+            }
+        }
+    }
+}
+
+/// The cgroup v2 mount: `/sys/fs/cgroup` on v2 hosts, `/sys/fs/cgroup/unified` on hybrid ones.
+pub fn v2_root() -> Option<PathBuf> {
+    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.controllers").exists())
+}

@@ -15,55 +15,6 @@ const UID_V2: &str = "11111111-2222-3333-4444-555555555555";
 const ID_V1: &str = "beef0000beef0000beef0000beef0000beef0000beef0000beef0000beef0002";
 const UID_V1: &str = "66666666-7777-8888-9999-aaaaaaaaaaaa";
 
-/// A cgroup directory made for the test; its processes go back to the root and the
-/// directories are removed on drop.
-struct TestCgroup {
-    root: PathBuf,
-    leaf: PathBuf,
-}
-
-impl TestCgroup {
-    fn create(root: &Path, rel: &str) -> std::io::Result<Self> {
-        let leaf = root.join(rel);
-        fs::create_dir_all(&leaf)?;
-        Ok(Self {
-            root: root.to_path_buf(),
-            leaf,
-        })
-    }
-
-    fn add(&self, pid: u32) -> std::io::Result<()> {
-        fs::write(self.leaf.join("cgroup.procs"), pid.to_string())
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        if let Ok(procs) = fs::read_to_string(self.leaf.join("cgroup.procs")) {
-            for pid in procs.lines() {
-                let _ = fs::write(self.root.join("cgroup.procs"), pid);
-            }
-        }
-        let mut dir = self.leaf.clone();
-        while dir != self.root {
-            if fs::remove_dir(&dir).is_err() {
-                break;
-            }
-            if !dir.pop() {
-                break;
-            }
-        }
-    }
-}
-
-/// The cgroup v2 mount: `/sys/fs/cgroup` on v2 hosts, `/sys/fs/cgroup/unified` on hybrid ones.
-fn v2_root() -> Option<PathBuf> {
-    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("cgroup.controllers").exists())
-}
-
 /// A v1 `cpuacct` hierarchy, when the host has one.
 fn v1_cpuacct() -> Option<PathBuf> {
     ["/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/cpu,cpuacct"]

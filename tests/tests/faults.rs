@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -274,52 +274,6 @@ fn a_full_read_only_or_removed_data_dir_is_counted_and_survived() {
         "ember exited {status}\n{}",
         ember.stderr()
     );
-}
-
-/// A cgroup v2 directory made for a test; its processes go back to the root and the
-/// directories are removed on drop.
-struct TestCgroup {
-    root: PathBuf,
-    leaf: PathBuf,
-}
-
-impl TestCgroup {
-    fn create(root: &Path, rel: &str) -> std::io::Result<Self> {
-        let leaf = root.join(rel);
-        fs::create_dir_all(&leaf)?;
-        Ok(Self {
-            root: root.to_path_buf(),
-            leaf,
-        })
-    }
-
-    fn add(&self, pid: u32) -> std::io::Result<()> {
-        fs::write(self.leaf.join("cgroup.procs"), pid.to_string())
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        if let Ok(procs) = fs::read_to_string(self.leaf.join("cgroup.procs")) {
-            for pid in procs.lines() {
-                let _ = fs::write(self.root.join("cgroup.procs"), pid);
-            }
-        }
-        let mut dir = self.leaf.clone();
-        while dir != self.root {
-            if fs::remove_dir(&dir).is_err() || !dir.pop() {
-                break;
-            }
-        }
-    }
-}
-
-/// The cgroup v2 mount: `/sys/fs/cgroup` on v2 hosts, `/sys/fs/cgroup/unified` on hybrid ones.
-fn v2_root() -> Option<PathBuf> {
-    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("cgroup.controllers").exists())
 }
 
 /// A kubelet-shaped (systemd driver) container cgroup path.
