@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use crate::aggregate::{Aggregator, Window, Workloads};
 use crate::capture::tasks::TaskWatch;
-use crate::capture::{Batch, Capture, CaptureError, Control};
+use crate::capture::{Batch, Capture, CaptureError, Control, Work, WorkSender};
 use crate::config::selector::SelectorError;
 use crate::config::{Config, NodeName};
 use crate::encode::Encoded;
@@ -456,7 +456,7 @@ fn reading_sources(
 struct Pipeline {
     capture: Capture,
     /// The unwind loader's thread and its halt flag (it also ends when capture stops asking).
-    unwind: Option<(JoinHandle<()>, Arc<AtomicBool>)>,
+    unwind: Option<(JoinHandle<()>, LoaderHalt)>,
     aggregate: JoinHandle<()>,
     output: JoinHandle<()>,
 }
@@ -465,6 +465,9 @@ struct Pipeline {
 const TASK_RING_PAGES: usize = 16;
 /// Process snapshots queued from the unwind loader to the process table.
 const SNAPSHOT_QUEUE: usize = 1024;
+
+/// What stops the unwind loader: its halt flag, and its queue to wake it.
+type LoaderHalt = (Arc<AtomicBool>, WorkSender);
 /// Windows queued between aggregation and symbolization (a CPU and an off-CPU one per window).
 const WINDOW_QUEUE: usize = 4;
 /// BPF deny/allow orders queued between aggregation and capture.
@@ -530,6 +533,7 @@ impl Pipeline {
         let (capture, link) = Capture::start(
             &cfg.sampling,
             &cfg.offcpu,
+            align.then_some(window),
             batch_tx,
             queue_bytes,
             control_rx,
@@ -560,10 +564,11 @@ impl Pipeline {
                 };
                 match unwind::Loader::new(maps, settings, metrics) {
                     Ok(mut loader) => {
-                        let halt = loader.halt_handle();
+                        let halt = (loader.halt_handle(), link.sender.clone());
+                        let queue = (link.work, link.sender);
                         let thread = spawn("ember-unwind", move || {
                             loader.send_snapshots(snap_tx);
-                            loader.run(&preload, link.asks, watch)
+                            loader.run(&preload, queue, watch)
                         })?;
                         Some((thread, halt))
                     }
@@ -586,8 +591,10 @@ impl Pipeline {
     /// Stops sampling, closes the current window and waits until it has been handed out.
     fn stop(self) {
         // The loader may be busy reading a whole host's processes: it stops between two.
-        if let Some((_, halt)) = &self.unwind {
+        if let Some((_, (halt, wake))) = &self.unwind {
             halt.store(true, Ordering::Relaxed);
+            // Asleep until work comes: this is its work. A full queue wakes it anyway.
+            let _ = wake.try_send(Work::Wake);
         }
         self.capture.stop();
         if let Some((unwind, _)) = self.unwind {

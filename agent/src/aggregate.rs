@@ -14,9 +14,10 @@ use crate::config::Limits;
 use crate::metrics::{Cache, Loss, Metrics, OffState, StackEnd};
 use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
 
-/// How often the aggregator looks for process snapshots while no samples arrive (it also
-/// takes them before each batch): only bounds how long they wait in their queue.
-const SNAPSHOT_POLL: Duration = Duration::from_millis(500);
+/// How often the aggregator looks for process snapshots while no samples arrive (it takes
+/// them before each batch, and batches come every second while anything is sampled): only
+/// bounds how long they wait in their queue on an idle host.
+const SNAPSHOT_POLL: Duration = Duration::from_secs(2);
 use crate::workload::kube::Metadata;
 use crate::workload::{self, Accounting, Cgroup, Filter, Labels, Verdict};
 

@@ -9,11 +9,11 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::mem::MaybeUninit;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use libbpf_rs::libbpf_sys;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
@@ -203,15 +203,91 @@ pub enum CaptureError {
     Thread,
 }
 
-/// Asks waiting for the unwind loader; more are dropped (counted) and asked again a second later.
-const ASK_QUEUE: usize = 1024;
+/// Work waiting for the unwind loader (asks and task records); more is dropped (counted):
+/// an ask is asked again a second later, a lost task record makes the loader sweep.
+pub const WORK_QUEUE: usize = 16_384;
 
-/// What the unwind loader needs from capture: the maps to fill and the sampler's asks.
+/// What the unwind loader is sent, in one queue so that it sleeps until either comes.
+#[derive(Debug)]
+pub enum Work {
+    /// From the sampler, on behalf of a sampled process.
+    Ask(Ask),
+    /// From the kernel's task records (exec, mmap, fork, exit).
+    Task(TaskEvent),
+    /// Nothing to do: look at the halt flag (sent when the agent stops).
+    Wake,
+}
+
+/// The sending side of the loader's queue: bounded by a count, while its memory grows
+/// only as it fills (a `sync_channel` of [`WORK_QUEUE`] task records would hold 1.7 MB
+/// from the start).
+#[derive(Debug, Clone)]
+pub struct WorkSender {
+    tx: mpsc::Sender<Work>,
+    queued: Arc<AtomicUsize>,
+    cap: usize,
+}
+
+/// The receiving side of the loader's queue.
+#[derive(Debug)]
+pub struct WorkReceiver {
+    rx: Receiver<Work>,
+    queued: Arc<AtomicUsize>,
+}
+
+/// A queue of at most `cap` pieces of work for the unwind loader.
+pub fn work_queue(cap: usize) -> (WorkSender, WorkReceiver) {
+    let (tx, rx) = mpsc::channel();
+    let queued = Arc::new(AtomicUsize::new(0));
+    (
+        WorkSender {
+            tx,
+            queued: queued.clone(),
+            cap,
+        },
+        WorkReceiver { rx, queued },
+    )
+}
+
+impl WorkSender {
+    /// Queues `work` unless `cap` pieces are waiting.
+    pub fn try_send(&self, work: Work) -> Result<(), TrySendError<Work>> {
+        if self.queued.fetch_add(1, Ordering::AcqRel) >= self.cap {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(TrySendError::Full(work));
+        }
+        self.tx.send(work).map_err(|e| {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            TrySendError::Disconnected(e.0)
+        })
+    }
+}
+
+impl WorkReceiver {
+    /// The next piece of work, waiting at most `timeout`.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Work, mpsc::RecvTimeoutError> {
+        let work = self.rx.recv_timeout(timeout)?;
+        self.queued.fetch_sub(1, Ordering::AcqRel);
+        Ok(work)
+    }
+
+    /// The next piece of work if one is waiting.
+    pub fn try_recv(&self) -> Result<Work, mpsc::TryRecvError> {
+        let work = self.rx.try_recv()?;
+        self.queued.fetch_sub(1, Ordering::AcqRel);
+        Ok(work)
+    }
+}
+
+/// What the unwind loader needs from capture: the maps to fill and its queue, which the
+/// sampler's asks arrive on.
 pub struct UnwindLink {
     /// The maps, `None` with `sampling.unwind: frame_pointer` (nothing to load).
     pub maps: Option<UnwindMaps>,
-    /// Processes the sampler asks to have loaded.
-    pub asks: Receiver<Ask>,
+    /// The loader's queue.
+    pub work: WorkReceiver,
+    /// A sender into it, for the task record reader and for waking the loader to stop.
+    pub sender: WorkSender,
 }
 
 /// A running capture stage.
@@ -222,11 +298,14 @@ pub struct Capture {
 
 impl Capture {
     /// Loads and attaches the sampler, then streams batches into `tx` until [`Capture::stop`],
-    /// applying the [`Control`] orders that arrive on `control`.
+    /// applying the [`Control`] orders that arrive on `control`. With `windows`, the
+    /// wall-clock period of the windows, a batch is also sent just before each boundary.
     /// Returns once the program is attached (or failed to attach).
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         settings: &Sampling,
         offcpu: &OffCpuSettings,
+        windows: Option<Duration>,
         tx: SyncSender<Batch>,
         budget: QueueBytes,
         control: Receiver<Control>,
@@ -237,13 +316,15 @@ impl Capture {
         let thread_stop = stop.clone();
         let settings = settings.clone();
         let offcpu = offcpu.clone();
-        let (ask_tx, ask_rx) = mpsc::sync_channel(ASK_QUEUE);
+        let (work_tx, work_rx) = work_queue(WORK_QUEUE);
+        let ask_tx = work_tx.clone();
         let thread = std::thread::Builder::new()
             .name("ember-capture".into())
             .spawn(move || {
                 run(
                     settings,
                     offcpu,
+                    windows,
                     (tx, budget),
                     control,
                     ask_tx,
@@ -259,7 +340,11 @@ impl Capture {
                     stop,
                     thread: Some(thread),
                 },
-                UnwindLink { maps, asks: ask_rx },
+                UnwindLink {
+                    maps,
+                    work: work_rx,
+                    sender: work_tx,
+                },
             )),
             Ok(Err(e)) => {
                 let _ = thread.join();
@@ -288,9 +373,10 @@ impl Drop for Capture {
 fn run(
     settings: Sampling,
     offcpu: OffCpuSettings,
+    windows: Option<Duration>,
     (tx, budget): (SyncSender<Batch>, QueueBytes),
     control: Receiver<Control>,
-    asks: SyncSender<Ask>,
+    asks: WorkSender,
     metrics: Metrics,
     stop: Arc<AtomicBool>,
     ready: SyncSender<Result<Option<UnwindMaps>, CaptureError>>,
@@ -327,7 +413,7 @@ fn run(
             _ => None,
         };
         if let Some(ask) = ask {
-            if asks.try_send(ask).is_err() {
+            if asks.try_send(Work::Ask(ask)).is_err() {
                 metrics.dropped(Cache::UnwindRequests, 1);
             }
         }
@@ -411,9 +497,10 @@ fn run(
     let mut poll_errors = 0u64;
     while !stop.load(Ordering::SeqCst) {
         metrics.progress.tick(crate::metrics::Stage::Capture);
-        // The program wakes us only when the buffer fills up; otherwise drain on this timer.
+        // The program wakes us only when the buffer fills up (or a record asks for a
+        // process's tables); otherwise drain on this timer.
         if let Err(e) = ring
-            .poll(Duration::from_millis(200))
+            .poll(next_drain(windows, SystemTime::now()))
             .and_then(|_| ring.consume())
         {
             poll_errors += 1;
@@ -450,6 +537,34 @@ fn run(
     let _ = ring.consume();
     flush(true);
     counters.sync(&sampler, &metrics);
+}
+
+/// The longest samples wait in the ring buffer: every wakeup of an idle agent costs, and
+/// the aggregator needs them only by the window's end (the program wakes the thread as
+/// soon as the buffer is a quarter full).
+const DRAIN_EVERY: Duration = Duration::from_secs(1);
+/// How long before a window boundary the buffer is drained, so that a window's last
+/// samples are in it (those of these last milliseconds go to the next window).
+const BEFORE_BOUNDARY: Duration = Duration::from_millis(20);
+
+/// How long to sleep before the next drain at `now`: [`DRAIN_EVERY`], or less to drain
+/// [`BEFORE_BOUNDARY`] ahead of the next boundary of wall-clock windows of `windows`.
+fn next_drain(windows: Option<Duration>, now: SystemTime) -> Duration {
+    let Some(w) = windows.map(|w| w.as_nanos().max(1)) else {
+        return DRAIN_EVERY;
+    };
+    let now = now
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let (left, before) = (w - now % w, BEFORE_BOUNDARY.as_nanos());
+    // Just drained for this boundary: the next one's.
+    let until = if left > before {
+        left - before
+    } else {
+        left + w - before
+    };
+    Duration::from_nanos(u64::try_from(until).unwrap_or(u64::MAX)).min(DRAIN_EVERY)
 }
 
 /// The loaded BPF object and one perf event link per sampled CPU.
@@ -910,6 +1025,46 @@ fn read_percpu(map: &impl MapCore, idx: u32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drains_just_before_each_window_boundary() {
+        let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(1_800_000_000_000 + ms);
+        let ms = |d: Duration| d.as_millis();
+        // No windows (`ember record`): every DRAIN_EVERY.
+        assert_eq!(next_drain(None, at(500)), DRAIN_EVERY);
+        let w = Some(Duration::from_secs(10));
+        // Far from a boundary: the usual period.
+        assert_eq!(next_drain(w, at(2_000)), DRAIN_EVERY);
+        // 500 ms before a boundary: 480 ms, then the next boundary's turn.
+        assert_eq!(ms(next_drain(w, at(9_500))), 480);
+        assert_eq!(ms(next_drain(w, at(9_990))), 1000);
+        // Windows shorter than DRAIN_EVERY drain once each, 20 ms before its end.
+        let short = Some(Duration::from_millis(500));
+        assert_eq!(ms(next_drain(short, at(100))), 380);
+        assert_eq!(ms(next_drain(short, at(490))), 490);
+    }
+
+    #[test]
+    fn the_loader_queue_is_bounded_and_gives_room_back() {
+        let (tx, rx) = work_queue(2);
+        assert!(tx.try_send(Work::Wake).is_ok());
+        assert!(tx.clone().try_send(Work::Ask(Ask::Process(1))).is_ok());
+        assert!(matches!(
+            tx.try_send(Work::Wake),
+            Err(TrySendError::Full(Work::Wake))
+        ));
+        assert!(matches!(rx.try_recv(), Ok(Work::Wake)));
+        assert!(tx.try_send(Work::Wake).is_ok());
+        assert!(matches!(
+            rx.recv_timeout(Duration::ZERO),
+            Ok(Work::Ask(Ask::Process(1)))
+        ));
+        drop(rx);
+        assert!(matches!(
+            tx.try_send(Work::Wake),
+            Err(TrySendError::Disconnected(_))
+        ));
+    }
 
     fn record(kernel: &[u64], user: &[u64]) -> Vec<u8> {
         let mut hdr = ember_record {

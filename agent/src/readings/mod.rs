@@ -18,8 +18,7 @@ pub(crate) mod runqlat;
 
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::mpsc::{RecvTimeoutError, SyncSender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -127,12 +126,10 @@ impl fmt::Display for Joined<'_> {
 
 /// The collector thread: reads every source each interval and publishes the result.
 pub struct Readings {
-    stop: Arc<AtomicBool>,
+    /// Dropped to stop the thread: its wait ends at once (no polling between intervals).
+    stop: SyncSender<()>,
     thread: JoinHandle<()>,
 }
-
-/// How often the stop flag is checked while waiting for the next interval.
-const STOP_POLL: Duration = Duration::from_millis(100);
 
 impl Readings {
     /// Starts reading `sources` every `interval` into `metrics.readings`; the
@@ -143,13 +140,12 @@ impl Readings {
         interval: Duration,
         metrics: crate::metrics::Metrics,
     ) -> std::io::Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
+        let (stop, stopped) = std::sync::mpsc::sync_channel::<()>(0);
         let thread = std::thread::Builder::new()
             .name("ember-readings".into())
             .spawn(move || {
                 let mut logged = vec![false; sources.len()];
-                while !flag.load(Ordering::Relaxed) {
+                loop {
                     let began = Instant::now();
                     let mut families = Vec::new();
                     let gathered = Interval::gather(&sources);
@@ -166,8 +162,9 @@ impl Readings {
                         time: SystemTime::now(),
                         families,
                     });
-                    while !flag.load(Ordering::Relaxed) && began.elapsed() < interval {
-                        std::thread::sleep(STOP_POLL.min(interval.saturating_sub(began.elapsed())));
+                    let next = interval.saturating_sub(began.elapsed());
+                    if let Err(RecvTimeoutError::Disconnected) = stopped.recv_timeout(next) {
+                        return;
                     }
                 }
             })?;
@@ -176,7 +173,7 @@ impl Readings {
 
     /// Stops the thread and waits for it.
     pub fn stop(self) {
-        self.stop.store(true, Ordering::Relaxed);
+        drop(self.stop);
         let _ = self.thread.join();
     }
 }

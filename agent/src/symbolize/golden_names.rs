@@ -110,7 +110,7 @@ fn compare(path: &Path) -> Outcome {
         differ: Vec::new(),
     };
     for (off, old) in offsets.iter().zip(old) {
-        let new = table.lookup(*off).ok().map(demangle);
+        let new = table.lookup(*off).ok().map(|n| demangle(&n));
         match (old, new) {
             (Symbolized::Sym(o), Some(n)) => {
                 out.both += 1;

@@ -1,16 +1,18 @@
-//! Kernel symbols from `/proc/kallsyms`, held compactly: one sorted address array and
-//! one string blob (about 4 MB for 120k symbols, a third of a general-purpose parse).
+//! Kernel symbols from `/proc/kallsyms`, held compactly: one sorted address array and the
+//! names packed ([`PackedNames`]): 1.7 MB for this host's 122k symbols, where plain strings
+//! held 4.4 MB.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
+
+use super::packed::PackedNames;
 
 /// Kernel text symbols sorted by address.
 #[derive(Debug, Default)]
 pub struct Kallsyms {
     addrs: Vec<u64>,
-    /// End of each symbol's name in `names` (its start is the previous end).
-    ends: Vec<u32>,
-    names: String,
+    /// The name of `addrs[i]` at index `i`.
+    names: PackedNames,
 }
 
 impl Kallsyms {
@@ -22,46 +24,49 @@ impl Kallsyms {
 
     /// Reads a kallsyms-format file; malformed lines are skipped.
     pub fn read(path: &Path) -> std::io::Result<Self> {
-        let file = std::fs::File::open(path)?;
-        let mut entries: Vec<(u64, String)> = Vec::new();
-        for line in BufReader::new(file).lines() {
-            if let Some(e) = parse_line(&line?) {
-                entries.push(e);
-            }
-        }
-        Ok(Self::from_entries(entries))
+        Self::from_reader(BufReader::new(std::fs::File::open(path)?))
     }
 
     /// Builds the table from text (tests).
     #[cfg(test)]
     pub fn parse(text: &str) -> Self {
-        Self::from_entries(text.lines().filter_map(parse_line).collect())
+        Self::from_reader(text.as_bytes()).unwrap_or_default()
     }
 
-    fn from_entries(mut entries: Vec<(u64, String)>) -> Self {
+    fn from_reader(mut r: impl BufRead) -> std::io::Result<Self> {
+        // (address, start and end of the name in `names`): no allocation per line.
+        let mut entries: Vec<(u64, usize, usize)> = Vec::new();
+        let mut names: Vec<u8> = Vec::new();
+        let mut line = Vec::new();
+        while r.read_until(b'\n', &mut line)? > 0 {
+            if let Some((addr, name)) = parse_line(&line) {
+                entries.push((addr, names.len(), names.len() + name.len()));
+                names.extend_from_slice(name);
+            }
+            line.clear();
+        }
+        // Stable: among symbols at one address the first listed wins.
         entries.sort_by_key(|e| e.0);
         entries.dedup_by_key(|e| e.0);
-        let mut k = Kallsyms {
-            addrs: Vec::with_capacity(entries.len()),
-            ends: Vec::with_capacity(entries.len()),
-            names: String::with_capacity(entries.iter().map(|e| e.1.len()).sum()),
-        };
-        for (addr, name) in entries {
-            k.names.push_str(&name);
-            let Ok(end) = u32::try_from(k.names.len()) else {
-                break;
-            };
-            k.addrs.push(addr);
-            k.ends.push(end);
-        }
-        k
+        let packed = PackedNames::new(entries.iter().map(|&(_, a, b)| &names[a..b]));
+        // Addresses whose names did not fit name nothing.
+        entries.truncate(packed.count());
+        Ok(Kallsyms {
+            addrs: entries.iter().map(|e| e.0).collect(),
+            names: packed,
+        })
     }
 
     /// The symbol containing `addr` (the last one starting at or below it).
-    pub fn resolve(&self, addr: u64) -> Option<&str> {
+    pub fn resolve(&self, addr: u64) -> Option<String> {
         let i = self.addrs.partition_point(|&a| a <= addr).checked_sub(1)?;
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        self.names.get(start..self.ends[i] as usize)
+        Some(String::from_utf8_lossy(&self.names.get(i)?).into_owned())
+    }
+
+    /// Heap bytes held.
+    #[cfg(test)]
+    pub fn bytes(&self) -> usize {
+        self.addrs.capacity() * 8 + self.names.bytes()
     }
 
     /// Number of symbols.
@@ -78,15 +83,17 @@ impl Kallsyms {
 }
 
 /// `ffffffff81000000 T _stext [module]` → text symbols only; zero addresses are hidden ones.
-fn parse_line(line: &str) -> Option<(u64, String)> {
-    let mut f = line.split_whitespace();
-    let addr = u64::from_str_radix(f.next()?, 16).ok()?;
+fn parse_line(line: &[u8]) -> Option<(u64, &[u8])> {
+    let mut f = line
+        .split(|c| c.is_ascii_whitespace())
+        .filter(|w| !w.is_empty());
+    let addr = u64::from_str_radix(std::str::from_utf8(f.next()?).ok()?, 16).ok()?;
     let kind = f.next()?;
     let name = f.next()?;
-    if addr == 0 || !matches!(kind, "t" | "T" | "w" | "W") {
+    if addr == 0 || !matches!(kind, b"t" | b"T" | b"w" | b"W") {
         return None;
     }
-    Some((addr, name.to_owned()))
+    Some((addr, name))
 }
 
 #[cfg(test)]
@@ -104,11 +111,47 @@ mod tests {
              0000000000000000 T hidden\n",
         );
         assert_eq!(k.len(), 3);
-        assert_eq!(k.resolve(0xffffffff81000000), Some("_stext"));
-        assert_eq!(k.resolve(0xffffffff810000ff), Some("_stext"));
-        assert_eq!(k.resolve(0xffffffff81000100), Some("second"));
-        assert_eq!(k.resolve(0xffffffffc0000010), Some("mod_fn"));
-        assert_eq!(k.resolve(0x1000), None);
+        let name = |a| k.resolve(a);
+        assert_eq!(name(0xffffffff81000000).as_deref(), Some("_stext"));
+        assert_eq!(name(0xffffffff810000ff).as_deref(), Some("_stext"));
+        assert_eq!(name(0xffffffff81000100).as_deref(), Some("second"));
+        assert_eq!(name(0xffffffffc0000010).as_deref(), Some("mod_fn"));
+        assert_eq!(name(0x1000), None);
+    }
+
+    #[test]
+    fn names_every_symbol_across_blocks() {
+        let text: String = (0..1000u64)
+            .map(|i| format!("{:x} T fn_{i}\n", 0xffffffff81000000 + 16 * (999 - i)))
+            .collect();
+        let k = Kallsyms::parse(&text);
+        assert_eq!(k.len(), 1000);
+        for i in 0..1000u64 {
+            let addr = 0xffffffff81000000 + 16 * (999 - i);
+            assert_eq!(k.resolve(addr + 3), Some(format!("fn_{i}")), "{addr:x}");
+        }
+        // Smaller than the text.
+        assert!(k.bytes() < text.len() / 2, "{} bytes", k.bytes());
+    }
+
+    #[test]
+    fn this_hosts_kallsyms_names_its_own_functions() {
+        let Ok(k) = Kallsyms::load() else { return };
+        if k.is_empty() {
+            return; // addresses hidden: not privileged
+        }
+        let text = std::fs::read_to_string("/proc/kallsyms").unwrap();
+        let (addr, name) = text
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let (a, t, n) = (f.next()?, f.next()?, f.next()?);
+                (t == "T" && n == "schedule").then(|| (u64::from_str_radix(a, 16).unwrap(), n))
+            })
+            .next()
+            .expect("schedule in kallsyms");
+        assert_eq!(k.resolve(addr).as_deref(), Some(name));
+        eprintln!("{} symbols in {} bytes", k.len(), k.bytes());
     }
 
     #[test]

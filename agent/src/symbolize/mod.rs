@@ -24,6 +24,7 @@
 #[cfg(test)]
 mod golden_names;
 mod kallsyms;
+mod packed;
 pub mod table;
 
 use std::collections::{HashMap, HashSet};
@@ -327,7 +328,7 @@ impl Symbolizer {
         let kernel_misses = kernel.len();
         for addr in kernel {
             if let Some(name) = self.kernel.resolve(addr) {
-                out.insert(FrameKey::Kernel(addr), named(Arc::from(name)));
+                out.insert(FrameKey::Kernel(addr), named(Arc::from(name.as_str())));
             }
         }
         tracing::debug!(
@@ -344,7 +345,7 @@ impl Symbolizer {
                     for off in vdso {
                         match table.lookup(off) {
                             Ok(name) => {
-                                out.insert(FrameKey::Vdso(off), named(demangle(name)));
+                                out.insert(FrameKey::Vdso(off), named(demangle(&name)));
                             }
                             Err(m) => *missed.entry(miss(m)).or_default() += 1,
                         }
@@ -367,7 +368,7 @@ impl Symbolizer {
             for off in offsets {
                 match table.lookup(off) {
                     Ok(name) => {
-                        out.insert(FrameKey::Object(key, off), named(demangle(name)));
+                        out.insert(FrameKey::Object(key, off), named(demangle(&name)));
                     }
                     Err(m) => *missed.entry(miss(m)).or_default() += 1,
                 }

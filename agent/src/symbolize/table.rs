@@ -7,16 +7,19 @@
 //! size covers the addresses up to the next one; then `.dynsym`, where such a symbol
 //! names only its exact address; among symbols at one address the largest wins.
 //!
-//! Names are stored as the file has them (mangled); the caller demangles the few it shows.
+//! Names are stored as the file has them (mangled), packed ([`PackedNames`]: a Rust
+//! binary's 3.8 MB of names in under 1 MB); the caller demangles the few it shows.
 //! Pure over [`ElfReader`], so the fuzz target builds tables from arbitrary bytes.
 
 use std::collections::HashMap;
 
 use crate::normalize::elf_file::{offset_to_vaddr, ElfError, ElfReader, ReadAt, Segment};
+use crate::symbolize::packed::PackedNames;
 
 use object::elf::{SHT_DYNSYM, SHT_SYMTAB};
 
-/// One named range: start address, size (0: unknown) and name offset in the arena.
+/// One named range: start address, size (0: unknown) and, while the table is built, the
+/// name's offset among the builder's names (a built table names entries by position).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
     start: u64,
@@ -36,8 +39,8 @@ pub struct SymTable {
     full: Vec<Entry>,
     /// `.dynsym` entries, by start.
     dynamic: Vec<Entry>,
-    /// Names, each ended by a NUL.
-    names: Vec<u8>,
+    /// The name of `full[i]` at index `i`, of `dynamic[j]` at `full.len() + j`.
+    names: PackedNames,
 }
 
 /// Why a lookup found no name.
@@ -140,8 +143,7 @@ impl SymTable {
             }
         }
         let dynamic = b.table(object, SHT_DYNSYM)?;
-        let mut names = b.names;
-        names.shrink_to_fit();
+        let names = PackedNames::new(full.iter().chain(&dynamic).map(|e| b.name(e.name)));
         let mut t = SymTable {
             segments: object.segments().to_vec(),
             full,
@@ -158,7 +160,7 @@ impl SymTable {
         std::mem::size_of::<Self>()
             + self.segments.capacity() * std::mem::size_of::<Segment>()
             + (self.full.capacity() + self.dynamic.capacity()) * std::mem::size_of::<Entry>()
-            + self.names.capacity()
+            + self.names.bytes()
     }
 
     /// Function symbols held.
@@ -172,29 +174,32 @@ impl SymTable {
     }
 
     /// The (mangled) name of the function at file offset `offset`.
-    pub fn lookup(&self, offset: u64) -> Result<&[u8], Miss> {
+    pub fn lookup(&self, offset: u64) -> Result<Vec<u8>, Miss> {
         if self.is_empty() {
             return Err(Miss::MissingSyms);
         }
         let addr = offset_to_vaddr(&self.segments, offset).ok_or(Miss::InvalidFileOffset)?;
-        find(&self.full, addr, true)
-            .or_else(|| find(&self.dynamic, addr, false))
-            .map(|e| name_at(&self.names, e.name))
-            .ok_or(Miss::UnknownAddr)
+        let i = find(&self.full, addr, true)
+            .or_else(|| find(&self.dynamic, addr, false).map(|j| self.full.len() + j))
+            .ok_or(Miss::UnknownAddr)?;
+        // Names past the packing's cap are missing, as if the symbol were.
+        self.names.get(i).ok_or(Miss::UnknownAddr)
     }
 }
 
-/// The entry covering `addr`: the last one starting at or before it, if its size covers
-/// `addr` (or, `sizeless_extends`, if its size is unknown).
-fn find(entries: &[Entry], addr: u64, sizeless_extends: bool) -> Option<&Entry> {
-    let i = entries.partition_point(|e| e.start <= addr);
-    let e = entries.get(i.checked_sub(1)?)?;
+/// The index of the entry covering `addr`: the last one starting at or before it, if its
+/// size covers `addr` (or, `sizeless_extends`, if its size is unknown).
+fn find(entries: &[Entry], addr: u64, sizeless_extends: bool) -> Option<usize> {
+    let i = entries
+        .partition_point(|e| e.start <= addr)
+        .checked_sub(1)?;
+    let e = entries.get(i)?;
     let hit = if e.size == 0 {
         sizeless_extends || addr == e.start
     } else {
         addr - e.start < u64::from(e.size)
     };
-    hit.then_some(e)
+    hit.then_some(i)
 }
 
 #[cfg(test)]
@@ -208,14 +213,14 @@ mod tests {
     #[test]
     fn find_follows_sizes() {
         let e = [entry(0x100, 0x10, 0), entry(0x200, 0, 1)];
-        assert_eq!(find(&e, 0x100, true), Some(&e[0]));
-        assert_eq!(find(&e, 0x10f, true), Some(&e[0]));
+        assert_eq!(find(&e, 0x100, true), Some(0));
+        assert_eq!(find(&e, 0x10f, true), Some(0));
         assert_eq!(find(&e, 0x110, true), None);
         assert_eq!(find(&e, 0xff, true), None);
         // Sizeless: extends in .symtab, exact in .dynsym.
-        assert_eq!(find(&e, 0x250, true), Some(&e[1]));
+        assert_eq!(find(&e, 0x250, true), Some(1));
         assert_eq!(find(&e, 0x250, false), None);
-        assert_eq!(find(&e, 0x200, false), Some(&e[1]));
+        assert_eq!(find(&e, 0x200, false), Some(1));
     }
 
     #[test]
@@ -226,7 +231,17 @@ mod tests {
         let (t, truncated) = SymTable::build::<[u8], [u8]>(&mut elf, None).expect("build");
         assert!(!truncated);
         assert!(t.len() > 1000, "{} symbols", t.len());
-        assert!(t.bytes() > t.names.len());
+        assert!(t.bytes() > t.len() * std::mem::size_of::<Entry>());
+        // Packed: well under the names themselves.
+        let plain: usize = (0..t.len())
+            .filter_map(|i| t.names.get(i))
+            .map(|n| n.len() + 1)
+            .sum();
+        assert!(
+            t.names.bytes() < plain / 2,
+            "{} of {plain}",
+            t.names.bytes()
+        );
         assert_eq!(t.lookup(u64::MAX >> 4), Err(Miss::InvalidFileOffset));
         assert_eq!(SymTable::default().lookup(0), Err(Miss::MissingSyms));
     }

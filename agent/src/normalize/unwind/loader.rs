@@ -27,7 +27,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,7 +40,7 @@ use super::error::UnwindError;
 use super::sparse::Sparse;
 use super::store::{key_of, row_bytes, Store, StoreError, TableKey};
 use crate::capture::tasks::{Mmap, TaskEvent, TaskWatch};
-use crate::capture::{Ask, UnwindMaps};
+use crate::capture::{Ask, UnwindMaps, Work, WorkReceiver, WorkSender};
 use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
 use crate::normalize::process::Snapshot;
 use crate::os::procfs;
@@ -80,19 +80,14 @@ const SWEEP_EVERY: Duration = Duration::from_secs(30);
 const SWEEP_EVERY_UNFOLLOWED: Duration = Duration::from_secs(2);
 /// How often the task record reader checks for CPUs brought online.
 const CPU_CHECK_EVERY: Duration = Duration::from_secs(5);
-/// The longest the loader sleeps between looks at the sampler's asks (task records wake it
-/// at once). Asks are for processes the records missed (running before ember started, or a
-/// lost record), so a quarter second is soon enough; waking every 50 ms cost an idle host
-/// ~0.2 % of a core, more than the rest of the unwinder.
-const POLL: Duration = Duration::from_millis(250);
 /// The longest the task record reader sleeps: every record wakes it at once, so this only
-/// bounds how late it sees the stop flag (waking every 50 ms cost an idle host ~0.05 % of a
-/// core in this thread alone).
-const READER_WAIT: Duration = Duration::from_millis(500);
+/// bounds how late it sees CPUs brought online and the stop flag (nothing waits for it to
+/// end). Every wakeup of an idle thread costs; the loader itself sleeps until work comes.
+const READER_WAIT: Duration = CPU_CHECK_EVERY;
 /// How long after an exec or mmap the loader waits for more before reading the process.
 const SETTLE: Duration = Duration::from_millis(2);
-/// Task records queued between the reader thread and the loader.
-const TASK_QUEUE: usize = 16_384;
+/// Processes whose asks wait for the loader.
+const MAX_ASKED: usize = 4_096;
 /// The sampler's asks served per round of the loader's loop.
 const ASKS_PER_ROUND: usize = 4;
 /// A table walked this recently is in use: never evicted to make room for another (a host
@@ -239,7 +234,12 @@ impl Loader {
     /// (`watch`: exec, mmap, fork, exit — a process is loaded as it starts, before its
     /// first sample) and serves the sampler's asks (processes that were running before
     /// the agent), until capture stops.
-    pub fn run(mut self, preload: &[u32], asks: Receiver<Ask>, watch: Option<TaskWatch>) {
+    pub fn run(
+        mut self,
+        preload: &[u32],
+        (work, sender): (WorkReceiver, WorkSender),
+        watch: Option<TaskWatch>,
+    ) {
         for &pid in preload {
             self.load(pid);
         }
@@ -247,32 +247,42 @@ impl Loader {
         let stop = Arc::new(AtomicBool::new(false));
         let _stop_reader = StopOnDrop(stop.clone());
         let lost = Arc::new(AtomicBool::new(false));
-        let mut tasks =
-            watch.and_then(|w| spawn_reader(w, self.metrics.clone(), stop, lost.clone()));
+        let followed = watch
+            .and_then(|w| spawn_reader(w, sender, self.metrics.clone(), stop, lost.clone()))
+            .is_some();
+        let every = if followed {
+            SWEEP_EVERY
+        } else {
+            SWEEP_EVERY_UNFOLLOWED
+        };
         let mut dirty = BTreeSet::new();
+        let mut asked = BTreeSet::new();
         let mut last_sweep = Instant::now();
         while !self.halt.load(Ordering::Relaxed) {
-            match &tasks {
-                Some(rx) => match rx.recv_timeout(POLL) {
-                    Ok(ev) => {
-                        self.on_task(ev, &mut dirty, &only);
-                        // ld.so maps a program's libraries within a millisecond or two of
-                        // its exec: take those too, so a process is read once, not per library.
-                        let settle = Instant::now() + SETTLE;
-                        while let Ok(ev) =
-                            rx.recv_timeout(settle.saturating_duration_since(Instant::now()))
-                        {
-                            self.on_task(ev, &mut dirty, &only);
-                        }
+            // Asleep until work comes or a sweep is due; never while asks wait.
+            let wait = if asked.is_empty() {
+                every.saturating_sub(last_sweep.elapsed())
+            } else {
+                Duration::ZERO
+            };
+            match work.recv_timeout(wait) {
+                Ok(w) => {
+                    let task = matches!(w, Work::Task(_));
+                    self.take(w, &mut dirty, &mut asked, &only);
+                    // ld.so maps a program's libraries within a millisecond or two of
+                    // its exec: take those too, so a process is read once, not per library.
+                    let settle = Instant::now() + SETTLE;
+                    while let Some(w) = task
+                        .then(|| {
+                            work.recv_timeout(settle.saturating_duration_since(Instant::now()))
+                        })
+                        .and_then(Result::ok)
+                    {
+                        self.take(w, &mut dirty, &mut asked, &only);
                     }
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => tasks = None,
-                },
-                None => match asks.recv_timeout(POLL) {
-                    Ok(Ask::Process(pid)) | Ok(Ask::Remap(pid)) => self.load(pid),
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => return,
-                },
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
             }
             while let Some(pid) = dirty.pop_first() {
                 if self.halt.load(Ordering::Relaxed) {
@@ -280,10 +290,8 @@ impl Loader {
                 }
                 // Records first: each is a few microseconds and may be a new process about
                 // to be sampled; a full read takes a millisecond or more.
-                if let Some(rx) = &tasks {
-                    while let Ok(ev) = rx.try_recv() {
-                        self.on_task(ev, &mut dirty, &only);
-                    }
+                while let Ok(w) = work.try_recv() {
+                    self.take(w, &mut dirty, &mut asked, &only);
                 }
                 self.load(pid);
             }
@@ -293,21 +301,37 @@ impl Loader {
                 if self.halt.load(Ordering::Relaxed) {
                     return;
                 }
-                match asks.try_recv() {
-                    Ok(Ask::Process(pid)) | Ok(Ask::Remap(pid)) => self.load(pid),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => return,
-                }
+                let Some(pid) = asked.pop_first() else {
+                    break;
+                };
+                self.load(pid);
             }
-            let every = if tasks.is_some() {
-                SWEEP_EVERY
-            } else {
-                SWEEP_EVERY_UNFOLLOWED
-            };
             if lost.swap(false, Ordering::Relaxed) || last_sweep.elapsed() >= every {
                 last_sweep = Instant::now();
                 self.sweep();
             }
+        }
+    }
+
+    /// Files one piece of work: a task record is applied, an ask waits in `asked` (one per
+    /// process, at most [`MAX_ASKED`]; more are dropped, counted, and asked again later).
+    fn take(
+        &mut self,
+        w: Work,
+        dirty: &mut BTreeSet<u32>,
+        asked: &mut BTreeSet<u32>,
+        only: &HashSet<u32>,
+    ) {
+        match w {
+            Work::Task(ev) => self.on_task(ev, dirty, only),
+            Work::Ask(Ask::Process(pid)) | Work::Ask(Ask::Remap(pid)) => {
+                if asked.len() < MAX_ASKED || asked.contains(&pid) {
+                    asked.insert(pid);
+                } else {
+                    self.metrics.dropped(Cache::UnwindRequests, 1);
+                }
+            }
+            Work::Wake => {}
         }
     }
 
@@ -1054,11 +1078,11 @@ impl Drop for StopOnDrop {
 /// so a loader busy compiling a large table never lets a ring overflow.
 fn spawn_reader(
     mut watch: TaskWatch,
+    tx: WorkSender,
     metrics: Metrics,
     stop: Arc<AtomicBool>,
     lost: Arc<AtomicBool>,
-) -> Option<Receiver<TaskEvent>> {
-    let (tx, rx) = std::sync::mpsc::sync_channel(TASK_QUEUE);
+) -> Option<()> {
     let spawned = std::thread::Builder::new()
         .name("ember-tasks".into())
         .spawn(move || {
@@ -1079,7 +1103,7 @@ fn spawn_reader(
                     metrics.proc_read_error(ProcRead::TaskRecord, d.malformed + d.rejected);
                 }
                 for ev in events.drain(..) {
-                    match tx.try_send(ev) {
+                    match tx.try_send(Work::Task(ev)) {
                         Ok(()) => {}
                         Err(TrySendError::Full(_)) => {
                             metrics.dropped(Cache::TaskRecords, 1);
@@ -1099,7 +1123,7 @@ fn spawn_reader(
             }
         });
     match spawned {
-        Ok(_) => Some(rx),
+        Ok(_) => Some(()),
         Err(e) => {
             warn!("cannot start the task record reader ({e}): processes load at first sample");
             None
