@@ -30,6 +30,7 @@ pub(crate) mod export;
 pub mod metrics;
 pub mod normalize;
 pub(crate) mod os;
+pub use os::one_malloc_arena;
 pub mod readings;
 pub(crate) mod server;
 pub mod symbolize;

@@ -92,6 +92,7 @@ enum RecordType {
 }
 
 fn main() -> ExitCode {
+    ember::one_malloc_arena();
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Command::Run(RunArgs::default())) {
         Command::Run(args) => run(args),

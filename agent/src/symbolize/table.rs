@@ -11,8 +11,6 @@
 //! binary's 2.9 MB of names in 0.9 MB); the caller demangles the few it shows.
 //! Pure over [`ElfReader`], so the fuzz target builds tables from arbitrary bytes.
 
-use std::collections::HashMap;
-
 use crate::normalize::elf_file::{offset_to_vaddr, ElfError, ElfReader, ReadAt, Segment};
 use crate::symbolize::packed::PackedNames;
 
@@ -54,24 +52,21 @@ pub enum Miss {
     UnknownAddr,
 }
 
-/// Builds tables, interning names across the tables of one object.
+/// Builds tables, holding the names of the object's symbol tables until they are packed.
+/// Not interned: a map of names cost twice their bytes again at build time (a 150 MB
+/// library holds 20 MB of names), and packing makes repeats cheap anyway.
 struct Builder {
     names: Vec<u8>,
-    interned: HashMap<Box<[u8]>, u32>,
     truncated: bool,
 }
 
 impl Builder {
-    fn intern(&mut self, name: &[u8]) -> Option<u32> {
-        if let Some(&at) = self.interned.get(name) {
-            return Some(at);
-        }
+    fn push_name(&mut self, name: &[u8]) -> Option<u32> {
         let at = u32::try_from(self.names.len()).ok()?;
         // Names stay under 4 GiB in total; the caps keep them far below.
         u32::try_from(self.names.len() + name.len() + 1).ok()?;
         self.names.extend_from_slice(name);
         self.names.push(0);
-        self.interned.insert(name.into(), at);
         Some(at)
     }
 
@@ -88,7 +83,7 @@ impl Builder {
                 full = true;
                 return;
             }
-            if let Some(name) = self.intern(s.name) {
+            if let Some(name) = self.push_name(s.name) {
                 raw.push((s.addr, s.size, s.global, name));
             }
         })?;
@@ -132,7 +127,6 @@ impl SymTable {
     ) -> Result<(SymTable, bool), ElfError> {
         let mut b = Builder {
             names: Vec::new(),
-            interned: HashMap::new(),
             truncated: false,
         };
         let mut full = b.table(object, SHT_SYMTAB)?;
