@@ -29,12 +29,16 @@ pub mod elf_file;
 #[path = "../../agent/src/symbolize/table.rs"]
 pub mod table;
 
+#[path = "../../agent/src/symbolize/packed.rs"]
+pub mod packed;
+
 /// The safe object reader, at the path the symbol table imports it from.
 pub mod normalize {
     pub use crate::elf_file;
 }
 
-/// The symbol-table builder.
+/// The symbol-table builder and its packed names.
 pub mod symbolize {
+    pub use crate::packed;
     pub use crate::table;
 }

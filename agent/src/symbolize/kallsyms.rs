@@ -1,5 +1,5 @@
 //! Kernel symbols from `/proc/kallsyms`, held compactly: one sorted address array and the
-//! names packed ([`PackedNames`]): 1.7 MB for this host's 122k symbols, where plain strings
+//! names packed ([`PackedNames`]): 2.2 MB for this host's 122k symbols, where plain strings
 //! held 4.4 MB.
 
 use std::io::{BufRead, BufReader};

@@ -8,7 +8,7 @@
 //! names only its exact address; among symbols at one address the largest wins.
 //!
 //! Names are stored as the file has them (mangled), packed ([`PackedNames`]: a Rust
-//! binary's 2.9 MB of names in 0.9 MB); the caller demangles the few it shows.
+//! binary's 2.9 MB of names in 1.0 MB); the caller demangles the few it shows.
 //! Pure over [`ElfReader`], so the fuzz target builds tables from arbitrary bytes.
 
 use crate::normalize::elf_file::{offset_to_vaddr, ElfError, ElfReader, ReadAt, Segment};
