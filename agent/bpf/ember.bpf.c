@@ -253,28 +253,48 @@ static __always_inline int user_regs(struct ember_perf_ctx *ctx, struct walk *w)
 	return 0;
 }
 
+/*
+ * The binary searches below do not branch on what they read: each step adds
+ * half of the span to the index, or 0, by arithmetic (half_if_le). With an
+ * if/else per step the verifier follows each outcome apart with the index
+ * exact (an index that addresses memory must be), so find_range alone was 128
+ * paths of distinct constants, each carrying the rest of walk_step: most of
+ * ember_walk's 175,000 verified instructions and 0.27 s of load. Here a step is
+ * one path with a range of indexes. It also runs faster: a search's branches
+ * are as good as random to the CPU, about half of them mispredicted.
+ */
+
+/* half if a <= b, else 0, for a and b below 2^63 (user addresses, row offsets). */
+static __always_inline __u32 half_if_le(__u32 half, __u64 a, __u64 b)
+{
+	__u64 d = b - a; /* bit 63 set if a > b */
+
+	/* Hides d's origin, or clang turns this back into a compare and a branch. */
+	barrier_var(d);
+	/* A shift, not an and with 0 or -1: the verifier (6.18 here) forks a state for each of those. */
+	return (__u64)half >> ((d >> 63) << 5);
+}
+
 /* The range holding pc: the last one starting at or below it, if pc is inside it. */
 static __always_inline struct ember_unwind_range *find_range(struct ember_unwind_proc *proc, __u64 pc)
 {
-	__u32 lo = 0, hi = proc->count, i, mid;
+	__u32 n = proc->count, at = 0, half, i;
 	struct ember_unwind_range *r;
 
-	if (hi > EMBER_UNWIND_RANGES)
-		hi = EMBER_UNWIND_RANGES;
-	/* lo ends on the first range starting above pc: 7 steps cover 64 ranges. */
-	for (i = 0; i < 7 && lo < hi; i++) {
-		mid = (lo + hi) / 2;
-		if (mid >= EMBER_UNWIND_RANGES)
-			return 0;
-		if (proc->ranges[mid].start <= pc)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	if (lo == 0 || lo > EMBER_UNWIND_RANGES)
+	if (n > EMBER_UNWIND_RANGES)
+		n = EMBER_UNWIND_RANGES;
+	if (n == 0)
 		return 0;
-	r = &proc->ranges[lo - 1];
-	if (pc - r->start >= r->len)
+	/* The last range starting at or below pc is in [at, at + n): 6 halvings cover 64 ranges. */
+	for (i = 0; i < 6 && n > 1; i++) {
+		half = n / 2;
+		/* at + half < EMBER_UNWIND_RANGES: the masks are for the verifier. */
+		at += half_if_le(half, proc->ranges[(at + half) & (EMBER_UNWIND_RANGES - 1)].start, pc);
+		n -= half;
+	}
+	r = &proc->ranges[at & (EMBER_UNWIND_RANGES - 1)];
+	/* at = 0 also when the first range starts above pc. */
+	if (pc < r->start || pc - r->start >= r->len)
 		return 0;
 	return r;
 }
@@ -306,7 +326,7 @@ static __always_inline int find_row(void *table, __u64 addr, struct ember_unwind
 	struct ember_unwind_header *h;
 	struct ember_unwind_page *page;
 	struct ember_unwind_row *row;
-	__u32 base, lo = 0, hi, mid, i, pi;
+	__u32 base, at = 0, n, half, i, pi;
 	__u16 low = addr & 0xffff;
 	__u64 p = addr >> EMBER_UNWIND_PAGE_SHIFT;
 
@@ -320,19 +340,17 @@ static __always_inline int find_row(void *table, __u64 addr, struct ember_unwind
 	if (!page)
 		return -1;
 	base = 1 + h->page_count + page->first_row;
-	hi = page->row_count;
-	/* The last row with pc_low <= low; row 0 of a page has pc_low 0. 17 steps cover 65,536 rows. */
-	for (i = 0; i < 17 && hi - lo > 1; i++) {
-		mid = lo + (hi - lo) / 2;
-		row = (void *)slot_at(&c, base + mid);
+	n = page->row_count;
+	/* The last row with pc_low <= low is in [at, at + n); row 0 of a page has pc_low 0. 16 halvings cover 65,536 rows. */
+	for (i = 0; i < 16 && n > 1; i++) {
+		half = n / 2;
+		row = (void *)slot_at(&c, base + at + half);
 		if (!row)
 			return -1;
-		if (row->pc_low <= low)
-			lo = mid;
-		else
-			hi = mid;
+		at += half_if_le(half, row->pc_low, low);
+		n -= half;
 	}
-	row = (void *)slot_at(&c, base + lo);
+	row = (void *)slot_at(&c, base + at);
 	if (!row)
 		return -1;
 	*out = *row;
@@ -432,32 +450,59 @@ static long on_vma(struct task_struct *task, struct vm_area_struct *vma, void *a
 	return 0;
 }
 
+struct shift_ctx {
+	struct ember_unwind_proc *p;
+	__u64 start;
+	__u32 at; /* where the new range goes */
+};
+
+/* bpf_loop callback: moves range count - k - 1 up by one, or stops where the new range goes. */
+static long shift_range(__u32 k, void *arg)
+{
+	struct shift_ctx *c = arg;
+	struct ember_unwind_proc *p = c->p;
+	__u32 i = p->count - k;
+
+	if (i == 0 || p->ranges[(i - 1) & (EMBER_UNWIND_RANGES - 1)].start <= c->start) {
+		c->at = i;
+		return 1;
+	}
+	p->ranges[i & (EMBER_UNWIND_RANGES - 1)] = p->ranges[(i - 1) & (EMBER_UNWIND_RANGES - 1)];
+	return 0;
+}
+
 /*
  * Adds r to a process's sorted ranges in place (the walker's miss of a library
- * mapped since the agent read the process). Two CPUs doing this for one process
- * at once can leave a range out; the agent's next read of the process repairs it.
+ * mapped since the agent read the process); 0 if they are full. Two CPUs doing
+ * this for one process at once can leave a range out; the agent's next read of
+ * the process repairs it. The shift is a bpf_loop of its own: as a loop inside
+ * walk_step the verifier went through all 64 of its iterations.
  */
-static __always_inline void insert_range(struct ember_unwind_proc *p, struct ember_unwind_range *r)
+static __always_inline int insert_range(struct ember_unwind_proc *p, struct ember_unwind_range *r)
 {
-	__u32 n = p->count, i = 0, k;
+	struct shift_ctx c = { .p = p, .start = r->start };
+	__u32 n = p->count;
 
 	if (n >= EMBER_UNWIND_RANGES)
-		return;
-	/* Shifts the ranges starting above r up by one, from the top; masks keep indices in bounds. */
-	for (k = 0; k < EMBER_UNWIND_RANGES; k++) {
-		i = n - k;
-		if (i == 0 || p->ranges[(i - 1) & (EMBER_UNWIND_RANGES - 1)].start <= r->start)
-			break;
-		p->ranges[i & (EMBER_UNWIND_RANGES - 1)] = p->ranges[(i - 1) & (EMBER_UNWIND_RANGES - 1)];
-	}
-	p->ranges[i & (EMBER_UNWIND_RANGES - 1)] = *r;
+		return 0;
+	/* Shifts the ranges starting above r up by one, from the top; its step n (i = 0) always stops. */
+	bpf_loop(n + 1, shift_range, &c, 0);
+	p->ranges[c.at & (EMBER_UNWIND_RANGES - 1)] = *r;
 	p->count = n + 1;
+	return 1;
 }
 
 struct walk_ctx {
 	struct scratch *s;
 	struct ember_unwind_proc *proc;
 };
+
+/* A pc in no known range: ask the agent to read the process again, and take the frame pointer meanwhile. */
+static __always_inline long range_miss(struct scratch *s)
+{
+	ask(s, EMBER_REC_RANGE_MISS);
+	return ember_cfg.unwind_mode == EMBER_MODE_DWARF ? stop(&s->w, EMBER_UNWIND_ERR_NO_TABLE) : fp_step(&s->w);
+}
 
 /* bpf_loop callback: records the current frame and steps to its caller. 1 ends the loop. */
 static long walk_step(__u32 index, void *arg)
@@ -467,7 +512,7 @@ static long walk_step(__u32 index, void *arg)
 	struct walk *w = &s->w;
 	struct ember_unwind_range *r;
 	struct ember_unwind_row row;
-	__u64 pc, cfa, ra, bp, v;
+	__u64 pc, bias, cfa, ra, bp, v;
 	__u32 slot, at;
 	void *table;
 
@@ -484,23 +529,27 @@ static long walk_step(__u32 index, void *arg)
 	/* A return address is the instruction after the call: look up the call itself. */
 	pc = w->exact ? w->ip : w->ip - 1;
 	r = find_range(c->proc, pc);
-	if (!r && !w->looked) {
+	if (r) {
+		slot = r->table;
+		bias = r->bias;
+	} else if (!w->looked) {
 		/* A library mapped since the agent read the process: its memory map names it now. */
 		struct found f = {};
 
 		w->looked = 1;
-		if (!bpf_find_vma(bpf_get_current_task_btf(), pc, on_vma, &f, 0) && f.ok &&
-		    pc - f.r.start < f.r.len) {
-			insert_range(c->proc, &f.r);
+		if (bpf_find_vma(bpf_get_current_task_btf(), pc, on_vma, &f, 0) || !f.ok ||
+		    pc - f.r.start >= f.r.len)
+			return range_miss(s);
+		/* Unwound by f.r either way; ranges that are full are the agent's to sort out. */
+		if (insert_range(c->proc, &f.r))
 			count(EMBER_CNT_VMA_FOUND);
-			r = find_range(c->proc, pc);
-		}
+		else
+			ask(s, EMBER_REC_RANGE_MISS);
+		slot = f.r.table;
+		bias = f.r.bias;
+	} else {
+		return range_miss(s);
 	}
-	if (!r) {
-		ask(s, EMBER_REC_RANGE_MISS);
-		return ember_cfg.unwind_mode == EMBER_MODE_DWARF ? stop(w, EMBER_UNWIND_ERR_NO_TABLE) : fp_step(w);
-	}
-	slot = r->table;
 	if (slot == EMBER_TABLE_NONE)
 		return ember_cfg.unwind_mode == EMBER_MODE_DWARF ? stop(w, EMBER_UNWIND_ERR_NO_TABLE) : fp_step(w);
 	table = bpf_map_lookup_elem(&unwind_tables, &slot);
@@ -512,7 +561,7 @@ static long walk_step(__u32 index, void *arg)
 		if (used)
 			*used = s->rec.time_ns;
 	}
-	if (find_row(table, pc - r->bias, &row))
+	if (find_row(table, pc - bias, &row))
 		return stop(w, EMBER_UNWIND_ERR_TABLE);
 
 	switch (row.cfa_rule) {
