@@ -254,17 +254,19 @@ static __always_inline int user_regs(struct ember_perf_ctx *ctx, struct walk *w)
 }
 
 /*
- * The binary searches below do not branch on what they read: each step adds
- * half of the span to the index, or 0, by arithmetic (half_if_le). With an
- * if/else per step the verifier follows each outcome apart with the index
- * exact (an index that addresses memory must be), so find_range alone was 128
- * paths of distinct constants, each carrying the rest of walk_step: most of
- * ember_walk's 175,000 verified instructions and 0.27 s of load. Here a step is
- * one path with a range of indexes. It also runs faster: a search's branches
- * are as good as random to the CPU, about half of them mispredicted.
+ * find_range does not branch on what it reads: each step adds half of the span
+ * to the index, or 0, by arithmetic (half_if_le). With an if/else per step the
+ * verifier follows each outcome apart with the index exact (an index that
+ * addresses memory must be), so find_range was 128 paths of distinct constant
+ * indexes, each carrying the rest of walk_step: most of ember_walk's 175,000
+ * verified instructions and 0.27 s of load. Here a step is one path with a
+ * range of indexes. find_row keeps its if/else: its paths end in the copy of
+ * one row, so they cost the verifier ~8,000 instructions rather than multiply,
+ * and a branchless step is slower whenever the CPU predicts the branches
+ * (stacks that repeat sample after sample): each step then waits for its load.
  */
 
-/* half if a <= b, else 0, for a and b below 2^63 (user addresses, row offsets). */
+/* half if a <= b, else 0, for a and b below 2^63 (user addresses). */
 static __always_inline __u32 half_if_le(__u32 half, __u64 a, __u64 b)
 {
 	__u64 d = b - a; /* bit 63 set if a > b */
@@ -326,7 +328,7 @@ static __always_inline int find_row(void *table, __u64 addr, struct ember_unwind
 	struct ember_unwind_header *h;
 	struct ember_unwind_page *page;
 	struct ember_unwind_row *row;
-	__u32 base, at = 0, n, half, i, pi;
+	__u32 base, lo = 0, hi, mid, i, pi;
 	__u16 low = addr & 0xffff;
 	__u64 p = addr >> EMBER_UNWIND_PAGE_SHIFT;
 
@@ -340,17 +342,19 @@ static __always_inline int find_row(void *table, __u64 addr, struct ember_unwind
 	if (!page)
 		return -1;
 	base = 1 + h->page_count + page->first_row;
-	n = page->row_count;
-	/* The last row with pc_low <= low is in [at, at + n); row 0 of a page has pc_low 0. 16 halvings cover 65,536 rows. */
-	for (i = 0; i < 16 && n > 1; i++) {
-		half = n / 2;
-		row = (void *)slot_at(&c, base + at + half);
+	hi = page->row_count;
+	/* The last row with pc_low <= low; row 0 of a page has pc_low 0. 17 steps cover 65,536 rows. */
+	for (i = 0; i < 17 && hi - lo > 1; i++) {
+		mid = lo + (hi - lo) / 2;
+		row = (void *)slot_at(&c, base + mid);
 		if (!row)
 			return -1;
-		at += half_if_le(half, row->pc_low, low);
-		n -= half;
+		if (row->pc_low <= low)
+			lo = mid;
+		else
+			hi = mid;
 	}
-	row = (void *)slot_at(&c, base + at);
+	row = (void *)slot_at(&c, base + lo);
 	if (!row)
 		return -1;
 	*out = *row;
