@@ -564,7 +564,7 @@ def unwind_compare(ember, hogs, seconds, hz, workdir, runs, load):
             e = measure_ember(ember, hogs, seconds, hz, workdir, False, unwind=mode)
             log(f"run {i + 1}/{runs} {mode}: cpu {100 * e['cpu_s'] / e['elapsed_s']:.3f} %, "
                 f"rss {e['rss_steady_mb']:.1f} MB, peak {e['rss_peak_mb']:.1f} MB, bpf "
-                f"{e['bpf_ns'] / max(e['bpf_cnt'], 1) / 1000:.2f} µs")
+                f"{e['bpf_ns'] / max(e['bpf_cnt'], 1) / 1000:.2f} µs; by thread {e['threads']}")
             results[mode].append(e)
             time.sleep(1)
 
@@ -584,6 +584,14 @@ def unwind_compare(ember, hogs, seconds, hz, workdir, runs, load):
         a, b = med("frame_pointer", f), med("auto", f)
         ratio = f"{b / a:.2f}×" if a else "n/a"
         rows.append(f"| {name} | {fmt.format(a)} | {fmt.format(b)} | {ratio} |")
+
+    def by_thread(mode):
+        names = sorted({t for e in results[mode] for t in e["threads"]})
+        meds = {t: statistics.median(e["threads"].get(t, 0.0) for e in results[mode]) for t in names}
+        return ", ".join(f"{t} {v:.3f}" for t, v in meds.items() if v > 0)
+
+    rows.append(f"| CPU by thread, % of one core (medians) | {by_thread('frame_pointer')} | "
+                f"{by_thread('auto')} | — |")
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     busy = statistics.median(e["host_busy_s"] for r in results.values() for e in r)
     hog = statistics.median(e["hog_cpu_s"] for r in results.values() for e in r)
