@@ -150,7 +150,20 @@ struct {
 /* Complete, not forward: libbpf holds a kfunc prototype naming a forward struct incompatible with the kernel's. */
 struct task_struct {
 	int pid;
+	unsigned int flags;
 } __attribute__((preserve_access_index));
+
+#define PF_KTHREAD 0x00200000
+
+/*
+ * A kernel thread (kworker, kdamond, ...): no user stack to walk, and no memory map
+ * to ask the agent for (each ask wakes two of its threads, and a busy host samples
+ * kernel threads every second).
+ */
+static __always_inline int kernel_thread(struct task_struct *task)
+{
+	return task->flags & PF_KTHREAD;
+}
 
 /* A process's ranges being built by the exec hook (too big for the BPF stack). */
 struct {
@@ -743,7 +756,8 @@ int ember_sample(struct ember_perf_ctx *ctx)
 	s->rec.kern_frames = kbytes / sizeof(__u64);
 
 	ubytes = 0;
-	if (pid != 0) {
+	/* The current task is typed only with kernel BTF (task_regs). */
+	if (pid != 0 && !(ember_cfg.task_regs && kernel_thread(bpf_get_current_task_btf()))) {
 		if (ember_cfg.unwind_mode != EMBER_MODE_FRAME_POINTER) {
 			if (!bpf_map_lookup_elem(&unwind_procs, &pid)) {
 				ask(s, EMBER_REC_UNKNOWN_PROCESS);

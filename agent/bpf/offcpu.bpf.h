@@ -217,7 +217,7 @@ static __always_inline void offcpu_out(void *ctx, _Bool preempt, struct task_str
 		kbytes = STACK_BYTES;
 	kbytes &= ~7L;
 	s->rec.kern_frames = kbytes / sizeof(__u64);
-	ubytes = pid ? offcpu_user_stack(ctx, prev, s, kbytes) : 0;
+	ubytes = pid && !kernel_thread(prev) ? offcpu_user_stack(ctx, prev, s, kbytes) : 0;
 	s->rec.user_frames = ubytes / sizeof(__u64);
 
 	err = bpf_map_update_elem(&offcpu_threads, &tid, t, BPF_NOEXIST);

@@ -153,7 +153,7 @@ type Judged = (Arc<Labels>, Arc<Cgroup>);
 /// Per-window sample counts plus the process table they are normalized against.
 pub struct Aggregator {
     table: ProcessTable,
-    counts: HashMap<Key, Tally>,
+    counts: HashMap<Key, Tally, foldhash::quality::RandomState>,
     max_stacks: usize,
     /// Off-CPU windows are made (`offcpu.enabled`).
     offcpu: bool,
@@ -184,7 +184,7 @@ impl Aggregator {
     pub fn new(frequency_hz: u64, limits: &Limits, metrics: Metrics, workloads: Workloads) -> Self {
         Self {
             table: ProcessTable::new(limits, metrics.clone()),
-            counts: HashMap::new(),
+            counts: HashMap::default(),
             max_stacks: limits.max_stacks_per_window,
             stack_bytes: 0,
             max_stack_bytes: limits.max_stack_bytes_per_window,
