@@ -1004,3 +1004,119 @@ fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
     // How many of the cold copies' samples are complete depends on what else the host
     // runs (tables walked in the last 500 ms are never evicted for them): printed only.
 }
+
+/// A program with no call frame information at all: `.eh_frame` removed after linking.
+const NO_CFI_SRC: &str = r#"
+#include <time.h>
+static volatile unsigned long sink;
+int main(void) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        for (int i = 0; i < 100000; i++) sink += i;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 < 300);
+    return 0;
+}
+"#;
+
+/// An object that compiles to no unwind table is parsed once, not at every process that
+/// maps it: five short runs of one no-CFI program count one `no_cfi` build (each used to
+/// read and parse the file again, and count again).
+#[test]
+fn an_object_without_cfi_is_parsed_once() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("nocfi.c");
+    let bin = dir.path().join("nocfi");
+    fs::write(&src, NO_CFI_SRC).expect("writing the source");
+    let out = std::process::Command::new("clang")
+        .args([
+            "-O2",
+            "-fno-asynchronous-unwind-tables",
+            "-fno-unwind-tables",
+            "-o",
+        ])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("running clang (make deps)");
+    assert!(
+        out.status.success(),
+        "clang: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = std::process::Command::new("objcopy")
+        .args([
+            "--remove-section",
+            ".eh_frame",
+            "--remove-section",
+            ".eh_frame_hdr",
+        ])
+        .arg(&bin)
+        .output()
+        .expect("running objcopy");
+    assert!(
+        out.status.success(),
+        "objcopy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let data = dir.path().join("data");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut ember = Ember::spawn(
+        &[
+            "run",
+            "--window",
+            "2s",
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+            "--listen",
+            addr.as_str(),
+        ],
+        dir.path(),
+    )
+    .expect("starting ember run");
+    if ember.wait_attached(Duration::from_secs(15)).is_none() && !ember.running() {
+        panic!("ember run exited early\n--- stderr ---\n{}", ember.stderr());
+    }
+    let no_cfi = || {
+        let (code, text) = http_get(&addr, "/metrics").expect("scraping ember");
+        assert_eq!(code, 200);
+        text.lines()
+            .find(|l| l.starts_with("ember_unwind_tables_built_total{") && l.contains("\"no_cfi\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    thread::sleep(Duration::from_secs(1));
+    let before = no_cfi();
+    const RUNS: usize = 5;
+    for _ in 0..RUNS {
+        let status = std::process::Command::new(&bin)
+            .status()
+            .expect("running the no-CFI program");
+        assert!(status.success());
+        // Its exec record has been read and the process loaded.
+        thread::sleep(Duration::from_millis(200));
+    }
+    thread::sleep(Duration::from_secs(1));
+    let counted = no_cfi() - before;
+    ember.signal(libc::SIGTERM);
+    let status = ember.wait(Duration::from_secs(20));
+    assert!(
+        status.success(),
+        "ember run exited {status}\n{}",
+        ember.stderr()
+    );
+    println!("{RUNS} runs of one no-CFI program: {counted} no_cfi builds counted");
+    // One for the program (another object without CFI on a busy host may add one).
+    assert!(counted >= 1.0, "the no-CFI program was never seen");
+    assert!(
+        counted <= 2.0,
+        "parsed again for each process: {counted} builds for {RUNS} runs"
+    );
+}

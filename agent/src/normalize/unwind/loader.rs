@@ -174,6 +174,10 @@ pub struct Loader {
     snapshots: Option<SyncSender<Snapshot>>,
     /// Tables refused for want of room, and until when they stay refused.
     refused: HashMap<TableKey, Instant>,
+    /// Objects whose bytes compile to no table (no CFI, malformed, over a cap): the same
+    /// bytes fail the same way, so they are never parsed again (and counted once). A
+    /// process reloaded at each of its mmaps re-parsed them every time.
+    unbuildable: HashSet<TableKey>,
     /// Set when the agent stops: `run` returns between two pieces of work.
     halt: Arc<AtomicBool>,
 }
@@ -215,6 +219,7 @@ impl Loader {
             pending: Vec::new(),
             snapshots: None,
             refused: HashMap::new(),
+            unbuildable: HashSet::new(),
             halt: Arc::new(AtomicBool::new(false)),
         })
     }
@@ -457,8 +462,11 @@ impl Loader {
             };
             let file = if e.inode != 0 && e.path.starts_with('/') {
                 let f = crate::normalize::object::open_mapped(&dir, &e, &self.metrics);
-                if f.is_err() && dir.exists() {
-                    self.metrics.table_built(TableBuild::Unreadable);
+                if let Err(err) = &f {
+                    if dir.exists() {
+                        debug!("pid {pid}: {} not opened: {err}", e.path);
+                        self.metrics.table_built(TableBuild::Unreadable);
+                    }
                 }
                 f.ok()
             } else {
@@ -659,7 +667,7 @@ impl Loader {
             if self.tables.get(&key).is_some_and(|t| t.slot.is_some()) {
                 return Some(key);
             }
-            if self.is_refused(&key) {
+            if self.is_refused(&key) || self.unbuildable.contains(&key) {
                 return None;
             }
             // Evicted: the disk cache has it, or it is compiled again below.
@@ -779,7 +787,7 @@ impl Loader {
         if self.tables.get(&key).is_some_and(|t| t.slot.is_some()) {
             return Some(key);
         }
-        if self.is_refused(&key) {
+        if self.is_refused(&key) || self.unbuildable.contains(&key) {
             return None;
         }
         let table = match self.cached(&key) {
@@ -796,6 +804,10 @@ impl Loader {
                 }
                 Err(e) => {
                     self.metrics.table_built(build_result(&e));
+                    if self.unbuildable.len() >= MAX_FILES {
+                        self.unbuildable.clear();
+                    }
+                    self.unbuildable.insert(key);
                     return None;
                 }
             },
