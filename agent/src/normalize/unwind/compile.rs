@@ -264,14 +264,14 @@ pub fn compile_with(
         if let Some(got) = parts.got_addr {
             bases = bases.set_got(got);
         }
-        eh_spans = c.read_section(&section, &bases)?;
+        eh_spans = c.read_section(&section, &bases, None)?;
     }
     let mut debug_spans = Vec::new();
     if let Some(s) = parts.debug_frame {
         c.stats.debug_frame_bytes = s.data.len() as u64;
         let mut section = DebugFrame::new(s.data, LittleEndian);
         section.set_address_size(8);
-        debug_spans = c.read_section(&section, &BaseAddresses::default())?;
+        debug_spans = c.read_section(&section, &BaseAddresses::default(), Some(&parts))?;
     }
     c.stats.debug_frame_compressed = parts.debug_frame_compressed;
     let spans = c.merge(eh_spans, debug_spans);
@@ -342,10 +342,13 @@ impl<'l> Compiler<'l> {
     }
 
     /// Reads one section's FDEs into `raw`; returns their spans in section order.
+    /// `.debug_frame` has no augmentation to mark a signal trampoline: with `code`, a
+    /// short FDE whose code is [`SIGRETURN`] is taken for one (Go's `runtime.sigreturn`).
     fn read_section<'a, S>(
         &mut self,
         section: &S,
         bases: &BaseAddresses,
+        code: Option<&elf::ElfParts<'_>>,
     ) -> Result<Vec<Span>, UnwindError>
     where
         S: UnwindSection<Reader<'a>>,
@@ -426,7 +429,8 @@ impl<'l> Compiler<'l> {
             }
 
             let first = self.raw.len();
-            let signal = fde.is_signal_trampoline();
+            let signal = fde.is_signal_trampoline()
+                || code.is_some_and(|parts| is_sigreturn(parts, start, end));
             // The entry point's function is the outermost frame: toolchains mark its
             // return address undefined only sometimes (Debian's crt1.o does not), and
             // the walk must stop there, not read past the stack's top.
@@ -629,6 +633,22 @@ fn is_padding(parts: &elf::ElfParts<'_>, start: u64, end: u64) -> bool {
         && parts
             .code_bytes(start, end)
             .is_some_and(|b| b.iter().all(|x| PADDING.contains(x)))
+}
+
+/// `mov $15, %rax; syscall`: the x86-64 `rt_sigreturn` trampoline a signal handler
+/// returns to (glibc's `__restore_rt`, Go's `runtime.sigreturn`), as libgcc and gdb
+/// recognise it when no CFI says so.
+const SIGRETURN: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+
+/// Whether the function at `[start, end)` is the `rt_sigreturn` trampoline. Only short
+/// functions are read (a trampoline is the two instructions and its padding), so a
+/// sparse read of the object costs a few small reads, not one per function.
+fn is_sigreturn(parts: &elf::ElfParts<'_>, start: u64, end: u64) -> bool {
+    let len = SIGRETURN.len() as u64;
+    (len..=16).contains(&(end - start))
+        && parts
+            .code_bytes(start, start + len)
+            .is_some_and(|b| *b == SIGRETURN)
 }
 
 /// Appends a row to `out`, where rows from index `floor` on are compared: a row at the

@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 
+use object::{Object, ObjectSegment};
+
 use super::*;
 
 /// The fixture: a qsort callback, recursion, a frame over 64 KiB, a realigned frame
@@ -44,6 +46,12 @@ __attribute__((noinline)) double realign(int n) {
     sink(p);
     return v[n & 3];
 }
+
+/* A signal trampoline (what a handler returns to); gcc -g puts its CFI in .debug_frame,
+   which has no augmentation to say so. */
+__asm__(".text\n.globl sigreturn_stub\n.type sigreturn_stub, @function\nsigreturn_stub:\n"
+        ".cfi_startproc\nmov $15, %rax\nsyscall\nint $3\n.cfi_endproc\n"
+        ".size sigreturn_stub, .-sigreturn_stub\n");
 
 int main(int argc, char **argv) {
     long a[64];
@@ -113,6 +121,8 @@ struct ReadelfFde {
     start: u64,
     end: u64,
     signal: bool,
+    /// In `.debug_frame`, not `.eh_frame`.
+    debug_frame: bool,
     /// (address, column → value) in readelf's order.
     rows: Vec<(u64, HashMap<String, String>)>,
 }
@@ -129,11 +139,13 @@ fn readelf_fdes(path: &str) -> Vec<ReadelfFde> {
     let mut cies: HashMap<(usize, String), CieRows> = HashMap::new();
     let mut fdes = Vec::new();
     let mut section = 0usize;
+    let mut debug_frame = false;
     let mut columns: Vec<String> = Vec::new();
     let mut cur = Cur::None;
     for line in text.lines() {
         if line.starts_with("Contents of the ") {
             section += 1;
+            debug_frame = line.contains(".debug_frame");
             continue;
         }
         // A register rule reads "r9 (r9)": one column, two words.
@@ -170,6 +182,7 @@ fn readelf_fdes(path: &str) -> Vec<ReadelfFde> {
             let fde = ReadelfFde {
                 start: u64::from_str_radix(a, 16).expect("hex"),
                 end: u64::from_str_radix(b, 16).expect("hex"),
+                debug_frame,
                 ..ReadelfFde::default()
             };
             cur = Cur::Fde(fde, cie);
@@ -267,15 +280,24 @@ fn compare_with_readelf(table: &UnwindTable, path: &str) -> usize {
     let entry = entry_point(path);
     let fdes = readelf_fdes(path);
     assert!(!fdes.is_empty(), "readelf printed no FDE for {path}");
+    let file = std::fs::read(path).expect("read the object");
+    let elf = object::File::parse(&file[..]).expect("an ELF object");
     let mut checked = 0;
     for fde in &fdes {
         let is_entry = fde.start <= entry && entry < fde.end;
+        // `mov $15, %rax; syscall` (rt_sigreturn), read through the program headers.
+        let sigreturn = fde.debug_frame
+            && fde.end - fde.start <= 16
+            && elf.segments().any(|seg| {
+                seg.data_range(fde.start, 9).ok().flatten()
+                    == Some(&[0x48, 0xc7, 0xc0, 0x0f, 0, 0, 0, 0x0f, 0x05][..])
+            });
         for (i, (addr, cols)) in fde.rows.iter().enumerate() {
             let next = fde.rows.get(i + 1).map_or(fde.end, |r| r.0);
             if next <= *addr {
                 continue; // a row readelf prints but that is never in force
             }
-            let want = want(cols, fde.signal, is_entry);
+            let want = want(cols, fde.signal || sigreturn, is_entry);
             for at in [*addr, next - 1] {
                 let got = table
                     .lookup(at)
@@ -474,6 +496,10 @@ fn debug_frame_fills_what_eh_frame_lacks() {
     compare_with_readelf(&table, &path);
     let recurse = rule_at(&table, symbol(&path, "recurse"));
     assert_eq!((recurse.cfa, recurse.cfa_offset), (CfaRule::Rsp, 8));
+    // The trampoline is known by its code.
+    let stub = symbol(&path, "sigreturn_stub");
+    assert_eq!(rule_at(&table, stub).cfa, CfaRule::Signal);
+    assert_eq!(rule_at(&table, stub + 8).cfa, CfaRule::Signal);
 }
 
 #[test]
