@@ -395,7 +395,10 @@ fn nofp_cxx_exceptions_deep_recursion_match_perf_dwarf() {
                 func("nofp::dive_a", ALL),
                 func("nofp::dive_b", ALL),
                 func("nofp::dive_c", ALL),
-                locked("nofp::burn_bottom", Some((75.0, 99.5))),
+                // Not phase-locked: how long each round's throw takes varies, and with
+                // it the round's share of burning (83-88 % over runs); ember minus perf
+                // measured -1.2 to +2.6 points over 6 runs: sampling noise, not a 2-point bar.
+                func("nofp::burn_bottom", Some((75.0, 99.5))),
                 object("libgcc_s.so", Some((0.5, 25.0))),
             ],
         },
