@@ -5,14 +5,15 @@ Run by `make bench` (as root, after bench/overhead.py). Python 3 stdlib only.
 
 For each workload — the frame-pointer `cpu_hog` fixture, the `nofp_qsort` fixture (C,
 -O2 -fomit-frame-pointer, 30 % inside libc's qsort) and Debian's stock /usr/bin/python3
-in a loop — and each of `sampling.unwind: frame_pointer` and `auto`, it starts the
-workload, runs `ember record --pid` for --seconds and reads the sampler's BPF time per
-sample (`kernel.bpf_stats_enabled`, run_time_ns / run_cnt of ember_sample; its tail calls
-into ember_walk are counted in it), and the share of samples whose stack reaches `main`
-(`_start`-rooted stacks of a stripped binary do not occur here). The same workload is
-then recorded by `perf record -F 99 --call-graph dwarf` for the same time, for its share
-reaching main and its CPU. Runs are repeated (--runs, interleaved by mode, so drift on
-this noisy VM hits both modes) and medians are reported. The table goes into
+in a loop — it starts the workload and two `ember record --pid` agents on it at once,
+one with `sampling.unwind: frame_pointer` and one with `auto`, and reads each sampler's BPF
+time per sample over --seconds (`kernel.bpf_stats_enabled`, run_time_ns / run_cnt of that
+agent's ember_sample; its tail calls into ember_walk are counted in it), and the share of
+samples whose stack reaches `main` (`_start`-rooted stacks of a stripped binary do not
+occur here). Measured one mode after the other, the same figure moved 3x between runs on
+this VM; side by side, the two modes see the same conditions. The same workload is then
+recorded by `perf record -F 99 --call-graph dwarf` for the same time, for its share
+reaching main and its CPU. Runs are repeated (--runs) and medians are reported. The table goes into
 BENCHMARKS.md between the stacks markers.
 
 Options: --seconds N (default 8), --runs N (3), --no-write, --only WORKLOAD (repeatable).
@@ -119,24 +120,54 @@ def reach_main_folded(path):
     return hit, total
 
 
-def run_ember(ember, cmd, mode, seconds, work):
-    cfg = os.path.join(work, f"ember-{mode}.yaml")
-    p, pid = start(cmd, seconds + 6)
-    with open(cfg, "w") as f:
-        f.write(f"sampling:\n  unwind: {mode}\n  pids: [{pid}]\n")
-    out = os.path.join(work, f"ember-{mode}.folded")
-    e = subprocess.Popen([ember, "record", "-c", cfg, "-d", f"{seconds}s", "-o", out],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.0)  # attached, and the preloaded tables are in
+def ember_programs():
+    """ember's sampler programs loaded now, by id."""
+    out = subprocess.run(["bpftool", "prog", "show", "-j"], capture_output=True, text=True,
+                         check=True)
+    return {p["id"]: p for p in json.loads(out.stdout)
+            if str(p.get("name", "")).startswith("ember_sample")}
+
+
+def run_embers(ember, cmd, modes, seconds, work):
+    """One agent per mode, all at once on one workload, so that the VM's drift (3x from
+    run to run here) hits every mode alike. Each agent's sampler is told apart by its
+    program id. Programs on one event run in the order they attached, the first warming
+    the caches for the others: the caller alternates `modes`."""
+    p, pid = start(cmd, seconds + 4 + 2 * len(modes))
+    agents = {}
+    for mode in modes:
+        cfg = os.path.join(work, f"ember-{mode}.yaml")
+        with open(cfg, "w") as f:
+            f.write(f"sampling:\n  unwind: {mode}\n  pids: [{pid}]\n")
+        out = os.path.join(work, f"ember-{mode}.folded")
+        known = set(ember_programs())
+        e = subprocess.Popen([ember, "record", "-c", cfg, "-d", f"{seconds + 2 * len(modes)}s",
+                              "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # attached, and the preloaded tables are in
+        new = set(ember_programs()) - known
+        if len(new) != 1:
+            die(f"ember ({mode}) loaded {len(new)} sampler programs, not 1")
+        agents[mode] = (e, new.pop(), out)
     go(p)
-    time.sleep(seconds - 1.5)
-    ns, cnt = bpf_stats(e.pid)
-    e.wait()
+    time.sleep(0.5)
+
+    def stat(prog):
+        q = ember_programs().get(prog, {})
+        return int(q.get("run_time_ns", 0)), int(q.get("run_cnt", 0))
+
+    before = {m: stat(a[1]) for m, a in agents.items()}
+    time.sleep(seconds)
+    after = {m: stat(a[1]) for m, a in agents.items()}
+    res = {}
+    for mode, (e, _, out) in agents.items():
+        e.wait()
+        ns, cnt = after[mode][0] - before[mode][0], after[mode][1] - before[mode][1]
+        hit, total = reach_main_folded(out)
+        res[mode] = {"ns": ns / cnt if cnt > 0 else float("nan"),
+                     "main": hit / total if total else 0.0, "samples": total}
     p.kill()
     p.wait()
-    hit, total = reach_main_folded(out)
-    return {"ns": ns / cnt if cnt else float("nan"), "main": hit / total if total else 0.0,
-            "samples": total}
+    return res
 
 
 def run_perf(cmd, seconds, work):
@@ -194,13 +225,17 @@ def main():
             for name, cmd in exes.items():
                 if args.only and name not in args.only:
                     continue
-                res = {"frame_pointer": [], "auto": [], "perf": []}
+                res = {"frame_pointer": [], "auto": [], "perf": [], "ratio": []}
                 for i in range(args.runs):
-                    for mode in ("frame_pointer", "auto"):
-                        r = run_ember(ember, cmd, mode, args.seconds, work)
+                    modes = ("frame_pointer", "auto")[::1 if i % 2 == 0 else -1]
+                    both = run_embers(ember, cmd, modes, args.seconds, work)
+                    for mode in modes:
+                        r = both[mode]
                         log(f"{name} {mode} run {i + 1}: {r['ns'] / 1000:.2f} µs/sample, "
                             f"{r['main'] * 100:.1f} % reach main of {r['samples']}")
                         res[mode].append(r)
+                    res["ratio"].append({"x": both["auto"]["ns"] / both["frame_pointer"]["ns"]})
+                    log(f"{name} run {i + 1}: auto / frame_pointer {res['ratio'][-1]['x']:.2f}×")
                     r = run_perf(cmd, args.seconds, work)
                     log(f"{name} perf dwarf run {i + 1}: {r['main'] * 100:.1f} % reach main of "
                         f"{r['samples']}, perf record {r['cpu'] * 100:.2f} % of a core")
@@ -215,15 +250,18 @@ def main():
 
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = [f"Measured {now} (`bench/stacks.py`) on kernel {platform.release()}, "
-           f"{os.cpu_count()} CPUs; medians of {args.runs} runs of {args.seconds} s each, "
-           "ember's two modes interleaved, perf after them on a fresh workload.\n",
+           f"{os.cpu_count()} CPUs; medians of {args.runs} runs of {args.seconds} s each. "
+           "In each run ember's two modes sample the same workload at once (one agent each, "
+           "attached in alternating order), and the ratio is the median of the runs' own "
+           "ratios; perf runs after them on a fresh workload.\n",
            "| workload | BPF µs/sample, frame_pointer | BPF µs/sample, auto (tables) | ratio | "
            "reach main, frame_pointer | reach main, auto | reach main, perf dwarf | "
            "perf record CPU |",
            "|---|---|---|---|---|---|---|---|"]
     for name, res in rows:
         fp, auto = med(res["frame_pointer"], "ns"), med(res["auto"], "ns")
-        out.append(f"| {name} | {fp / 1000:.2f} | {auto / 1000:.2f} | {auto / fp:.2f}× | "
+        ratio = med(res["ratio"], "x")
+        out.append(f"| {name} | {fp / 1000:.2f} | {auto / 1000:.2f} | {ratio:.2f}× | "
                    f"{med(res['frame_pointer'], 'main') * 100:.1f} % | "
                    f"{med(res['auto'], 'main') * 100:.1f} % | "
                    f"{med(res['perf'], 'main') * 100:.1f} % | "
