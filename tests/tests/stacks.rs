@@ -393,8 +393,10 @@ fn nofp_cxx_exceptions_deep_recursion_match_perf_dwarf() {
                 func("main", ALL),
                 func("nofp::run", ALL),
                 func("nofp::dive_a", ALL),
-                func("nofp::dive_b", ALL),
-                func("nofp::dive_c", ALL),
+                // Not below the first levels of each round's dive, nor run()'s catch:
+                // perf has seen dive_c in 98.99 % of its samples.
+                func("nofp::dive_b", Some((97.0, 100.0))),
+                func("nofp::dive_c", Some((97.0, 100.0))),
                 // Not phase-locked: how long each round's throw takes varies, and with
                 // it the round's share of burning (83-88 % over runs); ember minus perf
                 // measured -1.2 to +2.6 points over 6 runs: sampling noise, not a 2-point bar.
