@@ -429,14 +429,21 @@ impl<'l> Compiler<'l> {
             }
 
             let first = self.raw.len();
-            let signal = fde.is_signal_trampoline()
-                || code.is_some_and(|parts| is_sigreturn(parts, start, end));
+            // Where the rows of a trampoline known by its code start (see `sigreturn_at`).
+            let by_code = match code {
+                Some(parts) if !fde.is_signal_trampoline() => sigreturn_at(parts, start, end),
+                _ => None,
+            };
+            let signal = fde.is_signal_trampoline() || by_code.is_some();
             // The entry point's function is the outermost frame: toolchains mark its
             // return address undefined only sometimes (Debian's crt1.o does not), and
             // the walk must stop there, not read past the stack's top.
             let outermost = self.entry != 0 && start <= self.entry && self.entry < end;
             self.stats.entry_stop |= outermost;
             let mut ok = true;
+            if let Some(at) = by_code {
+                self.push_raw(first, at, Rule::bare(CfaRule::Signal))?;
+            }
             match fde.rows(section, bases, &mut ctx) {
                 Err(_) => ok = false,
                 Ok(mut table) => loop {
@@ -473,7 +480,7 @@ impl<'l> Compiler<'l> {
             }
             if self.raw.len() > first {
                 spans.push(Span {
-                    start,
+                    start: by_code.unwrap_or(start),
                     end,
                     first,
                     len: self.raw.len() - first,
@@ -640,15 +647,22 @@ fn is_padding(parts: &elf::ElfParts<'_>, start: u64, end: u64) -> bool {
 /// recognise it when no CFI says so.
 const SIGRETURN: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
 
-/// Whether the function at `[start, end)` is the `rt_sigreturn` trampoline. Only short
-/// functions are read (a trampoline is the two instructions and its padding), so a
-/// sparse read of the object costs a few small reads, not one per function.
-fn is_sigreturn(parts: &elf::ElfParts<'_>, start: u64, end: u64) -> bool {
+/// Where the rows of the `rt_sigreturn` trampoline at `[start, end)` start, if that is
+/// what the function is (only short functions are read, so a sparse read of the object
+/// costs a few small reads, not one per function). A handler returns to the trampoline's
+/// first byte, and the walker looks up the byte before a return address: glibc starts its
+/// trampoline's FDE one byte early, at a nop, for this; Go does not, so the rows start
+/// one byte early when that byte is padding.
+fn sigreturn_at(parts: &elf::ElfParts<'_>, start: u64, end: u64) -> Option<u64> {
     let len = SIGRETURN.len() as u64;
-    (len..=16).contains(&(end - start))
-        && parts
-            .code_bytes(start, start + len)
-            .is_some_and(|b| *b == SIGRETURN)
+    if !(len..=16).contains(&(end - start)) || *parts.code_bytes(start, start + len)? != SIGRETURN {
+        return None;
+    }
+    let before = start.checked_sub(1)?;
+    let padding = parts
+        .code_bytes(before, start)
+        .is_some_and(|b| matches!(b.first(), Some(0xcc | 0x90)));
+    Some(if padding { before } else { start })
 }
 
 /// Appends a row to `out`, where rows from index `floor` on are compared: a row at the

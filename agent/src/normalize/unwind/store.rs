@@ -2,7 +2,8 @@
 //! compiled: one file per table, named by the object's content key, written whole and
 //! renamed into place, and checked (length, checksum, [`UnwindTable::validate`]) before
 //! a table read back is trusted. The directory is the agent's own; its size is capped
-//! and the oldest files go first.
+//! and the oldest files go first. A file holds what one revision of the compiler made of
+//! the object ([`REVISION`]): an agent with another revision neither reads nor keeps it.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -16,7 +17,12 @@ use super::row::{UnwindPage, UnwindRow};
 /// Identity of a table: the first 16 bytes of the SHA-256 of the object's bytes.
 pub type TableKey = [u8; 16];
 
-const MAGIC: &[u8; 8] = b"EMBERUT1";
+/// The table compiler's revision, in every file's name and header: bumped whenever the rows
+/// it writes for the same object change (3: `.debug_frame` signal trampolines known by
+/// their code, from the byte before them), so an upgraded agent does not reuse tables an
+/// older one got wrong.
+pub const REVISION: u8 = 3;
+const MAGIC: &[u8; 8] = b"EMBERUT3";
 /// Bytes of cache files kept at most; the least recently written go first. Small enough
 /// to share a pod's 64 MiB emptyDir with 32 MiB of windows (deploy/ember.yaml).
 const MAX_DIR_BYTES: u64 = 24 << 20;
@@ -51,13 +57,22 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (creating, mode 0700) the cache directory.
+    /// Opens (creating, mode 0700) the cache directory, and removes the tables another
+    /// revision of the compiler wrote there.
     pub fn open(dir: &Path) -> std::io::Result<Self> {
         fs::create_dir_all(dir)?;
         fs::set_permissions(
             dir,
             <fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o700),
         )?;
+        let ours = format!(".r{REVISION}.unw");
+        for entry in fs::read_dir(dir)?.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.ends_with(".unw") && !name.ends_with(&ours) {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
         Ok(Self {
             dir: dir.to_path_buf(),
         })
@@ -65,7 +80,7 @@ impl Store {
 
     fn path(&self, key: &TableKey) -> PathBuf {
         let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-        self.dir.join(format!("{hex}.unw"))
+        self.dir.join(format!("{hex}.r{REVISION}.unw"))
     }
 
     /// The table cached under `key`, checked.
@@ -272,6 +287,28 @@ mod tests {
         let other = [7u8; 16];
         fs::copy(&path, store.path(&other)).expect("copy");
         assert!(matches!(store.load(&other), Err(StoreError::Corrupt(_))));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn another_revisions_tables_are_not_reused() {
+        let dir = std::env::temp_dir().join(format!("ember-unw-rev-{}", std::process::id()));
+        let store = Store::open(&dir).expect("dir");
+        let (key, table) = libc_table();
+        store.save(&key, &table).expect("save");
+        let ours = store.path(&key);
+        // What revision 1 named its file; and a file of a later revision.
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        let old = dir.join(format!("{hex}.unw"));
+        let later = dir.join(format!("{hex}.r{}.unw", REVISION + 1));
+        fs::copy(&ours, &old).expect("copy");
+        fs::copy(&ours, &later).expect("copy");
+        let store = Store::open(&dir).expect("reopen");
+        assert!(
+            !old.exists() && !later.exists(),
+            "other revisions' files kept"
+        );
+        assert!(store.load(&key).is_ok(), "our own file lost");
         let _ = fs::remove_dir_all(&dir);
     }
 

@@ -47,9 +47,9 @@ __attribute__((noinline)) double realign(int n) {
     return v[n & 3];
 }
 
-/* A signal trampoline (what a handler returns to); gcc -g puts its CFI in .debug_frame,
-   which has no augmentation to say so. */
-__asm__(".text\n.globl sigreturn_stub\n.type sigreturn_stub, @function\nsigreturn_stub:\n"
+/* A signal trampoline (what a handler returns to) after a byte of padding; gcc -g puts
+   its CFI in .debug_frame, which has no augmentation to say so. */
+__asm__(".text\nint3\n.globl sigreturn_stub\n.type sigreturn_stub, @function\nsigreturn_stub:\n"
         ".cfi_startproc\nmov $15, %rax\nsyscall\nint $3\n.cfi_endproc\n"
         ".size sigreturn_stub, .-sigreturn_stub\n");
 
@@ -496,10 +496,12 @@ fn debug_frame_fills_what_eh_frame_lacks() {
     compare_with_readelf(&table, &path);
     let recurse = rule_at(&table, symbol(&path, "recurse"));
     assert_eq!((recurse.cfa, recurse.cfa_offset), (CfaRule::Rsp, 8));
-    // The trampoline is known by its code.
+    // The trampoline is known by its code, from the byte before it: a handler's return
+    // address is its first byte, and the walker looks up the byte before that.
     let stub = symbol(&path, "sigreturn_stub");
-    assert_eq!(rule_at(&table, stub).cfa, CfaRule::Signal);
-    assert_eq!(rule_at(&table, stub + 8).cfa, CfaRule::Signal);
+    for at in [stub - 1, stub, stub + 8] {
+        assert_eq!(rule_at(&table, at).cfa, CfaRule::Signal, "{at:#x}");
+    }
 }
 
 #[test]
