@@ -507,14 +507,6 @@ fn build_go_hot(dir: &Path) -> std::path::PathBuf {
     bin
 }
 
-/// A Go binary: frame pointers, no `.eh_frame` (its call frame information is only in
-/// `.debug_frame`), frameless leaf functions, goroutine stacks from `runtime.goexit`.
-///
-/// perf is no reference here: on this very binary `perf record --call-graph dwarf`
-/// gives one-frame stacks (its DWARF unwinder does not walk Go's frames), and its
-/// frame-pointer walk loses the caller of every frameless leaf. The truth is the
-/// program's structure: every sample reaches `main.main`, and `main.keyOf` (a leaf with
-/// no frame of its own) is only ever called by the sort's closure.
 /// Where a Go goroutine's stack (`runtime.goexit`) or an M's system stack (`runtime.clone`
 /// and `runtime.mstart` for a new thread, `runtime.rt0_go` for the first) begins.
 const GO_ENTRIES: &[&str] = &[
@@ -538,6 +530,14 @@ const GO_SWITCHES: &[&str] = &[
     "runtime.morestack",
 ];
 
+/// A Go binary: frame pointers, no `.eh_frame` (its call frame information is only in
+/// `.debug_frame`), frameless leaf functions, goroutine stacks from `runtime.goexit`.
+///
+/// perf is no reference here: on this very binary `perf record --call-graph dwarf`
+/// gives one-frame stacks (its DWARF unwinder does not walk Go's frames), and its
+/// frame-pointer walk loses the caller of every frameless leaf. The truth is the
+/// program's structure: every sample reaches `main.main`, and `main.keyOf` (a leaf with
+/// no frame of its own) is only ever called by the sort's closure.
 #[test]
 fn go_binary_reaches_main_through_frameless_leaves() {
     if !ready_to_run() {
@@ -557,6 +557,8 @@ fn go_binary_reaches_main_through_frameless_leaves() {
         &["--duration", window.as_str(), "--pid", pid_s.as_str()],
     );
     let profile = finish_ember(ember, &out);
+    let is = |f: &NFrame, names: &[&str]| names.contains(&f.name.as_str());
+    let from_entry = |s: &NStack| s.frames.last().is_some_and(|f| is(f, GO_ENTRIES));
     // The runtime's own goroutines and threads (GC workers, the scavenger, sysmon, the
     // scheduler) never run main.main, and how much they run varies from run to run: they
     // are left out when whole, that is, walked down to a goroutine's or thread's entry.
@@ -566,19 +568,13 @@ fn go_binary_reaches_main_through_frameless_leaves() {
     let (runtime, e): (Vec<NStack>, Vec<NStack>) = from_ember(&stacks_of(&profile, fx.pid))
         .into_iter()
         .partition(|s| {
-            let is = |f: &NFrame, names: &[&str]| names.contains(&f.name.as_str());
             !s.frames.iter().any(|f| f.name.starts_with("main."))
-                && (s.frames.last().is_some_and(|f| is(f, GO_ENTRIES))
-                    || s.frames.iter().any(|f| is(f, GO_SWITCHES)))
+                && (from_entry(s) || s.frames.iter().any(|f| is(f, GO_SWITCHES)))
         });
     let runtime_samples: u64 = runtime.iter().map(|s| s.count).sum();
     let switched: u64 = runtime
         .iter()
-        .filter(|s| {
-            !s.frames
-                .last()
-                .is_some_and(|f| GO_ENTRIES.contains(&f.name.as_str()))
-        })
+        .filter(|s| !from_entry(s))
         .map(|s| s.count)
         .sum();
     let targets = [

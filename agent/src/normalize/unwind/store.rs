@@ -21,8 +21,8 @@ pub type TableKey = [u8; 16];
 /// it writes for the same object change (3: `.debug_frame` signal trampolines known by
 /// their code, from the byte before them), so an upgraded agent does not reuse tables an
 /// older one got wrong.
-pub const REVISION: u8 = 3;
-const MAGIC: &[u8; 8] = b"EMBERUT3";
+const REVISION: u8 = 3;
+const MAGIC: &[u8; 8] = &[b'E', b'M', b'B', b'E', b'R', b'U', b'T', b'0' + REVISION];
 /// Bytes of cache files kept at most; the least recently written go first. Small enough
 /// to share a pod's 64 MiB emptyDir with 32 MiB of windows (deploy/ember.yaml).
 const MAX_DIR_BYTES: u64 = 24 << 20;
