@@ -509,10 +509,81 @@ static __always_inline int insert_range(struct ember_unwind_proc *p, struct embe
 	return 1;
 }
 
+/*
+ * Rows found lately, per CPU, keyed by (table id, object address): most samples
+ * repeat the frames of the samples before them (the same return addresses, a hot
+ * loop's few pcs), and a hit costs one compare where a search costs its page
+ * index, its steps and a helper call per chunk it touches. Direct-mapped, 1,024
+ * entries of 24 bytes: 24 KiB per CPU for the sampler, as much for off-CPU (key 1:
+ * its own, as the sampler may interrupt it). An entry is never stale: a table's
+ * rows do not change, and a slot given to another table gets another id.
+ */
+#define ROW_CACHE_BITS 10
+#define ROW_CACHE_ENTRIES (1 << ROW_CACHE_BITS)
+
+struct row_cache_entry {
+	__u64 addr;
+	__u32 id1; /* table id + 1: 0 is an empty entry */
+	__u32 pad;
+	struct ember_unwind_row row;
+};
+
+struct row_cache {
+	struct row_cache_entry e[ROW_CACHE_ENTRIES];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2); /* 0: the sampler, 1: off-CPU */
+	__type(key, __u32);
+	__type(value, struct row_cache);
+} row_cache SEC(".maps");
+
 struct walk_ctx {
 	struct scratch *s;
 	struct ember_unwind_proc *proc;
+	struct row_cache *cache; /* this CPU's, or 0: every row is searched */
 };
+
+/*
+ * A table is stamped in `unwind_used` at most this often: eviction needs no finer
+ * clock, and a cache hit then writes nothing other CPUs share.
+ */
+#define STAMP_EVERY_NS 100000000ULL
+
+/* The row in force at object address addr of table `id`: from the row cache, else its table. */
+static __always_inline int lookup_row(struct walk_ctx *c, __u32 id, __u64 addr, struct ember_unwind_row *out)
+{
+	__u32 slot = EMBER_UNWIND_SLOT(id), h;
+	__u64 now = c->s->rec.time_ns, *used;
+	struct row_cache_entry *e = 0;
+	void *table;
+
+	used = bpf_map_lookup_elem(&unwind_used, &slot);
+	if (used && now - *used > STAMP_EVERY_NS)
+		*used = now;
+	if (c->cache) {
+		h = ((addr ^ ((__u64)id << 40)) * 0x9E3779B97F4A7C15ULL) >> (64 - ROW_CACHE_BITS);
+		e = &c->cache->e[h & (ROW_CACHE_ENTRIES - 1)];
+		if (e->addr == addr && e->id1 == id + 1) {
+			*out = e->row;
+			count(EMBER_CNT_ROW_CACHED);
+			return 0;
+		}
+	}
+	table = bpf_map_lookup_elem(&unwind_tables, &slot);
+	if (!table || find_row(table, addr, out))
+		return -1;
+	count(EMBER_CNT_ROW_SEARCHED);
+	if (e) {
+		if (e->id1)
+			count(EMBER_CNT_ROW_EVICTED);
+		e->addr = addr;
+		e->id1 = id + 1;
+		e->row = *out;
+	}
+	return 0;
+}
 
 /* A pc in no known range: ask the agent to read the process again, and take the frame pointer meanwhile. */
 static __always_inline long range_miss(struct scratch *s)
@@ -530,8 +601,7 @@ static long walk_step(__u32 index, void *arg)
 	struct ember_unwind_range *r;
 	struct ember_unwind_row row;
 	__u64 pc, bias, cfa, ra, bp, v;
-	__u32 slot, at;
-	void *table;
+	__u32 id, at;
 
 	if (!w->running)
 		return 1;
@@ -547,7 +617,7 @@ static long walk_step(__u32 index, void *arg)
 	pc = w->exact ? w->ip : w->ip - 1;
 	r = find_range(c->proc, pc);
 	if (r) {
-		slot = r->table;
+		id = r->table;
 		bias = r->bias;
 	} else if (!w->looked) {
 		/* A library mapped since the agent read the process: its memory map names it now. */
@@ -562,23 +632,14 @@ static long walk_step(__u32 index, void *arg)
 			count(EMBER_CNT_VMA_FOUND);
 		else
 			ask(s, EMBER_REC_RANGE_MISS);
-		slot = f.r.table;
+		id = f.r.table;
 		bias = f.r.bias;
 	} else {
 		return range_miss(s);
 	}
-	if (slot == EMBER_TABLE_NONE)
+	if (id == EMBER_TABLE_NONE)
 		return ember_cfg.unwind_mode == EMBER_MODE_DWARF ? stop(w, EMBER_UNWIND_ERR_NO_TABLE) : fp_step(w);
-	table = bpf_map_lookup_elem(&unwind_tables, &slot);
-	if (!table)
-		return stop(w, EMBER_UNWIND_ERR_TABLE);
-	{
-		__u64 *used = bpf_map_lookup_elem(&unwind_used, &slot);
-
-		if (used)
-			*used = s->rec.time_ns;
-	}
-	if (find_row(table, pc - bias, &row))
+	if (lookup_row(c, id, pc - bias, &row))
 		return stop(w, EMBER_UNWIND_ERR_TABLE);
 
 	switch (row.cfa_rule) {
@@ -687,6 +748,7 @@ int ember_walk(struct ember_perf_ctx *ctx)
 		return 0;
 	pid = s->rec.pid;
 	c.s = s;
+	c.cache = bpf_map_lookup_elem(&row_cache, &zero);
 	c.proc = bpf_map_lookup_elem(&unwind_procs, &pid);
 	if (!c.proc) {
 		/* The agent dropped the process between two runs. */

@@ -94,7 +94,10 @@ enum ember_counter {
 	EMBER_CNT_EXEC_RANGES = 9, /* the exec hook wrote a new program's ranges */
 	EMBER_CNT_EXEC_FAILED = 10, /* ... could not (`unwind_procs` full): the agent's read follows */
 	EMBER_CNT_VMA_FOUND = 11, /* the walker found a library mapped since the agent's read */
-	EMBER_CNT_MAX = 12,
+	EMBER_CNT_ROW_CACHED = 12, /* frames whose unwind row came from the per-CPU row cache */
+	EMBER_CNT_ROW_SEARCHED = 13, /* ... was searched in its table (then kept in the cache) */
+	EMBER_CNT_ROW_EVICTED = 14, /* ... and took the cache entry of another row */
+	EMBER_CNT_MAX = 15,
 };
 
 /*
@@ -203,8 +206,16 @@ struct ember_unwind_chunk {
 };
 
 /* Slots of the `unwind_tables` map of tables. */
-#define EMBER_UNWIND_TABLES 4096
-/* A range whose object has no table: walk it by the frame pointer. */
+#define EMBER_UNWIND_SLOT_BITS 12
+#define EMBER_UNWIND_TABLES (1 << EMBER_UNWIND_SLOT_BITS)
+/*
+ * A table's id, as ranges and `unwind_files` name it: its slot in the low
+ * EMBER_UNWIND_SLOT_BITS and, above them, the slot's generation, which the agent
+ * bumps each time it puts a table in the slot. The walker's row cache is keyed by
+ * id, so a slot given to another object never serves the rows of the one before.
+ */
+#define EMBER_UNWIND_SLOT(id) ((id) & (EMBER_UNWIND_TABLES - 1))
+/* A range whose object has no table: walk it by the frame pointer. No table's id. */
 #define EMBER_TABLE_NONE 0xffffffff
 
 /* One executable mapping of a process. */
@@ -212,7 +223,7 @@ struct ember_unwind_range {
 	__u64 start;  /* first address */
 	__u64 bias;   /* the object's own address = pc - bias */
 	__u32 len;    /* bytes */
-	__u32 table;  /* slot in `unwind_tables`, or EMBER_TABLE_NONE */
+	__u32 table;  /* the table's id (slot and generation), or EMBER_TABLE_NONE */
 };
 
 /* Executable ranges per process the sampler can hold; more are dropped (counted by the agent). */
@@ -245,7 +256,7 @@ struct ember_unwind_segment {
 #define EMBER_UNWIND_FILE_SEGMENTS 4
 
 struct ember_unwind_file {
-	__u32 table; /* slot in `unwind_tables` */
+	__u32 table; /* the table's id (slot and generation) */
 	__u32 count; /* segments used */
 	__u64 size;  /* the file's size when its table was built: an inode reused for another file differs */
 	struct ember_unwind_segment segments[EMBER_UNWIND_FILE_SEGMENTS];

@@ -121,7 +121,7 @@ static __always_inline int offcpu_state(_Bool preempt, struct task_struct___offc
 static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *prev, struct scratch *s,
 					      long kbytes)
 {
-	__u32 pid = s->rec.pid;
+	__u32 pid = s->rec.pid, one = 1;
 	struct ember_pt_regs *u;
 	struct walk_ctx c;
 	long ubytes;
@@ -145,6 +145,7 @@ static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *pre
 				w->exact = 1;
 				w->looked = 0;
 				c.s = s;
+				c.cache = bpf_map_lookup_elem(&row_cache, &one);
 				/* No tail calls from here: one bpf_loop takes the whole stack. */
 				bpf_loop(EMBER_MAX_FRAMES, walk_step, &c, 0);
 				if (w->running)

@@ -1017,6 +1017,8 @@ fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
     };
     let evicted = counter("ember_cache_dropped_total", "cache=\"unwind_tables\"");
     let refused = counter("ember_unwind_tables_built_total", "result=\"over_budget\"");
+    let cached = counter("ember_unwind_row_lookups_total", "result=\"cached\"");
+    let searched = counter("ember_unwind_row_lookups_total", "result=\"searched\"");
     let mut hot_stacks = Vec::new();
     let mut cold_stacks = Vec::new();
     let mut windows: Vec<_> = fs::read_dir(&data)
@@ -1040,7 +1042,7 @@ fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
     let cold_side = measure(&from_ember(&cold_stacks), &cold_roots, &[]);
     let summary = format!(
         "cap {cap} B: map bytes at most {max_bytes} over {scrapes} scrapes; tables evicted \
-         {evicted}, refused {refused}; hot nofp_qsort {} samples, {:.2} % reach main; the \
+         {evicted}, refused {refused}; rows {cached} cached, {searched} searched; hot nofp_qsort {} samples, {:.2} % reach main; the \
          python copies {} samples, {:.2} % reach Py_BytesMain / libc start",
         hot_side.samples,
         hot_side.pct(hot_side.reach),
@@ -1061,6 +1063,8 @@ fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
         hot_side.pct(hot_side.reach) >= 97.0,
         "hot process lost its table: {summary}"
     );
+    // The walker's row cache: a hot process's frames repeat, so most rows come from it.
+    assert!(searched > 0.0 && cached > searched, "row cache: {summary}");
     // How many of the cold copies' samples are complete depends on what else the host
     // runs (tables walked in the last 500 ms are never evicted for them): printed only.
 }

@@ -21,7 +21,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 use tracing::{info, warn};
 
 use crate::config::{OffCpu as OffCpuSettings, SampleEvent, Sampling, UnwindMode};
-use crate::metrics::{Cache, Loss, Metrics, OffCpuEvent, OffState, StackEnd, StackSide};
+use crate::metrics::{Cache, Loss, Metrics, OffCpuEvent, OffState, RowLookup, StackEnd, StackSide};
 
 pub mod perf_record;
 pub mod tasks;
@@ -97,8 +97,11 @@ pub struct UnwindMaps {
     pub procs: libbpf_rs::MapHandle,
     /// `unwind_used`: slot → time_ns of its last use (mmapable).
     pub used: libbpf_rs::MapHandle,
-    /// `unwind_files`: the kernel's (dev, inode) of a file → its table slot and segments.
+    /// `unwind_files`: the kernel's (dev, inode) of a file → its table id and segments.
     pub files: libbpf_rs::MapHandle,
+    /// `row_cache`: the walker's per-CPU cache of rows, keyed by table id (emptied when a
+    /// slot's ids start over).
+    pub row_cache: libbpf_rs::MapHandle,
     /// The exec hook (`ember_exec`) is attached: it writes a new program's ranges itself,
     /// and the walker adds libraries mapped since, so the loader leaves new processes'
     /// entries to them and only reads processes whole.
@@ -692,6 +695,8 @@ impl<'obj> Sampler<'obj> {
             used: libbpf_rs::MapHandle::try_from(&maps.unwind_used).map_err(CaptureError::Load)?,
             files: libbpf_rs::MapHandle::try_from(&maps.unwind_files)
                 .map_err(CaptureError::Load)?,
+            row_cache: libbpf_rs::MapHandle::try_from(&maps.row_cache)
+                .map_err(CaptureError::Load)?,
             exec_hook: self.exec.is_some(),
         }))
     }
@@ -907,6 +912,8 @@ enum Counted {
     Filtered,
     /// Entries a map had no room for: `ember_cache_dropped_total{cache}`.
     Dropped(Cache),
+    /// Frames walked by a table: `ember_unwind_row_lookups_total{result}`.
+    Row(RowLookup),
 }
 
 /// Mirrors the BPF per-CPU counters into the metrics, by difference since the last read.
@@ -946,6 +953,18 @@ impl CounterSync {
                 ember_counter::EMBER_CNT_EXEC_FAILED,
                 Counted::Dropped(Cache::UnwindProcesses),
             ),
+            (
+                ember_counter::EMBER_CNT_ROW_CACHED,
+                Counted::Row(RowLookup::Cached),
+            ),
+            (
+                ember_counter::EMBER_CNT_ROW_SEARCHED,
+                Counted::Row(RowLookup::Searched),
+            ),
+            (
+                ember_counter::EMBER_CNT_ROW_EVICTED,
+                Counted::Dropped(Cache::UnwindRowCache),
+            ),
         ] {
             let i = idx.0 as usize;
             let Some(now) = read_counter(sampler, idx.0) else {
@@ -963,6 +982,7 @@ impl CounterSync {
                     metrics.samples_filtered.inc_by(delta);
                 }
                 Counted::Dropped(cache) => metrics.dropped(cache, delta),
+                Counted::Row(result) => metrics.row_lookups(result, delta),
             }
         }
     }

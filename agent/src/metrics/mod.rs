@@ -22,8 +22,8 @@ use prometheus_client::registry::{Registry, Unit};
 
 pub use reasons::{
     Cache, ExportDrop, FrameResult, HttpRefusal, JitReject, JvmRefresh, Loss, ObjectRefusal,
-    OffCpuEvent, OffState, ProcRead, ReadingsSource, StackEnd, StackSide, Stage, SymbolMiss,
-    TableBuild, WindowWriteError,
+    OffCpuEvent, OffState, ProcRead, ReadingsSource, RowLookup, StackEnd, StackSide, Stage,
+    SymbolMiss, TableBuild, WindowWriteError,
 };
 
 /// Label set with a single `reason`, one of the enums of [`reasons`].
@@ -139,6 +139,8 @@ pub struct Metrics {
     pub stacks: Family<WorkloadResultLabels, Counter>,
     /// Unwind tables the sampler needed, by what came of them.
     pub unwind_tables_built: Family<ResultLabel<TableBuild>, Counter>,
+    /// Frames walked by a table, by where their row was found.
+    pub unwind_row_lookups: Family<ResultLabel<RowLookup>, Counter>,
     /// Unwind tables loaded in the kernel now.
     pub unwind_tables: Gauge<i64, AtomicI64>,
     /// Processes with unwind ranges in the kernel now.
@@ -403,6 +405,16 @@ impl Metrics {
         for &result in TableBuild::ALL {
             let _ = unwind_tables_built.get_or_create(&ResultLabel { result });
         }
+        let unwind_row_lookups = Family::<ResultLabel<RowLookup>, Counter>::default();
+        registry.register(
+            "unwind_row_lookups",
+            "Frames the sampler walked by an unwind table, by where it found their row (its \
+             per-CPU row cache, or a search of the table)",
+            unwind_row_lookups.clone(),
+        );
+        for &result in RowLookup::ALL {
+            let _ = unwind_row_lookups.get_or_create(&ResultLabel { result });
+        }
         let unwind_tables = Gauge::<i64, AtomicI64>::default();
         registry.register(
             "unwind_tables",
@@ -467,6 +479,7 @@ impl Metrics {
             progress: Arc::default(),
             stacks,
             unwind_tables_built,
+            unwind_row_lookups,
             unwind_tables,
             unwind_processes,
             unwind_map_bytes,
@@ -527,6 +540,13 @@ impl Metrics {
         self.unwind_tables_built
             .get_or_create(&ResultLabel { result })
             .inc();
+    }
+
+    /// Counts `n` frames walked by a table whose row was found as `result` says.
+    pub fn row_lookups(&self, result: RowLookup, n: u64) {
+        self.unwind_row_lookups
+            .get_or_create(&ResultLabel { result })
+            .inc_by(n);
     }
 
     /// Counts `n` off-CPU switch-outs or blocks that ended in `result`.

@@ -149,6 +149,9 @@ label_enum! {
         /// Files beyond the sampler's `unwind_files` entries: a new process mapping them is
         /// walked by frame pointers until the loader has read it.
         UnwindFiles => "unwind_files",
+        /// Rows the walker's per-CPU row cache let go for another (direct-mapped, 1,024
+        /// entries per CPU): the next walk through that address searches its table again.
+        UnwindRowCache => "unwind_row_cache",
         /// Requests from the sampler to load a process's ranges, dropped on a full queue.
         UnwindRequests => "unwind_requests",
         /// Object identities remembered by the unwind loader (`limits.max_objects`).
@@ -227,6 +230,17 @@ label_enum! {
         NoTable => "no_table",
         /// The process's table was evicted or dropped while the walk ran.
         TableMissing => "table_missing",
+    }
+}
+
+label_enum! {
+    /// `ember_unwind_row_lookups_total{result}`: where the walker found the row of a frame it
+    /// walked by a table. Every value is created at zero at start.
+    pub enum RowLookup {
+        /// In this CPU's row cache (the frame was walked a moment ago).
+        Cached => "cached",
+        /// Searched in the object's table, then kept in the cache.
+        Searched => "searched",
     }
 }
 

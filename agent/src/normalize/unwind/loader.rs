@@ -46,8 +46,13 @@ use crate::normalize::process::Snapshot;
 use crate::os::procfs;
 use crate::workload::Cgroup;
 
-/// Table slots (`EMBER_UNWIND_TABLES`).
-const SLOTS: usize = 4096;
+/// Bits of a table id that are its slot (`EMBER_UNWIND_SLOT_BITS`), and the slots
+/// (`EMBER_UNWIND_TABLES`).
+const SLOT_BITS: u32 = 12;
+const SLOTS: usize = 1 << SLOT_BITS;
+/// Generations of a slot before its ids repeat: below 2^20 - 1, so that no id is
+/// [`TABLE_NONE`]. At the wrap the walker's row caches are emptied.
+const GENERATIONS: u32 = (1 << (32 - SLOT_BITS)) - 1;
 /// 8-byte slots per element of a table's array (`EMBER_UNWIND_CHUNK_SLOTS`): the walker
 /// looks up one 4 KiB chunk and searches inside it.
 pub(super) const CHUNK_SLOTS: usize = 512;
@@ -118,10 +123,25 @@ struct FileId {
     mtime_ns: i64,
 }
 
+/// A table's id as the sampler's maps name it (`EMBER_UNWIND_SLOT` in `bpf/ember.h`): its
+/// slot in the low [`SLOT_BITS`] and the slot's generation above them. The walker's row
+/// cache is keyed by id, so a slot given to another table never serves the rows of the last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TableId(u32);
+
+impl TableId {
+    /// The id of the table a slot holds after `held` others.
+    fn new(slot: u32, held: u64) -> Self {
+        // Below GENERATIONS, so it fits in the bits above the slot.
+        let generation = (held % u64::from(GENERATIONS)) as u32;
+        Self(slot | generation << SLOT_BITS)
+    }
+}
+
 #[derive(Debug)]
 struct Table {
-    /// Slot in `unwind_tables` while loaded.
-    slot: Option<u32>,
+    /// Id in the sampler's maps while loaded.
+    id: Option<TableId>,
     /// Kernel bytes while loaded.
     bytes: u64,
     /// Executable segments (address, file offset, bytes), for the bias of each mapping.
@@ -159,6 +179,9 @@ pub struct Loader {
     /// What `unwind_files` holds: the kernel's (dev, inode) → table.
     published: HashMap<(u64, u64), TableKey>,
     slots: Vec<Option<TableKey>>,
+    /// Per slot: how many tables it has held (the next one's generation, modulo
+    /// [`GENERATIONS`]).
+    held: Vec<u64>,
     procs: HashMap<u32, Proc>,
     /// Processes without executable mappings (kernel threads), by start time.
     empty: HashMap<u32, u64>,
@@ -211,6 +234,7 @@ impl Loader {
             tables: HashMap::new(),
             published: HashMap::new(),
             slots: vec![None; SLOTS],
+            held: vec![0; SLOTS],
             procs: HashMap::new(),
             empty: HashMap::new(),
             table_bytes: 0,
@@ -552,7 +576,7 @@ impl Loader {
         let Some(t) = self.tables.get(&key) else {
             return;
         };
-        let Some(slot) = t.slot else {
+        let Some(table_id) = t.id else {
             return;
         };
         if self.published.len() >= FILES && !self.published.contains_key(&id) {
@@ -564,7 +588,7 @@ impl Loader {
         k[8..].copy_from_slice(&id.1.to_ne_bytes());
         let mut v = [0u8; FILE_BYTES];
         let segs = &t.segments[..t.segments.len().min(FILE_SEGMENTS)];
-        v[..4].copy_from_slice(&slot.to_ne_bytes());
+        v[..4].copy_from_slice(&table_id.0.to_ne_bytes());
         v[4..8].copy_from_slice(&(segs.len() as u32).to_ne_bytes());
         v[8..16].copy_from_slice(&size.to_ne_bytes());
         for (i, &(vaddr, offset, bytes)) in segs.iter().enumerate() {
@@ -664,7 +688,7 @@ impl Loader {
         let known = self.files.get(&id).copied();
         if let Some(key) = known {
             let key = key?;
-            if self.tables.get(&key).is_some_and(|t| t.slot.is_some()) {
+            if self.tables.get(&key).is_some_and(|t| t.id.is_some()) {
                 return Some(key);
             }
             if self.is_refused(&key) || self.unbuildable.contains(&key) {
@@ -713,7 +737,7 @@ impl Loader {
         let Some(&key) = self.inodes.get(&(dev, m.inode)) else {
             return false;
         };
-        let Some(table) = self.tables.get(&key).filter(|t| t.slot.is_some()) else {
+        let Some(table) = self.tables.get(&key).filter(|t| t.id.is_some()) else {
             return false;
         };
         let Ok(len) = u32::try_from(m.len) else {
@@ -762,7 +786,7 @@ impl Loader {
     fn vdso_table(&mut self) -> Option<TableKey> {
         if let Some(v) = self.vdso {
             if let Some(key) = v {
-                if self.tables.get(&key).is_some_and(|t| t.slot.is_some()) {
+                if self.tables.get(&key).is_some_and(|t| t.id.is_some()) {
                     return Some(key);
                 }
             } else {
@@ -784,7 +808,7 @@ impl Loader {
         bytes: &[u8],
         code: Option<&File>,
     ) -> Option<TableKey> {
-        if self.tables.get(&key).is_some_and(|t| t.slot.is_some()) {
+        if self.tables.get(&key).is_some_and(|t| t.id.is_some()) {
             return Some(key);
         }
         if self.is_refused(&key) || self.unbuildable.contains(&key) {
@@ -857,11 +881,18 @@ impl Loader {
         }
         self.used.stamp(slot as usize, now_ns());
         self.slots[slot as usize] = Some(key);
+        let held = self.held[slot as usize];
+        self.held[slot as usize] = held + 1;
+        if held != 0 && held % u64::from(GENERATIONS) == 0 {
+            // The slot's ids start over: a row cached for this id GENERATIONS tables ago
+            // could still be in the walker's caches.
+            self.clear_row_cache();
+        }
         self.table_bytes += bytes;
         self.tables.insert(
             key,
             Table {
-                slot: Some(slot),
+                id: Some(TableId::new(slot, held)),
                 bytes,
                 segments: table.segments.clone(),
             },
@@ -902,7 +933,7 @@ impl Loader {
                 self.metrics.table_built(TableBuild::MapFailed);
                 if let Some(key) = self.slots[slot as usize].take() {
                     if let Some(t) = self.tables.get_mut(&key) {
-                        t.slot = None;
+                        t.id = None;
                         self.table_bytes -= t.bytes;
                     }
                 }
@@ -956,6 +987,23 @@ impl Loader {
         true
     }
 
+    /// Empties the walker's row caches, every CPU's (the sampler's and off-CPU's).
+    fn clear_row_cache(&self) {
+        let Ok(cpus) = libbpf_rs::num_possible_cpus() else {
+            return;
+        };
+        let zeros = vec![vec![0u8; self.maps.row_cache.value_size() as usize]; cpus];
+        for key in 0u32..2 {
+            if let Err(e) =
+                self.maps
+                    .row_cache
+                    .update_percpu(&key.to_ne_bytes(), &zeros, MapFlags::ANY)
+            {
+                warn!("could not empty the unwind row cache: {e}");
+            }
+        }
+    }
+
     /// Evicts the least recently walked table; `None` if every loaded table was walked in
     /// the last [`IN_USE`] (or none is loaded).
     fn evict_one(&mut self) -> Option<()> {
@@ -981,7 +1029,7 @@ impl Loader {
         self.unpublish(key);
         self.slots[slot] = None;
         if let Some(t) = self.tables.get_mut(&key) {
-            t.slot = None;
+            t.id = None;
             self.table_bytes -= t.bytes;
         }
         for pid in users {
@@ -1053,16 +1101,16 @@ impl Loader {
         let mut value = vec![0u8; PROC_BYTES];
         let mut count = 0u32;
         for r in p.ranges.iter().take(RANGES) {
-            let slot = r
+            let table = r
                 .table
                 .and_then(|k| self.tables.get(&k))
-                .and_then(|t| t.slot)
-                .unwrap_or(TABLE_NONE);
+                .and_then(|t| t.id)
+                .map_or(TABLE_NONE, |id| id.0);
             let at = 8 + count as usize * RANGE_BYTES;
             value[at..at + 8].copy_from_slice(&r.start.to_ne_bytes());
             value[at + 8..at + 16].copy_from_slice(&r.bias.to_ne_bytes());
             value[at + 16..at + 20].copy_from_slice(&r.len.to_ne_bytes());
-            value[at + 20..at + 24].copy_from_slice(&slot.to_ne_bytes());
+            value[at + 20..at + 24].copy_from_slice(&table.to_ne_bytes());
             count += 1;
         }
         value[..4].copy_from_slice(&count.to_ne_bytes());
@@ -1273,6 +1321,23 @@ impl Drop for UsedView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn table_ids_of_a_slot_differ_until_they_wrap_and_are_never_none() {
+        let slot = SLOTS as u32 - 1;
+        let ids: Vec<u32> = (0..4).map(|held| TableId::new(slot, held).0).collect();
+        for (i, id) in ids.iter().enumerate() {
+            // The walker looks tables up by the low bits (EMBER_UNWIND_SLOT).
+            assert_eq!(id & (SLOTS as u32 - 1), slot);
+            assert!(!ids[..i].contains(id), "{ids:x?}");
+        }
+        let last = u64::from(GENERATIONS) - 1;
+        assert_ne!(TableId::new(slot, last).0, TABLE_NONE);
+        assert_eq!(TableId::new(slot, last).0 >> SLOT_BITS, GENERATIONS - 1);
+        // Where the ids start over (and the loader empties the row caches).
+        assert_eq!(TableId::new(slot, last + 1), TableId::new(slot, 0));
+        assert_eq!(TableId::new(7, 0).0, 7);
+    }
 
     #[test]
     fn kernel_dev_is_mkdev() {
