@@ -514,8 +514,8 @@ static __always_inline int insert_range(struct ember_unwind_proc *p, struct embe
  * repeat the frames of the samples before them (the same return addresses, a hot
  * loop's few pcs), and a hit costs one compare where a search costs its page
  * index, its steps and a helper call per chunk it touches. Direct-mapped, 1,024
- * entries of 24 bytes: 24 KiB per CPU for the sampler, as much for off-CPU (key 1:
- * its own, as the sampler may interrupt it). An entry is never stale: a table's
+ * entries of 24 bytes: 24 KiB per CPU for the sampler, as much for off-CPU when it
+ * is on (key 1: its own, as the sampler may interrupt it). An entry is never stale: a table's
  * rows do not change, and a slot given to another table gets another id.
  */
 #define ROW_CACHE_BITS 10
@@ -534,7 +534,7 @@ struct row_cache {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2); /* 0: the sampler, 1: off-CPU */
+	__uint(max_entries, 2); /* 0: the sampler, 1: off-CPU (set to 1 when off-CPU is off) */
 	__type(key, __u32);
 	__type(value, struct row_cache);
 } row_cache SEC(".maps");

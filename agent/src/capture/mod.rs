@@ -630,6 +630,11 @@ impl<'obj> Sampler<'obj> {
                 4096
             })
             .map_err(CaptureError::Load)?;
+        // The walker's row caches, per CPU: the sampler's, and off-CPU's when it is on.
+        open.maps
+            .row_cache
+            .set_max_entries(if offcpu_on { 2 } else { 1 })
+            .map_err(CaptureError::Load)?;
         // The exec hook is a BTF tracepoint: without kernel BTF it would fail the whole load.
         let exec_hook = settings.unwind != UnwindMode::FramePointer && kernel_btf();
         open.progs.ember_exec.set_autoload(exec_hook);

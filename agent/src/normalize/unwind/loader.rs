@@ -987,13 +987,13 @@ impl Loader {
         true
     }
 
-    /// Empties the walker's row caches, every CPU's (the sampler's and off-CPU's).
+    /// Empties the walker's row caches, every CPU's (the sampler's, and off-CPU's when on).
     fn clear_row_cache(&self) {
         let Ok(cpus) = libbpf_rs::num_possible_cpus() else {
             return;
         };
         let zeros = vec![vec![0u8; self.maps.row_cache.value_size() as usize]; cpus];
-        for key in 0u32..2 {
+        for key in 0..self.maps.row_cache.max_entries() {
             if let Err(e) =
                 self.maps
                     .row_cache
