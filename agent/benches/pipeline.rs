@@ -51,6 +51,7 @@ fn samples() -> Vec<Sample> {
                 comm: *b"bench\0\0\0\0\0\0\0\0\0\0\0",
                 kernel: Vec::new(),
                 user: (0..20).map(|f| addrs[(k + f) % addrs.len()]).collect(),
+                user_exact: 0,
                 user_end: ember::metrics::StackEnd::Complete,
                 off_cpu: None,
             }

@@ -99,6 +99,9 @@ struct scratch {
 	__u64 ips[2 * EMBER_MAX_FRAMES];
 	struct walk w;
 };
+/* walk_step indexes ips with a mask of 0xff for the verifier: it must stay inside the scratch. */
+_Static_assert(__builtin_offsetof(struct scratch, ips) + 256 * sizeof(__u64) <= sizeof(struct scratch),
+	       "ips[at & 0xff] leaves the scratch");
 
 /*
  * Unwind tables, one inner array per object (see struct ember_unwind_header);
@@ -600,7 +603,7 @@ static long walk_step(__u32 index, void *arg)
 	struct walk *w = &s->w;
 	struct ember_unwind_range *r;
 	struct ember_unwind_row row;
-	__u64 pc, bias, cfa, ra, bp, v;
+	__u64 pc, bias, cfa, ra, bp, v, *frame;
 	__u32 id, at;
 
 	if (!w->running)
@@ -610,7 +613,13 @@ static long walk_step(__u32 index, void *arg)
 	at = w->kframes + w->uframes;
 	if (at >= 2 * EMBER_MAX_FRAMES)
 		return stop(w, EMBER_UNWIND_TRUNCATED);
-	s->ips[at] = w->ip;
+	/*
+	 * The mask is for the verifier: clang indexes with a copy of `at` the check did not
+	 * bound, and would drop a mask it can prove idle (the barrier hides what it knows).
+	 */
+	barrier_var(at);
+	frame = &s->ips[at & 0xff];
+	*frame = w->exact ? w->ip | EMBER_IP_EXACT : w->ip;
 	w->uframes++;
 
 	/* A return address is the instruction after the call: look up the call itself. */
@@ -661,6 +670,8 @@ static long walk_step(__u32 index, void *arg)
 		cfa = w->sp + row.cfa_offset + ((w->ip & 15) >= (__u64)row.rbp_offset ? 8 : 0);
 		break;
 	case EMBER_CFA_SIGNAL:
+		/* This frame is the trampoline, named at its first byte (the handler's return address). */
+		*frame |= EMBER_IP_EXACT;
 		/* rsp is the rt_sigframe's ucontext; its saved registers start 40 bytes in. */
 		if (read_u64(&bp, w->sp + 120) || read_u64(&v, w->sp + 160) || read_u64(&ra, w->sp + 168))
 			return stop(w, EMBER_UNWIND_ERR_READ);

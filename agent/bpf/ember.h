@@ -11,6 +11,15 @@
 
 /* Frames kept per stack, per side (kernel and user); the kernel's own cap is 127. */
 #define EMBER_MAX_FRAMES 127
+
+/*
+ * Set in a user ip the table walker recorded: look the frame up at this address, not
+ * at the byte before it as for a return address. The leaf, a frame a signal
+ * interrupted (its ip is where the code was), and a signal trampoline (the handler
+ * "returns" to its first byte, and no call precedes that). User addresses are below
+ * 2^47 on x86-64; the agent clears the bit.
+ */
+#define EMBER_IP_EXACT (1ULL << 63)
 #define EMBER_COMM_LEN 16
 
 /* Settings written into .rodata before load. */

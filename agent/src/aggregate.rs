@@ -114,6 +114,8 @@ struct Key {
     comm: [u8; 16],
     kernel: Box<[u64]>,
     user: Box<[u64]>,
+    /// [`Sample::user_exact`].
+    user_exact: u128,
     end: StackEnd,
     /// `None` for CPU samples.
     off: Option<OffState>,
@@ -229,6 +231,7 @@ impl Aggregator {
             comm: s.comm,
             kernel: s.kernel.into_boxed_slice(),
             user: s.user.into_boxed_slice(),
+            user_exact: s.user_exact,
             end: s.user_end,
             off: s.off_cpu.map(|o| o.state),
         };
@@ -399,10 +402,13 @@ impl Aggregator {
                 key.kernel
                     .iter()
                     .enumerate()
-                    .map(|(i, &a)| Frame::Kernel(caller(i, a))),
+                    .map(|(i, &a)| Frame::Kernel(caller(i, a, false))),
             );
             for (i, &a) in key.user.iter().enumerate() {
-                frames.push(Frame::User(self.table.normalize(key.pid, caller(i, a))));
+                let exact = i < 128 && key.user_exact >> i & 1 == 1;
+                frames.push(Frame::User(
+                    self.table.normalize(key.pid, caller(i, a, exact)),
+                ));
             }
             let comm_len = key
                 .comm
@@ -543,10 +549,11 @@ fn until_boundary(window: Duration, align: bool) -> Duration {
     Duration::from_nanos(u64::try_from(left).unwrap_or(u64::MAX))
 }
 
-/// Frame `i` of a stack side: the leaf is where the CPU was; every other frame is a
-/// return address, one past its call instruction.
-fn caller(i: usize, addr: u64) -> u64 {
-    if i == 0 {
+/// The address to name frame `i` of a stack side by: the leaf is where the CPU was, as
+/// is an `exact` frame (see [`Sample::user_exact`]); every other frame is a return
+/// address, one past its call instruction.
+fn caller(i: usize, addr: u64, exact: bool) -> u64 {
+    if i == 0 || exact {
         addr
     } else {
         addr.saturating_sub(1)
@@ -567,6 +574,7 @@ mod tests {
             comm: *b"worker\0\0\0\0\0\0\0\0\0\0",
             kernel: vec![0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020],
             user: user.to_vec(),
+            user_exact: 0,
             user_end: crate::metrics::StackEnd::Complete,
             off_cpu: None,
         }
@@ -588,6 +596,14 @@ mod tests {
             Metrics::new(),
             Workloads::default(),
         )
+    }
+
+    #[test]
+    fn return_addresses_are_named_at_their_call_exact_frames_at_themselves() {
+        assert_eq!(caller(0, 0x1000, false), 0x1000);
+        assert_eq!(caller(1, 0x1000, false), 0xfff);
+        assert_eq!(caller(1, 0x1000, true), 0x1000);
+        assert_eq!(caller(2, 0, false), 0);
     }
 
     #[test]

@@ -175,7 +175,8 @@ fn finish_ember(mut ember: Ember, out: &Path) -> ember::proto::Profile {
 
 /// Records `fx` with ember and perf at once and compares them (see the module docs).
 /// Panics, after printing the table, when any check fails.
-fn compare(fx: &Fixture, spec: &Spec) {
+/// Runs ember and perf dwarf on the fixture at once and checks `spec`; returns ember's stacks.
+fn compare(fx: &Fixture, spec: &Spec) -> Vec<NStack> {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("ember.pb.gz");
     let pid = fx.pid;
@@ -214,6 +215,7 @@ fn compare(fx: &Fixture, spec: &Spec) {
     }
     let (c, failures) = evaluate(spec, &e_stacks, &p_stacks, !contended, &REACH_BAR);
     report(&c, &failures, &notes, &e_stacks, &p_stacks);
+    e_stacks
 }
 
 /// Measures both sides and lists every check that fails, each tagged with who is at
@@ -440,7 +442,7 @@ fn nofp_signal_handler_matches_perf_dwarf() {
     }
     let _lock = sampling_lock();
     let fx = start_fixture(NOFP_SIGNAL, &["--seconds", FIXTURE_SECONDS]);
-    compare(
+    let ember = compare(
         &fx,
         &Spec {
             title: "nofp_signal (SIGPROF handler burning 30 %, through __restore_rt)",
@@ -455,6 +457,24 @@ fn nofp_signal_handler_matches_perf_dwarf() {
                 func("handler_burn", Some((23.0, 37.0))),
             ],
         },
+    );
+    // The handler's caller is the trampoline, named at its first byte (the handler's
+    // return address, which no call precedes; the byte before it is libc's padding, where
+    // perf leaves it `[unknown]`).
+    let (mut handler, mut through) = (0u64, 0u64);
+    for s in &ember {
+        let names: Vec<&str> = s.frames.iter().map(|f| f.name.as_str()).collect();
+        if let Some(at) = names.iter().position(|&n| n == "on_prof") {
+            handler += s.count;
+            if names.get(at + 1) == Some(&"__restore_rt") {
+                through += s.count;
+            }
+        }
+    }
+    println!("on_prof samples {handler}, called from a named __restore_rt {through}");
+    assert!(
+        handler > 0 && through as f64 >= 0.97 * handler as f64,
+        "on_prof samples {handler}, called from a named __restore_rt {through}"
     );
 }
 

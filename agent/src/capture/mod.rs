@@ -37,8 +37,11 @@ use skel::types::{
 };
 use skel::EmberSkelBuilder;
 
-/// Frames per stack side, as `EMBER_MAX_FRAMES` in `bpf/ember.h`.
+/// Frames per stack side, as `EMBER_MAX_FRAMES` in `bpf/ember.h` (below 128: one bit
+/// each in [`Sample::user_exact`]).
 pub const MAX_FRAMES: usize = 127;
+/// `EMBER_IP_EXACT`: the walker's mark on a user frame to be named at its own address.
+const IP_EXACT: u64 = 1 << 63;
 const HEADER: usize = std::mem::size_of::<ember_record>();
 // The header is the contract: the ips must start 8-byte aligned right after it.
 const _: () = assert!(HEADER % 8 == 0);
@@ -64,6 +67,10 @@ pub struct Sample {
     pub kernel: Vec<u64>,
     /// User instruction pointers, leaf first.
     pub user: Vec<u64>,
+    /// Bit i set: user frame i is where the code was (the leaf, a frame a signal
+    /// interrupted, a signal trampoline), to be named at its address; the others are
+    /// return addresses, named at the byte before (the call).
+    pub user_exact: u128,
     /// How the user stack's walk ended.
     pub user_end: StackEnd,
     /// `None` for a CPU sample; for an off-CPU one, why and how long the thread was off CPU
@@ -822,7 +829,21 @@ pub fn parse_record(data: &[u8]) -> Option<(Sample, u8)> {
         .chunks_exact(8)
         .map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
     let kernel: Vec<u64> = ips.by_ref().take(k).collect();
-    let user: Vec<u64> = ips.collect();
+    let walked = hdr.user_result != ember_unwind_result::EMBER_UNWIND_FRAME_POINTER.0 as u8;
+    let mut user_exact = 0u128;
+    let user: Vec<u64> = ips
+        .enumerate()
+        .map(|(i, ip)| {
+            // Only the table walker sets the bit; the kernel's frame-pointer walk copies
+            // whatever the stack holds.
+            if walked && ip & IP_EXACT != 0 {
+                user_exact |= 1 << i;
+                ip & !IP_EXACT
+            } else {
+                ip
+            }
+        })
+        .collect();
     let user_end = stack_end(hdr.user_result, user.is_empty());
     let sample = Sample {
         time_ns: hdr.time_ns,
@@ -833,6 +854,7 @@ pub fn parse_record(data: &[u8]) -> Option<(Sample, u8)> {
         comm: hdr.comm.map(|c| c as u8),
         kernel,
         user,
+        user_exact,
         user_end,
         off_cpu: None,
     };
@@ -1099,7 +1121,16 @@ mod tests {
     }
 
     fn record(kernel: &[u64], user: &[u64]) -> Vec<u8> {
+        record_ended(
+            ember_unwind_result::EMBER_UNWIND_FRAME_POINTER,
+            kernel,
+            user,
+        )
+    }
+
+    fn record_ended(result: ember_unwind_result, kernel: &[u64], user: &[u64]) -> Vec<u8> {
         let mut hdr = ember_record {
+            user_result: result.0 as u8,
             time_ns: 7,
             cgroup_id: 9,
             pid: 100,
@@ -1137,6 +1168,30 @@ mod tests {
             (100, 101, 1, 9, 7)
         );
         assert_eq!(&s.comm[..3], b"hog");
+    }
+
+    #[test]
+    fn the_walkers_exact_frames_are_marked_and_their_bit_cleared() {
+        const EXACT: u64 = 1 << 63;
+        // A handler's stack: leaf, the trampoline, the interrupted frame, its caller.
+        let user = [
+            0x401005 | EXACT,
+            0x7f12_3403_c050 | EXACT,
+            0x402000 | EXACT,
+            0x403000,
+        ];
+        let (s, _) = parse_record(&record_ended(
+            ember_unwind_result::EMBER_UNWIND_COMPLETE,
+            &[],
+            &user,
+        ))
+        .expect("valid");
+        assert_eq!(s.user, [0x401005, 0x7f12_3403_c050, 0x402000, 0x403000]);
+        assert_eq!(s.user_exact, 0b0111);
+        // The kernel's frame-pointer walk copies the stack's words: nothing is read into them.
+        let (s, _) = parse_record(&record(&[], &user)).expect("valid");
+        assert_eq!(s.user, user);
+        assert_eq!(s.user_exact, 0);
     }
 
     #[test]
