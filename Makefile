@@ -172,9 +172,10 @@ $(OTLP_VENV)/.installed:
 	$(OTLP_VENV)/bin/pip install -q --disable-pip-version-check $(OTLP_PIP_PINS)
 	touch $@
 
+# --no-fail-fast: every suite runs and every failure is reported, not just the first.
 test-only:
 	EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) EMBER_OTLP_PYTHON=$(OTLP_VENV)/bin/python \
-		$(CARGO) test --release --workspace
+		$(CARGO) test --release --workspace --no-fail-fast
 
 # A real kube-apiserver (built once from Debian's source, cached outside the tree) for the
 # pod watcher's end-to-end test; needs root for apt, like the BPF tests.

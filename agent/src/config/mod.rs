@@ -944,6 +944,9 @@ pub struct PyroscopeSink {
     /// pprof sample labels kept in the pushed profiles; Pyroscope turns each into a
     /// series label, so high-cardinality ones (pid, tid) multiply its series.
     pub sample_labels: Vec<String>,
+    /// Most series (distinct service names and kept sample label values) pushed per
+    /// window; the lightest past it are lumped into one `ember_overflow` series.
+    pub max_series: usize,
     /// Tenant, sent as `X-Scope-OrgID`; empty: none.
     pub tenant_id: String,
     /// Basic auth user; empty: no basic auth.
@@ -970,6 +973,7 @@ impl Default for PyroscopeSink {
             api: PyroscopeApi::Push,
             labels: BTreeMap::new(),
             sample_labels: vec!["process".into()],
+            max_series: 256,
             tenant_id: String::new(),
             basic_auth_user: String::new(),
             basic_auth_password: Secret::default(),
@@ -1050,6 +1054,9 @@ impl Sinks {
             );
         }
         let p = &self.pyroscope;
+        if p.max_series == 0 {
+            return invalid("sinks.pyroscope.max_series", "must be at least 1".into());
+        }
         if p.enabled && !(p.url.starts_with("http://") || p.url.starts_with("https://")) {
             return invalid(
                 "sinks.pyroscope.url",

@@ -244,7 +244,7 @@ fn pyroscope_requests_are_golden() {
         "{enabled: true, labels: {cluster: c1}, sample_labels: [process, thread, comm]}",
     )
     .expect("pyroscope config");
-    let push = crate::export::pyroscope::Encoder::new(&cfg)
+    let push = crate::export::pyroscope::Encoder::new(&cfg, Default::default())
         .requests(&e.window)
         .expect("push requests");
     assert_eq!(push.len(), 1);
@@ -262,7 +262,7 @@ fn pyroscope_requests_are_golden() {
 
     let cfg: crate::config::PyroscopeSink =
         serde_yaml::from_str("{enabled: true, api: ingest}").expect("ingest config");
-    let ingest = crate::export::pyroscope::Encoder::new(&cfg)
+    let ingest = crate::export::pyroscope::Encoder::new(&cfg, Default::default())
         .requests(&e.window)
         .expect("ingest requests");
     let mut text = String::new();

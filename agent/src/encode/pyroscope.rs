@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::aggregate::ProfileKind;
-use crate::encode::pprof::{sample_labels, values, Builder, WindowLocations};
+use crate::encode::pprof::{sample_labels, values, Builder, LabelValue, WindowLocations};
 use crate::proto::Profile;
 use crate::push_proto::LabelPair;
 use crate::symbolize::{SymStack, Symbolized};
@@ -92,32 +92,91 @@ fn service_name(s: &SymStack) -> &str {
         .unwrap_or("unknown")
 }
 
-/// Splits `w` by service, keeping only the sample labels named in `keep`.
-pub fn split(w: &Symbolized, keep: &HashSet<String>) -> Vec<Service> {
-    let mut groups: BTreeMap<&str, Vec<&SymStack>> = BTreeMap::new();
+/// Service name of the stacks folded past a window's series cap ([`split`]).
+pub const OVERFLOW_SERVICE: &str = "ember_overflow";
+
+/// A Pyroscope series: service name and kept sample label values.
+type SeriesKey = (String, Vec<(&'static str, String)>);
+
+/// A window split by service, and how many of its stacks went to [`OVERFLOW_SERVICE`].
+#[derive(Debug, Clone, Default)]
+pub struct Split {
+    /// One profile per service, in name order.
+    pub services: Vec<Service>,
+    /// Stacks folded into [`OVERFLOW_SERVICE`] because the window had more series than
+    /// the cap.
+    pub folded: usize,
+}
+
+/// Splits `w` by service, keeping only the sample labels named in `keep`, into at most
+/// `max_series` series.
+///
+/// Pyroscope makes a series of every service name and every kept sample label value, and
+/// both come from workloads: a process that renames itself every 100 ms would make
+/// hundreds. Past `max_series` distinct (service, kept labels) pairs in one window, the
+/// heaviest `max_series - 1` stay as they are and every other stack goes, without its
+/// sample labels, to one series named [`OVERFLOW_SERVICE`]: its samples are kept, only
+/// their names are lumped.
+pub fn split(w: &Symbolized, keep: &HashSet<String>, max_series: usize) -> Split {
+    let series_of = |s: &SymStack| -> SeriesKey {
+        let labels = sample_labels(s)
+            .filter(|(k, _)| keep.contains(*k))
+            .map(|(k, v)| match v {
+                LabelValue::Num(n) => (k, n.to_string()),
+                LabelValue::Str(v) => (k, v.to_owned()),
+            })
+            .collect();
+        (service_name(s).to_owned(), labels)
+    };
+    let mut weight: HashMap<SeriesKey, u64> = HashMap::new();
     for s in &w.stacks {
-        groups.entry(service_name(s)).or_default().push(s);
+        *weight.entry(series_of(s)).or_default() += s.count;
+    }
+    let kept: Option<HashSet<SeriesKey>> = (weight.len() > max_series).then(|| {
+        let mut by_weight: Vec<_> = weight.into_iter().collect();
+        // Heaviest first; ties by name, so the same window always splits the same way.
+        by_weight.sort_by(|(ka, a), (kb, b)| b.cmp(a).then_with(|| ka.cmp(kb)));
+        by_weight
+            .into_iter()
+            .take(max_series.saturating_sub(1))
+            .map(|(k, _)| k)
+            .collect()
+    });
+    let mut groups: BTreeMap<&str, Vec<&SymStack>> = BTreeMap::new();
+    let mut overflow: Vec<&SymStack> = Vec::new();
+    for s in &w.stacks {
+        match &kept {
+            Some(kept) if !kept.contains(&series_of(s)) => overflow.push(s),
+            _ => groups.entry(service_name(s)).or_default().push(s),
+        }
     }
     let window = WindowLocations::of(w);
-    groups
-        .into_iter()
-        .map(|(name, stacks)| {
-            let uniform = UNIFORM_LABELS
-                .iter()
-                .filter_map(|&(k, get)| {
-                    let first = get(&stacks.first()?.labels);
-                    (!first.is_empty() && stacks.iter().all(|s| get(&s.labels) == first))
-                        .then(|| (k, first.to_owned()))
-                })
-                .collect();
-            Service {
-                name: name.to_owned(),
-                uniform,
-                profile: profile(w, &stacks, keep, &window),
-                kind: w.kind,
-            }
-        })
-        .collect()
+    let service = |name: &str, stacks: &[&SymStack], keep: &HashSet<String>| {
+        let uniform = UNIFORM_LABELS
+            .iter()
+            .filter_map(|&(k, get)| {
+                let first = get(&stacks.first()?.labels);
+                (!first.is_empty() && stacks.iter().all(|s| get(&s.labels) == first))
+                    .then(|| (k, first.to_owned()))
+            })
+            .collect();
+        Service {
+            name: name.to_owned(),
+            uniform,
+            profile: profile(w, stacks, keep, &window),
+            kind: w.kind,
+        }
+    };
+    let mut services: Vec<Service> = groups
+        .iter()
+        .map(|(name, stacks)| service(name, stacks, keep))
+        .collect();
+    let folded = overflow.len();
+    if !overflow.is_empty() {
+        services.push(service(OVERFLOW_SERVICE, &overflow, &HashSet::new()));
+        services.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    Split { services, folded }
 }
 
 /// The profile of `stacks` (part of `w`), with only the sample labels named in `keep`;
@@ -227,7 +286,7 @@ pub(crate) mod tests {
     #[test]
     fn splits_by_service_and_drops_unwanted_labels() {
         let keep: HashSet<String> = ["process".to_owned()].into_iter().collect();
-        let services = split(&window(), &keep);
+        let services = split(&window(), &keep, usize::MAX).services;
         let names: Vec<&str> = services.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["db", "shop/web"]);
         let web = &services[1];
@@ -298,10 +357,66 @@ pub(crate) mod tests {
         w.stacks[2].frames.insert(0, jit(9));
         w.stacks[2].frames.push(frame("start", 0x90));
         let whole = locations(&crate::encode::pprof::encode(&w));
-        for s in split(&w, &HashSet::new()) {
+        for s in split(&w, &HashSet::new(), usize::MAX).services {
             for l in locations(&s.profile) {
                 assert!(whole.contains(&l), "{}: {l:?} not in {whole:?}", s.name);
             }
         }
+    }
+
+    /// A process renaming itself every 100 ms for a 10 s window (100 names, each its own
+    /// series through the `process` label and the service name) is pushed as `max_series`
+    /// series, with every sample kept.
+    #[test]
+    fn a_renaming_process_is_held_to_the_series_cap() {
+        let mut w = window();
+        let template = w.stacks[2].clone();
+        for i in 0..100 {
+            let name = format!("renamed-{i}");
+            let mut s = template.clone();
+            s.process = Arc::from(name.as_str());
+            s.comm = name.as_str().into();
+            s.count = 1;
+            w.stacks.push(s);
+        }
+        let keep: HashSet<String> = ["process".to_owned()].into_iter().collect();
+        let total: u64 = w.stacks.iter().map(|s| s.count).sum();
+        let unbounded = split(&w, &keep, usize::MAX);
+        assert_eq!(unbounded.folded, 0);
+        assert_eq!(unbounded.services.len(), 102);
+
+        let capped = split(&w, &keep, 10);
+        assert_eq!(
+            capped.services.len(),
+            10,
+            "9 heaviest series and the overflow one"
+        );
+        assert!(capped.folded > 90, "{} stacks folded", capped.folded);
+        let overflow = capped
+            .services
+            .iter()
+            .find(|s| s.name == OVERFLOW_SERVICE)
+            .expect("an overflow series");
+        // No sample label is kept on the overflow series: it is one series, not a hundred.
+        assert!(overflow.profile.sample.iter().all(|s| s.label.is_empty()));
+        // The heaviest series are the ones kept by name.
+        assert!(capped.services.iter().any(|s| s.name == "shop/web"));
+        assert!(capped.services.iter().any(|s| s.name == "db"));
+        let pushed: i64 = capped
+            .services
+            .iter()
+            .flat_map(|s| &s.profile.sample)
+            .map(|s| s.value[0])
+            .sum();
+        assert_eq!(pushed as u64, total, "every sample is still pushed");
+        // The same window splits the same way every time.
+        let again = split(&w, &keep, 10);
+        let names = |s: &Split| {
+            s.services
+                .iter()
+                .map(|x| x.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&capped), names(&again));
     }
 }

@@ -248,7 +248,14 @@ pub fn start(
         let _guard = rt.enter();
         if cfg.pyroscope.enabled {
             let transport = pyroscope::Http::new(&cfg.pyroscope, cfg.timeout)?;
-            let encoder = pyroscope::Encoder::new(&cfg.pyroscope);
+            let folded = metrics
+                .export
+                .series_folded
+                .get_or_create(&crate::metrics::SinkLabel {
+                    sink: pyroscope::NAME.to_owned(),
+                })
+                .clone();
+            let encoder = pyroscope::Encoder::new(&cfg.pyroscope, folded);
             tasks.push(queue_sink(
                 &rt,
                 pyroscope::NAME,

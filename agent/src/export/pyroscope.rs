@@ -25,12 +25,13 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use prometheus_client::metrics::counter::Counter;
 use prost::Message;
 
 use super::delivery::{random_u128, Outcome, Transient, Transport};
 use super::Encode;
 use crate::config::{PyroscopeApi, PyroscopeSink};
-use crate::encode::pyroscope::{split, Service};
+use crate::encode::pyroscope::{split, Service, Split};
 use crate::metrics::ExportDrop;
 use crate::push_proto::{PushRequest, RawProfileSeries, RawSample};
 use crate::symbolize::Symbolized;
@@ -60,21 +61,27 @@ pub struct Encoder {
     api: PyroscopeApi,
     labels: BTreeMap<String, String>,
     keep: HashSet<String>,
+    max_series: usize,
+    /// Stacks folded into the overflow series ([`split`]).
+    folded: Counter,
 }
 
 impl Encoder {
-    /// An encoder for the `sinks.pyroscope` settings.
-    pub fn new(cfg: &PyroscopeSink) -> Self {
+    /// An encoder for the `sinks.pyroscope` settings, counting folded stacks in `folded`.
+    pub fn new(cfg: &PyroscopeSink, folded: Counter) -> Self {
         Self {
             api: cfg.api,
             labels: cfg.labels.clone(),
             keep: cfg.sample_labels.iter().cloned().collect(),
+            max_series: cfg.max_series,
+            folded,
         }
     }
 
     /// The requests for one window: one push, or one ingest per service.
     pub fn requests(&self, w: &Symbolized) -> Result<Vec<Request>> {
-        let services = split(w, &self.keep);
+        let Split { services, folded } = split(w, &self.keep, self.max_series);
+        self.folded.inc_by(folded as u64);
         let mut out = Vec::new();
         match self.api {
             PyroscopeApi::Push => {
@@ -121,21 +128,48 @@ impl Encoder {
         Ok(out)
     }
 
-    /// `service{k=v,…}`, the legacy application name with its tags.
+    /// `service{k=v,…}`, the legacy application name with its tags. Names and values come
+    /// from workloads, so the characters that structure the name are replaced
+    /// ([`ingest_safe`]).
     fn ingest_name(&self, s: &Service) -> String {
         let mut tags: Vec<String> = s
             .uniform
             .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .chain(self.labels.iter().map(|(k, v)| format!("{k}={v}")))
+            .map(|(k, v)| format!("{k}={}", ingest_safe(v)))
+            .chain(
+                self.labels
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", ingest_safe(v))),
+            )
             .collect();
         tags.dedup();
         let kind = match s.kind {
             crate::aggregate::ProfileKind::Cpu => "cpu",
             crate::aggregate::ProfileKind::OffCpu => "off_cpu",
         };
-        format!("{}.{kind}{{{}}}", s.name, tags.join(","))
+        format!("{}.{kind}{{{}}}", ingest_safe(&s.name), tags.join(","))
     }
+}
+
+/// Longest service name or tag value put into a legacy ingest name, in bytes.
+const MAX_INGEST_PART: usize = 128;
+
+/// `part` with every character that structures a legacy ingest name (`{`, `}`, `,`, `=`),
+/// and every control or space character, replaced by `_`, cut to [`MAX_INGEST_PART`] bytes.
+fn ingest_safe(part: &str) -> String {
+    let mut out = String::with_capacity(part.len().min(MAX_INGEST_PART));
+    for c in part.chars() {
+        let c = match c {
+            '{' | '}' | ',' | '=' => '_',
+            c if c.is_control() || c.is_whitespace() => '_',
+            c => c,
+        };
+        if out.len() + c.len_utf8() > MAX_INGEST_PART {
+            break;
+        }
+        out.push(c);
+    }
+    out
 }
 
 impl Encode for Encoder {
@@ -492,6 +526,52 @@ mod tests {
         Ok(())
     }
 
+    /// Names from workloads cannot add tags or braces to a legacy ingest name.
+    #[test]
+    fn ingest_names_escape_what_workloads_choose() -> Result<()> {
+        let mut w = window();
+        let evil = Arc::new(crate::workload::Labels {
+            service_name: "web}{admin=1,x".into(),
+            namespace: "a=b,c".into(),
+            ..Default::default()
+        });
+        for s in &mut w.stacks {
+            s.labels = evil.clone();
+        }
+        let cfg = PyroscopeSink {
+            api: PyroscopeApi::Ingest,
+            ..Default::default()
+        };
+        let reqs = Encoder::new(&cfg, Counter::default()).requests(&w)?;
+        assert_eq!(reqs.len(), 1);
+        let name = reqs[0]
+            .path
+            .strip_prefix("/ingest?name=")
+            .and_then(|p| p.split('&').next())
+            .context("no name")?;
+        let name = percent_decode(name);
+        assert_eq!(name, "web__admin_1_x.cpu{namespace=a_b_c}");
+        assert_eq!(ingest_safe(&"é".repeat(100)).len(), MAX_INGEST_PART);
+        Ok(())
+    }
+
+    fn percent_decode(s: &str) -> String {
+        let b = s.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%' && i + 2 < b.len() {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("00");
+                out.push(u8::from_str_radix(hex, 16).unwrap_or(0));
+                i += 3;
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
     #[test]
     fn push_request_has_required_labels() -> Result<()> {
         let cfg = PyroscopeSink {
@@ -499,7 +579,7 @@ mod tests {
             ..Default::default()
         };
         let w = window();
-        let reqs = Encoder::new(&cfg).requests(&w)?;
+        let reqs = Encoder::new(&cfg, Counter::default()).requests(&w)?;
         assert_eq!(reqs.len(), 1);
         assert_eq!(reqs[0].path, PUSH_PATH);
         let mut raw = Vec::new();
@@ -528,10 +608,13 @@ mod tests {
         let p = Profile::decode(&push.series[1].samples[0].raw_profile[..])?;
         assert_eq!(p.sample.len(), 1);
 
-        let ingest = Encoder::new(&PyroscopeSink {
-            api: PyroscopeApi::Ingest,
-            ..cfg
-        })
+        let ingest = Encoder::new(
+            &PyroscopeSink {
+                api: PyroscopeApi::Ingest,
+                ..cfg
+            },
+            Counter::default(),
+        )
         .requests(&w)?;
         assert_eq!(ingest.len(), 2);
         assert!(

@@ -125,6 +125,8 @@ pub struct Metrics {
     pub jit_entries: Gauge<i64, AtomicI64>,
     /// Bytes charged for the JIT symbols held across all processes.
     pub jit_bytes: Gauge<i64, AtomicI64>,
+    /// Bytes read from perf maps and jitdumps.
+    pub jit_read_bytes: Counter,
     /// JVM perf map refreshes asked for, by result.
     pub jvm_refreshes: Family<ResultLabel<JvmRefresh>, Counter>,
     /// Addresses of object files that got no name, by reason.
@@ -352,6 +354,13 @@ impl Metrics {
             "Bytes charged for the JIT symbols held across all processes (names, ranges, debug lines)",
             jit_bytes.clone(),
         );
+        let jit_read_bytes = Counter::default();
+        registry.register_with_unit(
+            "jit_read",
+            "Bytes read from perf maps and jitdumps",
+            Unit::Bytes,
+            jit_read_bytes.clone(),
+        );
         let jvm_refreshes = Family::<ResultLabel<JvmRefresh>, Counter>::default();
         registry.register(
             "jvm_perfmap_refreshes",
@@ -472,6 +481,7 @@ impl Metrics {
             http_refused,
             jit_entries,
             jit_bytes,
+            jit_read_bytes,
             jvm_refreshes,
             symbol_misses,
             object_refusals,
@@ -680,6 +690,8 @@ pub struct ExportMetrics {
     pub latency: LatencyFamily,
     /// Bytes waiting in each sink's queue.
     pub queue_bytes: Family<SinkLabel, Gauge<i64, AtomicI64>>,
+    /// Stacks pushed under a sink's overflow series (past its series cap per window).
+    pub series_folded: Family<SinkLabel, Counter>,
 }
 
 impl ExportMetrics {
@@ -690,7 +702,13 @@ impl ExportMetrics {
             sent_bytes: Family::default(),
             latency: Family::new_with_constructor(latency_histogram),
             queue_bytes: Family::default(),
+            series_folded: Family::default(),
         };
+        registry.register(
+            "export_series_folded",
+            "Stacks a sink pushed under its overflow series, past its series cap per window",
+            m.series_folded.clone(),
+        );
         registry.register(
             "export_dropped",
             "Requests to a sink dropped, by sink and reason",

@@ -606,7 +606,12 @@ fn cronjob_of(job: &str, now: SystemTime) -> Option<&str> {
     (plausible(n) || n.checked_mul(60).is_some_and(plausible)).then_some(base)
 }
 
-/// The service name of a pod; see [`PodMeta::service_name`]. Blank annotations are ignored.
+/// Longest service name taken from a pod annotation, in bytes. Annotations may hold 256 KiB
+/// and the name becomes a series label in Prometheus and Pyroscope.
+pub const MAX_SERVICE_NAME: usize = 128;
+
+/// The service name of a pod; see [`PodMeta::service_name`]. Blank annotations are ignored;
+/// an annotation's control characters become `_` and it is cut to [`MAX_SERVICE_NAME`] bytes.
 fn service_name(pod: &Pod, namespace: &str, workload: &str) -> String {
     let annotations = pod.metadata.annotations.as_ref();
     [SERVICE_NAME_ANNOTATION, PYROSCOPE_SERVICE_NAME_ANNOTATION]
@@ -617,7 +622,21 @@ fn service_name(pod: &Pod, namespace: &str, workload: &str) -> String {
                 .map(|value| value.trim())
                 .filter(|value| !value.is_empty())
         })
-        .map_or_else(|| format!("{namespace}/{workload}"), str::to_owned)
+        .map_or_else(|| format!("{namespace}/{workload}"), label_safe)
+}
+
+/// `value` with control characters replaced by `_`, cut to [`MAX_SERVICE_NAME`] bytes on a
+/// character boundary.
+fn label_safe(value: &str) -> String {
+    let mut out = String::with_capacity(value.len().min(MAX_SERVICE_NAME));
+    for c in value.chars() {
+        let c = if c.is_control() { '_' } else { c };
+        if out.len() + c.len_utf8() > MAX_SERVICE_NAME {
+            break;
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Drops everything from a pod that [`PodMeta`] does not use, before the store keeps it:
@@ -1019,6 +1038,11 @@ mod tests {
             "b"
         );
         assert_eq!(service(json!({"other": "c"})), "ns/web");
+        // A 200 KiB annotation, with a newline, becomes a short, one-line label value.
+        let long = format!("svc\n{}", "é".repeat(100_000));
+        let name = service(json!({ "ember.io/service-name": long }));
+        assert!(name.len() <= MAX_SERVICE_NAME && name.len() > MAX_SERVICE_NAME - 2);
+        assert!(name.starts_with("svc_é"), "{name}");
         let bare = owned_pod(None, json!({}), json!({}));
         assert_eq!(pod_metas(&bare, UID, now())[0].service_name, "ns/p-0");
     }

@@ -120,6 +120,11 @@ impl JitDump {
         self.max_bytes = max_bytes;
     }
 
+    /// Whether the file header was read (records follow it).
+    pub fn header_seen(&self) -> bool {
+        self.header_seen
+    }
+
     /// Whether a malformed header or record stopped parsing for good.
     pub fn broken(&self) -> bool {
         self.broken
