@@ -16,6 +16,7 @@
 #include "types.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
 #include "ember.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -34,6 +35,7 @@ struct ember_unwind_header ember_unwind_header_layout = {};
 struct ember_unwind_chunk ember_unwind_chunk_layout = {};
 struct ember_unwind_range ember_unwind_range_layout = {};
 struct ember_unwind_proc ember_unwind_proc_layout = {};
+struct ember_unwind_file ember_unwind_file_layout = {};
 enum ember_unwind_result ember_unwind_result_layout = EMBER_UNWIND_FRAME_POINTER;
 enum ember_unwind_mode ember_unwind_mode_layout = EMBER_MODE_FRAME_POINTER;
 
@@ -430,6 +432,29 @@ static __always_inline __u64 file_bias(struct ember_unwind_file *f, __u64 start,
 	return start - offset + seg->offset - seg->vaddr;
 }
 
+/* Whether an inode's ctime is the one its `unwind_files` entry was built with. */
+static __always_inline int same_ctime(struct inode *inode, struct ember_unwind_file *f)
+{
+	__s64 sec;
+	__u32 nsec;
+
+	if (bpf_core_field_exists(inode->i_ctime_sec)) {
+		sec = inode->i_ctime_sec;
+		nsec = inode->i_ctime_nsec & 0x7fffffff; /* without 6.13's "queried" flag */
+	} else if (bpf_core_field_exists(((struct inode___pre611 *)inode)->__i_ctime)) {
+		struct inode___pre611 *i = (void *)inode;
+
+		sec = BPF_CORE_READ(i, __i_ctime.tv_sec);
+		nsec = BPF_CORE_READ(i, __i_ctime.tv_nsec);
+	} else {
+		struct inode___pre66 *i = (void *)inode;
+
+		sec = BPF_CORE_READ(i, i_ctime.tv_sec);
+		nsec = BPF_CORE_READ(i, i_ctime.tv_nsec);
+	}
+	return sec == f->ctime_sec && nsec == f->ctime_nsec;
+}
+
 /* The range of an executable mapping of a file whose table is loaded; 0 if it is not one. */
 static __always_inline int vma_range(struct vm_area_struct *vma, struct ember_unwind_range *r)
 {
@@ -448,7 +473,7 @@ static __always_inline int vma_range(struct vm_area_struct *vma, struct ember_un
 	key.dev = inode->i_sb->s_dev;
 	key.ino = inode->i_ino;
 	f = bpf_map_lookup_elem(&unwind_files, &key);
-	if (!f || f->size != inode->i_size)
+	if (!f || f->size != inode->i_size || !same_ctime(inode, f))
 		return 0;
 	r->start = vma->vm_start;
 	r->len = vma->vm_end - vma->vm_start;

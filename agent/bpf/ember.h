@@ -264,10 +264,19 @@ struct ember_unwind_segment {
 
 #define EMBER_UNWIND_FILE_SEGMENTS 4
 
+/*
+ * The file's size and ctime when its table was built: an inode freed and reused by
+ * another file differs in its ctime (which no one can set), and a file rewritten in
+ * place in both. Either, and the sampler leaves the mapping to the frame pointer until
+ * the agent has read the process.
+ */
 struct ember_unwind_file {
 	__u32 table; /* the table's id (slot and generation) */
 	__u32 count; /* segments used */
-	__u64 size;  /* the file's size when its table was built: an inode reused for another file differs */
+	__u64 size;
+	__s64 ctime_sec;
+	__u32 ctime_nsec;
+	__u32 pad;
 	struct ember_unwind_segment segments[EMBER_UNWIND_FILE_SEGMENTS];
 };
 

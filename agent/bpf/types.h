@@ -60,6 +60,23 @@ struct inode {
 	unsigned long i_ino;
 	struct super_block *i_sb;
 	__s64 i_size;
+	/* Linux 6.11+; from 6.13 bit 31 of the nanoseconds flags a ctime that was queried. */
+	__s64 i_ctime_sec;
+	__u32 i_ctime_nsec;
+} __attribute__((preserve_access_index));
+
+struct timespec64 {
+	__s64 tv_sec;
+	long tv_nsec;
+} __attribute__((preserve_access_index));
+
+/* The inode's ctime before 6.11: `__i_ctime` from 6.6, `i_ctime` before. */
+struct inode___pre611 {
+	struct timespec64 __i_ctime;
+} __attribute__((preserve_access_index));
+
+struct inode___pre66 {
+	struct timespec64 i_ctime;
 } __attribute__((preserve_access_index));
 
 struct file {

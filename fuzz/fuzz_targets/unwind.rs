@@ -5,8 +5,16 @@
 //! ones wrap it, as CFI, in a valid x86-64 ELF whose one executable segment covers the
 //! first MiB of addresses, so the fuzzer spends its time in gimli and the compiler: the
 //! second byte says how much of it is `.eh_frame`, the rest is `.debug_frame`.
+//!
+//! With bit 2 of the first byte, the object is read as the loader reads a file, by the
+//! sparse reader: as a file extended by (bits 3 to 7) × 64 MiB of zeros never written, as
+//! a sparse file on disk is. It holds no more than its caps (whatever the headers claim),
+//! refuses with the cap's reason, and, on a file of just the object, compiles the table
+//! the whole object compiles to.
 #![no_main]
 
+use ember_fuzz::unwind::elf::CodeReader;
+use ember_fuzz::unwind::sparse::{Source, Sparse, SparseError, MAX_HEADER_BYTES};
 use ember_fuzz::unwind::{compile, Limits, DEFAULT_LIMITS};
 use libfuzzer_sys::fuzz_target;
 
@@ -21,7 +29,67 @@ const LIMITS: Limits = Limits {
     work_factor: 8,
     work_base: 1 << 16,
     max_inflated_bytes: 1 << 20,
+    max_cfi_bytes: 1 << 16,
 };
+
+/// `image` followed by zeros up to `len` bytes: a sparse file.
+#[derive(Debug)]
+struct SparseFile<'a> {
+    image: &'a [u8],
+    len: u64,
+}
+
+impl Source for SparseFile<'_> {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if offset.saturating_add(buf.len() as u64) > self.len {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.fill(0);
+        let from = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(self.image.len());
+        let n = (self.image.len() - from).min(buf.len());
+        buf[..n].copy_from_slice(&self.image[from..from + n]);
+        Ok(())
+    }
+}
+
+impl CodeReader for SparseFile<'_> {
+    fn read_code(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        self.read_exact_at(&mut buf, offset).ok()?;
+        Some(buf)
+    }
+}
+
+/// The sparse reader on `object` extended to `len` bytes.
+fn sparse(object: &[u8], len: u64, limits: &Limits) {
+    let file = SparseFile { image: object, len };
+    let s = match Sparse::read(&file, len, limits.max_cfi_bytes) {
+        Ok(s) => s,
+        Err(SparseError::Refused(e)) => {
+            assert_eq!(e.reason().as_str(), "section_too_large", "{e}");
+            return;
+        }
+        Err(SparseError::Io(e)) => panic!("reads stay inside the file: {e}"),
+    };
+    assert!(
+        s.read <= MAX_HEADER_BYTES + limits.max_cfi_bytes,
+        "held {} bytes",
+        s.read
+    );
+    let got = ember_fuzz::unwind::compile::compile_with(s.bytes(), Some(&file), limits);
+    if let Ok(table) = &got {
+        assert_eq!(table.validate(), Ok(()));
+    }
+    if len == object.len() as u64 {
+        // What the compiler reads of the whole object is what the sparse read took.
+        if let (Ok(a), Ok(b)) = (&got, compile(object, limits)) {
+            assert_eq!(a.rows, b.rows);
+            assert_eq!(a.pages, b.pages);
+        }
+    }
+}
 
 const EH_ADDR: u64 = 0x8_0000;
 const EHDR: usize = 64;
@@ -107,6 +175,11 @@ fuzz_target!(|data: &[u8]| {
     } else {
         DEFAULT_LIMITS
     };
+    if mode & 4 == 4 {
+        let len = object.len() as u64 + u64::from(mode >> 3) * (64 << 20);
+        sparse(&object, len, &limits);
+        return;
+    }
     let Ok(table) = compile(&object, &limits) else {
         return;
     };

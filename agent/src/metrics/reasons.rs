@@ -258,6 +258,14 @@ label_enum! {
         Unreadable => "unreadable",
         /// Larger than the object cap.
         TooLarge => "too_large",
+        /// Its headers give the CFI sections (together), the section headers or the
+        /// section names more bytes than ember reads of them (`.eh_frame` plus
+        /// `.debug_frame` 64 MiB, section headers 4 MiB, names 1 MiB): refused before
+        /// they are read, never parsed again.
+        SectionTooLarge => "section_too_large",
+        /// The file opened (by its path inside the process's root, `map_files` refused) is
+        /// not the inode the mapping names: replaced since, so not read.
+        OtherFile => "other_file",
         /// Not an x86-64 ELF executable or shared object, or a malformed one.
         BadElf => "bad_elf",
         /// Over a cap on rows, entries, pages or CFI work (a hostile or huge object).

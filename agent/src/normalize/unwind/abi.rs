@@ -8,7 +8,7 @@
 
 use std::mem::{align_of, offset_of, size_of};
 
-use super::loader::{CHUNK_BYTES, CHUNK_SLOTS};
+use super::loader::{CHUNK_BYTES, CHUNK_SLOTS, FILE_BYTES};
 use super::row::{CfaRule, RbpRule, UnwindPage, UnwindRow, PAGE_SHIFT};
 
 #[allow(
@@ -22,7 +22,8 @@ mod skel {
     include!(concat!(env!("OUT_DIR"), "/ember.skel.rs"));
 }
 use skel::types::{
-    ember_cfa_rule, ember_rbp_rule, ember_unwind_chunk, ember_unwind_page, ember_unwind_row,
+    ember_cfa_rule, ember_rbp_rule, ember_unwind_chunk, ember_unwind_file, ember_unwind_page,
+    ember_unwind_row,
 };
 
 const _: () = {
@@ -36,6 +37,12 @@ const _: () = {
     assert!(offset_of!(UnwindRow, rbp_offset) == offset_of!(ember_unwind_row, rbp_offset));
 
     assert!(size_of::<ember_unwind_chunk>() == CHUNK_BYTES);
+    // The loader writes `unwind_files` values field by field at these offsets.
+    assert!(size_of::<ember_unwind_file>() == FILE_BYTES);
+    assert!(offset_of!(ember_unwind_file, size) == 8);
+    assert!(offset_of!(ember_unwind_file, ctime_sec) == 16);
+    assert!(offset_of!(ember_unwind_file, ctime_nsec) == 24);
+    assert!(offset_of!(ember_unwind_file, segments) == 32);
     assert!(CHUNK_BYTES == CHUNK_SLOTS * size_of::<UnwindRow>());
 
     assert!(size_of::<UnwindPage>() == size_of::<ember_unwind_page>());

@@ -56,12 +56,17 @@ pub struct Limits {
     /// Largest compressed `.debug_frame` inflated, in bytes it declares (Go's are a few
     /// hundred KiB; the cap stops a bomb before anything is allocated).
     pub max_inflated_bytes: u64,
+    /// Most bytes of call frame information read from one object: `.eh_frame` and
+    /// `.debug_frame` together, as stored in the file (a sparse read refuses the object
+    /// before reading them, [`super::sparse`]).
+    pub max_cfi_bytes: u64,
 }
 
 /// The caps until they become configuration: 1 GiB objects, 4 Mi rows (32 MiB, the
 /// whole default budget of BPF map memory), 4 Mi entries, 65,536 pages (4 GiB of
 /// code), 16,384 CIEs of at most 4 KiB, 8 times the sections' bytes of CFA program plus
-/// 1 MiB, 32 MiB of inflated `.debug_frame`.
+/// 1 MiB, 32 MiB of inflated `.debug_frame`, 64 MiB of CFI (libLLVM's 112 MiB object has
+/// 5 MiB, rustc's 150 MiB driver 6 MiB).
 pub const DEFAULT_LIMITS: Limits = Limits {
     max_object_bytes: 1 << 30,
     max_rows: 4 << 20,
@@ -72,6 +77,7 @@ pub const DEFAULT_LIMITS: Limits = Limits {
     work_factor: 8,
     work_base: 1 << 20,
     max_inflated_bytes: 32 << 20,
+    max_cfi_bytes: 64 << 20,
 };
 
 impl Default for Limits {
@@ -213,17 +219,17 @@ impl UnwindTable {
 
 /// Compiles the unwind table of an x86-64 ELF executable or shared object from its bytes.
 pub fn compile(object: &[u8], limits: &Limits) -> Result<UnwindTable, UnwindError> {
-    compile_with(object, None, limits)
+    compile_with(elf::Bytes::Whole(object), None, limits)
 }
 
 /// [`compile`] from a sparse read of the object ([`super::sparse::Sparse`]): `object` holds
 /// its headers and CFI, `code` reads the code bytes the compiler looks at.
 pub fn compile_with(
-    object: &[u8],
+    object: elf::Bytes<'_>,
     code: Option<&dyn CodeReader>,
     limits: &Limits,
 ) -> Result<UnwindTable, UnwindError> {
-    let bytes = object.len() as u64;
+    let bytes = object.object_len();
     if bytes > limits.max_object_bytes {
         return Err(UnwindError::TooLarge {
             bytes,
@@ -232,6 +238,19 @@ pub fn compile_with(
     }
     let mut parts = elf::parse(object)?;
     parts.reader = code;
+    let cfi = [parts.eh_frame, parts.debug_frame]
+        .iter()
+        .flatten()
+        .map(|s| s.data.len() as u64)
+        .chain(parts.debug_frame_zlib.map(|z| z.stream.len() as u64))
+        .sum::<u64>();
+    if cfi > limits.max_cfi_bytes {
+        return Err(UnwindError::SectionTooLarge {
+            what: "call frame information",
+            bytes: cfi,
+            max: limits.max_cfi_bytes,
+        });
+    }
     // Go writes its call frame information only to a zlib-compressed `.debug_frame`.
     let inflated = match parts.debug_frame_zlib {
         Some(z) if parts.debug_frame.is_none() => {

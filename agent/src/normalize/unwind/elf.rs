@@ -3,10 +3,15 @@
 //!
 //! The `object` crate reads the headers; every offset and size it returns has been checked
 //! against the bytes, so a hostile header costs an error, never a read out of bounds.
+//! The bytes are an object's by file offset ([`Bytes`]): all of it, or only the pieces a
+//! sparse read took ([`super::sparse`]), each in a buffer of its own; a read outside the
+//! pieces is an error, as one past the end of a whole object is.
+
+use std::ops::Range;
 
 use object::elf::{FileHeader64, PF_X, PT_LOAD, SHF_COMPRESSED, SHT_NOBITS};
 use object::read::elf::{FileHeader, ProgramHeader, SectionHeader, SectionTable};
-use object::LittleEndian;
+use object::{LittleEndian, ReadRef};
 
 use super::error::UnwindError;
 
@@ -21,6 +26,66 @@ impl CodeReader for std::fs::File {
         let mut buf = vec![0u8; len];
         std::os::unix::fs::FileExt::read_exact_at(self, &mut buf, offset).ok()?;
         Some(buf)
+    }
+}
+
+/// An object's bytes by file offset.
+#[derive(Debug, Clone, Copy)]
+pub enum Bytes<'a> {
+    /// The whole object.
+    Whole(&'a [u8]),
+    /// Ranges of an object `len` bytes long, each `(file offset, bytes)`: what a sparse
+    /// read took (headers, section names, CFI sections), never a buffer as long as the file.
+    Pieces {
+        /// The object's length (what [`Limits::max_object_bytes`](super::Limits) caps).
+        len: u64,
+        /// The ranges read; a read must fall inside one of them.
+        pieces: &'a [(u64, Vec<u8>)],
+    },
+}
+
+impl<'a> Bytes<'a> {
+    /// The object's length in bytes.
+    pub fn object_len(self) -> u64 {
+        match self {
+            Self::Whole(b) => b.len() as u64,
+            Self::Pieces { len, .. } => len,
+        }
+    }
+
+    /// The piece holding all of `[start, end)`, as a slice of exactly that range.
+    fn range(self, start: u64, end: u64) -> Option<&'a [u8]> {
+        if end < start {
+            return None;
+        }
+        match self {
+            Self::Whole(b) => b.get(usize::try_from(start).ok()?..usize::try_from(end).ok()?),
+            Self::Pieces { pieces, .. } => pieces.iter().find_map(|(at, bytes)| {
+                let from = usize::try_from(start.checked_sub(*at)?).ok()?;
+                let to = usize::try_from(end - at).ok()?;
+                bytes.get(from..to)
+            }),
+        }
+    }
+}
+
+impl<'a> ReadRef<'a> for Bytes<'a> {
+    fn len(self) -> Result<u64, ()> {
+        Ok(self.object_len())
+    }
+
+    fn read_bytes_at(self, offset: u64, size: u64) -> Result<&'a [u8], ()> {
+        if size == 0 {
+            return Ok(&[]);
+        }
+        self.range(offset, offset.checked_add(size).ok_or(())?)
+            .ok_or(())
+    }
+
+    fn read_bytes_at_until(self, range: Range<u64>, delimiter: u8) -> Result<&'a [u8], ()> {
+        let bytes = self.range(range.start, range.end).ok_or(())?;
+        let len = bytes.iter().position(|&b| b == delimiter).ok_or(())?;
+        Ok(&bytes[..len])
     }
 }
 
@@ -62,8 +127,8 @@ pub struct ElfParts<'a> {
     pub code: Vec<(u64, u64)>,
     /// Executable segments as (address, file offset, bytes in the file), to read code.
     pub code_file: Vec<(u64, u64, u64)>,
-    /// The object's bytes (code pages may be unread: see `reader`).
-    pub bytes: &'a [u8],
+    /// The object's bytes (only some pieces of it after a sparse read: see `reader`).
+    pub bytes: Bytes<'a>,
     /// Where code bytes are read from when `bytes` holds only the headers and CFI
     /// ([`super::sparse`]); `None`: `bytes` is the whole object.
     pub reader: Option<&'a dyn CodeReader>,
@@ -73,7 +138,7 @@ pub struct ElfParts<'a> {
 }
 
 /// Reads the parts of an x86-64 ELF64 executable or shared object.
-pub fn parse(bytes: &[u8]) -> Result<ElfParts<'_>, UnwindError> {
+pub fn parse(bytes: Bytes<'_>) -> Result<ElfParts<'_>, UnwindError> {
     let header =
         FileHeader64::<LittleEndian>::parse(bytes).map_err(|_| UnwindError::BadElf("header"))?;
     if !header.is_class_64() || !header.is_little_endian() {
@@ -140,11 +205,9 @@ pub fn parse(bytes: &[u8]) -> Result<ElfParts<'_>, UnwindError> {
                 Ok(Some((header, offset, size)))
                     if header.ch_type.get(endian) == object::elf::ELFCOMPRESS_ZLIB =>
                 {
-                    let stream = usize::try_from(offset)
-                        .ok()
-                        .zip(usize::try_from(size).ok())
-                        .and_then(|(o, n)| bytes.get(o..)?.get(..n))
-                        .ok_or(UnwindError::BadElf("compressed section"))?;
+                    let stream = bytes
+                        .read_bytes_at(offset, size)
+                        .map_err(|_| UnwindError::BadElf("compressed section"))?;
                     parts.debug_frame_zlib = Some(Compressed {
                         stream,
                         size: header.ch_size.get(endian),
@@ -176,16 +239,13 @@ impl<'a> ElfParts<'a> {
                 Some(r) => r
                     .read_code(from, usize::try_from(to - from).ok()?)
                     .map(std::borrow::Cow::Owned),
-                None => {
-                    let (from, to) = (usize::try_from(from).ok()?, usize::try_from(to).ok()?);
-                    self.bytes.get(from..to).map(std::borrow::Cow::Borrowed)
-                }
+                None => self.bytes.range(from, to).map(std::borrow::Cow::Borrowed),
             }
         })
     }
 }
 
-type Sections<'a> = SectionTable<'a, FileHeader64<LittleEndian>, &'a [u8]>;
+type Sections<'a> = SectionTable<'a, FileHeader64<LittleEndian>, Bytes<'a>>;
 
 fn section<'a>(
     sections: &Sections<'a>,
@@ -201,7 +261,7 @@ fn section<'a>(
 fn cfi_section<'a>(
     sections: &Sections<'a>,
     name: &[u8],
-    bytes: &'a [u8],
+    bytes: Bytes<'a>,
 ) -> Result<Option<CfiSection<'a>>, UnwindError> {
     let Some(header) = section(sections, name) else {
         return Ok(None);

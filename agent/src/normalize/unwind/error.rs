@@ -17,6 +17,18 @@ pub enum UnwindError {
     /// Not an ELF file, or its headers point outside it.
     #[error("not a readable ELF object: {0}")]
     BadElf(&'static str),
+    /// The section headers, the section names or the CFI sections (together) are larger
+    /// than what is read of them ([`super::Limits::max_cfi_bytes`] for CFI): refused
+    /// before they are read.
+    #[error("{what} is {bytes} bytes, over the cap of {max}")]
+    SectionTooLarge {
+        /// Which part of the object.
+        what: &'static str,
+        /// Its size, as the headers give it (clipped to the file).
+        bytes: u64,
+        /// The cap.
+        max: u64,
+    },
     /// An ELF object for another machine, class or byte order.
     #[error("not an x86-64 little-endian ELF64 object")]
     NotX86_64,
@@ -64,6 +76,8 @@ pub enum ErrorReason {
     TooLarge,
     /// [`UnwindError::BadElf`].
     BadElf,
+    /// [`UnwindError::SectionTooLarge`].
+    SectionTooLarge,
     /// [`UnwindError::NotX86_64`].
     NotX86_64,
     /// [`UnwindError::NotLoadable`].
@@ -82,9 +96,10 @@ pub enum ErrorReason {
 
 impl ErrorReason {
     /// Every reason, for metrics that pre-register their labels.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::TooLarge,
         Self::BadElf,
+        Self::SectionTooLarge,
         Self::NotX86_64,
         Self::NotLoadable,
         Self::NoCfi,
@@ -99,6 +114,7 @@ impl ErrorReason {
         match self {
             Self::TooLarge => "too_large",
             Self::BadElf => "bad_elf",
+            Self::SectionTooLarge => "section_too_large",
             Self::NotX86_64 => "not_x86_64",
             Self::NotLoadable => "not_loadable",
             Self::NoCfi => "no_cfi",
@@ -116,6 +132,7 @@ impl UnwindError {
         match self {
             Self::TooLarge { .. } => ErrorReason::TooLarge,
             Self::BadElf(_) => ErrorReason::BadElf,
+            Self::SectionTooLarge { .. } => ErrorReason::SectionTooLarge,
             Self::NotX86_64 => ErrorReason::NotX86_64,
             Self::NotLoadable(_) => ErrorReason::NotLoadable,
             Self::NoCfi => ErrorReason::NoCfi,

@@ -8,8 +8,16 @@
 //!
 //! - **Objects** are read inside the process's root (`/proc/PID/map_files`, else
 //!   `openat2(RESOLVE_IN_ROOT)`; the shared [`crate::normalize::object::open_mapped`]), non-blocking, regular files only, at most
-//!   `Limits::max_object_bytes`; a file seen before (same device, inode, size and mtime)
-//!   is not read again.
+//!   `Limits::max_object_bytes`, and only if the file opened is the inode the mapping names;
+//!   a file seen before (same device, inode, size, mtime and ctime: an inode freed and
+//!   reused by another file differs at least in its ctime, which no one can set) is not
+//!   read again. What is read of it is its headers and CFI, each part capped
+//!   ([`super::sparse`]).
+//! - **Files by inode**, as the kernel names them (mmap records, the sampler's
+//!   `unwind_files`), can name another file once the inode is freed: the loader's map from
+//!   inode to table holds only files some process it knows still maps (a mapped inode
+//!   cannot be freed), and each `unwind_files` entry carries the file's size and ctime,
+//!   which the sampler checks against the inode it finds.
 //! - **Tables** are keyed by the SHA-256 of the object's bytes, not its build id: a build
 //!   id is whatever the file says, and a container could otherwise name its own table for
 //!   the host's libc. One table serves every process mapping the object. Compiled tables
@@ -35,9 +43,9 @@ use libbpf_rs::{libbpf_sys, MapCore, MapFlags, MapHandle, MapType};
 use tracing::{debug, warn};
 
 use super::compile::{compile_with, Limits, UnwindTable, DEFAULT_LIMITS};
-use super::elf::CodeReader;
+use super::elf::{Bytes, CodeReader};
 use super::error::UnwindError;
-use super::sparse::Sparse;
+use super::sparse::{Sparse, SparseError};
 use super::store::{key_of, row_bytes, Store, StoreError, TableKey};
 use crate::capture::tasks::{Mmap, TaskEvent, TaskWatch};
 use crate::capture::{Ask, UnwindMaps, Work, WorkReceiver, WorkSender};
@@ -62,7 +70,7 @@ pub(super) const CHUNK_BYTES: usize = CHUNK_SLOTS * 8;
 const FILES: usize = 8192;
 const FILE_SEGMENTS: usize = 4;
 /// Bytes of one `struct ember_unwind_file`.
-const FILE_BYTES: usize = 16 + FILE_SEGMENTS * 24;
+pub(super) const FILE_BYTES: usize = 32 + FILE_SEGMENTS * 24;
 /// Ranges per process (`EMBER_UNWIND_RANGES`).
 const RANGES: usize = 64;
 /// `EMBER_TABLE_NONE`: walk this range by the frame pointer.
@@ -113,14 +121,42 @@ pub struct Settings {
     pub cache_dir: Option<PathBuf>,
 }
 
-/// Identity of a file on the host, as far as a stat tells: a file replaced in place
-/// (an upgrade reusing the inode) changes its size or mtime.
+/// Identity of a file on the host, as far as a stat tells: a file replaced in place (an
+/// upgrade reusing the inode) changes its size or mtime, and an inode freed and reused by
+/// another file its ctime too (which, unlike the mtime, no one can set). Times as the
+/// kernel keeps them, seconds and nanoseconds: nothing to multiply (or overflow).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct FileId {
     dev: u64,
     ino: u64,
     size: u64,
-    mtime_ns: i64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileId {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+/// A mapped file as `/proc/PID/maps` and the kernel's mmap records name it: device
+/// (major, minor) and inode.
+type Inode = ((u32, u32), u64);
+
+/// What an `unwind_files` entry says of a file besides its table, for the sampler to check
+/// against the inode it finds: the inode may since have been freed and given to another file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Published {
+    key: TableKey,
+    size: u64,
+    ctime: (i64, i64),
 }
 
 /// A table's id as the sampler's maps name it (`EMBER_UNWIND_SLOT` in `bpf/ember.h`): its
@@ -154,6 +190,9 @@ struct Range {
     len: u32,
     bias: u64,
     table: Option<TableKey>,
+    /// The file mapped, when the range has a table: while a process maps it, its inode
+    /// names it and no other file.
+    file: Option<Inode>,
 }
 
 #[derive(Debug)]
@@ -172,12 +211,14 @@ pub struct Loader {
     store: Option<Store>,
     /// Files already identified: their table, or `None` (no table: frame pointers).
     files: HashMap<FileId, Option<TableKey>>,
-    /// The same by (device, inode) only, as mmap records name a file: lets a new process's
-    /// ranges be written from its records at once (its full read follows a moment later).
-    inodes: HashMap<(u64, u64), TableKey>,
+    /// Tables by inode only, as mmap records name a file: lets a new process's ranges be
+    /// written from its records at once (its full read follows a moment later). Only files
+    /// that a process in `procs` maps, with how many of their ranges: an inode no one maps
+    /// may be freed and reused by another file, so the entry goes with its last range.
+    inodes: HashMap<Inode, (TableKey, u32)>,
     tables: HashMap<TableKey, Table>,
-    /// What `unwind_files` holds: the kernel's (dev, inode) → table.
-    published: HashMap<(u64, u64), TableKey>,
+    /// What `unwind_files` holds: the kernel's (dev, inode) → table, size and ctime.
+    published: HashMap<(u64, u64), Published>,
     slots: Vec<Option<TableKey>>,
     /// Per slot: how many tables it has held (the next one's generation, modulo
     /// [`GENERATIONS`]).
@@ -389,7 +430,7 @@ impl Loader {
             TaskEvent::Exec { pid, .. } => {
                 if self.maps.exec_hook {
                     // The hook already replaced the entry with the new program's ranges.
-                    self.procs.remove(&pid);
+                    self.take_proc(pid);
                     self.empty.remove(&pid);
                 } else {
                     self.forget(pid);
@@ -432,15 +473,55 @@ impl Loader {
             MapFlags::ANY
         };
         if self.write_proc_with(pid, &proc, flags) {
-            self.procs.insert(pid, proc);
+            self.put_proc(pid, proc);
         }
     }
 
     /// Drops a process's ranges (it exited, or exec'd into another program).
     fn forget(&mut self, pid: u32) {
         self.empty.remove(&pid);
-        if self.procs.remove(&pid).is_some() {
+        if self.take_proc(pid).is_some() {
             let _ = self.maps.procs.delete(&pid.to_ne_bytes());
+        }
+    }
+
+    /// Keeps `proc` as `pid`'s ranges (replacing any), counting the files its ranges map.
+    fn put_proc(&mut self, pid: u32, proc: Proc) {
+        for r in &proc.ranges {
+            if let (Some(f), Some(key)) = (r.file, r.table) {
+                let e = self.inodes.entry(f).or_insert((key, 0));
+                // The newest read wins (a file rewritten in place while mapped).
+                e.0 = key;
+                e.1 = e.1.saturating_add(1);
+            }
+        }
+        // Counted before the old ranges are let go: a file both map keeps its entry.
+        if let Some(old) = self.procs.insert(pid, proc) {
+            self.release(&old);
+        }
+    }
+
+    /// Lets go of `pid`'s ranges.
+    fn take_proc(&mut self, pid: u32) -> Option<Proc> {
+        let p = self.procs.remove(&pid)?;
+        self.release(&p);
+        Some(p)
+    }
+
+    /// Uncounts the files of `p`'s ranges: the entry of a file no known process maps goes.
+    fn release(&mut self, p: &Proc) {
+        for f in p
+            .ranges
+            .iter()
+            .filter(|r| r.table.is_some())
+            .filter_map(|r| r.file)
+        {
+            if let Some(e) = self.inodes.get_mut(&f) {
+                e.1 = e.1.saturating_sub(1);
+                if e.1 == 0 {
+                    self.inodes.remove(&f);
+                }
+            }
         }
     }
 
@@ -496,21 +577,27 @@ impl Loader {
             } else {
                 None
             };
-            let table = match &file {
-                _ if e.path == "[vdso]" => self.vdso_table(),
-                Some(f) => self.file_table(f),
-                None => None, // anonymous (JIT code): the frame pointer
+            let (table, file_id) = match &file {
+                _ if e.path == "[vdso]" => (self.vdso_table(), None),
+                Some(f) => match self.file_table(f, e.inode) {
+                    Some((key, id)) => (Some(key), Some(id)),
+                    None => (None, None),
+                },
+                None => (None, None), // anonymous (JIT code): the frame pointer
             };
             let bias = table
                 .and_then(|k| self.tables.get(&k))
                 .map(|t| bias(&t.segments, e.start, e.offset))
                 .unwrap_or(0);
-            if let (Some(key), Some(f)) = (table, &file) {
+            if let (Some(key), Some(fid)) = (table, file_id) {
                 let id = (kernel_dev(e.dev), e.inode);
-                if self.published.get(&id) != Some(&key) {
-                    if let Ok(meta) = f.metadata() {
-                        files.push((id, meta.len(), key));
-                    }
+                let p = Published {
+                    key,
+                    size: fid.size,
+                    ctime: fid.ctime,
+                };
+                if self.published.get(&id) != Some(&p) {
+                    files.push((id, p));
                 }
             }
             ranges.push(Range {
@@ -518,6 +605,7 @@ impl Loader {
                 len,
                 bias,
                 table,
+                file: file_id.map(|_| (e.dev, e.inode)),
             });
             seen.push((e, file));
         }
@@ -552,8 +640,8 @@ impl Loader {
             self.metrics.dropped(Cache::UnwindRanges, dropped as u64);
         }
         self.commit();
-        for (id, size, key) in files {
-            self.publish_file(id, size, key);
+        for (id, p) in files {
+            self.publish_file(id, p);
         }
         let new = !self.procs.contains_key(&pid);
         if new && !self.make_room(PROC_BYTES as u64 + PROC_OVERHEAD) {
@@ -562,9 +650,9 @@ impl Loader {
         }
         let proc = Proc { start_time, ranges };
         if self.write_proc(pid, &proc) {
-            self.procs.insert(pid, proc);
+            self.put_proc(pid, proc);
         } else {
-            self.procs.remove(&pid);
+            self.take_proc(pid);
         }
         self.publish();
     }
@@ -572,8 +660,8 @@ impl Loader {
     /// Tells the sampler which table a file has, so a process that maps it is walked from
     /// its own memory map before this loader has read the process (a process that exec'd a
     /// moment ago). Call after `commit`: the sampler must find the slot filled.
-    fn publish_file(&mut self, id: (u64, u64), size: u64, key: TableKey) {
-        let Some(t) = self.tables.get(&key) else {
+    fn publish_file(&mut self, id: (u64, u64), p: Published) {
+        let Some(t) = self.tables.get(&p.key) else {
             return;
         };
         let Some(table_id) = t.id else {
@@ -590,16 +678,19 @@ impl Loader {
         let segs = &t.segments[..t.segments.len().min(FILE_SEGMENTS)];
         v[..4].copy_from_slice(&table_id.0.to_ne_bytes());
         v[4..8].copy_from_slice(&(segs.len() as u32).to_ne_bytes());
-        v[8..16].copy_from_slice(&size.to_ne_bytes());
+        v[8..16].copy_from_slice(&p.size.to_ne_bytes());
+        v[16..24].copy_from_slice(&p.ctime.0.to_ne_bytes());
+        // Below 10^9: fits.
+        v[24..28].copy_from_slice(&(p.ctime.1 as u32).to_ne_bytes());
         for (i, &(vaddr, offset, bytes)) in segs.iter().enumerate() {
-            let at = 16 + i * 24;
+            let at = 32 + i * 24;
             v[at..at + 8].copy_from_slice(&vaddr.to_ne_bytes());
             v[at + 8..at + 16].copy_from_slice(&offset.to_ne_bytes());
             v[at + 16..at + 24].copy_from_slice(&bytes.to_ne_bytes());
         }
         match self.maps.files.update(&k, &v, MapFlags::ANY) {
             Ok(()) => {
-                self.published.insert(id, key);
+                self.published.insert(id, p);
             }
             Err(_) => self.metrics.dropped(Cache::UnwindFiles, 1),
         }
@@ -608,8 +699,8 @@ impl Loader {
     /// Takes a table's files out of `unwind_files` (before its slot is freed).
     fn unpublish(&mut self, key: TableKey) {
         let files = &self.maps.files;
-        self.published.retain(|&(dev, ino), k| {
-            if *k != key {
+        self.published.retain(|&(dev, ino), p| {
+            if p.key != key {
                 return true;
             }
             let mut id = [0u8; 16];
@@ -630,7 +721,7 @@ impl Loader {
             .map(|(&pid, _)| pid)
             .collect();
         for pid in gone {
-            self.procs.remove(&pid);
+            self.take_proc(pid);
             let _ = self.maps.procs.delete(&pid.to_ne_bytes());
         }
         if self.maps.exec_hook {
@@ -672,31 +763,34 @@ impl Loader {
         self.table_bytes + self.procs.len() as u64 * (PROC_BYTES as u64 + PROC_OVERHEAD)
     }
 
-    /// The table of a mapped file (opened inside its process's root), loading it if needed.
-    fn file_table(&mut self, file: &File) -> Option<TableKey> {
+    /// The table of a mapped file (opened inside its process's root), loading it if needed,
+    /// with the identity of the file it was read from. `inode` is the one the mapping names:
+    /// a file opened by its path inside the root (`map_files` refused) may be another.
+    fn file_table(&mut self, file: &File, inode: u64) -> Option<(TableKey, FileId)> {
         let meta = file.metadata().ok()?;
         if !meta.is_file() {
             self.metrics.table_built(TableBuild::Unreadable);
             return None;
         }
-        let id = FileId {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.len(),
-            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
-        };
+        // The device is not compared: btrfs and overlayfs stat a file with another device
+        // number than the mapping shows for it.
+        if meta.ino() != inode {
+            self.metrics.table_built(TableBuild::OtherFile);
+            return None;
+        }
+        let id = FileId::of(&meta);
         let known = self.files.get(&id).copied();
         if let Some(key) = known {
             let key = key?;
             if self.tables.get(&key).is_some_and(|t| t.id.is_some()) {
-                return Some(key);
+                return Some((key, id));
             }
             if self.is_refused(&key) || self.unbuildable.contains(&key) {
                 return None;
             }
             // Evicted: the disk cache has it, or it is compiled again below.
             if let Some(t) = self.cached(&key) {
-                return self.install(key, &t).then_some(key);
+                return self.install(key, &t).then_some((key, id));
             }
         }
         if meta.len() > self.limits.max_object_bytes {
@@ -704,37 +798,41 @@ impl Loader {
             self.remember(id, None);
             return None;
         }
-        // Headers and CFI only: the table of a 150 MB binary costs its few MB of CFI.
-        let sparse = match Sparse::read(file, meta.len()) {
+        // Headers and CFI only, each in a buffer of its own: the table of a 150 MB binary
+        // costs its few MB of CFI, and a file whose headers claim more is refused.
+        let sparse = match Sparse::read(file, meta.len(), self.limits.max_cfi_bytes) {
             Ok(s) => s,
-            Err(_) => {
+            Err(SparseError::Refused(e)) => {
+                debug!("unwind table refused: {e}");
+                self.metrics.table_built(build_result(&e));
+                self.remember(id, None);
+                return None;
+            }
+            Err(SparseError::Io(_)) => {
                 self.metrics.table_built(TableBuild::Unreadable);
                 return None;
             }
         };
         let key = sparse.key();
         self.remember(id, Some(key));
-        self.table_from_bytes(key, &sparse.bytes, Some(file))
+        self.table_from_bytes(key, sparse.bytes(), Some(file))
+            .map(|key| (key, id))
     }
 
     fn remember(&mut self, id: FileId, key: Option<TableKey>) {
         if self.files.len() >= MAX_FILES {
             self.files.clear();
-            self.inodes.clear();
             self.metrics.dropped(Cache::UnwindObjects, MAX_FILES as u64);
         }
         self.files.insert(id, key);
-        if let Some(key) = key {
-            self.inodes.insert((id.dev, id.ino), key);
-        }
     }
 
     /// Adds a new executable mapping of a known object to its process's ranges straight from
     /// its mmap record, so the sampler can walk it within microseconds of the mmap; false if
     /// the object is not known yet (the full read after the process settles handles it).
     fn fast_mmap(&mut self, m: &Mmap) -> bool {
-        let dev = libc::makedev(m.dev.0, m.dev.1);
-        let Some(&key) = self.inodes.get(&(dev, m.inode)) else {
+        let file = (m.dev, m.inode);
+        let Some(&(key, _)) = self.inodes.get(&file) else {
             return false;
         };
         let Some(table) = self.tables.get(&key).filter(|t| t.id.is_some()) else {
@@ -744,23 +842,23 @@ impl Loader {
             return false;
         };
         let bias = bias(&table.segments, m.start, m.pgoff);
-        if !self.procs.contains_key(&m.pid) {
-            let Some(start_time) = start_time(&self.proc_root.join(m.pid.to_string())) else {
-                return false;
-            };
-            if !self.make_room(PROC_BYTES as u64 + PROC_OVERHEAD) {
-                return false;
-            }
-            self.procs.insert(
-                m.pid,
+        let mut proc = match self.procs.get(&m.pid) {
+            Some(p) => Proc {
+                start_time: p.start_time,
+                ranges: p.ranges.clone(),
+            },
+            None => {
+                let Some(start_time) = start_time(&self.proc_root.join(m.pid.to_string())) else {
+                    return false;
+                };
+                if !self.make_room(PROC_BYTES as u64 + PROC_OVERHEAD) {
+                    return false;
+                }
                 Proc {
                     start_time,
                     ranges: Vec::new(),
-                },
-            );
-        }
-        let Some(mut proc) = self.procs.remove(&m.pid) else {
-            return false;
+                }
+            }
         };
         let end = m.start + m.len;
         // A mapping replaces whatever it overlaps (ld.so maps a library's segments over
@@ -772,12 +870,15 @@ impl Loader {
             len,
             bias,
             table: Some(key),
+            file: Some(file),
         });
         proc.ranges.sort_by_key(|r| r.start);
         proc.ranges.truncate(RANGES);
         let ok = self.write_proc(m.pid, &proc);
         if ok {
-            self.procs.insert(m.pid, proc);
+            self.put_proc(m.pid, proc);
+        } else {
+            self.take_proc(m.pid);
         }
         ok
     }
@@ -795,7 +896,7 @@ impl Loader {
         }
         let bytes = procfs::own_vdso()?;
         let key = key_of(&bytes);
-        let got = self.table_from_bytes(key, &bytes, None);
+        let got = self.table_from_bytes(key, Bytes::Whole(&bytes), None);
         self.vdso = Some(got);
         got
     }
@@ -805,7 +906,7 @@ impl Loader {
     fn table_from_bytes(
         &mut self,
         key: TableKey,
-        bytes: &[u8],
+        bytes: Bytes<'_>,
         code: Option<&File>,
     ) -> Option<TableKey> {
         if self.tables.get(&key).is_some_and(|t| t.id.is_some()) {
@@ -1033,10 +1134,9 @@ impl Loader {
             self.table_bytes -= t.bytes;
         }
         for pid in users {
-            if let Some(p) = self.procs.remove(&pid) {
-                if self.write_proc(pid, &p) {
-                    self.procs.insert(pid, p);
-                }
+            let written = self.procs.get(&pid).map(|p| self.write_proc(pid, p));
+            if written == Some(false) {
+                self.take_proc(pid);
             }
         }
         let _ = self.maps.tables.delete(&(slot as u32).to_ne_bytes());
@@ -1213,6 +1313,7 @@ fn build_result(e: &UnwindError) -> TableBuild {
     match e {
         UnwindError::NoCfi => TableBuild::NoCfi,
         UnwindError::TooLarge { .. } => TableBuild::TooLarge,
+        UnwindError::SectionTooLarge { .. } => TableBuild::SectionTooLarge,
         UnwindError::BadElf(_) | UnwindError::NotX86_64 | UnwindError::NotLoadable(_) => {
             TableBuild::BadElf
         }
@@ -1337,6 +1438,247 @@ mod tests {
         // Where the ids start over (and the loader empties the row caches).
         assert_eq!(TableId::new(slot, last + 1), TableId::new(slot, 0));
         assert_eq!(TableId::new(7, 0).0, 7);
+    }
+
+    /// The sampler's unwind maps, made like the BPF object's (root only).
+    fn test_maps() -> UnwindMaps {
+        let opts = |flags: u32| libbpf_sys::bpf_map_create_opts {
+            sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as _,
+            map_flags: flags,
+            ..Default::default()
+        };
+        let create = |kind, name: &str, key: usize, value: usize, n: usize, o| {
+            MapHandle::create(kind, Some(name), key as u32, value as u32, n as u32, &o).expect(name)
+        };
+        let inner = create(
+            MapType::Array,
+            "t_inner",
+            4,
+            CHUNK_BYTES,
+            1,
+            opts(libbpf_sys::BPF_F_INNER_MAP | libbpf_sys::BPF_F_MMAPABLE),
+        );
+        let mut outer = opts(0);
+        outer.inner_map_fd = inner.as_fd().as_raw_fd() as u32;
+        let no_prealloc = libbpf_sys::BPF_F_NO_PREALLOC;
+        UnwindMaps {
+            tables: create(MapType::ArrayOfMaps, "t_tables", 4, 4, SLOTS, outer),
+            procs: create(
+                MapType::Hash,
+                "t_procs",
+                4,
+                PROC_BYTES,
+                256,
+                opts(no_prealloc),
+            ),
+            used: create(
+                MapType::Array,
+                "t_used",
+                4,
+                8,
+                SLOTS,
+                opts(libbpf_sys::BPF_F_MMAPABLE),
+            ),
+            files: create(
+                MapType::Hash,
+                "t_files",
+                16,
+                FILE_BYTES,
+                FILES,
+                opts(no_prealloc),
+            ),
+            row_cache: create(MapType::PercpuArray, "t_rows", 4, 24 << 10, 1, opts(0)),
+            exec_hook: true,
+        }
+    }
+
+    /// Root, or (under `EMBER_REQUIRE_PRIVILEGED=1`) a failure: BPF maps need it.
+    fn privileged() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            return true;
+        }
+        assert!(
+            std::env::var("EMBER_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+            "needs root (BPF maps) and EMBER_REQUIRE_PRIVILEGED=1 forbids skipping"
+        );
+        eprintln!("skipped: needs root");
+        false
+    }
+
+    /// A running copy of `sleep` at `path`: its pid once its exec is in its maps.
+    fn run_copy(path: &Path) -> std::process::Child {
+        let child = std::process::Command::new(path)
+            .arg("60")
+            .spawn()
+            .expect("spawn");
+        let maps = format!("/proc/{}/maps", child.id());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(&maps)
+            .unwrap_or_default()
+            .contains(path.to_str().expect("utf-8"))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{} did not start",
+                path.display()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child
+    }
+
+    /// The table of the range of `pid` that maps inode `ino`.
+    fn table_of(loader: &Loader, pid: u32, ino: u64) -> Option<TableKey> {
+        let p = loader.procs.get(&pid).expect("process loaded");
+        let r = p.ranges.iter().find(|r| r.file.is_some_and(|f| f.1 == ino));
+        r.and_then(|r| r.table)
+    }
+
+    /// Tenant A's program is loaded, exits and is deleted; tenant B's program, the same
+    /// size and mtime but other CFI, gets A's inode: B gets its own table, not A's, and
+    /// the inode's entries of A are gone (the loader's) or no longer match B (the
+    /// sampler's `unwind_files`: size and ctime). On main B was handed A's table: its
+    /// identity (dev, inode, size, mtime) was A's.
+    #[test]
+    fn an_inode_reused_by_another_file_gets_its_own_table() {
+        use std::os::unix::fs::PermissionsExt;
+        if !privileged() {
+            return;
+        }
+        let sleep = std::fs::read("/bin/sleep").expect("sleep");
+        // B: the same program with the second half of its .eh_frame zeroed (fewer FDEs).
+        let mut other = sleep.clone();
+        {
+            use object::{Object, ObjectSection};
+            let f = object::File::parse(&sleep[..]).expect("elf");
+            let (at, size) = f
+                .section_by_name(".eh_frame")
+                .and_then(|s| s.file_range())
+                .expect(".eh_frame");
+            let (at, size) = (at as usize, size as usize);
+            other[at + size / 2..at + size].fill(0);
+        }
+        // The filesystem of the temp dir, else the target dir's, must reuse freed inodes.
+        let dirs = [
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).expect("tmp"),
+        ];
+        let metrics = Metrics::new();
+        let mut loader = Loader::new(
+            test_maps(),
+            Settings {
+                max_bytes: 32 << 20,
+                cache_dir: None,
+            },
+            metrics.clone(),
+        )
+        .expect("loader");
+        for dir in &dirs {
+            let a_path = dir.path().join("tenant-a");
+            std::fs::write(&a_path, &sleep).expect("write a");
+            std::fs::set_permissions(&a_path, std::fs::Permissions::from_mode(0o755))
+                .expect("chmod");
+            let a_meta = std::fs::metadata(&a_path).expect("stat a");
+            let ino = a_meta.ino();
+            let mut a = run_copy(&a_path);
+            let a_pid = a.id();
+            loader.load(a_pid);
+            let key_a = table_of(&loader, a_pid, ino).expect("A has a table");
+            let file = loader
+                .procs
+                .get(&a_pid)
+                .and_then(|p| p.ranges.iter().find_map(|r| r.file.filter(|f| f.1 == ino)))
+                .expect("A's range");
+            assert_eq!(loader.inodes.get(&file).map(|e| e.0), Some(key_a));
+            let kernel_id = (kernel_dev(file.0), ino);
+            assert_eq!(loader.published.get(&kernel_id).map(|p| p.key), Some(key_a));
+
+            // A exits: the loader's inode entry goes with its last range.
+            let _ = a.kill();
+            let _ = a.wait();
+            loader.sweep();
+            assert!(!loader.procs.contains_key(&a_pid));
+            assert!(
+                !loader.inodes.contains_key(&file),
+                "A's inode still names A's table after A is gone"
+            );
+            std::fs::remove_file(&a_path).expect("rm a");
+
+            // B takes A's inode if this filesystem gives it out again.
+            let mut held = Vec::new();
+            let mut b_path = None;
+            for i in 0..1000 {
+                let p = dir.path().join(format!("tenant-b{i}"));
+                std::fs::write(&p, &other).expect("write b");
+                if std::fs::metadata(&p).expect("stat b").ino() == ino {
+                    b_path = Some(p);
+                    break;
+                }
+                held.push(p);
+            }
+            let Some(b_path) = b_path else {
+                eprintln!(
+                    "{}: inode {ino} not reused, next place",
+                    dir.path().display()
+                );
+                continue;
+            };
+            let b_file = std::fs::File::options()
+                .write(true)
+                .open(&b_path)
+                .expect("open b");
+            b_file
+                .set_modified(a_meta.modified().expect("mtime"))
+                .expect("set mtime");
+            drop(b_file);
+            std::fs::set_permissions(&b_path, std::fs::Permissions::from_mode(0o755))
+                .expect("chmod");
+            let b_meta = std::fs::metadata(&b_path).expect("stat b");
+            assert_eq!(
+                (
+                    b_meta.ino(),
+                    b_meta.len(),
+                    b_meta.mtime(),
+                    b_meta.mtime_nsec()
+                ),
+                (ino, a_meta.len(), a_meta.mtime(), a_meta.mtime_nsec()),
+                "B looks like A but for its ctime"
+            );
+            // What the sampler would find for B's inode before the loader reads B: nothing,
+            // or an entry whose ctime is not B's (it walks B by the frame pointer).
+            if let Some(p) = loader.published.get(&kernel_id) {
+                assert_ne!(
+                    p.ctime,
+                    (b_meta.ctime(), b_meta.ctime_nsec()),
+                    "unwind_files would give B A's table"
+                );
+            }
+
+            let mut b = run_copy(&b_path);
+            let b_pid = b.id();
+            loader.load(b_pid);
+            let key_b = table_of(&loader, b_pid, ino);
+            let _ = b.kill();
+            let _ = b.wait();
+            assert!(key_b.is_some(), "B has a table of its own");
+            assert_ne!(key_b, Some(key_a), "B was given A's table");
+            assert_eq!(
+                loader.published.get(&kernel_id).map(|p| (p.key, p.ctime)),
+                Some((key_b.expect("B"), (b_meta.ctime(), b_meta.ctime_nsec())))
+            );
+
+            // A file opened that is not the inode the mapping names is not read.
+            let f = std::fs::File::open(&b_path).expect("open b");
+            assert!(loader.file_table(&f, ino + 1).is_none());
+            let text = metrics.encode();
+            assert!(
+                text.contains("ember_unwind_tables_built_total{result=\"other_file\"} 1"),
+                "{text}"
+            );
+            return;
+        }
+        eprintln!("no filesystem here reuses freed inodes: the case cannot occur");
     }
 
     #[test]

@@ -564,6 +564,10 @@ fn caps_are_typed_errors() {
         Err(ErrorReason::TooLarge)
     );
     assert_eq!(
+        reason(limits(|l| l.max_cfi_bytes = 64 << 10)),
+        Err(ErrorReason::SectionTooLarge)
+    );
+    assert_eq!(
         reason(limits(|l| l.max_rows = 1000)),
         Err(ErrorReason::TooManyRows)
     );
