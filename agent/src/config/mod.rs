@@ -1116,7 +1116,7 @@ mod tests {
             9 + 5 + 1 + 3 + 11 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 5 + 1
         );
         let sinks = &v["sinks"];
-        assert_eq!(sinks["pyroscope"].as_mapping().map_or(0, |m| m.len()), 13);
+        assert_eq!(sinks["pyroscope"].as_mapping().map_or(0, |m| m.len()), 14);
         assert_eq!(sinks["otlp"].as_mapping().map_or(0, |m| m.len()), 7);
     }
 
