@@ -220,10 +220,12 @@ impl Agent {
             }
             let stages = metrics.progress.clone();
             health.add_check("stages", move || stages.check());
-            // The window directory reports its faults (full, read-only) until a write succeeds.
+            // The window directory reports its faults (full, read-only) until a write
+            // succeeds: readiness only, since a restart cannot empty a disk (liveness is
+            // the pipeline's progress, which goes on: windows still reach the sinks).
             if let Some(dir) = &windows {
                 let dir = dir.clone();
-                health.add_check("window files", move || dir.health());
+                health.add_readiness_check("window files", move || dir.health());
             }
         }
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -325,7 +327,10 @@ impl Agent {
                 Err(e) => tracing::warn!(error = %e, "profiles listener has no address"),
             }
             if let Some(addr) = listener.metrics_addr() {
-                tracing::info!("serving /metrics and /healthz on http://{addr}/");
+                tracing::info!("serving /metrics, /healthz and /readyz on http://{addr}/");
+            }
+            if let Some(addr) = listener.health_addr() {
+                tracing::info!("serving the probes' /healthz and /readyz on http://{addr}/");
             }
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let task = rt.spawn(server::serve(
@@ -402,6 +407,9 @@ impl Agent {
                 part,
             });
         }
+        // Everything stopped; what is left on the blocking pool is heavy HTTP work told to
+        // stop (it ends at its next check) or a read stuck on a file: never wait long.
+        rt.shutdown_timeout(Duration::from_secs(1));
         Ok(())
     }
 }

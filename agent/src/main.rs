@@ -61,6 +61,9 @@ struct RunArgs {
     /// Listen address for /metrics and /healthz only (server.metrics_listen).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Listen address for the probes' /healthz and /readyz only (server.health_listen).
+    #[arg(long)]
+    health_listen: Option<SocketAddr>,
     /// Window length, e.g. 10s (window.duration).
     #[arg(long, value_parser = humantime::parse_duration)]
     window: Option<Duration>,
@@ -169,6 +172,9 @@ fn run(args: RunArgs) -> Result<()> {
     }
     if let Some(addr) = args.metrics_listen {
         cfg.server.metrics_listen = Some(addr);
+    }
+    if let Some(addr) = args.health_listen {
+        cfg.server.health_listen = Some(addr);
     }
     // The flags above must meet the same rules as the file (a public --listen needs a token).
     cfg.validate("the command line")?;

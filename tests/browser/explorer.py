@@ -50,8 +50,8 @@ def main():
         return driver.find_element(By.ID, "status").text
 
     def loaded(previous=None):
-        # The status line names the sample count once a graph is drawn.
-        wait.until(lambda d: "distinct samples" in status() and status() != previous)
+        # The status line names the stack count once a graph is drawn.
+        wait.until(lambda d: "distinct stacks" in status() and status() != previous)
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#chart g.frame"))
         time.sleep(0.8)  # let d3's transitions settle before reading widths and colours
 

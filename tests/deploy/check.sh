@@ -129,10 +129,10 @@ agent_rejects_unknown() {
 
 # The agent runs with exactly the DaemonSet's capabilities (less any this
 # machine's bounding set lacks) and no_new_privs, on the ConfigMap's config
-# (listen and data dir moved to loopback and a temp dir): it must serve
-# /healthz 200 and write windows.
+# (listeners and data dir moved to loopback and a temp dir): it must serve
+# /healthz and /readyz 200 on the health listener and write windows.
 agent_with_manifest_caps() {
-    local caps dir port mport pid
+    local caps dir port mport hport pid
     caps=$("$PY" - deploy/ember.yaml <<'EOF2'
 import sys, yaml
 ds = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "DaemonSet"][0]
@@ -151,16 +151,18 @@ EOF2
     manifests config deploy/ember.yaml "$dir/ember.yaml" || return 1
     port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     mport=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    hport=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     # timeout: it ends even if this script is interrupted.
     NODE_NAME=deploy-check timeout -s INT 60 \
         ${SECCOMP_PROFILE:+/usr/bin/python3 "$HERE/seccomp_run.py" "$SECCOMP_PROFILE" --} \
         setpriv --no-new-privs --bounding-set "-all,$caps" --inh-caps "-all,$caps" -- \
         "$EMBER" run --config "$dir/ember.yaml" --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$mport" \
-        --data-dir "$dir/windows" --window 2s >"$dir/log" 2>&1 &
+        --health-listen "127.0.0.1:$hport" --data-dir "$dir/windows" --window 2s >"$dir/log" 2>&1 &
     pid=$!
     sleep 7
-    "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' \
-        "http://127.0.0.1:$mport/healthz" || { kill -INT "$pid"; wait "$pid"; cat "$dir/log"; return 1; }
+    "$PY" -c 'import sys, urllib.request; [urllib.request.urlopen(u, timeout=5) for u in sys.argv[1:]]' \
+        "http://127.0.0.1:$hport/healthz" "http://127.0.0.1:$hport/readyz" "http://127.0.0.1:$mport/healthz" \
+        || { kill -INT "$pid"; wait "$pid"; cat "$dir/log"; return 1; }
     kill -INT "$pid"
     wait "$pid" || { cat "$dir/log"; return 1; }
     [ "$(find "$dir/windows" -name '*.pb.gz' | wc -l)" -ge 2 ] || { cat "$dir/log"; return 1; }

@@ -148,10 +148,12 @@ def policy(docs):
     if env.get("NODE_NAME", {}).get("valueFrom") != {"fieldRef": {"fieldPath": "spec.nodeName"}}:
         fail("env NODE_NAME is not from fieldRef spec.nodeName")
     ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
-    for probe in ("livenessProbe", "readinessProbe"):
+    # The probes: liveness /healthz, readiness /readyz, both on the health port (a
+    # listener of their own, which the NetworkPolicy admits no pod to).
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = c.get(probe, {}).get("httpGet", {})
-        if get.get("path") != "/healthz" or (ports.get(get.get("port")) or get.get("port")) not in ports.values():
-            fail(f"{probe} is not httpGet /healthz on a container port")
+        if get.get("path") != path or get.get("port") != "health" or "health" not in ports:
+            fail(f"{probe} is not httpGet {path} on the container port named health")
     res = c.get("resources", {})
     for k in ("requests", "limits"):
         if not {"cpu", "memory"} <= set(res.get(k, {})):
@@ -168,8 +170,10 @@ def policy(docs):
         if "Ingress" not in np.get("policyTypes", []):
             fail("NetworkPolicy does not restrict ingress")
         for rule in np.get("ingress", []):
-            if [p.get("port") for p in rule.get("ports", [])] not in (["http"], list(ports.values())[:1]):
+            if [p.get("port") for p in rule.get("ports", [])] not in (["http"], [ports.get("http")]):
                 fail(f"NetworkPolicy admits more than the HTTP port: {rule}")
+            if any(p.get("port") in ("health", ports.get("health")) for p in rule.get("ports", [])):
+                fail(f"NetworkPolicy admits pods to the health port (the probes' own): {rule}")
 
     # Volumes: every mount has a volume; host paths are the allowed ones, read-only.
     vols = {v["name"]: v for v in pod.get("volumes", [])}
@@ -208,6 +212,13 @@ def policy(docs):
     port = int(listen.rsplit(":", 1)[-1]) if listen else None
     if port not in ports.values():
         fail(f"config server.metrics_listen port {port} is not a container port {ports}")
+    health = str(server.get("health_listen", ""))
+    if health.startswith(("127.", "localhost", "[::1]")) or not health:
+        fail(f"config server.health_listen {health!r} is loopback or unset: the kubelet probes the pod IP")
+    elif int(health.rsplit(":", 1)[-1]) != ports.get("health"):
+        fail(f"config server.health_listen {health!r} is not the container port named health {ports}")
+    elif ports.get("health") == port:
+        fail("the health port is the metrics port: the probes need a listener of their own")
     # Profiles name every process and pod on the node: loopback, or a token.
     profiles = str(server.get("listen", ""))
     if not profiles.startswith(("127.", "localhost", "[::1]")) and not server.get("token_file"):

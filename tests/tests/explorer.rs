@@ -385,13 +385,17 @@ fn rss(pid: u32) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// Issue 13's HTTP faults: 10,000 idle connections and 200 concurrent window downloads
-/// against a live agent with a connection cap of 256 and a 2 s idle timeout. Windows keep
-/// closing, `/healthz` answers on the metrics listener throughout, the idle connections are
-/// closed, the agent's RSS stays bounded, and every refusal is counted.
+/// Issue 13's HTTP faults, asserted by counting (issue 25: the old bar on refusals at
+/// accept raced the header timeout): 10,000 idle connections and 200 concurrent window
+/// downloads against a live agent with a connection cap of 256 and 2 s header and idle
+/// timeouts. While the flood is on, the probes answer on their own listener (every one)
+/// and a new download is served on the flooded listener (room is made by evicting an idle
+/// socket); afterwards every flood socket has been closed by the agent and each close was
+/// counted (evicted, refused at the cap, header or idle timeout), windows kept closing,
+/// and RSS stayed bounded. Deadlines are generous: nothing here depends on how fast.
 #[test]
 fn limits_hold_under_idle_connections_and_downloads() {
-    use std::io::Read;
+    use std::io::{ErrorKind, Read};
     use std::net::TcpStream;
     if !require_privileged() {
         return;
@@ -412,6 +416,7 @@ fn limits_hold_under_idle_connections_and_downloads() {
     .expect("config");
     let addr = format!("127.0.0.1:{}", free_port());
     let maddr = format!("127.0.0.1:{}", free_port());
+    let haddr = format!("127.0.0.1:{}", free_port());
     let data = dir.path().join("windows");
     let mut ember = Ember::spawn(
         &[
@@ -424,6 +429,8 @@ fn limits_hold_under_idle_connections_and_downloads() {
             &addr,
             "--metrics-listen",
             &maddr,
+            "--health-listen",
+            &haddr,
         ],
         dir.path(),
     )
@@ -445,8 +452,25 @@ fn limits_hold_under_idle_connections_and_downloads() {
     let rss_before = rss(ember.pid());
     let windows_before = window_files(&data).len();
     let name = window_files(&data)[1].clone();
+    let refused = |metrics: &str, reason: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("ember_http_refused_total{{reason=\"{reason}\"}}")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let (_, m) = http_get(&maddr, "/metrics").expect("metrics before");
+    let closes = |m: &str| {
+        ["evicted", "connection_cap", "idle", "header_timeout"]
+            .iter()
+            .map(|r| refused(m, r))
+            .sum::<f64>()
+    };
+    let closes_before = closes(&m);
 
-    // 10,000 idle connections: most are closed at accept (cap 256), the rest idle out.
+    // 10,000 idle connections: past the cap of 256, each new one evicts the oldest idle
+    // one; the last ones are closed by the header or idle timeout.
     let mut idle = Vec::new();
     for _ in 0..10_000 {
         match TcpStream::connect(&addr) {
@@ -461,8 +485,11 @@ fn limits_hold_under_idle_connections_and_downloads() {
             thread::spawn(move || http_get(&addr, &format!("/windows/{name}")).map(|(c, _)| c))
         })
         .collect();
-    let (code, body) = http_get(&maddr, "/healthz").expect("healthz during the flood");
-    assert_eq!(code, 200, "{body}");
+    // The probes, on their own listener, answer while the flood is on.
+    for path in ["/healthz", "/readyz", "/healthz", "/readyz"] {
+        let (code, body) = http_get(&haddr, path).expect("probe during the flood");
+        assert_eq!(code, 200, "{path}: {body}");
+    }
     let mut codes: BTreeMap<String, usize> = BTreeMap::new();
     for d in downloads {
         let c = match d.join().expect("thread") {
@@ -471,56 +498,63 @@ fn limits_hold_under_idle_connections_and_downloads() {
         };
         *codes.entry(c).or_insert(0) += 1;
     }
-    // Every download got an answer: a window, a 503 (busy), or a close at the cap.
+    // Every download got an answer: a window, a 503 (busy), or a close (evicted at the
+    // cap before its request arrived, counted).
     assert!(
         codes
             .keys()
             .all(|c| c == "200" || c == "503" || c == "closed"),
         "{codes:?}"
     );
+    assert!(codes.contains_key("200"), "no download served: {codes:?}");
     let rss_peak = rss(ember.pid());
 
-    // Idle connections are closed by the agent within the idle timeout (+ slack).
-    thread::sleep(Duration::from_secs(4));
-    let mut closed = 0;
-    for s in &mut idle {
-        s.set_read_timeout(Some(Duration::from_millis(50)))
-            .expect("timeout");
-        let mut b = [0u8; 1];
-        match s.read(&mut b) {
-            Ok(0) => closed += 1,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => closed += 1,
-            _ => {}
-        }
+    // Every flood socket is closed by the agent: evicted, or timed out (2 s). 120 s is
+    // for a slow, loaded machine; a socket counts once.
+    for s in &idle {
+        s.set_nonblocking(true).expect("nonblocking");
     }
-    assert_eq!(
-        closed,
-        idle.len(),
-        "{} of {} idle connections still open",
-        idle.len() - closed,
-        idle.len()
-    );
+    let mut closed = vec![false; idle.len()];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        for (s, c) in idle.iter_mut().zip(closed.iter_mut()) {
+            if *c {
+                continue;
+            }
+            let mut b = [0u8; 1];
+            *c = match s.read(&mut b) {
+                Ok(0) => true,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => false,
+                Err(_) => true,
+                Ok(_) => false,
+            };
+        }
+        let open = closed.iter().filter(|c| !**c).count();
+        if open == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{open} of {} idle connections still open after 120 s",
+            idle.len()
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
     drop(idle);
 
-    // The profiles listener serves again, windows kept closing, counters show the refusals.
+    // The profiles listener serves again, windows kept closing, every close was counted.
     let (code, _) = http_get(&addr, &format!("/windows/{name}")).expect("download after the flood");
     assert_eq!(code, 200);
     assert!(window_files(&data).len() > windows_before || window_files(&data).len() >= 60);
     let (_, metrics) = http_get(&maddr, "/metrics").expect("metrics");
-    let refused = |reason: &str| {
-        metrics
-            .lines()
-            .find(|l| l.starts_with(&format!("ember_http_refused_total{{reason=\"{reason}\"}}")))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // Permits free up as idle connections close (idle timeout, or hyper's header-read
-    // timeout, not counted here), so not all 9,744 beyond the cap are refused at accept.
-    assert!(refused("connection_cap") >= 5_000.0, "{metrics}");
-    // The idle sockets were closed in time (checked above), by the idle timeout or, first,
-    // by hyper's header-read timeout, which `idle` does not count: no bar on it here.
-    let (code, _) = http_get(&maddr, "/healthz").expect("healthz after");
+    let counted = closes(&metrics) - closes_before;
+    // Each of the 10,000 flood sockets was closed by the agent, counted under one reason;
+    // downloads evicted before their request arrived add to it (at most 200).
+    assert!(
+        (10_000.0..=10_200.0).contains(&counted),
+        "{counted} closes counted for 10,000 flood sockets\n{metrics}"
+    );
+    let (code, _) = http_get(&haddr, "/healthz").expect("healthz after");
     assert_eq!(code, 200);
     // Bounded: 256 connections and 4 downloads at a time cost far less than 64 MiB.
     assert!(
@@ -530,11 +564,14 @@ fn limits_hold_under_idle_connections_and_downloads() {
         rss_peak >> 20
     );
     println!(
-        "flood: downloads {codes:?}, RSS {} -> {} MiB, refused at accept {}, idle {}",
+        "flood: downloads {codes:?}, RSS {} -> {} MiB, closes counted {counted}: evicted {}, \
+         refused at accept {}, idle {}, header timeout {}",
         rss_before >> 20,
         rss_peak >> 20,
-        refused("connection_cap"),
-        refused("idle")
+        refused(&metrics, "evicted"),
+        refused(&metrics, "connection_cap"),
+        refused(&metrics, "idle"),
+        refused(&metrics, "header_timeout")
     );
     ember.signal(libc::SIGTERM);
     ember.wait(Duration::from_secs(30));

@@ -179,7 +179,10 @@ fn windows(dir: &Path) -> usize {
 }
 
 /// The window directory fills up, turns read-only and is removed under a running agent:
-/// each fault is counted and shown by `/healthz`, and windows resume once it is gone.
+/// each fault is counted and fails `/readyz` (naming it), and windows resume once it is
+/// gone. Liveness (`/healthz`) stays 200 throughout and names the fault in its body: the
+/// pipeline keeps making progress, and a restart cannot empty a disk (issue 25; this test
+/// asserted a 503 from `/healthz` before, the restart loop the issue describes).
 #[test]
 fn a_full_read_only_or_removed_data_dir_is_counted_and_survived() {
     if !require_privileged() {
@@ -226,9 +229,15 @@ fn a_full_read_only_or_removed_data_dir_is_counted_and_survived() {
         series(&m, "ember_window_write_errors_total{reason=\"no_space\"} ") > 0.0,
         "{m}"
     );
-    let (code, body) = http_get(&addr, "/healthz").expect("healthz");
+    let (code, body) = http_get(&addr, "/readyz").expect("readyz");
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("no space left"), "{body}");
+    let (code, body) = http_get(&addr, "/healthz").expect("healthz");
+    assert_eq!(code, 200, "a full disk must not fail liveness: {body}");
+    assert!(
+        body.contains("not ready") && body.contains("no space left"),
+        "{body}"
+    );
     fs::remove_file(&filler).expect("rm filler");
 
     // Read-only.
@@ -240,8 +249,11 @@ fn a_full_read_only_or_removed_data_dir_is_counted_and_survived() {
         series(&m, "ember_window_write_errors_total{reason=\"read_only\"} ") > 0.0,
         "{m}"
     );
-    let (code, body) = http_get(&addr, "/healthz").expect("healthz");
+    let (code, body) = http_get(&addr, "/readyz").expect("readyz");
     assert_eq!(code, 503, "{body}");
+    assert!(body.contains("read-only"), "{body}");
+    let (code, body) = http_get(&addr, "/healthz").expect("healthz");
+    assert_eq!(code, 200, "a read-only disk must not fail liveness: {body}");
     assert!(body.contains("read-only"), "{body}");
     mount(&["-o", "remount,rw", mnt.to_str().expect("utf-8")]);
 
@@ -265,8 +277,14 @@ fn a_full_read_only_or_removed_data_dir_is_counted_and_survived() {
         assert!(Instant::now() < deadline, "windows did not resume");
         thread::sleep(Duration::from_millis(100));
     }
+    let (code, body) = http_get(&addr, "/readyz").expect("readyz");
+    assert_eq!(code, 200, "ready again: {body}");
     let (code, body) = http_get(&addr, "/healthz").expect("healthz");
-    assert_eq!(code, 200, "healthy again: {body}");
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "ok\n"),
+        "healthy, no fault named"
+    );
     ember.signal(libc::SIGTERM);
     let status = ember.wait(Duration::from_secs(20));
     assert!(

@@ -463,9 +463,18 @@ pub struct Server {
     /// and the kubelet; `None` serves them on `listen` alone.
     #[serde(deserialize_with = "optional_addr")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Address of a listener with only `/healthz` (liveness) and `/readyz` (readiness),
+    /// for the kubelet's probes: no other client shares its connections, so a flood of
+    /// another listener cannot starve the probes. `None`: no such listener.
+    #[serde(deserialize_with = "optional_addr")]
+    pub health_listen: Option<SocketAddr>,
     /// File holding the bearer token the profiles listener requires; re-read when it
     /// changes; empty for none. Required when `listen` is not a loopback address.
     pub token_file: PathBuf,
+    /// Without a token, the `Host` names the profiles listener answers besides its own
+    /// address and `localhost`, `127.0.0.1`, `[::1]` (any port): `name` (any port) or
+    /// `name:port`. Any other `Host` gets 421 (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
     /// Connections open at once per listener; more are closed at accept (counted).
     pub max_connections: usize,
     /// Requests that read or merge windows at once; more get 503 (counted).
@@ -483,6 +492,10 @@ pub struct Server {
     pub max_file_bytes: u64,
     /// Distinct samples (stack + labels) a merged profile may hold.
     pub max_merge_samples: usize,
+    /// Nodes a flame graph (`/api/flamegraph`) may hold; more get 413 (counted).
+    pub max_flame_nodes: usize,
+    /// Bytes of one API response body (JSON, merged pprof, SVG); more get 413 (counted).
+    pub max_response_bytes: u64,
 }
 
 /// `limits:` keys.
@@ -570,7 +583,9 @@ impl Default for Server {
             enabled: true,
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             metrics_listen: None,
+            health_listen: None,
             token_file: PathBuf::new(),
+            allowed_hosts: Vec::new(),
             max_connections: 512,
             max_concurrent_requests: 4,
             header_read_timeout: Duration::from_secs(10),
@@ -578,6 +593,8 @@ impl Default for Server {
             request_timeout: Duration::from_secs(30),
             max_file_bytes: 64 << 20,
             max_merge_samples: 1_000_000,
+            max_flame_nodes: 500_000,
+            max_response_bytes: 64 << 20,
         }
     }
 }
@@ -740,10 +757,29 @@ impl Config {
         if v.metrics_listen == Some(v.listen) {
             return invalid("server.metrics_listen", "must differ from server.listen");
         }
+        if v.health_listen.is_some()
+            && (v.health_listen == Some(v.listen) || v.health_listen == v.metrics_listen)
+        {
+            return invalid(
+                "server.health_listen",
+                "must differ from server.listen and server.metrics_listen",
+            );
+        }
+        if let Some(bad) = v
+            .allowed_hosts
+            .iter()
+            .find(|h| h.is_empty() || h.len() > 255 || !h.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return invalid(
+                "server.allowed_hosts",
+                &format!("{bad:?} is not a host name (or name:port)"),
+            );
+        }
         for (key, n) in [
             ("server.max_connections", v.max_connections),
             ("server.max_concurrent_requests", v.max_concurrent_requests),
             ("server.max_merge_samples", v.max_merge_samples),
+            ("server.max_flame_nodes", v.max_flame_nodes),
         ] {
             if n == 0 {
                 return invalid(key, "must be at least 1");
@@ -760,6 +796,9 @@ impl Config {
         }
         if v.max_file_bytes < 4096 {
             return invalid("server.max_file_bytes", "must be at least 4096");
+        }
+        if v.max_response_bytes < 4096 {
+            return invalid("server.max_response_bytes", "must be at least 4096");
         }
         let r = &self.readings;
         if r.interval < Duration::from_millis(100) {
@@ -1113,7 +1152,7 @@ mod tests {
         // readings, jit, counters, otlp_metrics, symbols, health.
         assert_eq!(
             count,
-            9 + 5 + 1 + 3 + 11 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 5 + 1
+            9 + 5 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 5 + 1
         );
         let sinks = &v["sinks"];
         assert_eq!(sinks["pyroscope"].as_mapping().map_or(0, |m| m.len()), 14);

@@ -121,6 +121,8 @@ pub struct Metrics {
     pub window_write_errors: Family<ReasonLabel<WindowWriteError>, Counter>,
     /// HTTP connections and requests turned away, by reason.
     pub http_refused: Family<ReasonLabel<HttpRefusal>, Counter>,
+    /// Heavy HTTP requests (reading, merging, rendering windows) whose blocking work runs.
+    pub http_heavy_running: Gauge<i64, AtomicI64>,
     /// JIT symbol entries held across all processes.
     pub jit_entries: Gauge<i64, AtomicI64>,
     /// Bytes charged for the JIT symbols held across all processes.
@@ -342,6 +344,12 @@ impl Metrics {
         for &reason in HttpRefusal::ALL {
             let _ = http_refused.get_or_create(&ReasonLabel { reason });
         }
+        let http_heavy_running = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "http_heavy_running",
+            "Heavy HTTP requests (reading, merging or rendering windows) whose work is running",
+            http_heavy_running.clone(),
+        );
         let jit_entries = Gauge::<i64, AtomicI64>::default();
         registry.register(
             "jit_entries",
@@ -479,6 +487,7 @@ impl Metrics {
             jit_rejects,
             window_write_errors,
             http_refused,
+            http_heavy_running,
             jit_entries,
             jit_bytes,
             jit_read_bytes,

@@ -331,14 +331,28 @@ label_enum! {
         ConnectionCap => "connection_cap",
         /// A connection closed after `server.idle_timeout` without a byte.
         Idle => "idle",
+        /// A connection that did not send a complete request's headers within
+        /// `server.header_read_timeout`, closed.
+        HeaderTimeout => "header_timeout",
         /// A request beyond `server.max_concurrent_requests` (503).
         Busy => "busy",
         /// A request that ran past `server.request_timeout` (503).
         Timeout => "timeout",
         /// A request to the profiles listener without the right bearer token (401).
         Unauthorized => "unauthorized",
-        /// A merge beyond `server.max_merge_samples` or a file beyond `server.max_file_bytes` (413).
+        /// A merge beyond `server.max_merge_samples`, a flame graph beyond
+        /// `server.max_flame_nodes`, a response beyond `server.max_response_bytes` or a file
+        /// beyond `server.max_file_bytes` (413).
         TooLarge => "too_large",
+        /// A connection closed at the cap to admit a new one: it had no request in the
+        /// works (it never sent a complete request, or idled between requests).
+        Evicted => "evicted",
+        /// Heavy work stopped early because its request went away (the client hung up,
+        /// `server.request_timeout`, shutdown).
+        Cancelled => "cancelled",
+        /// A request whose `Host` is not the profiles listener's (no token set: DNS
+        /// rebinding), 421.
+        Host => "host",
     }
 }
 

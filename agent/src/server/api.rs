@@ -8,7 +8,8 @@
 //! `type=cpu|offcpu`; every other parameter is a label filter (`container=api`,
 //! `pid=42`). A window belongs to a range when it starts inside it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -16,11 +17,14 @@ use axum::extract::{Request, State};
 use axum::http::header::{CONTENT_DISPOSITION, CONTENT_TYPE};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use flate2::read::GzDecoder;
+use prost::Message;
 use serde::Serialize;
 
-use super::limits::Deadline;
+use super::flame::{Flame, FlameError};
+use super::limits::{Heavy, Stopped, Work};
 use super::merge::{str_at, LabelFilter, MergeError, Merger};
-use crate::encode::flamegraph::decode_gz;
+use crate::encode::flamegraph::{FlameGraphError, MAX_DECODED_BYTES};
 use crate::export::files::{WindowDir, WindowFile};
 use crate::metrics::{HttpRefusal, Metrics};
 use crate::proto::{Profile, ValueType};
@@ -29,8 +33,8 @@ use crate::proto::{Profile, ValueType};
 const DEFAULT_RANGE: Duration = Duration::from_secs(15 * 60);
 /// Values listed per label key by `/api/labels`.
 const MAX_LABEL_VALUES: usize = 1000;
-/// Rows of the top-functions table.
-const MAX_TOP: usize = 500;
+/// Label keys listed by `/api/labels`.
+const MAX_LABEL_KEYS: usize = 1000;
 /// File name suffix of off-CPU windows (see export/files.rs).
 const OFFCPU_SUFFIX: &str = ".offcpu.pb.gz";
 
@@ -39,9 +43,11 @@ const OFFCPU_SUFFIX: &str = ".offcpu.pb.gz";
 pub(super) struct Api {
     pub(super) windows: Arc<WindowDir>,
     pub(super) metrics: Metrics,
+    pub(super) heavy: Heavy,
     pub(super) max_file_bytes: u64,
     pub(super) max_merge_samples: usize,
-    pub(super) request_timeout: Duration,
+    pub(super) max_flame_nodes: usize,
+    pub(super) max_response_bytes: u64,
 }
 
 /// Profile kinds a window file can hold.
@@ -71,23 +77,35 @@ pub(super) enum ApiError {
     Param(String, String),
     #[error("{0}")]
     Merge(#[from] MergeError),
+    #[error("{0}")]
+    Flame(#[from] FlameError),
     #[error("window {0} is larger than server.max_file_bytes")]
     FileTooLarge(String),
-    #[error("the request ran past server.request_timeout; narrow the range")]
-    Timeout,
+    #[error(
+        "the response would be larger than {0} bytes (server.max_response_bytes): \
+         narrow the time range or filter by a label"
+    )]
+    ResponseTooLarge(u64),
+    #[error("{0}")]
+    Stopped(#[from] Stopped),
     #[error("internal error")]
     Internal(String),
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = match &self {
-            Self::Param(..) | Self::Merge(MergeError::SampleTypes) => StatusCode::BAD_REQUEST,
-            Self::Merge(MergeError::TooManySamples { .. }) | Self::FileTooLarge(_) => {
-                StatusCode::PAYLOAD_TOO_LARGE
-            }
-            Self::Timeout => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Internal(why) => {
+        let status = match self {
+            Self::Stopped(s)
+            | Self::Merge(MergeError::Stopped(s))
+            | Self::Flame(FlameError::Stopped(s)) => return s.into_response(),
+            Self::Param(..)
+            | Self::Merge(MergeError::SampleTypes)
+            | Self::Flame(FlameError::SampleTypes) => StatusCode::BAD_REQUEST,
+            Self::Merge(MergeError::TooManySamples { .. })
+            | Self::Flame(FlameError::TooManyNodes { .. })
+            | Self::FileTooLarge(_)
+            | Self::ResponseTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Internal(ref why) => {
                 tracing::warn!(error = %why, "profiles api failed");
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -115,8 +133,8 @@ impl Query {
         for (key, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
             let bad = |why: &str| ApiError::Param(key.to_string(), why.to_string());
             match &*key {
-                "from" => from = Some(parse_time(&value, now).ok_or_else(|| bad("not a time"))?),
-                "to" => to = Some(parse_time(&value, now).ok_or_else(|| bad("not a time"))?),
+                "from" => from = Some(parse_time(&value, now).map_err(bad)?),
+                "to" => to = Some(parse_time(&value, now).map_err(bad)?),
                 "seconds" => {
                     let s: u64 = value.parse().map_err(|_| bad("not a whole number"))?;
                     seconds = Some(Duration::from_secs(s));
@@ -152,20 +170,33 @@ impl Query {
     }
 }
 
-/// `now`, `now-15m`, Unix seconds (`1795317300.5`) or RFC 3339.
-fn parse_time(text: &str, now: SystemTime) -> Option<SystemTime> {
+/// Latest time a query may name: 9999-12-31T23:59:59Z, as far as RFC 3339 goes.
+const MAX_UNIX_SECONDS: f64 = 253_402_300_799.0;
+
+/// `now`, `now-15m`, Unix seconds (`1795317300.5`) or RFC 3339; else why not. Never
+/// panics: a number out of range (`1e30`, `-1`, `NaN`) is an error like any other.
+fn parse_time(text: &str, now: SystemTime) -> Result<SystemTime, &'static str> {
     if text == "now" {
-        return Some(now);
+        return Ok(now);
     }
     if let Some(ago) = text.strip_prefix("now-") {
-        return now.checked_sub(humantime::parse_duration(ago).ok()?);
+        let ago = humantime::parse_duration(ago).map_err(|_| "not a duration after now-")?;
+        return now
+            .checked_sub(ago)
+            .filter(|t| *t >= UNIX_EPOCH)
+            .ok_or("out of range (before 1970)");
     }
     if let Ok(secs) = text.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0)
-            .then(|| UNIX_EPOCH.checked_add(Duration::from_secs_f64(secs)))
-            .flatten();
+        if !(0.0..=MAX_UNIX_SECONDS).contains(&secs) {
+            return Err("out of range (Unix seconds from 0 to 253402300799)");
+        }
+        return Duration::try_from_secs_f64(secs)
+            .ok()
+            .and_then(|d| UNIX_EPOCH.checked_add(d))
+            .ok_or("out of range");
     }
-    humantime::parse_rfc3339_weak(text).ok()
+    humantime::parse_rfc3339_weak(text)
+        .map_err(|_| "not a time (now, now-15m, Unix seconds or RFC 3339)")
 }
 
 /// The start of the window named `name`, from its `20261122T031500.123Z` stamp.
@@ -205,28 +236,29 @@ fn select(windows: &WindowDir, q: &Query) -> Vec<(WindowFile, SystemTime)> {
 }
 
 impl Api {
-    /// Reads and decodes every selected window, handing each to `each`; stops at the
-    /// deadline. Unreadable windows are logged and skipped (retention may remove one
-    /// between the listing and the read).
+    /// Reads and decodes every selected window, handing each to `each`; stops when
+    /// `work` says so. Unreadable windows are logged and skipped (retention may remove
+    /// one between the listing and the read).
     fn for_each_window(
         &self,
         q: &Query,
-        deadline: Deadline,
+        work: &Work,
         mut each: impl FnMut(&Profile) -> Result<(), ApiError>,
     ) -> Result<usize, ApiError> {
-        let mut read = 0;
+        let mut count = 0;
         for (file, _) in select(&self.windows, q) {
-            if deadline.passed() {
-                self.metrics.http_refused(HttpRefusal::Timeout);
-                return Err(ApiError::Timeout);
-            }
+            work.check()?;
             if file.bytes > self.max_file_bytes {
                 self.metrics.http_refused(HttpRefusal::TooLarge);
                 return Err(ApiError::FileTooLarge(file.name));
             }
-            let profile = match self.windows.read(&file.name).map(|b| decode_gz(&b)) {
+            // One decoded window at a time across all requests, held until `each` is done.
+            let _turn = work.window_turn()?;
+            let read = self.windows.read(&file.name);
+            let profile = match read.map(|b| decode_window(&b, work)) {
                 Ok(Ok(p)) => p,
-                Ok(Err(e)) => {
+                Ok(Err(DecodeStop::Stopped(s))) => return Err(s.into()),
+                Ok(Err(DecodeStop::Bad(e))) => {
                     tracing::warn!(window = %file.name, error = %e, "cannot decode window");
                     continue;
                 }
@@ -235,17 +267,18 @@ impl Api {
                     continue;
                 }
             };
+            work.check()?;
             each(&profile)?;
-            read += 1;
+            count += 1;
         }
-        Ok(read)
+        Ok(count)
     }
 
     /// The selected windows merged into one profile.
-    fn merged(&self, q: &Query, deadline: Deadline) -> Result<Profile, ApiError> {
+    fn merged(&self, q: &Query, work: &Work) -> Result<Profile, ApiError> {
         let mut merger = Merger::new(self.max_merge_samples);
-        let read = self.for_each_window(q, deadline, |p| {
-            merger.add(p, &q.filter).map_err(|e| {
+        let read = self.for_each_window(q, work, |p| {
+            merger.add(p, &q.filter, work).map_err(|e| {
                 if matches!(e, MergeError::TooManySamples { .. }) {
                     self.metrics.http_refused(HttpRefusal::TooLarge);
                 }
@@ -259,16 +292,94 @@ impl Api {
         Ok(profile)
     }
 
-    /// Runs `work` on the blocking pool under this request's deadline.
-    async fn blocking<T: Send + 'static>(
+    /// `body` unless it is over `server.max_response_bytes` (413, counted).
+    fn capped(&self, body: Vec<u8>) -> Result<Vec<u8>, ApiError> {
+        if body.len() as u64 > self.max_response_bytes {
+            self.metrics.http_refused(HttpRefusal::TooLarge);
+            return Err(ApiError::ResponseTooLarge(self.max_response_bytes));
+        }
+        Ok(body)
+    }
+
+    /// `value` as JSON, refused (413, counted) as soon as it passes
+    /// `server.max_response_bytes`: the body is never built past the cap.
+    fn json(&self, value: &impl Serialize) -> Result<Vec<u8>, ApiError> {
+        let mut out = CappedWriter {
+            buf: Vec::new(),
+            cap: usize::try_from(self.max_response_bytes).unwrap_or(usize::MAX),
+            over: false,
+        };
+        match serde_json::to_writer(&mut out, value) {
+            Ok(()) => Ok(out.buf),
+            Err(_) if out.over => {
+                self.metrics.http_refused(HttpRefusal::TooLarge);
+                Err(ApiError::ResponseTooLarge(self.max_response_bytes))
+            }
+            Err(e) => Err(ApiError::Internal(e.to_string())),
+        }
+    }
+
+    /// Runs `work` as heavy work ([`Heavy::run`]): the slot is the work's, the deadline
+    /// and the cancellation are checked inside its loops.
+    async fn heavy<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&Api, Deadline) -> Result<T, ApiError> + Send + 'static,
+        work: impl FnOnce(&Api, &Work) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
         let api = self.clone();
-        let deadline = Deadline::after(self.request_timeout);
-        tokio::task::spawn_blocking(move || work(&api, deadline))
-            .await
-            .map_err(|e| ApiError::Internal(e.to_string()))?
+        self.heavy.run(move |w| work(&api, w)).await
+    }
+}
+
+/// Why [`decode_window`] gave no profile.
+enum DecodeStop {
+    Bad(FlameGraphError),
+    Stopped(Stopped),
+}
+
+/// The gunzip and decode of [`crate::encode::flamegraph::decode_gz`] (same cap), polling
+/// `work` every 256 KiB of output so that a cancelled request does not decompress a
+/// whole window first.
+fn decode_window(gz: &[u8], work: &Work) -> Result<Profile, DecodeStop> {
+    let mut raw = Vec::new();
+    let mut reader = GzDecoder::new(gz).take(MAX_DECODED_BYTES + 1);
+    let mut chunk = vec![0u8; 256 << 10];
+    loop {
+        work.check().map_err(DecodeStop::Stopped)?;
+        let n = reader
+            .read(&mut chunk)
+            .map_err(|e| DecodeStop::Bad(FlameGraphError::Gunzip(e)))?;
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&chunk[..n]);
+    }
+    if raw.len() as u64 > MAX_DECODED_BYTES {
+        return Err(DecodeStop::Bad(FlameGraphError::TooLarge));
+    }
+    Profile::decode(raw.as_slice()).map_err(|e| DecodeStop::Bad(FlameGraphError::Decode(e)))
+}
+
+/// A writer into memory that fails once `cap` bytes would be passed.
+struct CappedWriter {
+    buf: Vec<u8>,
+    cap: usize,
+    over: bool,
+}
+
+impl Write for CappedWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len().saturating_add(data.len()) > self.cap {
+            self.over = true;
+            return Err(std::io::Error::other(
+                "response over server.max_response_bytes",
+            ));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -286,16 +397,15 @@ fn empty_header(p: &mut Profile, q: &Query) {
     ];
     p.period_type = Some(ValueType { r#type: 3, unit: 4 });
     p.default_sample_type = 3;
-    p.time_nanos = i64::try_from(millis(q.from)).unwrap_or(0) * 1_000_000;
+    p.time_nanos = i64::try_from(millis(q.from))
+        .unwrap_or(0)
+        .saturating_mul(1_000_000);
     p.duration_nanos = i64::try_from(q.to.duration_since(q.from).unwrap_or_default().as_nanos())
         .unwrap_or(i64::MAX);
 }
 
-fn json(value: &impl Serialize) -> Response {
-    match serde_json::to_vec(value) {
-        Ok(body) => ([(CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(e) => ApiError::Internal(e.to_string()).into_response(),
-    }
+fn json_response(body: Vec<u8>) -> Response {
+    ([(CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// `GET /api/profile`: one gzip'ed pprof merged over the range.
@@ -303,9 +413,12 @@ pub(super) async fn profile(State(api): State<Api>, req: Request) -> Result<Resp
     let q = Query::parse(req.uri().query(), SystemTime::now())?;
     let kind = q.kind;
     let gz = api
-        .blocking(move |api, deadline| {
-            let profile = api.merged(&q, deadline)?;
-            crate::encode::pprof::to_gzip(&profile).map_err(|e| ApiError::Internal(e.to_string()))
+        .heavy(move |api, work| {
+            let profile = api.merged(&q, work)?;
+            work.check()?;
+            let gz = crate::encode::pprof::to_gzip(&profile)
+                .map_err(|e| ApiError::Internal(e.to_string()))?;
+            api.capped(gz)
         })
         .await?;
     let file = match kind {
@@ -350,27 +463,28 @@ pub(super) async fn windows(State(api): State<Api>, req: Request) -> Result<Resp
             ))
         }
     };
-    let rows = api
-        .blocking(move |api, _| {
-            let mut rows: Vec<WindowRow> = api
-                .windows
-                .list()
-                .into_iter()
-                .filter(|f| only.is_none_or(|k| k == Kind::of(&f.name)))
-                .filter_map(|f| {
-                    Some(WindowRow {
-                        start_ms: millis(window_start(&f.name)?),
-                        kind: Kind::of(&f.name),
-                        name: f.name,
-                        bytes: f.bytes,
-                    })
+    // A directory listing (at most output.keep_windows files): light, off the runtime.
+    let rows = tokio::task::spawn_blocking(move || {
+        let mut rows: Vec<WindowRow> = api
+            .windows
+            .list()
+            .into_iter()
+            .filter(|f| only.is_none_or(|k| k == Kind::of(&f.name)))
+            .filter_map(|f| {
+                Some(WindowRow {
+                    start_ms: millis(window_start(&f.name)?),
+                    kind: Kind::of(&f.name),
+                    name: f.name,
+                    bytes: f.bytes,
                 })
-                .collect();
-            rows.reverse();
-            Ok(rows)
-        })
-        .await?;
-    Ok(json(&rows))
+            })
+            .collect();
+        rows.reverse();
+        api.json(&rows)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    Ok(json_response(rows))
 }
 
 /// `GET /api/labels`: the values of each sample label in the range (at most
@@ -384,11 +498,12 @@ pub(super) async fn labels(State(api): State<Api>, req: Request) -> Result<Respo
     }
     let q = Query::parse(req.uri().query(), SystemTime::now())?;
     let out = api
-        .blocking(move |api, deadline| {
+        .heavy(move |api, work| {
             let mut labels: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
             let mut truncated = BTreeSet::new();
-            let windows = api.for_each_window(&q, deadline, |p| {
+            let windows = api.for_each_window(&q, work, |p| {
                 for s in &p.sample {
+                    work.tick()?;
                     for l in &s.label {
                         let key = str_at(p, l.key);
                         // Thread ids are too many to list usefully.
@@ -400,6 +515,10 @@ pub(super) async fn labels(State(api): State<Api>, req: Request) -> Result<Respo
                         } else {
                             l.num.to_string()
                         };
+                        if !labels.contains_key(key) && labels.len() >= MAX_LABEL_KEYS {
+                            truncated.insert("(keys)".to_string());
+                            continue;
+                        }
                         let values = labels.entry(key.to_string()).or_default();
                         if values.len() < MAX_LABEL_VALUES {
                             values.insert(value);
@@ -410,150 +529,36 @@ pub(super) async fn labels(State(api): State<Api>, req: Request) -> Result<Respo
                 }
                 Ok(())
             })?;
-            Ok(Labels {
+            api.json(&Labels {
                 labels,
                 truncated,
                 windows,
             })
         })
         .await?;
-    Ok(json(&out))
+    Ok(json_response(out))
 }
 
-/// A flame graph node as d3-flame-graph reads it: `value` includes the children.
-#[derive(Serialize, Default)]
-pub(super) struct Node {
-    name: String,
-    value: i64,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    children: Vec<Node>,
-}
-
-impl Node {
-    fn child(&mut self, name: &str) -> &mut Node {
-        let at = match self.children.iter().position(|c| c.name == name) {
-            Some(i) => i,
-            None => {
-                self.children.push(Node {
-                    name: name.to_string(),
-                    ..Default::default()
-                });
-                self.children.len() - 1
-            }
-        };
-        &mut self.children[at]
-    }
-}
-
-/// A row of the top-functions table.
-#[derive(Serialize)]
-struct Top {
-    name: String,
-    /// Samples with the function as the leaf.
-    flat: i64,
-    /// Samples with the function anywhere on the stack (once per stack).
-    cum: i64,
-}
-
-/// What `/api/flamegraph` returns.
-#[derive(Serialize)]
-struct FlameGraph {
-    root: Node,
-    top: Vec<Top>,
-    /// What `value` counts (the profile's first sample type), e.g. `samples/count`.
-    unit: String,
-    total: i64,
-    samples: usize,
-}
-
-/// Frame names of a sample, root first: inline frames expand, unnamed code shows as
-/// its object and address.
-fn frames(p: &Profile, location_ids: &[u64], by_id: &HashMap<u64, usize>) -> Vec<String> {
-    let mut names = Vec::new();
-    for id in location_ids.iter().rev() {
-        let Some(loc) = by_id.get(id).and_then(|&i| p.location.get(i)) else {
-            continue;
-        };
-        if loc.line.is_empty() {
-            let object = p
-                .mapping
-                .iter()
-                .find(|m| m.id == loc.mapping_id)
-                .map_or("", |m| str_at(p, m.filename));
-            names.push(format!("{object}+{:#x}", loc.address));
-            continue;
-        }
-        for line in loc.line.iter().rev() {
-            let name = p
-                .function
-                .iter()
-                .find(|f| f.id == line.function_id)
-                .map_or("?", |f| str_at(p, f.name));
-            names.push(name.to_string());
-        }
-    }
-    names
-}
-
-/// The flame graph tree and the top table of a merged profile, by its first value.
-fn flame_graph(p: &Profile) -> FlameGraph {
-    let by_id: HashMap<u64, usize> = p
-        .location
-        .iter()
-        .enumerate()
-        .map(|(i, l)| (l.id, i))
-        .collect();
-    let mut root = Node {
-        name: "all".into(),
-        ..Default::default()
-    };
-    let mut top: HashMap<String, (i64, i64)> = HashMap::new();
-    for s in &p.sample {
-        let v = s.value.first().copied().unwrap_or(0);
-        let names = frames(p, &s.location_id, &by_id);
-        root.value += v;
-        let mut node = &mut root;
-        for name in &names {
-            node = node.child(name);
-            node.value += v;
-        }
-        let mut seen = BTreeSet::new();
-        for name in &names {
-            if seen.insert(name.as_str()) {
-                top.entry(name.clone()).or_default().1 += v;
-            }
-        }
-        if let Some(leaf) = names.last() {
-            top.entry(leaf.clone()).or_default().0 += v;
-        }
-    }
-    let mut top: Vec<Top> = top
-        .into_iter()
-        .map(|(name, (flat, cum))| Top { name, flat, cum })
-        .collect();
-    top.sort_by(|a, b| b.flat.cmp(&a.flat).then(b.cum.cmp(&a.cum)));
-    top.truncate(MAX_TOP);
-    let unit = p
-        .sample_type
-        .first()
-        .map(|t| format!("{}/{}", str_at(p, t.r#type), str_at(p, t.unit)))
-        .unwrap_or_default();
-    FlameGraph {
-        total: root.value,
-        root,
-        top,
-        unit,
-        samples: p.sample.len(),
-    }
-}
-
-/// `GET /api/flamegraph`: the merged range as a flame graph tree and top table.
+/// `GET /api/flamegraph`: the range as a flame graph tree and top table, built window
+/// by window ([`Flame`]).
 pub(super) async fn flamegraph(State(api): State<Api>, req: Request) -> Result<Response, ApiError> {
     let q = Query::parse(req.uri().query(), SystemTime::now())?;
-    let graph = api
-        .blocking(move |api, deadline| Ok(flame_graph(&api.merged(&q, deadline)?)))
+    let body = api
+        .heavy(move |api, work| {
+            let mut flame = Flame::new(api.max_flame_nodes);
+            api.for_each_window(&q, work, |p| {
+                flame.add(p, &q.filter, work).map_err(|e| {
+                    if matches!(e, FlameError::TooManyNodes { .. }) {
+                        api.metrics.http_refused(HttpRefusal::TooLarge);
+                    }
+                    ApiError::from(e)
+                })
+            })?;
+            work.check()?;
+            api.json(&flame.graph())
+        })
         .await?;
-    Ok(json(&graph))
+    Ok(json_response(body))
 }
 
 #[cfg(test)]
@@ -581,6 +586,21 @@ mod tests {
         assert!(Query::parse(Some("from=yesterday"), now).is_err());
         assert!(Query::parse(Some("type=heap"), now).is_err());
         assert!(Query::parse(Some("from=now&to=now-1m"), now).is_err());
+        // Out of range: an error naming the parameter, never a panic.
+        for bad in [
+            "1e30",
+            "1e300",
+            "-1",
+            "NaN",
+            "inf",
+            "253402300800",
+            "now-99999999999y",
+        ] {
+            match Query::parse(Some(&format!("from={bad}")), now) {
+                Err(ApiError::Param(key, why)) => assert_eq!(key, "from", "{bad}: {why}"),
+                other => panic!("from={bad}: {other:?}"),
+            }
+        }
         Ok(())
     }
 

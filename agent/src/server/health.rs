@@ -1,9 +1,14 @@
-//! `/healthz`: the pipeline's heartbeat plus any checks other parts register.
+//! `/healthz` (liveness) and `/readyz` (readiness).
 //!
-//! The heartbeat is built in: the pipeline calls [`Health::beat`] whenever a window
-//! closes. Other parts add their own condition with [`Health::add_check`] (a small
-//! closure into their own module, e.g. a stage's progress or the data directory's
-//! state); `/healthz` answers 200 only while every check passes.
+//! Liveness means "the pipeline makes progress": the heartbeat is built in (the pipeline
+//! calls [`Health::beat`] whenever a window closes) and other parts add a progress
+//! condition with [`Health::add_check`] (e.g. a stage's progress). A restart is what a
+//! failed liveness probe brings, so only what a restart can cure belongs here.
+//!
+//! Readiness adds conditions a restart cannot cure but an operator should see, with
+//! [`Health::add_readiness_check`]: a full or read-only data disk leaves the pipeline
+//! running (windows still reach the sinks) and must not restart-loop the agent, so it
+//! fails `/readyz` and is named in `/healthz`'s 200 body, never fails `/healthz`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -27,8 +32,10 @@ pub struct Health {
     /// Milliseconds from `started` to the last beat; an atomic so the pipeline never
     /// waits on the server.
     last_beat_ms: AtomicU64,
-    /// Extra checks, by name, in the order they were added.
+    /// Extra liveness checks, by name, in the order they were added.
     checks: RwLock<Vec<(&'static str, Check)>>,
+    /// Readiness-only checks, by name, in the order they were added.
+    readiness: RwLock<Vec<(&'static str, Check)>>,
 }
 
 impl std::fmt::Debug for Health {
@@ -48,6 +55,7 @@ impl Health {
             started: Instant::now(),
             last_beat_ms: AtomicU64::new(0),
             checks: RwLock::new(Vec::new()),
+            readiness: RwLock::new(Vec::new()),
         })
     }
 
@@ -57,8 +65,9 @@ impl Health {
         self.last_beat_ms.store(ms, Ordering::Relaxed);
     }
 
-    /// Adds a check `/healthz` runs on every request: `Ok` while healthy, else why not
-    /// (one line). It must be cheap and must not block: read a state its owner keeps.
+    /// Adds a liveness check `/healthz` (and `/readyz`) runs on every request: `Ok`
+    /// while the pipeline makes progress, else why not (one line). It must be cheap and
+    /// must not block: read a state its owner keeps.
     pub fn add_check(
         &self,
         name: &'static str,
@@ -70,10 +79,39 @@ impl Health {
             .push((name, Box::new(check)));
     }
 
-    /// `Ok` while healthy, else why not.
+    /// Adds a check only `/readyz` fails on (`/healthz` names it in its 200 body): a
+    /// fault a restart cannot cure, such as a full or read-only data directory. Cheap
+    /// and non-blocking, like [`Health::add_check`].
+    pub fn add_readiness_check(
+        &self,
+        name: &'static str,
+        check: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+    ) {
+        self.readiness
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((name, Box::new(check)));
+    }
+
+    /// Liveness: `Ok` while the pipeline makes progress, else why not.
     pub fn check(&self) -> Result<(), HealthError> {
         self.check_at(Instant::now())?;
         let checks = self.checks.read().unwrap_or_else(|e| e.into_inner());
+        for (name, check) in checks.iter() {
+            check().map_err(|why| HealthError::Check { name, why })?;
+        }
+        Ok(())
+    }
+
+    /// Readiness: liveness and every readiness check.
+    pub fn ready(&self) -> Result<(), HealthError> {
+        self.check()?;
+        self.degraded()
+    }
+
+    /// The first failing readiness-only check, if any.
+    fn degraded(&self) -> Result<(), HealthError> {
+        let checks = self.readiness.read().unwrap_or_else(|e| e.into_inner());
         for (name, check) in checks.iter() {
             check().map_err(|why| HealthError::Check { name, why })?;
         }
@@ -121,9 +159,21 @@ pub enum HealthError {
     },
 }
 
-/// `GET /healthz`: `ok` or 503 with the reason.
+/// `GET /healthz` (liveness): `ok` or 503 with the reason; a failing readiness check
+/// is named in the 200 body (`ok; not ready: ...`) but does not fail it.
 pub(super) async fn healthz(State(health): State<Arc<Health>>) -> Response {
     match health.check() {
+        Ok(()) => match health.degraded() {
+            Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+            Err(why) => (StatusCode::OK, format!("ok; not ready: {why}\n")).into_response(),
+        },
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+    }
+}
+
+/// `GET /readyz` (readiness): `ok` or 503 with the reason.
+pub(super) async fn readyz(State(health): State<Arc<Health>>) -> Response {
+    match health.ready() {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
     }
@@ -147,8 +197,18 @@ mod tests {
     #[test]
     fn registered_checks_fail_the_whole() {
         let health = Health::new(Duration::from_secs(10));
-        health.add_check("data_dir", || Err("read-only".into()));
+        health.add_check("stages", || Err("capture stuck".into()));
         let why = health.check().err().map(|e| e.to_string());
+        assert_eq!(why.as_deref(), Some("stages: capture stuck"));
+        assert!(health.ready().is_err());
+    }
+
+    #[test]
+    fn readiness_checks_fail_readiness_only() {
+        let health = Health::new(Duration::from_secs(10));
+        health.add_readiness_check("data_dir", || Err("read-only".into()));
+        assert!(health.check().is_ok(), "liveness ignores the data dir");
+        let why = health.ready().err().map(|e| e.to_string());
         assert_eq!(why.as_deref(), Some("data_dir: read-only"));
     }
 }

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use super::limits::{Stopped, Work};
 use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 
 /// Why a merge stopped.
@@ -25,6 +26,9 @@ pub(super) enum MergeError {
     /// The windows do not share sample types (e.g. a CPU and an off-CPU profile).
     #[error("window sample types differ from the first window's")]
     SampleTypes,
+    /// The request's deadline passed, or it went away.
+    #[error("{0}")]
+    Stopped(#[from] Stopped),
 }
 
 /// Which samples to keep: every `(key, value)` must match one label of the sample
@@ -33,7 +37,7 @@ pub(super) enum MergeError {
 pub(super) struct LabelFilter(pub(super) Vec<(String, String)>);
 
 impl LabelFilter {
-    fn keeps(&self, p: &Profile, s: &Sample) -> bool {
+    pub(super) fn keeps(&self, p: &Profile, s: &Sample) -> bool {
         self.0.iter().all(|(key, want)| {
             s.label.iter().any(|l| {
                 str_at(p, l.key) == key
@@ -112,13 +116,19 @@ impl Merger {
         }
     }
 
-    /// Adds the samples of `p` that `filter` keeps.
-    pub(super) fn add(&mut self, p: &Profile, filter: &LabelFilter) -> Result<(), MergeError> {
+    /// Adds the samples of `p` that `filter` keeps, polling `work` as it goes.
+    pub(super) fn add(
+        &mut self,
+        p: &Profile,
+        filter: &LabelFilter,
+        work: &Work,
+    ) -> Result<(), MergeError> {
         self.header(p)?;
-        let mapping_ids = self.add_mappings(p);
-        let function_ids = self.add_functions(p);
+        let mapping_ids = self.add_mappings(p, work)?;
+        let function_ids = self.add_functions(p, work)?;
         let mut location_ids: HashMap<u64, u64> = HashMap::new();
         for loc in &p.location {
+            work.tick()?;
             let mapping = mapping_ids.get(&loc.mapping_id).copied().unwrap_or(0);
             let lines: Vec<(u64, i64)> = loc
                 .line
@@ -153,7 +163,11 @@ impl Merger {
             location_ids.insert(loc.id, id);
         }
         let width = self.out.sample_type.len();
-        for s in p.sample.iter().filter(|s| filter.keeps(p, s)) {
+        for s in &p.sample {
+            work.tick()?;
+            if !filter.keeps(p, s) {
+                continue;
+            }
             let locs: Vec<u64> = s
                 .location_id
                 .iter()
@@ -233,9 +247,10 @@ impl Merger {
         Ok(())
     }
 
-    fn add_mappings(&mut self, p: &Profile) -> HashMap<u64, u64> {
+    fn add_mappings(&mut self, p: &Profile, work: &Work) -> Result<HashMap<u64, u64>, Stopped> {
         let mut ids = HashMap::new();
         for m in &p.mapping {
+            work.tick()?;
             let key = (
                 self.string(str_at(p, m.filename)),
                 self.string(str_at(p, m.build_id)),
@@ -263,12 +278,13 @@ impl Merger {
             }
             ids.insert(m.id, id);
         }
-        ids
+        Ok(ids)
     }
 
-    fn add_functions(&mut self, p: &Profile) -> HashMap<u64, u64> {
+    fn add_functions(&mut self, p: &Profile, work: &Work) -> Result<HashMap<u64, u64>, Stopped> {
         let mut ids = HashMap::new();
         for f in &p.function {
+            work.tick()?;
             let key = (
                 self.string(str_at(p, f.name)),
                 self.string(str_at(p, f.system_name)),
@@ -288,7 +304,7 @@ impl Merger {
             }
             ids.insert(f.id, id);
         }
-        ids
+        Ok(ids)
     }
 
     /// The merged profile. With no window added it has no sample types; callers give
@@ -351,9 +367,10 @@ mod tests {
     fn sums_equal_stacks_and_filters_by_label() -> Result<(), MergeError> {
         let mut m = Merger::new(10);
         let all = LabelFilter::default();
-        m.add(&window("hot", "a", 3, 100), &all)?;
-        m.add(&window("hot", "a", 4, 110), &all)?;
-        m.add(&window("cold", "b", 5, 120), &all)?;
+        let w = Work::unlimited();
+        m.add(&window("hot", "a", 3, 100), &all, &w)?;
+        m.add(&window("hot", "a", 4, 110), &all, &w)?;
+        m.add(&window("cold", "b", 5, 120), &all, &w)?;
         let p = m.finish();
         assert_eq!(p.sample.len(), 2);
         assert_eq!(p.sample[0].value, vec![7]);
@@ -362,8 +379,8 @@ mod tests {
 
         let mut m = Merger::new(10);
         let only_b = LabelFilter(vec![("container".into(), "b".into())]);
-        m.add(&window("hot", "a", 3, 100), &only_b)?;
-        m.add(&window("cold", "b", 5, 120), &only_b)?;
+        m.add(&window("hot", "a", 3, 100), &only_b, &w)?;
+        m.add(&window("cold", "b", 5, 120), &only_b, &w)?;
         let p = m.finish();
         assert_eq!(p.sample.len(), 1);
         assert_eq!(p.sample[0].value, vec![5]);
@@ -374,9 +391,10 @@ mod tests {
     fn stops_at_the_cap() {
         let mut m = Merger::new(1);
         let all = LabelFilter::default();
-        assert!(m.add(&window("hot", "a", 3, 100), &all).is_ok());
+        let w = Work::unlimited();
+        assert!(m.add(&window("hot", "a", 3, 100), &all, &w).is_ok());
         assert_eq!(
-            m.add(&window("cold", "a", 3, 100), &all),
+            m.add(&window("cold", "a", 3, 100), &all, &w),
             Err(MergeError::TooManySamples { cap: 1 })
         );
     }

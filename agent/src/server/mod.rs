@@ -1,21 +1,31 @@
-//! The agent's HTTP server: two listeners with different audiences.
+//! The agent's HTTP server: up to three listeners with different audiences.
 //!
+//! - `server.health_listen` (optional, e.g. the pod address): `GET /healthz` (liveness)
+//!   and `GET /readyz` (readiness) only, for the kubelet. Its connections are its own,
+//!   so no flood of the other listeners can starve the probes (and the manifests'
+//!   NetworkPolicy admits no pod to it).
 //! - `server.metrics_listen` (optional, e.g. the pod address): `GET /metrics`
-//!   (OpenMetrics) and `GET /healthz` only, for Prometheus and the kubelet.
-//! - `server.listen` (127.0.0.1 by default): the same two, plus what names every
+//!   (OpenMetrics), `/healthz` and `/readyz` only, for Prometheus.
+//! - `server.listen` (127.0.0.1 by default): the same, plus what names every
 //!   process, pod and function on the host: the explorer page (`/`, `/use`, assets
 //!   under `/ui/`), the profiles API (`/api/*`, [`api`]), single windows
 //!   (`/windows/<name>`, `/flamegraph/<name>.svg`). With `server.token_file` set, the
 //!   API and windows require `Authorization: Bearer <token>` ([`auth`]); the page and
-//!   its assets hold no data and load without it.
+//!   its assets hold no data and load without it. Without a token, only requests whose
+//!   `Host` is this listener's ([`host`]) are served: a page of another site that a DNS
+//!   rebinding points at 127.0.0.1 gets 421.
 //!
 //! Every connection and request lives under the limits of [`limits`]: a connection
-//! cap, header-read and idle timeouts, a cap on heavy requests in flight, a request
-//! timeout, and size caps on files and merges.
+//! cap that evicts the connection cheapest to lose, header-read and idle timeouts, a
+//! cap on heavy requests in flight held by the work itself, a request timeout checked
+//! inside the work's loops, cancellation when the client leaves, and size caps on
+//! files, merges, flame graphs and responses.
 
 mod api;
 mod auth;
+mod flame;
 mod health;
+mod host;
 mod limits;
 mod merge;
 mod ui;
@@ -34,7 +44,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 pub use health::Health;
 pub(crate) use health::HEALTH_GRACE;
@@ -49,6 +59,7 @@ use crate::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE};
 pub struct Listeners {
     profiles: TcpListener,
     metrics: Option<TcpListener>,
+    health: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -61,10 +72,15 @@ impl Listeners {
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics.as_ref().and_then(|l| l.local_addr().ok())
     }
+
+    /// The health listener's address, if there is one.
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health.as_ref().and_then(|l| l.local_addr().ok())
+    }
 }
 
-/// Binds `server.listen` and, if set, `server.metrics_listen`; on failure, the address
-/// that could not be bound and why.
+/// Binds `server.listen` and, if set, `server.metrics_listen` and `server.health_listen`;
+/// on failure, the address that could not be bound and why.
 pub async fn bind(cfg: &config::Server) -> Result<Listeners, (SocketAddr, io::Error)> {
     let profiles = TcpListener::bind(cfg.listen)
         .await
@@ -73,11 +89,22 @@ pub async fn bind(cfg: &config::Server) -> Result<Listeners, (SocketAddr, io::Er
         Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| (addr, e))?),
         None => None,
     };
-    Ok(Listeners { profiles, metrics })
+    let health = match cfg.health_listen {
+        Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| (addr, e))?),
+        None => None,
+    };
+    Ok(Listeners {
+        profiles,
+        metrics,
+        health,
+    })
 }
 
-/// Serves both listeners until `shutdown` completes, then finishes in-flight requests
-/// and returns.
+/// Connections the health listener keeps open at once: the kubelet holds one or two.
+const HEALTH_MAX_CONNECTIONS: usize = 64;
+
+/// Serves every listener until `shutdown` completes, then finishes in-flight requests
+/// (at most a few seconds) and stops what heavy work is left, and returns.
 pub async fn serve(
     listeners: Listeners,
     cfg: config::Server,
@@ -96,30 +123,71 @@ pub async fn serve(
         header_read_timeout: cfg.header_read_timeout,
         idle_timeout: cfg.idle_timeout,
     };
+    let heavy = limits::Heavy::new(
+        cfg.max_concurrent_requests,
+        cfg.request_timeout,
+        metrics.clone(),
+    );
+    let own = listeners.profiles.local_addr()?;
     let profiles = limits::serve(
         listeners.profiles,
-        profiles_router(&cfg, &metrics, windows, health.clone()),
+        profiles_router(&cfg, own, &metrics, windows, health.clone(), heavy.clone()),
         conn,
         metrics.clone(),
         stopped.clone(),
     );
-    match listeners.metrics {
-        Some(listener) => {
-            let open = limits::serve(
-                listener,
-                open_router(&metrics, health),
-                conn,
-                metrics.clone(),
-                stopped,
-            );
-            let (a, b) = tokio::join!(profiles, open);
-            a.and(b)
+    let open = async {
+        match listeners.metrics {
+            Some(listener) => {
+                limits::serve(
+                    listener,
+                    open_router(&metrics, health.clone()),
+                    conn,
+                    metrics.clone(),
+                    stopped.clone(),
+                )
+                .await
+            }
+            None => Ok(()),
         }
-        None => profiles.await,
-    }
+    };
+    let probes = async {
+        match listeners.health {
+            Some(listener) => {
+                let conn = limits::ConnLimits {
+                    max_connections: HEALTH_MAX_CONNECTIONS,
+                    ..conn
+                };
+                limits::serve(
+                    listener,
+                    health_router(health.clone()),
+                    conn,
+                    metrics.clone(),
+                    stopped.clone(),
+                )
+                .await
+            }
+            None => Ok(()),
+        }
+    };
+    let (a, b, c) = tokio::join!(profiles, open, probes);
+    // Past the drain: whatever heavy work is left stops now, so shutdown never waits
+    // on a request (each stops at its next check).
+    heavy.stop_all();
+    a.and(b).and(c)
 }
 
-/// `/metrics` and `/healthz`: what any listener serves without a token.
+/// `/healthz` and `/readyz`: what the health listener serves.
+fn health_router(health: Arc<Health>) -> Router {
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .with_state(health)
+        .fallback(|| async { RouteError::NotFound })
+}
+
+/// `/metrics`, `/healthz` and `/readyz`: what any listener but the health one serves
+/// without a token.
 fn open_router(metrics: &Metrics, health: Arc<Health>) -> Router {
     let m = metrics.clone();
     Router::new()
@@ -130,32 +198,36 @@ fn open_router(metrics: &Metrics, health: Arc<Health>) -> Router {
                 async move { ([(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], m.encode()).into_response() }
             }),
         )
-        .route("/healthz", get(health::healthz).with_state(health))
-        .fallback(|| async { RouteError::NotFound })
+        .merge(health_router(health))
 }
 
-/// Everything the profiles listener serves.
+/// Everything the profiles listener serves; `own` is its bound address.
 fn profiles_router(
     cfg: &config::Server,
+    own: SocketAddr,
     metrics: &Metrics,
     windows: Arc<WindowDir>,
     health: Arc<Health>,
+    heavy: limits::Heavy,
 ) -> Router {
     let limits = limits::RequestLimits {
-        heavy: Arc::new(Semaphore::new(cfg.max_concurrent_requests)),
         timeout: cfg.request_timeout,
         metrics: metrics.clone(),
     };
     let api = api::Api {
         windows: windows.clone(),
         metrics: metrics.clone(),
+        heavy: heavy.clone(),
         max_file_bytes: cfg.max_file_bytes,
         max_merge_samples: cfg.max_merge_samples,
-        request_timeout: cfg.request_timeout,
+        max_flame_nodes: cfg.max_flame_nodes,
+        max_response_bytes: cfg.max_response_bytes,
     };
     let single = windows::Windows {
         dir: windows,
+        heavy,
         max_file_bytes: cfg.max_file_bytes,
+        max_response_bytes: cfg.max_response_bytes,
         metrics: metrics.clone(),
     };
     let heavy = Router::new()
@@ -168,8 +240,7 @@ fn profiles_router(
                 .route("/windows/{name}", get(windows::raw))
                 .route("/flamegraph/{file}", get(windows::svg))
                 .with_state(single),
-        )
-        .layer(from_fn_with_state(limits.clone(), limits::one_of_few));
+        );
     let light = Router::new()
         .route("/api/windows", get(api::windows))
         .with_state(api)
@@ -178,21 +249,30 @@ fn profiles_router(
                 .route("/api/use", get(use_api::readings))
                 .with_state(use_api::UseState::new(metrics.readings.clone())),
         );
+    let token = (!cfg.token_file.as_os_str().is_empty())
+        .then(|| Arc::new(auth::TokenFile::new(&cfg.token_file)));
     let auth = auth::Auth {
-        token: (!cfg.token_file.as_os_str().is_empty())
-            .then(|| Arc::new(auth::TokenFile::new(&cfg.token_file))),
+        token: token.clone(),
         metrics: metrics.clone(),
     };
     let protected = heavy
         .merge(light)
         .layer(from_fn_with_state(limits, limits::in_time))
         .layer(from_fn_with_state(auth, auth::require_token));
-    Router::new()
+    let router = Router::new()
         .route("/", get(ui::index))
         .route("/use", get(ui::use_page))
         .route("/ui/{*path}", get(ui::asset))
         .merge(protected)
-        .merge(open_router(metrics, health))
+        .merge(open_router(metrics, health));
+    match token {
+        // A token is what a rebinding page cannot send: no Host check needed.
+        Some(_) => router,
+        None => router.layer(from_fn_with_state(
+            host::Hosts::new(own, &cfg.allowed_hosts, metrics.clone()),
+            host::require_own_host,
+        )),
+    }
 }
 
 /// Why a request for a single window or an asset failed; each maps to one status code.
@@ -202,12 +282,14 @@ enum RouteError {
     NotFound,
     #[error("window file is larger than server.max_file_bytes")]
     TooLarge,
+    #[error("the response would be larger than server.max_response_bytes")]
+    ResponseTooLarge,
     #[error("cannot read window: {0}")]
     Read(FilesError),
     #[error("cannot decode window: {0}")]
     Render(#[from] FlameGraphError),
-    #[error("internal task failed: {0}")]
-    Task(#[from] tokio::task::JoinError),
+    #[error("{0}")]
+    Stopped(#[from] limits::Stopped),
 }
 
 impl From<FilesError> for RouteError {
@@ -226,19 +308,20 @@ impl From<FilesError> for RouteError {
 impl IntoResponse for RouteError {
     fn into_response(self) -> Response {
         let status = match self {
+            Self::Stopped(s) => return s.into_response(),
             Self::NotFound => StatusCode::NOT_FOUND,
-            Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Read(_) | Self::Render(_) | Self::Task(_) => {
+            Self::TooLarge | Self::ResponseTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Read(_) | Self::Render(_) => {
                 tracing::warn!(error = %self, "http request failed");
                 StatusCode::INTERNAL_SERVER_ERROR
             }
         };
         // The full error goes to the log; the client gets a short line.
         let body = match self {
-            Self::NotFound | Self::TooLarge => format!("{self}\n"),
+            Self::NotFound | Self::TooLarge | Self::ResponseTooLarge => format!("{self}\n"),
             Self::Read(_) => "cannot read window\n".to_string(),
             Self::Render(_) => "cannot decode or render window\n".to_string(),
-            Self::Task(_) => "internal error\n".to_string(),
+            Self::Stopped(_) => "stopped\n".to_string(),
         };
         (status, body).into_response()
     }
@@ -576,6 +659,139 @@ mod tests {
         );
         assert!(
             text.contains("ember_http_refused_total{reason=\"idle\"} 1"),
+            "{text}"
+        );
+        let _ = stop.send(());
+        server.await??;
+        Ok(())
+    }
+
+    /// A window with `n` distinct 4-frame stacks over random-looking function names.
+    fn wide_profile_gz(n: u64) -> std::io::Result<Vec<u8>> {
+        let mut string_table = vec!["".to_string(), "samples".into(), "count".into()];
+        let mut function = Vec::new();
+        for i in 0..n * 4 {
+            string_table.push(format!("f_{:016x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
+            function.push(Function {
+                id: i + 1,
+                name: i as i64 + 3,
+                ..Default::default()
+            });
+        }
+        let location = (1..=n * 4)
+            .map(|id| Location {
+                id,
+                line: vec![Line {
+                    function_id: id,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+            .collect();
+        let sample = (0..n)
+            .map(|i| Sample {
+                location_id: (1..=4).map(|d| i * 4 + d).collect(),
+                value: vec![1],
+                label: vec![],
+            })
+            .collect();
+        let profile = Profile {
+            sample_type: vec![crate::proto::ValueType { r#type: 1, unit: 2 }],
+            string_table,
+            function,
+            location,
+            sample,
+            ..Default::default()
+        };
+        crate::encode::pprof::to_gzip(&profile)
+    }
+
+    /// A raw GET with a `Host` of the caller's choice; the status.
+    async fn get_host(
+        addr: SocketAddr,
+        path: &str,
+        host: &str,
+    ) -> Result<u16, Box<dyn std::error::Error + Send + Sync>> {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        let raw = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
+            let mut stream = std::net::TcpStream::connect(addr)?;
+            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+            stream.write_all(request.as_bytes())?;
+            let mut raw = Vec::new();
+            stream.read_to_end(&mut raw)?;
+            Ok(raw)
+        })
+        .await??;
+        let head = String::from_utf8_lossy(&raw);
+        Ok(head.split_whitespace().nth(1).ok_or("no status")?.parse()?)
+    }
+
+    /// Issue 25: `?from=1e30` is a 400 (it panicked the handler), a foreign `Host` is a
+    /// 421 without a token, a flame graph past `server.max_flame_nodes` and a response
+    /// past `server.max_response_bytes` are 413s; each counted.
+    #[tokio::test]
+    async fn numbers_hosts_nodes_and_bytes_are_refused_cleanly() -> TestResult {
+        let tmp = tempfile::tempdir()?;
+        let windows = Arc::new(WindowDir::open(tmp.path(), 10, u64::MAX)?);
+        let now = std::time::SystemTime::now();
+        windows.write(now - Duration::from_secs(20), &wide_profile_gz(200)?)?;
+        let cfg = config::Server {
+            listen: "127.0.0.1:0".parse()?,
+            max_flame_nodes: 100,
+            max_response_bytes: 4096,
+            allowed_hosts: vec!["ember.test".into()],
+            ..Default::default()
+        };
+        let listeners = bind(&cfg).await.map_err(|(_, e)| e)?;
+        let addr = listeners.profiles_addr()?;
+        let metrics = Metrics::new();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(
+            listeners,
+            cfg,
+            metrics.clone(),
+            windows,
+            Health::new(Duration::from_secs(10)),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let own = addr.to_string();
+        for from in ["1e30", "-1", "NaN", "1e19"] {
+            let r = get(addr, &format!("/api/profile?from={from}")).await?;
+            assert_eq!(r.status, 400, "from={from}");
+            assert!(
+                String::from_utf8_lossy(&r.body).contains("bad parameter from"),
+                "{from}"
+            );
+        }
+        // 200 stacks of 4 frames: 801 nodes.
+        let r = get(addr, "/api/flamegraph?from=now-1m").await?;
+        assert_eq!(r.status, 413);
+        assert!(String::from_utf8_lossy(&r.body).contains("server.max_flame_nodes"));
+        // 800 random names do not gzip into 4 KiB.
+        let r = get(addr, "/api/profile?from=now-1m").await?;
+        assert_eq!(r.status, 413);
+        assert!(String::from_utf8_lossy(&r.body).contains("server.max_response_bytes"));
+        // Hosts: the listener's, loopback names (any port: port-forwards), configured ones.
+        for host in [own.as_str(), "localhost:8080", "[::1]", "ember.test:443"] {
+            assert_eq!(get_host(addr, "/api/windows", host).await?, 200, "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:9464",
+            "127.0.0.1.evil.example",
+        ] {
+            assert_eq!(get_host(addr, "/api/windows", host).await?, 421, "{host}");
+            assert_eq!(get_host(addr, "/", host).await?, 421, "{host}");
+        }
+        let text = metrics.encode();
+        assert!(
+            text.contains("ember_http_refused_total{reason=\"host\"} 6"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ember_http_refused_total{reason=\"too_large\"} 2"),
             "{text}"
         );
         let _ = stop.send(());

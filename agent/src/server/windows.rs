@@ -1,5 +1,6 @@
 //! Single windows: the raw `.pb.gz` file (`/windows/<name>`) and inferno's SVG flame
-//! graph of one window (`/flamegraph/<name>.svg`), each under `server.max_file_bytes`.
+//! graph of one window (`/flamegraph/<name>.svg`), each under `server.max_file_bytes`,
+//! as heavy work ([`Heavy::run`]).
 
 use std::sync::Arc;
 
@@ -7,6 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 
+use super::limits::Heavy;
 use super::RouteError;
 use crate::encode::flamegraph;
 use crate::export::files::WindowDir;
@@ -16,7 +18,9 @@ use crate::metrics::{HttpRefusal, Metrics};
 #[derive(Clone)]
 pub(super) struct Windows {
     pub(super) dir: Arc<WindowDir>,
+    pub(super) heavy: Heavy,
     pub(super) max_file_bytes: u64,
+    pub(super) max_response_bytes: u64,
     pub(super) metrics: Metrics,
 }
 
@@ -37,7 +41,8 @@ pub(super) async fn raw(
     State(w): State<Windows>,
     Path(name): Path<String>,
 ) -> Result<Response, RouteError> {
-    let bytes = tokio::task::spawn_blocking(move || w.read(&name)).await??;
+    let heavy = w.heavy.clone();
+    let bytes = heavy.run(move |_| w.read(&name)).await?;
     Ok(([(CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
@@ -51,10 +56,18 @@ pub(super) async fn svg(
         .filter(|n| crate::export::files::is_window_name(n))
         .ok_or(RouteError::NotFound)?
         .to_string();
-    let svg = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, RouteError> {
-        let profile = flamegraph::decode_gz(&w.read(&name)?)?;
-        Ok(flamegraph::svg(&profile, &format!("ember CPU {name}"))?)
-    })
-    .await??;
+    let heavy = w.heavy.clone();
+    let svg = heavy
+        .run(move |work| -> Result<Vec<u8>, RouteError> {
+            let profile = flamegraph::decode_gz(&w.read(&name)?)?;
+            work.check()?;
+            let svg = flamegraph::svg(&profile, &format!("ember CPU {name}"))?;
+            if svg.len() as u64 > w.max_response_bytes {
+                w.metrics.http_refused(HttpRefusal::TooLarge);
+                return Err(RouteError::ResponseTooLarge);
+            }
+            Ok(svg)
+        })
+        .await?;
     Ok(([(CONTENT_TYPE, "image/svg+xml")], svg).into_response())
 }

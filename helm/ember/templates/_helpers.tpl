@@ -40,19 +40,35 @@ app.kubernetes.io/component: agent
 {{- end }}
 
 {{/* The metrics port, from config.server.metrics_listen ("0.0.0.0:9464", "[::]:9464"):
-the listener with only /metrics and /healthz. The kubelet probes and Prometheus
-scrapes the pod IP, so it must be set and must not be loopback. Profiles stay on
+the listener with only /metrics and /healthz. Prometheus scrapes the pod IP, so it
+must be set and must not be loopback. Profiles stay on
 config.server.listen (the pod's loopback unless a token_file is set). */}}
 {{- define "ember.port" -}}
 {{- $server := .Values.config.server }}
 {{- if not $server.enabled }}
-{{- fail "config.server.enabled must be true: the probes use /healthz" }}
+{{- fail "config.server.enabled must be true: the probes use /healthz and /readyz" }}
 {{- end }}
 {{- $listen := required "config.server.metrics_listen is required" $server.metrics_listen }}
 {{- if or (hasPrefix "127." $listen) (hasPrefix "localhost" $listen) (hasPrefix "[::1]" $listen) }}
 {{- fail "config.server.metrics_listen must not be a loopback address in a pod: use 0.0.0.0:PORT" }}
 {{- end }}
 {{- splitList ":" $listen | last }}
+{{- end }}
+
+{{/* The health port, from config.server.health_listen ("0.0.0.0:9466"): the
+listener with only /healthz and /readyz, for the kubelet's probes. It must be
+set, must not be loopback (the kubelet probes the pod IP) and must differ from
+the metrics port; the NetworkPolicy admits no pod to it. */}}
+{{- define "ember.healthPort" -}}
+{{- $listen := required "config.server.health_listen is required: the probes use it" .Values.config.server.health_listen }}
+{{- if or (hasPrefix "127." $listen) (hasPrefix "localhost" $listen) (hasPrefix "[::1]" $listen) }}
+{{- fail "config.server.health_listen must not be a loopback address in a pod: use 0.0.0.0:PORT" }}
+{{- end }}
+{{- $port := splitList ":" $listen | last }}
+{{- if eq $port (include "ember.port" .) }}
+{{- fail "config.server.health_listen must not use the metrics_listen port" }}
+{{- end }}
+{{- $port }}
 {{- end }}
 
 {{/* The memory limit: the sum of what the config's caps let ember hold plus a

@@ -190,7 +190,7 @@ async function refresh() {
     topRows = graph.top;
     lastTotal = graph.total;
     drawTop(graph.total);
-    status(graph.total + " " + graph.unit + " in " + graph.samples + " distinct samples, " + iso(state.from) + " – " + iso(state.to) + note);
+    status(graph.total + " " + graph.unit + " in " + graph.stacks + " distinct stacks, " + iso(state.from) + " – " + iso(state.to) + note);
     loadFilters().catch(() => {});
   } catch (e) {
     if (mine === generation) status(String(e.message || e), true);
