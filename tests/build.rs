@@ -16,7 +16,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Frame-pointer fixture sources (without `.c`).
-const FIXTURES: &[&str] = &["cpu_hog", "syscall_hog", "short_lived", "jit_hog", "offcpu"];
+const FIXTURES: &[&str] = &[
+    "cpu_hog",
+    "syscall_hog",
+    "short_lived",
+    "jit_hog",
+    "offcpu",
+    "fuse_stall",
+];
 
 const FP_CFLAGS: &[&str] = &[
     "-O2",

@@ -1,5 +1,5 @@
 //! ember's JIT symbol parsers, its unwind table compiler, its perf task record parser, its
-//! object reader and symbol-table builder,
+//! object reader and symbol-table builder, its mountinfo parser,
 //! compiled here straight from the agent's sources: they are pure functions over bytes, so the fuzz build needs none
 //! of the agent's dependencies (BPF, Kubernetes, ...) beyond their own: gimli, object
 //! and thiserror for the compiler.
@@ -15,6 +15,9 @@ pub mod jitdump;
 
 #[path = "../../agent/src/capture/perf_record.rs"]
 pub mod perf_record;
+
+#[path = "../../agent/src/os/mountinfo.rs"]
+pub mod mountinfo;
 
 pub mod unwind;
 

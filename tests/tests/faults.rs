@@ -8,7 +8,8 @@
 //! (export/files.rs).
 //!
 //! Here: JIT maps over the byte budget, a broken window directory, a pid reused by another
-//! program with the same name in another container, and SIGTERM while a sink is wedged.
+//! program with the same name in another container, SIGTERM while a sink is wedged, and a
+//! process mapping a file from a FUSE file system whose daemon stopped answering.
 //!
 //! Every test here samples, so each holds [`sampling_lock`] and needs root.
 
@@ -27,6 +28,9 @@ use ember_tests::*;
 
 /// Path of the fixture `jit_hog` (see `tests/fixtures/jit_hog.c`).
 const JIT_HOG: &str = env!("FIXTURE_JIT_HOG");
+
+/// Path of the fixture `fuse_stall` (see `tests/fixtures/fuse_stall.c`).
+const FUSE_STALL: &str = env!("FIXTURE_FUSE_STALL");
 
 /// Value of the series `line_prefix` (name and labels) in an exposition, 0 if absent.
 fn series(metrics: &str, line_prefix: &str) -> f64 {
@@ -602,4 +606,151 @@ fn sigterm_with_a_wedged_sink_exits_within_the_shutdown_deadline() {
         stderr.contains("requests not delivered within sinks.shutdown_grace were dropped"),
         "the undelivered requests are counted\n{stderr}"
     );
+}
+
+/// A FUSE file system mounted by `fuse_stall`, with its process (which maps `lib.so` from it).
+/// However the test ends, the connection is aborted (the daemon dies with the fixture, and
+/// `/sys/fs/fuse/connections/N/abort` is written too) before the mount point is lazily
+/// unmounted, so every thread waiting on the daemon is let go and nothing stays mounted.
+struct StalledFuse {
+    fixture: Option<Fixture>,
+    mnt: std::path::PathBuf,
+}
+
+impl StalledFuse {
+    /// Mounts it on `mnt`, has the fixture map `lib.so` (a copy of `elf`), then stalls the
+    /// daemon: from here on it reads every request and answers none.
+    fn start(mnt: &Path, elf: &str) -> Self {
+        fs::create_dir_all(mnt).expect("mkdir");
+        let mut guard = StalledFuse {
+            fixture: None,
+            mnt: mnt.to_owned(),
+        };
+        let mut f =
+            Fixture::spawn(FUSE_STALL, &[mnt.to_str().expect("utf-8"), elf]).expect("fuse_stall");
+        f.wait_for("ready", Duration::from_secs(10))
+            .expect("fuse_stall mapped its file");
+        let pid = f.pid;
+        guard.fixture = Some(f);
+        let maps = fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+        assert!(
+            maps.lines()
+                .any(|l| l.contains(" r-xp ") && l.ends_with("/lib.so")),
+            "lib.so is mapped executable\n{maps}"
+        );
+        let f = guard.fixture.as_mut().expect("fixture");
+        f.send_line("stall").expect("stall");
+        f.wait_for("stalled", Duration::from_secs(10))
+            .expect("the daemon stalled");
+        guard
+    }
+
+    fn pid(&self) -> u32 {
+        self.fixture.as_ref().map_or(0, |f| f.pid)
+    }
+
+    /// The FUSE connection's number (`/sys/fs/fuse/connections/N`): the mount's minor.
+    fn connection(&self) -> Option<String> {
+        let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let mnt = self.mnt.to_str()?;
+        info.lines().find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.get(4) == Some(&mnt) && l.contains(" - fuse"))
+                .then(|| f.get(2)?.split_once(':').map(|(_, minor)| minor.to_owned()))
+                .flatten()
+        })
+    }
+}
+
+impl Drop for StalledFuse {
+    fn drop(&mut self) {
+        if let Some(n) = self.connection() {
+            let _ = fs::write(format!("/sys/fs/fuse/connections/{n}/abort"), "1");
+        }
+        drop(self.fixture.take());
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+    }
+}
+
+/// Issue 25, defect 4: a process maps an executable file from a FUSE file system whose
+/// daemon then answers nothing (an `open`, `stat` or `read` of the file would wait forever;
+/// `O_NONBLOCK` means nothing to FUSE). The agent is started after the stall (a restart sees
+/// the same) and must never send that file system a request: windows keep closing every
+/// second, `/healthz` answers 200 throughout, and the file is refused, counted in
+/// `ember_object_refusals_total{reason="fuse"}`. On main the aggregator and the unwind
+/// loader each blocked in the file's `open` through `/proc/PID/map_files`: no window closed
+/// and `/healthz` failed once 3 windows + 30 s had passed.
+#[test]
+fn a_stalled_fuse_mapping_costs_a_refusal_not_a_window() {
+    if !require_privileged() {
+        return;
+    }
+    if !Path::new("/dev/fuse").exists() {
+        assert!(
+            std::env::var("EMBER_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+            "no /dev/fuse (modprobe fuse), and EMBER_REQUIRE_PRIVILEGED=1 forbids skipping"
+        );
+        println!("skipped: no /dev/fuse");
+        return;
+    }
+    let _lock = sampling_lock();
+    let tmp = tempfile::tempdir().expect("tmp");
+    // Declared first, dropped last: the FUSE connection is aborted (below) before the agent
+    // is killed, or a thread of it still waiting on the daemon could not end.
+    let mut ember_slot: Option<Ember> = None;
+    let fuse = StalledFuse::start(&tmp.path().join("mnt"), CPU_HOG);
+    let victim = fuse.pid();
+    let data = tmp.path().join("data");
+    let (ember, addr) = run(
+        tmp.path(),
+        &data,
+        "kubernetes:\n  enabled: false\n",
+        &[victim],
+    );
+    let ember = ember_slot.insert(ember);
+
+    // 40 s: past the 36 s (3 windows of 2 s + 30 s) after which /healthz fails without
+    // windows.
+    let watch = Duration::from_secs(40);
+    let t0 = Instant::now();
+    let first = windows(&data);
+    let mut codes: BTreeMap<u16, usize> = BTreeMap::new();
+    while t0.elapsed() < watch {
+        let code = http_get(&addr, "/healthz").map_or(0, |(c, _)| c);
+        *codes.entry(code).or_default() += 1;
+        thread::sleep(Duration::from_secs(1));
+    }
+    let closed = windows(&data) - first;
+    let metrics = http_get(&addr, "/metrics")
+        .map(|(_, t)| t)
+        .unwrap_or_default();
+    let refused = series(&metrics, "ember_object_refusals_total{reason=\"fuse\"} ");
+    println!(
+        "{closed} windows closed in {watch:?}, /healthz codes {codes:?}, \
+         {refused} FUSE refusals"
+    );
+    // Windows of 2 s at least (the shortest ember takes): 20 in 40 s, 10 is the bar.
+    assert!(
+        closed >= 10,
+        "{closed} windows in {watch:?}\n{}",
+        ember.stderr()
+    );
+    assert_eq!(
+        codes.keys().copied().collect::<Vec<_>>(),
+        vec![200],
+        "/healthz answered {codes:?}"
+    );
+    assert!(
+        refused >= 1.0,
+        "the FUSE file is refused, counted\n{metrics}"
+    );
+    // Nothing of it is stuck on the daemon: it stops as usual.
+    ember.signal(libc::SIGTERM);
+    let status = ember.wait(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "ember exited {status}\n{}",
+        ember.stderr()
+    );
+    drop(fuse);
 }

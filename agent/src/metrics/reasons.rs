@@ -161,6 +161,9 @@ label_enum! {
         /// Kernel task records (exec, mmap, exit) lost to a full ring: such a process is
         /// loaded at its first sample instead.
         TaskRecords => "task_records",
+        /// File system kinds remembered by mount id (4,096): forgotten when full, learned
+        /// again from mountinfo.
+        Mounts => "mounts",
     }
 }
 
@@ -385,6 +388,9 @@ label_enum! {
         JitdumpMalformed => "jitdump_malformed",
         /// A jitdump ending in a partial record that did not grow since the last read.
         JitdumpTruncated => "jitdump_truncated",
+        /// The perf map, or a directory on its way, is on a FUSE, network or unknown file
+        /// system: not read (a read could wait forever).
+        RemoteFs => "remote_fs",
     }
 }
 
@@ -426,6 +432,9 @@ label_enum! {
         NotSocket => "not_socket",
         /// The attach did not finish within its one total deadline (connect, write, answer).
         Timeout => "timeout",
+        /// The JVM's root or `/tmp` is on a FUSE, network or unknown file system, or the
+        /// socket's name leads onto another mount: not touched.
+        RemoteFs => "remote_fs",
     }
 }
 
@@ -492,6 +501,18 @@ label_enum! {
         /// frames, then the object stays unnamed for a while rather than being parsed again
         /// in every window.
         OverBudget => "over_budget",
+        /// On a FUSE file system (`fuse`, `fuse.*`, `fuseblk`, or an overlay over one): its
+        /// daemon, which a pod may run, could leave a read waiting forever. Never opened,
+        /// stat'ed or read.
+        Fuse => "fuse",
+        /// On a network file system (NFS, CIFS, 9p, Ceph, ...): never opened or read.
+        NetworkFs => "network_fs",
+        /// On a mount in neither the process's nor the host's mountinfo (detached, or the
+        /// kernel's own such as memfd's): what would answer cannot be told, so not read.
+        UnknownFs => "unknown_fs",
+        /// The file opened is not the one the maps entry names (another device or inode: the
+        /// mapping or the path was replaced meanwhile).
+        Mismatch => "mismatch",
     }
 }
 

@@ -5,9 +5,11 @@
 //! object file and a file offset, a named region (`[vdso]`, `[anon]`), or a named JIT frame —
 //! plus each process's name and cgroup, kept by the [`process::ProcessTable`] that the
 //! aggregation stage owns. [`object`] is the one safe way any stage opens and reads a file
-//! out of a process; [`elf_file`] its capped ELF reading.
+//! out of a process, [`fs`] what keeps it off FUSE and network file systems; [`elf_file`] its
+//! capped ELF reading.
 
 pub mod elf_file;
+pub mod fs;
 pub(crate) mod jit;
 pub mod object;
 pub(crate) mod process;

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use crate::config::Limits;
 use crate::metrics::{Cache, Metrics, ProcRead};
+use crate::normalize::fs::Mounts;
 use crate::normalize::object::{Object, ObjectKey};
 use crate::os::procfs::{self, MapsEntry};
 use crate::workload::Cgroup;
@@ -186,6 +187,14 @@ impl ProcessTable {
             // A sample from another cgroup than the one this pid was read in is another
             // process on a reused pid (or one moved between cgroups): read it again.
             let moved = p.cgroup.v2_id != 0 && cgroup_id != 0 && p.cgroup.v2_id != cgroup_id;
+            // A process is its pid and its start time: a pid reused in the same cgroup (or
+            // on cgroup v1, where samples carry no cgroup id) under the same name is another
+            // process all the same. Its start time is read once a window (a /proc/PID/stat
+            // read), not at every sample.
+            let reused = first_this_window
+                && !moved
+                && current_start_time(&self.proc_root, pid).is_some_and(|t| t != p.start_time);
+            let moved = moved || reused;
             // The leader renamed may be an exec (a new program with new mappings) or just
             // a rename (prctl, which a process may do at will, so it must stay cheap): the
             // executable's identity, one stat, tells them apart.
@@ -395,11 +404,19 @@ impl ProcessTable {
         if stale {
             if let Some(mut fresh) = self.read_process(pid) {
                 if let Some(old) = self.procs.get(&pid) {
+                    fresh.last_seen = old.last_seen;
                     if old.start_time == fresh.start_time {
-                        fresh.last_seen = old.last_seen;
                         fresh.cgroup = old.cgroup.clone();
-                        self.procs.insert(pid, fresh);
+                    } else {
+                        // Another process on this pid: none of the old one's JIT symbols
+                        // apply, and its cgroup is its own (read just now).
+                        if let Some(cg) = Arc::get_mut(&mut fresh.cgroup) {
+                            cg.v2_id = old.cgroup.v2_id;
+                        }
+                        self.jit.forget(pid);
+                        self.jit.seen(pid, &fresh.jit, window);
                     }
+                    self.procs.insert(pid, fresh);
                 }
             }
             if let Some(p) = self.procs.get_mut(&pid) {
@@ -506,11 +523,14 @@ impl ProcessTable {
         }
         let mut maps = Vec::new();
         let mut jit = crate::normalize::jit::Hints::default();
-        let root = self.share_root(crate::normalize::object::open_root(&dir));
+        // Held while this process is read, no longer (see normalize::fs).
+        let mut mounts = Mounts::new(&dir, &self.metrics);
+        let root = self.share_root(crate::normalize::object::open_root(&mut mounts));
         for e in entries.iter().filter(|e| e.exec) {
-            let target = self.target_for(&dir, e, &root);
+            let target = self.target_for(&mut mounts, e, &root);
             push_map(&mut maps, &mut jit, e, target);
         }
+        drop(mounts);
         maps.sort_by_key(|m| m.start);
         let cgroup = Cgroup::read(pid).unwrap_or_else(|_| {
             self.metrics.proc_read_error(ProcRead::Cgroup, 1);
@@ -528,7 +548,12 @@ impl ProcessTable {
         })
     }
 
-    fn target_for(&mut self, dir: &Path, e: &MapsEntry, root: &Option<Arc<File>>) -> Target {
+    fn target_for(
+        &mut self,
+        mounts: &mut Mounts,
+        e: &MapsEntry,
+        root: &Option<Arc<File>>,
+    ) -> Target {
         if e.inode == 0 || !e.path.starts_with('/') {
             return region(e);
         }
@@ -543,7 +568,7 @@ impl ProcessTable {
         if !self.room_for_object() {
             return Target::Region(Arc::from(e.path.as_str()));
         }
-        match crate::normalize::object::open_mapped(dir, e, &self.metrics) {
+        match crate::normalize::object::open_mapped(mounts, e, &self.metrics) {
             Ok(file) => self.target_from_file(e, file, root),
             Err(_) => {
                 self.metrics.proc_read_error(ProcRead::OpenObject, 1);
@@ -608,10 +633,20 @@ fn find(maps: &[ExecMap], addr: u64) -> Option<UserAddr> {
     })
 }
 
-/// `(device, inode)` of the executable of `pid` (one stat through `/proc/PID/exe`).
+/// `(device, inode)` of the executable of `pid`, without asking its file system anything: an
+/// `O_PATH` handle through `/proc/PID/exe` and a `statx` answered from the kernel's cache
+/// (`AT_STATX_DONT_SYNC`). A plain `stat` asks a FUSE daemon (`GETATTR`) once its attributes
+/// expire, and a daemon that never answers would hold the aggregator at every rename.
 fn exe_id(root: &Path, pid: u32) -> Option<(u64, u64)> {
-    let m = std::fs::metadata(root.join(pid.to_string()).join("exe")).ok()?;
-    Some((m.dev(), m.ino()))
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let h = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+        .open(root.join(pid.to_string()).join("exe"))
+        .ok()?;
+    let m = crate::os::openat2::stat_cached(h.as_fd(), "", false).ok()?;
+    Some((libc::makedev(m.dev.0, m.dev.1), m.ino))
 }
 
 fn current_start_time(root: &Path, pid: u32) -> Option<u64> {
@@ -806,6 +841,80 @@ mod tests {
         }
         assert_eq!(t.len(), 4);
         assert!(t.recency.len() <= 2 * 4 + 1024 + 1, "{}", t.recency.len());
+    }
+
+    /// A fake `/proc/PID` for `pid` in `proc_root`: its root is `root` (no `map_files`, so
+    /// objects are opened by path there), its mountinfo this process's; `stat` names it
+    /// `same` with start time `start`, and `maps` maps `file` (inside `root`) at `at`.
+    fn fake_process(proc_root: &Path, root: &Path, pid: u32, start: u64, file: &str, at: u64) {
+        let dir = proc_root.join(pid.to_string());
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let _ = std::fs::remove_file(dir.join("root"));
+        std::os::unix::fs::symlink(root, dir.join("root")).expect("symlink");
+        let own = std::fs::read("/proc/self/mountinfo").expect("mountinfo");
+        std::fs::write(dir.join("mountinfo"), own).expect("mountinfo");
+        let fields: Vec<String> = (3..=22)
+            .map(|i| match i {
+                3 => "S".to_owned(),
+                22 => start.to_string(),
+                _ => "0".to_owned(),
+            })
+            .collect();
+        std::fs::write(
+            dir.join("stat"),
+            format!("{pid} (same) {}\n", fields.join(" ")),
+        )
+        .expect("stat");
+        let m = std::fs::metadata(root.join(file.trim_start_matches('/'))).expect("file");
+        let (major, minor) = (libc::major(m.dev()), libc::minor(m.dev()));
+        let maps = format!(
+            "{at:x}-{:x} r-xp 00000000 {major:02x}:{minor:02x} {} {file}\n",
+            at + 0x1000,
+            m.ino()
+        );
+        std::fs::write(dir.join("maps"), maps).expect("maps");
+    }
+
+    /// Issue 25: a pid reused by another process in the same cgroup (or on cgroup v1, where
+    /// samples carry no cgroup id), under the same name, is another process all the same:
+    /// its start time tells. The table reads the new one's mappings (on main it kept the
+    /// old ones, and a miss in them read the new process but threw it away as not the
+    /// same, so the new process's code stayed unknown for as long as it was sampled).
+    #[test]
+    fn a_pid_reused_in_the_same_cgroup_under_the_same_name_is_read_again() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (proc_root, root) = (dir.path().join("proc"), dir.path().join("root"));
+        std::fs::create_dir_all(root.join("bin")).expect("mkdir");
+        std::fs::write(root.join("bin/old"), b"\x7fELF old").expect("write");
+        std::fs::write(root.join("bin/new"), b"\x7fELF new").expect("write");
+        let pid = 3_999_999;
+        let mut t = table();
+        t.proc_root = proc_root.clone();
+        let comm = comm(b"same");
+        fake_process(&proc_root, &root, pid, 100, "/bin/old", 0x10000);
+        t.touch(pid, pid, &comm, 0);
+        match t.normalize(pid, 0x10100) {
+            UserAddr::Object(o, 0x100) => assert_eq!(o.path, "/bin/old"),
+            other => panic!("{other:?}"),
+        }
+        t.end_window();
+        // The old process is gone; a new one has its pid, cgroup and name.
+        fake_process(&proc_root, &root, pid, 200, "/bin/new", 0x20000);
+        t.touch(pid, pid, &comm, 0);
+        assert_eq!(t.procs.get(&pid).map(|p| p.start_time), Some(200));
+        match t.normalize(pid, 0x20100) {
+            UserAddr::Object(o, 0x100) => assert_eq!(o.path, "/bin/new"),
+            other => panic!("the new process's code: {other:?}"),
+        }
+        assert!(
+            matches!(t.normalize(pid, 0x10100), UserAddr::Unknown(_)),
+            "the old process's mappings are gone"
+        );
+        // The same process seen again: no read.
+        let reads = t.reads;
+        t.end_window();
+        t.touch(pid, pid, &comm, 0);
+        assert_eq!(t.reads, reads);
     }
 
     #[test]

@@ -20,22 +20,26 @@
 //! come back on a queue.
 //!
 //! A pid may be reused between the request and the signal, so the request carries a pidfd
-//! taken when it was queued and the process's start time: right before SIGQUIT the start
-//! time and the `SigCgt` mask are read again, and the signal goes through the pidfd, which
-//! can only reach the process it was opened for. The socket is opened `O_PATH|O_NOFOLLOW`
-//! inside the JVM's `/tmp`, checked to be a socket, and connected to through
-//! `/proc/self/fd/N`, so a socket swapped for a symlink is never followed.
+//! taken when it was queued and the process's start time: before `/proc/PID/root` is opened
+//! and again after (so the root opened was this process's), and right before SIGQUIT, the
+//! start time (and the `SigCgt` mask) are read again, and the signal goes through the pidfd,
+//! which can only reach the process it was opened for. The JVM's root and `/tmp` must be on
+//! local file systems (a FUSE `/tmp` whose daemon never answers would hold this thread; see
+//! `normalize::fs`). The socket is opened `O_PATH|O_NOFOLLOW` inside the JVM's `/tmp`,
+//! checked (from the kernel's cache) to be a socket on `/tmp`'s own mount, and connected to
+//! through `/proc/self/fd/N`, so a socket swapped for a symlink or a mount is never followed.
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::metrics::{Cache, JvmRefresh, Metrics};
-use crate::os::openat2::{openat2_in_root, RESOLVE_NO_SYMLINKS};
+use crate::metrics::{Cache, JvmRefresh, Metrics, ObjectRefusal};
+use crate::normalize::fs::{Checked, Mounts};
+use crate::normalize::object::open_dir_in_process;
 
 /// One JVM to ask.
 #[derive(Debug, Clone)]
@@ -87,6 +91,10 @@ pub enum AttachError {
     /// The deadline passed.
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// The JVM's root or /tmp is on a FUSE, network or unknown file system, or the socket's
+    /// name leads onto another mount.
+    #[error("the JVM's /tmp is not on a local file system")]
+    RemoteFs,
 }
 
 impl AttachError {
@@ -102,6 +110,7 @@ impl AttachError {
             AttachError::Gone => JvmRefresh::Gone,
             AttachError::NotSocket => JvmRefresh::NotSocket,
             AttachError::Timeout(_) => JvmRefresh::Timeout,
+            AttachError::RemoteFs => JvmRefresh::RemoteFs,
         }
     }
 }
@@ -128,7 +137,7 @@ impl Worker {
             .name("ember-jvm-attach".into())
             .spawn(move || {
                 for req in rx {
-                    let result = perfmap(&req, TIMEOUT);
+                    let result = perfmap(&req, TIMEOUT, &m);
                     let counted = match &result {
                         Ok(()) => JvmRefresh::Ok,
                         Err(e) => {
@@ -197,6 +206,27 @@ fn catches_sigquit(pid: u32) -> Option<bool> {
     Some(mask & (1 << (libc::SIGQUIT - 1)) != 0)
 }
 
+/// Whether the process of `req` is still the one the request was made for: its pidfd still
+/// reaches a live process (so its pid was not freed and reused) with the same start time.
+fn still_the_same(req: &Request) -> Result<(), AttachError> {
+    let pidfd = req.pidfd.as_ref().ok_or(AttachError::Gone)?;
+    // SAFETY: signal 0 through a pidfd only checks that the process is there.
+    let alive = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd() as libc::c_long,
+            0 as libc::c_long,
+            std::ptr::null::<libc::siginfo_t>(),
+            NO_FLAGS,
+        )
+    } == 0;
+    if alive && start_time(req.pid) == Some(req.start_time) {
+        Ok(())
+    } else {
+        Err(AttachError::Gone)
+    }
+}
+
 /// Sends SIGQUIT to the process of `req`, only if it is still the process the request was
 /// made for (same start time, alive behind the pidfd) and it catches SIGQUIT right now.
 fn signal(req: &Request) -> Result<(), AttachError> {
@@ -233,26 +263,35 @@ fn signal(req: &Request) -> Result<(), AttachError> {
 /// Asks the JVM `req` to write `/tmp/perf-<nspid>.map`, within one total deadline of
 /// `timeout`. Must run on a thread of its own (it changes that thread's credentials for a
 /// while; they are restored on every path, by the guard's drop).
-pub fn perfmap(req: &Request, timeout: Duration) -> Result<(), AttachError> {
+pub fn perfmap(req: &Request, timeout: Duration, metrics: &Metrics) -> Result<(), AttachError> {
     let deadline = Instant::now() + timeout;
-    let root = File::open(format!("/proc/{}/root", req.pid)).map_err(AttachError::Tmp)?;
-    let tmp = openat2_in_root(
-        &root,
-        "tmp",
-        libc::O_RDONLY | libc::O_DIRECTORY,
-        RESOLVE_NO_SYMLINKS,
-    )
-    .map_err(AttachError::Tmp)?;
+    // Still the process the request was made for? Asked before anything of /proc/PID is
+    // touched: a pid reused since names another process's root and /tmp.
+    still_the_same(req)?;
+    let dir = std::path::PathBuf::from(format!("/proc/{}", req.pid));
+    let mut mounts = Mounts::new(&dir, metrics);
+    // Its /tmp, one checked component at a time from its root: both on local file systems
+    // (a FUSE /tmp would hold this thread), no symlinks.
+    let (tmp, tmp_at) = open_dir_in_process(&mut mounts, "tmp").map_err(|r| match r {
+        ObjectRefusal::Fuse | ObjectRefusal::NetworkFs | ObjectRefusal::UnknownFs => {
+            AttachError::RemoteFs
+        }
+        other => AttachError::Tmp(std::io::Error::other(other.as_str())),
+    })?;
+    // And still the same process now that its root was opened: the pid was never freed in
+    // between (the pidfd still reaches a live process), so the root was this process's.
+    still_the_same(req)?;
     let _creds = Credentials::switch(req.uid, req.gid).map_err(AttachError::Credentials)?;
     let socket_name = format!(".java_pid{}", req.nspid);
-    if !is_socket(&tmp, &socket_name) {
+    if !is_socket(&mut mounts, &tmp, &tmp_at, &socket_name) {
         if !req.sigquit {
             return Err(AttachError::NoHandler);
         }
         let trigger = format!(".attach_pid{}", req.nspid);
         let made = create_file(&tmp, &trigger);
         let signalled = signal(req);
-        let found = signalled.is_ok() && wait_for_socket(&tmp, &socket_name, deadline);
+        let found = signalled.is_ok()
+            && wait_for_socket(&mut mounts, &tmp, &tmp_at, &socket_name, deadline);
         if made {
             unlink(&tmp, &trigger);
         }
@@ -261,7 +300,13 @@ pub fn perfmap(req: &Request, timeout: Duration) -> Result<(), AttachError> {
             return Err(AttachError::NoSocket(timeout));
         }
     }
-    let mut stream = connect_in(&tmp, &socket_name, deadline, timeout)?;
+    let mut stream = connect_in(
+        &mut mounts,
+        (&tmp, &tmp_at),
+        &socket_name,
+        deadline,
+        timeout,
+    )?;
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(AttachError::Timeout(timeout));
@@ -329,7 +374,8 @@ fn read_answer(
 /// `/proc/self/fd/N`, without blocking past `deadline` (a full backlog makes a blocking
 /// connect wait).
 fn connect_in(
-    dir: &File,
+    mounts: &mut Mounts,
+    (dir, dir_at): (&File, &Checked),
     name: &str,
     deadline: Instant,
     timeout: Duration,
@@ -348,12 +394,13 @@ fn connect_in(
     }
     // SAFETY: just opened, owned here.
     let path_fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: a zeroed stat is a valid out-buffer; the fd is valid.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(path_fd.as_raw_fd(), &mut st) } != 0
-        || st.st_mode & libc::S_IFMT != libc::S_IFSOCK
-    {
-        return Err(AttachError::NotSocket);
+    // Asked of the kernel's cache, and only on /tmp's own mount: a name that leads onto
+    // another mount (a FUSE file bound over it) is never stat'ed or connected to.
+    match mounts.check(path_fd.as_fd()) {
+        Ok(c) if c.mount == dir_at.mount && c.kind == libc::S_IFSOCK => {}
+        Ok(c) if c.mount != dir_at.mount => return Err(AttachError::RemoteFs),
+        Ok(_) => return Err(AttachError::NotSocket),
+        Err(_) => return Err(AttachError::RemoteFs),
     }
     let target = format!("/proc/self/fd/{}", path_fd.as_raw_fd());
     // SAFETY: a zeroed sockaddr_un is valid; the path fits (checked).
@@ -411,26 +458,23 @@ fn connect_in(
     Ok(stream)
 }
 
-fn is_socket(dir: &File, name: &str) -> bool {
-    let Ok(c) = std::ffi::CString::new(name) else {
-        return false;
-    };
-    // SAFETY: a zeroed stat is a valid out-buffer; dirfd and name are valid.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    let rc = unsafe {
-        libc::fstatat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            &mut st,
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    rc == 0 && st.st_mode & libc::S_IFMT == libc::S_IFSOCK
+/// Whether `name` in `dir` is a socket on `dir`'s own mount (never a symlink followed, and
+/// nothing asked of another file system).
+fn is_socket(mounts: &mut Mounts, dir: &File, dir_at: &Checked, name: &str) -> bool {
+    mounts
+        .check_in(dir, name, dir_at)
+        .is_some_and(|c| c.kind == libc::S_IFSOCK)
 }
 
-fn wait_for_socket(dir: &File, name: &str, deadline: Instant) -> bool {
+fn wait_for_socket(
+    mounts: &mut Mounts,
+    dir: &File,
+    dir_at: &Checked,
+    name: &str,
+    deadline: Instant,
+) -> bool {
     while Instant::now() < deadline {
-        if is_socket(dir, name) {
+        if is_socket(mounts, dir, dir_at, name) {
             return true;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -586,7 +630,7 @@ mod tests {
         let jvm = FakeJvm::start();
         let _listener = UnixListener::bind(&jvm.socket).expect("bind");
         let started = Instant::now();
-        let r = perfmap(&jvm.request(), DEADLINE);
+        let r = perfmap(&jvm.request(), DEADLINE, &Metrics::new());
         assert!(matches!(r, Err(AttachError::Timeout(_))), "{r:?}");
         assert!(
             started.elapsed() < DEADLINE + SLACK,
@@ -613,7 +657,7 @@ mod tests {
             }
         });
         let started = Instant::now();
-        let r = perfmap(&jvm.request(), DEADLINE);
+        let r = perfmap(&jvm.request(), DEADLINE, &Metrics::new());
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         assert!(matches!(r, Err(AttachError::Timeout(_))), "{r:?}");
         assert!(
@@ -633,16 +677,23 @@ mod tests {
         host.set_nonblocking(true).expect("nonblocking");
         std::os::unix::fs::symlink(&target, &jvm.socket).expect("symlink");
         // Straight at the connect step (as if swapped after the socket check) ...
-        let tmp = File::open("/tmp").expect("tmp");
+        let mut mounts = Mounts::new(std::path::Path::new("/proc/self"), &Metrics::new());
+        let (tmp, at) = open_dir_in_process(&mut mounts, "tmp").expect("tmp");
         let name = jvm
             .socket
             .file_name()
             .and_then(|n| n.to_str())
             .expect("name");
-        let r = connect_in(&tmp, name, Instant::now() + DEADLINE, DEADLINE);
+        let r = connect_in(
+            &mut mounts,
+            (&tmp, &at),
+            name,
+            Instant::now() + DEADLINE,
+            DEADLINE,
+        );
         assert!(matches!(r, Err(AttachError::NotSocket)), "{r:?}");
         // ... and through a whole attach.
-        let r = perfmap(&jvm.request(), DEADLINE);
+        let r = perfmap(&jvm.request(), DEADLINE, &Metrics::new());
         assert!(r.is_err(), "{r:?}");
         assert!(
             matches!(host.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
@@ -674,6 +725,41 @@ mod tests {
         let _ = sleeper.wait();
     }
 
+    /// Issue 25: a request whose pid names another process by now (another start time) is
+    /// dropped before anything of that process is opened: not its root, not its /tmp, and
+    /// never a socket there, even one that is already listening (on main the attach opened
+    /// the new process's /tmp and, finding a socket, connected without any check).
+    #[test]
+    fn a_reused_pid_is_not_attached_to() {
+        let mut sleeper = Command::new("sleep").arg("30").spawn().expect("spawn");
+        let pid = sleeper.id();
+        // A listener where the pid's /tmp has its attach socket (the host's /tmp here).
+        let nspid = 4_000_000_000u32 - pid;
+        let path = PathBuf::from(format!("/tmp/.java_pid{nspid}"));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let (pidfd, start_time) = pin(pid);
+        // SAFETY: geteuid/getegid have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let req = Request {
+            pidfd,
+            start_time: start_time + 1, // the request was for an earlier process
+            pid,
+            nspid,
+            uid,
+            gid,
+            sigquit: false,
+        };
+        let r = perfmap(&req, DEADLINE, &Metrics::new());
+        let accepted = listener.accept().is_ok();
+        let _ = std::fs::remove_file(&path);
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        assert!(matches!(r, Err(AttachError::Gone)), "{r:?}");
+        assert!(!accepted, "connected to another process's socket");
+    }
+
     #[test]
     fn credentials_are_restored_on_every_path() {
         // SAFETY: geteuid has no preconditions.
@@ -691,7 +777,7 @@ mod tests {
         req.uid = 4242;
         req.gid = 4242;
         let ids = std::thread::spawn(move || {
-            let r = perfmap(&req, DEADLINE);
+            let r = perfmap(&req, DEADLINE, &Metrics::new());
             // SAFETY: no preconditions; per-thread ids.
             let ids = unsafe { (libc::geteuid(), libc::getegid()) };
             (r.is_err(), ids)

@@ -9,8 +9,11 @@
 //!
 //! The files are written by the profiled process, so they are untrusted input:
 //! - the perf map is opened as `/proc/<pid>/root/tmp/perf-<nspid>.map` (the process's own
-//!   `/tmp` and pid inside its namespaces), with `openat2(RESOLVE_IN_ROOT |
-//!   RESOLVE_NO_SYMLINKS)`, so no symlink is followed, in or out of the container;
+//!   `/tmp` and pid inside its namespaces), one component at a time with `openat2(
+//!   RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS)`, so no symlink is followed, in or out of the
+//!   container, and each directory checked to be on a local file system before a name is
+//!   looked up in it (a FUSE `/tmp` whose daemon never answers would hold the aggregator;
+//!   see `normalize::fs`);
 //! - the jitdump is the very file the process maps (through `/proc/PID/map_files`);
 //! - a file is used only when owned by the process's uid or by root (perf's rule), when it
 //!   is a regular file, and when it is no larger than `jit.max_file_bytes`;
@@ -40,9 +43,8 @@ use prometheus_client::metrics::counter::Counter;
 use crate::config::Jit;
 use crate::normalize::jit::jitdump::JitDump;
 
-use crate::metrics::{JitReject, Metrics};
+use crate::metrics::{JitReject, Metrics, ObjectRefusal};
 use crate::normalize::object::Object;
-use crate::os::openat2::{openat2_in_root, RESOLVE_NO_SYMLINKS};
 use names::Names;
 use perfmap::PerfMap;
 
@@ -279,7 +281,7 @@ impl JitTables {
             names: &self.names,
             read: &self.metrics.jit_read_bytes,
         };
-        read_perf_map(pid, p, &limits, &mut rejects);
+        read_perf_map(pid, p, &limits, &mut rejects, &self.metrics);
         if let Some(obj) = &hints.jitdump {
             read_jitdump(obj, p, &limits, &mut rejects);
         }
@@ -378,22 +380,24 @@ struct Limits<'a> {
 /// never needs 64 MB of buffer.
 const READ_CHUNK: u64 = 1 << 20;
 
-fn read_perf_map(pid: u32, p: &mut ProcJit, limits: &Limits, rejects: &mut Vec<JitReject>) {
-    let Ok(root) = File::open(format!("/proc/{pid}/root")) else {
-        return;
-    };
+fn read_perf_map(
+    pid: u32,
+    p: &mut ProcJit,
+    limits: &Limits,
+    rejects: &mut Vec<JitReject>,
+    metrics: &Metrics,
+) {
+    // Walked one checked component at a time inside the process's root: never onto a FUSE
+    // or network file system (a /tmp there would hold the aggregator), never a FIFO.
+    let dir = std::path::PathBuf::from(format!("/proc/{pid}"));
+    let mut mounts = crate::normalize::fs::Mounts::new(&dir, metrics);
     let rel = format!("tmp/perf-{}.map", p.nspid);
-    let file = match openat2_in_root(
-        &root,
-        &rel,
-        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-        RESOLVE_NO_SYMLINKS,
-    ) {
-        Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return,
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return rejects.push(JitReject::Symlink),
-        Err(_) => return rejects.push(JitReject::Open),
+    let file = match crate::normalize::object::open_file_in_process(&mut mounts, &rel) {
+        Ok(Some(f)) => f,
+        Ok(None) => return,
+        Err(r) => return rejects.push(jit_refusal(r)),
     };
+    drop(mounts);
     let Some((size, at)) = check_file(&file, p.uid, limits.file_bytes, rejects) else {
         return;
     };
@@ -422,6 +426,18 @@ fn read_perf_map(pid: u32, p: &mut ProcJit, limits: &Limits, rejects: &mut Vec<J
         cursor.offset += bytes.len() as u64;
     }
     p.perf_at = Some(cursor);
+}
+
+/// The JIT reason of a refused open.
+fn jit_refusal(r: ObjectRefusal) -> JitReject {
+    match r {
+        ObjectRefusal::Symlink => JitReject::Symlink,
+        ObjectRefusal::NotRegular => JitReject::NotRegular,
+        ObjectRefusal::Fuse | ObjectRefusal::NetworkFs | ObjectRefusal::UnknownFs => {
+            JitReject::RemoteFs
+        }
+        _ => JitReject::Open,
+    }
 }
 
 /// Reads the records appended to the jitdump the process maps.

@@ -561,12 +561,15 @@ impl Loader {
         let mut ranges = Vec::new();
         let mut seen = Vec::new();
         let mut files = Vec::new();
+        // Held while this process is read: keeps the opens below off FUSE and network file
+        // systems (normalize::fs).
+        let mut mounts = crate::normalize::fs::Mounts::new(&dir, &self.metrics);
         for e in entries.into_iter().filter(|e| e.exec) {
             let Ok(len) = u32::try_from(e.end.saturating_sub(e.start)) else {
                 continue;
             };
             let file = if e.inode != 0 && e.path.starts_with('/') {
-                let f = crate::normalize::object::open_mapped(&dir, &e, &self.metrics);
+                let f = crate::normalize::object::open_mapped(&mut mounts, &e, &self.metrics);
                 if let Err(err) = &f {
                     if dir.exists() {
                         debug!("pid {pid}: {} not opened: {err}", e.path);
@@ -618,7 +621,7 @@ impl Loader {
                     .unwrap_or_default(),
                 cgroup: Cgroup::read(pid).unwrap_or_default(),
                 maps: seen,
-                root: crate::normalize::object::open_root(&dir),
+                root: crate::normalize::object::open_root(&mut mounts),
             };
             if tx.try_send(snap).is_err() {
                 self.metrics.dropped(Cache::ProcessSnapshots, 1);
