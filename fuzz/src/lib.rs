@@ -1,5 +1,5 @@
 //! ember's JIT symbol parsers, its unwind table compiler, its perf task record parser, its
-//! object reader and symbol-table builder, its mountinfo parser,
+//! object reader, symbol-table builder and demangling, its mountinfo parser,
 //! compiled here straight from the agent's sources: they are pure functions over bytes, so the fuzz build needs none
 //! of the agent's dependencies (BPF, Kubernetes, ...) beyond their own: gimli, object
 //! and thiserror for the compiler.
@@ -35,13 +35,17 @@ pub mod table;
 #[path = "../../agent/src/symbolize/packed.rs"]
 pub mod packed;
 
+#[path = "../../agent/src/symbolize/demangle.rs"]
+pub mod demangle;
+
 /// The safe object reader, at the path the symbol table imports it from.
 pub mod normalize {
     pub use crate::elf_file;
 }
 
-/// The symbol-table builder and its packed names.
+/// The symbol-table builder, its packed names and the demangling.
 pub mod symbolize {
+    pub use crate::demangle;
     pub use crate::packed;
     pub use crate::table;
 }

@@ -754,3 +754,211 @@ fn a_stalled_fuse_mapping_costs_a_refusal_not_a_window() {
     );
     drop(fuse);
 }
+
+/// Compiles a program whose hot function is `name`; it prints `pid N` and calls it forever.
+fn tenant_program(dir: &Path, file: &str, name: &str) -> std::path::PathBuf {
+    let src = dir.join(format!("{file}.c"));
+    fs::write(
+        &src,
+        format!(
+            "#include <stdio.h>\n#include <unistd.h>\n\
+             __attribute__((noinline)) unsigned long {name}(unsigned long n) {{\n\
+             \x20 volatile unsigned long x = 0;\n\
+             \x20 for (unsigned long i = 0; i < n; i++) x += i * 7;\n\
+             \x20 return x;\n}}\n\
+             int main(void) {{\n\
+             \x20 printf(\"pid %d\\n\", getpid());\n\
+             \x20 fflush(stdout);\n\
+             \x20 for (;;) {name}(2000000);\n}}\n"
+        ),
+    )
+    .expect("write C");
+    let prog = dir.join(file);
+    let out = Command::new("clang")
+        .args(["-O1", "-fno-omit-frame-pointer", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .output()
+        .expect("running clang");
+    assert!(
+        out.status.success(),
+        "clang: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    prog
+}
+
+/// Whether a process other than this one has the file `(dev, ino)` open or mapped.
+fn held_elsewhere(dev: u64, ino: u64) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let me = std::process::id().to_string();
+    for p in fs::read_dir("/proc").ok()?.filter_map(Result::ok) {
+        let pid = p.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
+            continue;
+        }
+        let fds = fs::read_dir(p.path().join("fd")).into_iter().flatten();
+        for fd in fds.filter_map(Result::ok) {
+            if fs::metadata(fd.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino) {
+                return Some(format!("pid {pid} has it open"));
+            }
+        }
+        let maps = fs::read_to_string(p.path().join("maps")).unwrap_or_default();
+        let ino_s = ino.to_string();
+        if maps
+            .lines()
+            .any(|l| l.split_whitespace().nth(4).is_some_and(|i| i == ino_s))
+        {
+            return Some(format!("pid {pid} maps it"));
+        }
+    }
+    None
+}
+
+/// Frees the inode of `held` (deleted, open only here) and creates `path` on it; returns
+/// the inode `path` got.
+///
+/// An ext4 without a journal (this VM's root) hands a freed inode out again only once it has
+/// been free a minute, unless it was freed in the same second (`recently_deleted` in
+/// fs/ext4/ialloc.c); with a journal, at once. So: wait until no other process holds the
+/// file (ember lets go of a gone process's objects at the end of a window), point ext4's
+/// `inode_goal` (a sysfs knob for testing the allocator) at the inode, and free it and
+/// create the new file early in one second. The goal is set back to 0 after.
+fn reuse_inode(held: fs::File, path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let m = held.metadata().expect("stat held");
+    let (dev, ino) = (m.dev(), m.ino());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Some(who) = held_elsewhere(dev, ino) {
+        assert!(
+            Instant::now() < deadline,
+            "inode {ino} still held after 60 s: {who}"
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+    let name = fs::read_to_string(format!(
+        "/sys/dev/block/{}:{}/uevent",
+        libc::major(dev),
+        libc::minor(dev)
+    ))
+    .ok()
+    .and_then(|u| {
+        u.lines()
+            .find_map(|l| l.strip_prefix("DEVNAME=").map(str::to_owned))
+    });
+    let goal = name.map(|n| Path::new("/sys/fs/ext4").join(n).join("inode_goal"));
+    struct Goal(Option<std::path::PathBuf>);
+    impl Drop for Goal {
+        fn drop(&mut self) {
+            if let Some(g) = &self.0 {
+                let _ = fs::write(g, "0");
+            }
+        }
+    }
+    let goal = Goal(goal.filter(|g| fs::write(g, ino.to_string()).is_ok()));
+    // Early in a second, so that the free and the create fall in the same one.
+    let into = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_millis());
+    thread::sleep(Duration::from_millis(u64::from(1010 - into)));
+    drop(held);
+    let f = fs::File::create(path).expect("create");
+    let got = f.metadata().expect("stat").ino();
+    let used_goal = goal.0.is_some();
+    drop(goal);
+    println!("inode {ino} freed and taken by {got} (ext4 inode_goal set: {used_goal})");
+    got
+}
+
+/// Tenant A's binary (hot function `tenant_a_secret_fn`) runs and is named; it exits and its
+/// file is deleted; once ember has let go of it, its inode is freed and a new file made on
+/// it ([`reuse_inode`]), tenant B's binary (`tenant_b_public_fn`, same length, so the same
+/// code at the same offsets) is written into it, and runs on A's pid.
+/// The old symbolizer cached names by the mapping's device and inode: B's frames came out
+/// as `tenant_a_secret_fn`. Every sample of B must carry B's names, never A's.
+#[test]
+fn an_inode_freed_and_reused_by_another_tenant_never_carries_the_old_names() {
+    use std::os::unix::fs::MetadataExt;
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let stage = tmp.path().join("stage");
+    fs::create_dir(&stage).expect("mkdir");
+    let a_bin = tenant_program(&stage, "a", "tenant_a_secret_fn");
+    let b_bin = tenant_program(&stage, "b", "tenant_b_public_fn");
+    assert_eq!(
+        fs::metadata(&a_bin).expect("a").len(),
+        fs::metadata(&b_bin).expect("b").len(),
+        "the two programs differ in layout"
+    );
+    let run_dir = tmp.path().join("run");
+    fs::create_dir(&run_dir).expect("mkdir");
+    let path = run_dir.join("tenant");
+    let path_str = path.to_str().expect("utf-8").to_owned();
+    fs::copy(&a_bin, &path).expect("install A");
+    let inode = fs::metadata(&path).expect("stat A").ino();
+
+    let a = Fixture::spawn(&path_str, &[]).expect("A");
+    let pid = a.pid;
+    let data = tmp.path().join("data");
+    let (mut ember, _addr) = run(tmp.path(), &data, "kubernetes:\n  enabled: false\n", &[pid]);
+    let named_a = |data: &Path| {
+        window_profiles(data)
+            .iter()
+            .flat_map(|(_, p)| samples_of(p, pid))
+            .filter(|s| s.names.iter().any(|n| n == "tenant_a_secret_fn"))
+            .map(|s| s.count)
+            .sum::<i64>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while named_a(&data) < 20 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(500));
+    }
+    let before = named_a(&data);
+    assert!(before >= 20, "A was not named: {before} samples");
+
+    // A exits and its file goes. The test holds the file open until no one else does, so
+    // that its close frees the inode, then B's file is created on it (see `reuse_inode`).
+    let hold = fs::File::open(&path).expect("hold A");
+    drop(a);
+    fs::remove_file(&path).expect("remove A");
+    let freed = Instant::now();
+    let got = reuse_inode(hold, &path);
+    assert_eq!(got, inode, "B's file did not land on A's inode");
+    fs::write(&path, fs::read(&b_bin).expect("read B")).expect("write B");
+    fs::set_permissions(&path, fs::metadata(&b_bin).expect("stat").permissions()).expect("chmod B");
+    assert_eq!(fs::metadata(&path).expect("stat B").ino(), inode);
+    println!("B got A's inode {inode} after {:.1?}", freed.elapsed());
+    let b = spawn_with_pid(&path_str, &[], pid);
+    let b_started = SystemTime::now();
+    thread::sleep(Duration::from_secs(6));
+    ember.signal(libc::SIGTERM);
+    let status = ember.wait(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "ember exited {status}\n{}",
+        ember.stderr()
+    );
+    drop(b);
+
+    let (mut leaked, mut own) = (0i64, 0i64);
+    for (name, p) in window_profiles(&data) {
+        if p.time_nanos < epoch_ns(b_started) {
+            continue;
+        }
+        for s in samples_of(&p, pid) {
+            if s.names.iter().any(|n| n == "tenant_a_secret_fn") {
+                leaked += s.count;
+                println!("{name}: A's name in B's stack {:?}", s.names);
+            }
+            if s.names.iter().any(|n| n == "tenant_b_public_fn") {
+                own += s.count;
+            }
+        }
+    }
+    println!("A named {before} times before; B: {own} samples named as B, {leaked} as A");
+    assert_eq!(leaked, 0, "B's samples carried A's names");
+    assert!(own > 20, "B's own function was barely named: {own}");
+}

@@ -652,3 +652,271 @@ fn debug_files_inside_the_process_root_name_stripped_programs() {
         describe(&link_stacks, 10)
     );
 }
+
+/// Peak resident memory of `pid`, in bytes (`VmHWM`).
+fn peak_rss(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// The value of the series `series` (name and labels, then a space) in an exposition.
+fn value(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Compiles a program in `dir` whose hot function has the symbol `symbol` (an asm label: any
+/// name the assembler takes, mangled or not); it prints `pid N` and calls it forever.
+fn build_prog(dir: &Path, file: &str, symbol: &str) -> PathBuf {
+    let src = dir.join(format!("{file}.c"));
+    fs::write(
+        &src,
+        format!(
+            "#include <stdio.h>\n#include <unistd.h>\n\
+             unsigned long hot(unsigned long n) __asm__(\"{symbol}\");\n\
+             __attribute__((noinline)) unsigned long hot(unsigned long n) {{\n\
+             \x20 volatile unsigned long x = 0;\n\
+             \x20 for (unsigned long i = 0; i < n; i++) x += i * 7;\n\
+             \x20 return x;\n}}\n\
+             int main(void) {{\n\
+             \x20 printf(\"pid %d\\n\", getpid());\n\
+             \x20 fflush(stdout);\n\
+             \x20 for (;;) hot(2000000);\n}}\n"
+        ),
+    )
+    .expect("write C");
+    let prog = dir.join(file);
+    let out = Command::new("clang")
+        .args(["-O1", "-fno-omit-frame-pointer", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .output()
+        .expect("running clang");
+    assert!(
+        out.status.success(),
+        "clang: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    prog
+}
+
+/// `st_value`, `st_size` and `st_shndx` of the symbol `name` in `.symtab` (ELF64 LE).
+fn symbol(elf: &[u8], name: &str) -> (u64, u64, u16) {
+    let sh = section_header(elf, ".symtab");
+    let (off, size, link) = (
+        u64_at(elf, sh + 24) as usize,
+        u64_at(elf, sh + 32) as usize,
+        u32_at(elf, sh + 40) as usize,
+    );
+    let strs = u64_at(
+        elf,
+        u64_at(elf, 0x28) as usize + link * u16_at(elf, 0x3a) + 24,
+    ) as usize;
+    (off..off + size)
+        .step_by(24)
+        .find(|&s| {
+            let at = strs + u32_at(elf, s) as usize;
+            elf[at..].starts_with(name.as_bytes()) && elf[at + name.len()] == 0
+        })
+        .map(|s| {
+            (
+                u64_at(elf, s + 8),
+                u64_at(elf, s + 16),
+                u16_at(elf, s + 6) as u16,
+            )
+        })
+        .unwrap_or_else(|| panic!("no symbol {name}"))
+}
+
+/// Replaces the `.strtab` of `prog` with one NUL and 1 MiB of `A` with no NUL after it, and
+/// its `.symtab` with `count` function symbols all named from offset 1 (that unterminated
+/// name), the first over the function `hot`, the others one byte each after its start.
+fn giant_unterminated_names(prog: &Path, hot: &str, count: u64) {
+    let mut elf = fs::read(prog).expect("read program");
+    let (value, size, shndx) = symbol(&elf, hot);
+    let mut strtab = vec![0u8];
+    strtab.resize(1 + (1 << 20), b'A');
+    let mut symtab = vec![0u8; 24];
+    for i in 0..count {
+        symtab.extend_from_slice(&1u32.to_le_bytes());
+        symtab.push(0x12); // STB_GLOBAL, STT_FUNC
+        symtab.push(0);
+        symtab.extend_from_slice(&shndx.to_le_bytes());
+        symtab.extend_from_slice(&(value + i).to_le_bytes());
+        symtab.extend_from_slice(&(if i == 0 { size } else { 1 }).to_le_bytes());
+    }
+    for (section, bytes) in [(".strtab", strtab), (".symtab", symtab)] {
+        let h = section_header(&elf, section);
+        let at = elf.len().next_multiple_of(8);
+        elf.resize(at, 0);
+        elf.extend_from_slice(&bytes);
+        elf[h + 24..h + 32].copy_from_slice(&(at as u64).to_le_bytes());
+        elf[h + 32..h + 40].copy_from_slice(&(bytes.len() as u64).to_le_bytes());
+    }
+    fs::write(prog, elf).expect("write program");
+}
+
+/// `ember run` with 1 s windows on `pid`: the agent, its HTTP address and data directory.
+fn run_on(dir: &Path, pid: u32) -> (Ember, String, PathBuf) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let data = dir.join("data");
+    let mut ember = Ember::spawn(
+        &[
+            "run",
+            "--pid",
+            &pid.to_string(),
+            "--window",
+            "1s",
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+            "--listen",
+            &addr,
+        ],
+        dir,
+    )
+    .expect("starting ember run");
+    if ember.wait_attached(Duration::from_secs(20)).is_none() && !ember.running() {
+        panic!("ember run exited early\n{}", ember.stderr());
+    }
+    (ember, addr, data)
+}
+
+/// Polls `/metrics` until `done` holds or `timeout` passes (printing ember's peak RSS as it
+/// goes); returns the last scrape.
+fn watch(ember: &Ember, addr: &str, timeout: Duration, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = http_get(addr, "/metrics")
+            .map(|(_, t)| t)
+            .unwrap_or_default();
+        if done(&text) || Instant::now() >= deadline {
+            return text;
+        }
+        println!("peak RSS so far {} MiB", peak_rss(ember.pid()) >> 20);
+        thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The stacks of `pid` in every window file in `data`.
+fn window_stacks(data: &Path, pid: u32) -> Vec<Stack> {
+    let mut windows: Vec<PathBuf> = fs::read_dir(data)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    windows.retain(|p| p.to_string_lossy().ends_with(".pb.gz"));
+    windows.sort();
+    windows
+        .iter()
+        .filter_map(|w| read_profile(w).ok())
+        .flat_map(|p| stacks_of(&p, pid))
+        .collect()
+}
+
+/// A C++ symbol of 394 bytes whose template arguments each refer back to the previous one
+/// twice (`B<prev, prev>`, 34 levels) demangles to 2^34 times 30 bytes: the old symbolizer
+/// grew by tens of MB a second demangling it, wrote no window and failed `/healthz`. Now
+/// the demangled text stops at 4 KiB, the frame shows the name as stored, the refusal is
+/// counted, windows close, and ember's peak RSS stays far from the deploy's limit.
+#[test]
+fn a_nesting_mangled_name_is_shown_as_stored_within_the_cap() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let name = ember::symbolize::demangle::nesting_name(34);
+    let prog = build_prog(tmp.path(), "nest", &name);
+    let victim = Fixture::spawn(prog.to_str().expect("utf-8"), &[]).expect("victim");
+    let pid = victim.pid;
+    let (mut ember, addr, data) = run_on(tmp.path(), pid);
+    let capped = "ember_symbol_names_capped_total{reason=\"demangle_output\"} ";
+    let started = Instant::now();
+    let metrics = watch(&ember, &addr, Duration::from_secs(40), |m| {
+        value(m, capped) >= 1.0
+    });
+    let took = started.elapsed();
+    // Two more windows, written after the name was shown.
+    thread::sleep(Duration::from_secs(2));
+    let health = http_get(&addr, "/healthz").map(|(s, _)| s).unwrap_or(0);
+    let peak = peak_rss(ember.pid());
+    ember.signal(libc::SIGTERM);
+    let status = ember.wait(Duration::from_secs(30));
+    drop(victim);
+    println!(
+        "{}-byte name: counted after {took:.1?}; peak RSS {} MiB; /healthz {health}",
+        name.len(),
+        peak >> 20
+    );
+    assert!(status.success(), "ember run: {status}\n{}", ember.stderr());
+    assert!(
+        value(&metrics, capped) >= 1.0,
+        "not counted within 40 s (peak RSS {} MiB)",
+        peak >> 20
+    );
+    assert_eq!(health, 200, "/healthz");
+    assert!(peak < 200 << 20, "peak RSS {} MiB", peak >> 20);
+    let st = window_stacks(&data, pid);
+    assert!(
+        st.iter().any(|s| s.has(&name)),
+        "the frame does not show the name as stored:\n{}",
+        describe(&st, 5)
+    );
+}
+
+/// A 1.05 MB program whose `.strtab` ends in 1 MiB with no NUL, named by 1,000 function
+/// symbols: the old symbolizer copied the whole rest of the table per symbol (and again to
+/// pack it), a peak RSS of over a gigabyte. Now the name is copied once (interned by its
+/// offset), cut at 4 KiB and counted, and ember's peak RSS stays far from the limit.
+#[test]
+fn a_giant_unterminated_symbol_name_is_stored_once_and_cut() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let prog = build_prog(tmp.path(), "giant", "ember_giant_hot");
+    giant_unterminated_names(&prog, "ember_giant_hot", 1000);
+    let size = fs::metadata(&prog).expect("stat").len();
+    let victim = Fixture::spawn(prog.to_str().expect("utf-8"), &[]).expect("victim");
+    let pid = victim.pid;
+    let (mut ember, addr, data) = run_on(tmp.path(), pid);
+    let cut = "ember_symbol_names_capped_total{reason=\"name_length\"} ";
+    let named = "ember_frames_total{result=\"named\"} ";
+    let started = Instant::now();
+    let metrics = watch(&ember, &addr, Duration::from_secs(40), |m| {
+        value(m, cut) >= 1.0 && value(m, named) >= 1.0
+    });
+    let took = started.elapsed();
+    thread::sleep(Duration::from_secs(2));
+    let health = http_get(&addr, "/healthz").map(|(s, _)| s).unwrap_or(0);
+    let peak = peak_rss(ember.pid());
+    ember.signal(libc::SIGTERM);
+    let status = ember.wait(Duration::from_secs(30));
+    drop(victim);
+    println!(
+        "{size}-byte program: cut name counted after {took:.1?}; peak RSS {} MiB; \
+         /healthz {health}",
+        peak >> 20
+    );
+    assert!(status.success(), "ember run: {status}\n{}", ember.stderr());
+    assert!(
+        value(&metrics, cut) >= 1.0,
+        "no cut name counted within 40 s (peak RSS {} MiB)",
+        peak >> 20
+    );
+    assert_eq!(health, 200, "/healthz");
+    assert!(peak < 200 << 20, "peak RSS {} MiB", peak >> 20);
+    let giant = "A".repeat(4096);
+    let st = window_stacks(&data, pid);
+    assert!(
+        st.iter().any(|s| s.has(&giant)),
+        "the hot function is not named with the cut name:\n{}",
+        describe(&st, 5)
+    );
+}

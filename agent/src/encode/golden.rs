@@ -176,26 +176,26 @@ fn fixture() -> (Window, HashMap<FrameKey, Resolved>) {
     );
     // 0xffff_ffff_8100_2000 is left out: it stays unnamed.
     symbols.insert(
-        FrameKey::Object(libc.key, 0x9_1000),
+        FrameKey::Object(libc.id, 0x9_1000),
         named(vec![func("qsort_r", None, 0)]),
     );
     symbols.insert(
-        FrameKey::Object(app.key, 0x1200),
+        FrameKey::Object(app.id, 0x1200),
         named(vec![
             func("compare", Some("app.c"), 14),
             func("sort_all", Some("app.c"), 30),
         ]),
     );
     symbols.insert(
-        FrameKey::Object(app.key, 0x1100),
+        FrameKey::Object(app.id, 0x1100),
         named(vec![func("main", Some("app.c"), 50)]),
     );
     symbols.insert(
-        FrameKey::Object(app.key, 0x1300),
+        FrameKey::Object(app.id, 0x1300),
         named(vec![func("worker", Some("app.c"), 70)]),
     );
     symbols.insert(
-        FrameKey::Object(libc.key, 0x2_7000),
+        FrameKey::Object(libc.id, 0x2_7000),
         named(vec![func("__libc_start_call_main", None, 0)]),
     );
     (window, symbols)

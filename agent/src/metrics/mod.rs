@@ -21,9 +21,9 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
 pub use reasons::{
-    Cache, ExportDrop, FrameResult, HttpRefusal, JitReject, JvmRefresh, Loss, ObjectRefusal,
-    OffCpuEvent, OffState, ProcRead, ReadingsSource, RowLookup, StackEnd, StackSide, Stage,
-    SymbolMiss, TableBuild, WindowWriteError,
+    Cache, ExportDrop, FrameResult, HttpRefusal, JitReject, JvmRefresh, Loss, NameCap,
+    ObjectRefusal, OffCpuEvent, OffState, ProcRead, ReadingsSource, RowLookup, StackEnd, StackSide,
+    Stage, SymbolMiss, TableBuild, WindowWriteError,
 };
 
 /// Label set with a single `reason`, one of the enums of [`reasons`].
@@ -135,6 +135,8 @@ pub struct Metrics {
     pub symbol_misses: Family<ReasonLabel<SymbolMiss>, Counter>,
     /// Object files refused (open, read or parse), by reason.
     pub object_refusals: Family<ReasonLabel<ObjectRefusal>, Counter>,
+    /// Symbol names kept short of what a file made of them, by reason.
+    pub symbol_names_capped: Family<ReasonLabel<NameCap>, Counter>,
     /// Bytes of the parsed symbol tables held.
     pub symbol_table_bytes: Gauge<i64, AtomicI64>,
     /// Signs of life of the pipeline stages, for `/healthz`.
@@ -390,6 +392,15 @@ impl Metrics {
         for &reason in ObjectRefusal::ALL {
             let _ = object_refusals.get_or_create(&ReasonLabel { reason });
         }
+        let symbol_names_capped = Family::<ReasonLabel<NameCap>, Counter>::default();
+        registry.register(
+            "symbol_names_capped",
+            "Symbol names kept short of what a file made of them (shown as stored, or cut at 4 KiB), by reason",
+            symbol_names_capped.clone(),
+        );
+        for &reason in NameCap::ALL {
+            let _ = symbol_names_capped.get_or_create(&ReasonLabel { reason });
+        }
         let symbol_table_bytes = Gauge::<i64, AtomicI64>::default();
         registry.register_with_unit(
             "symbol_tables",
@@ -494,6 +505,7 @@ impl Metrics {
             jvm_refreshes,
             symbol_misses,
             object_refusals,
+            symbol_names_capped,
             symbol_table_bytes,
             progress: Arc::default(),
             stacks,
@@ -641,6 +653,13 @@ impl Metrics {
         self.object_refusals
             .get_or_create(&ReasonLabel { reason })
             .inc();
+    }
+
+    /// Counts `n` symbol names kept short of what a file made of them, for `reason`.
+    pub fn name_capped(&self, reason: NameCap, n: u64) {
+        self.symbol_names_capped
+            .get_or_create(&ReasonLabel { reason })
+            .inc_by(n);
     }
 
     /// Counts `n` addresses of object files that got no name, for `reason`.

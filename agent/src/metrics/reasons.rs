@@ -513,6 +513,26 @@ label_enum! {
         /// The file opened is not the one the maps entry names (another device or inode: the
         /// mapping or the path was replaced meanwhile).
         Mismatch => "mismatch",
+        /// The file opened for a mapping is not the inode `/proc/PID/maps` names (its path
+        /// names another file now): nothing of it is read, so no other file's names are
+        /// shown for the mapping.
+        Replaced => "replaced",
+    }
+}
+
+label_enum! {
+    /// `ember_symbol_names_capped_total{reason}`: symbol names kept short of what a file
+    /// made of them. Every value is created at zero at start.
+    pub enum NameCap {
+        /// Its demangled form passed 4 KiB (a few hundred bytes of C++ whose template
+        /// arguments refer back to earlier ones demangle to gigabytes): shown as stored.
+        /// Counted once per address named.
+        DemangleOutput => "demangle_output",
+        /// A demangler panicked (caught): shown as stored.
+        DemanglePanic => "demangle_panic",
+        /// A name in a string table longer than 4 KiB, or with no NUL before the table's
+        /// end: kept cut at 4 KiB. Counted once per name as a table is built.
+        NameLength => "name_length",
     }
 }
 

@@ -132,8 +132,58 @@ pub struct FuncSym<'a> {
     pub size: u64,
     /// `STB_GLOBAL` (preferred over local and weak aliases at one address).
     pub global: bool,
-    /// Name as stored.
+    /// Name as stored, at most [`MAX_SYMBOL_NAME`] bytes.
     pub name: &'a [u8],
+    /// `st_name`: where the name starts in the string table (symbols naming one offset
+    /// share one name: what a table interns by).
+    pub name_at: u32,
+}
+
+/// Longest symbol name read, in bytes. A name runs to its NUL, and one without a NUL runs
+/// to the end of the string table: every symbol pointing at it would be megabytes (and
+/// finding its end a scan of the whole table per symbol). Longer names are cut here. 4 KiB:
+/// the longest name the demangler takes; rustc's own `librustc_driver` has names of 1.2 KB.
+pub const MAX_SYMBOL_NAME: usize = 4096;
+
+/// The name at `at` in string table `strs`, cut at [`MAX_SYMBOL_NAME`] bytes, and whether
+/// it was cut (no NUL within the cap). `None` past the end of the table.
+pub fn symbol_name(strs: &[u8], at: u32) -> Option<(&[u8], bool)> {
+    let rest = strs.get(at as usize..)?;
+    // Never looks further than the cap for the NUL (`CStr`'s search goes a word at a time:
+    // a table of millions of symbols can make this run once per symbol).
+    let head = &rest[..rest.len().min(MAX_SYMBOL_NAME + 1)];
+    Some(match std::ffi::CStr::from_bytes_until_nul(head) {
+        Ok(name) => (name.to_bytes(), false),
+        Err(_) => (
+            &head[..head.len().min(MAX_SYMBOL_NAME)],
+            head.len() > MAX_SYMBOL_NAME,
+        ),
+    })
+}
+
+/// A symbol table (`SHT_SYMTAB` or `SHT_DYNSYM`) and its string table, read within the
+/// caps: the names its symbols give are slices of the string table, found on request.
+pub struct SymbolData {
+    syms: Vec<u8>,
+    strs: Vec<u8>,
+    is_64: bool,
+    endian: Endianness,
+}
+
+impl SymbolData {
+    /// Calls `f` for each defined function symbol with a name.
+    pub fn functions(&self, mut f: impl FnMut(FuncSym<'_>)) {
+        if self.is_64 {
+            each_func::<elf::Sym64<Endianness>>(&self.syms, &self.strs, self.endian, &mut f)
+        } else {
+            each_func::<elf::Sym32<Endianness>>(&self.syms, &self.strs, self.endian, &mut f)
+        }
+    }
+
+    /// The name at `at` in the string table ([`symbol_name`]).
+    pub fn name(&self, at: u32) -> Option<(&[u8], bool)> {
+        symbol_name(&self.strs, at)
+    }
 }
 
 /// Most sections ember looks at; more are malformed for its purposes.
@@ -349,15 +399,11 @@ impl<'a, R: ReadAt + ?Sized> ElfReader<'a, R> {
         Ok(None)
     }
 
-    /// Reads the symbol table of type `kind` (`SHT_SYMTAB` or `SHT_DYNSYM`) and calls `f`
-    /// for each defined function symbol. `false` if there is no such table.
-    pub fn function_symbols(
-        &mut self,
-        kind: u32,
-        mut f: impl FnMut(FuncSym<'_>),
-    ) -> Result<bool, ElfError> {
+    /// Reads the symbol table of type `kind` (`SHT_SYMTAB` or `SHT_DYNSYM`) and its string
+    /// table. `None` if there is no such table.
+    pub fn symbol_data(&mut self, kind: u32) -> Result<Option<SymbolData>, ElfError> {
         let Some(index) = self.sections.iter().position(|s| s.kind == kind) else {
-            return Ok(false);
+            return Ok(None);
         };
         let link = self.sections[index].link as usize;
         if link == 0 || link >= self.sections.len() {
@@ -365,12 +411,37 @@ impl<'a, R: ReadAt + ?Sized> ElfReader<'a, R> {
         }
         let syms = self.section_data(index)?;
         let strs = self.section_data(link)?;
-        if self.is_64 {
-            each_func::<elf::Sym64<Endianness>>(&syms, &strs, self.endian, &mut f)
-        } else {
-            each_func::<elf::Sym32<Endianness>>(&syms, &strs, self.endian, &mut f)
-        }
+        Ok(Some(SymbolData {
+            syms,
+            strs,
+            is_64: self.is_64,
+            endian: self.endian,
+        }))
+    }
+
+    /// Reads the symbol table of type `kind` (`SHT_SYMTAB` or `SHT_DYNSYM`) and calls `f`
+    /// for each defined function symbol. `false` if there is no such table.
+    pub fn function_symbols(
+        &mut self,
+        kind: u32,
+        f: impl FnMut(FuncSym<'_>),
+    ) -> Result<bool, ElfError> {
+        let Some(data) = self.symbol_data(kind)? else {
+            return Ok(false);
+        };
+        data.functions(f);
         Ok(true)
+    }
+
+    /// Charges `bytes` that the caller builds out of what it read (names copied out of a
+    /// string table) to the read budget, so that what an object makes ember hold is capped
+    /// like what it makes ember read. [`ElfError::TooLarge`] once over.
+    pub fn charge(&mut self, bytes: u64) -> Result<(), ElfError> {
+        self.used = self.used.saturating_add(bytes);
+        if self.used > self.limits.max_read_bytes {
+            return Err(ElfError::TooLarge);
+        }
+        Ok(())
     }
 
     /// Reads `len` bytes at `offset`, charged to the budget.
@@ -387,14 +458,6 @@ impl<'a, R: ReadAt + ?Sized> ElfReader<'a, R> {
             .read_exact_at(&mut buf, offset)
             .map_err(|_| ElfError::Io)?;
         Ok(buf)
-    }
-
-    fn charge(&mut self, bytes: u64) -> Result<(), ElfError> {
-        self.used = self.used.saturating_add(bytes);
-        if self.used > self.limits.max_read_bytes {
-            return Err(ElfError::TooLarge);
-        }
-        Ok(())
     }
 }
 
@@ -420,10 +483,10 @@ fn each_func<S: Sym<Endian = Endianness> + Pod>(
         {
             continue;
         }
-        let Some(rest) = strs.get(s.st_name(endian) as usize..) else {
+        let name_at = s.st_name(endian);
+        let Some((name, _)) = symbol_name(strs, name_at) else {
             continue;
         };
-        let name = &rest[..rest.iter().position(|&b| b == 0).unwrap_or(rest.len())];
         if name.is_empty() {
             continue;
         }
@@ -432,6 +495,7 @@ fn each_func<S: Sym<Endian = Endianness> + Pod>(
             size: s.st_size(endian).into(),
             global: s.st_bind() == elf::STB_GLOBAL,
             name,
+            name_at,
         });
     }
 }

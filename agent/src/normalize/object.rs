@@ -41,7 +41,10 @@ pub struct ObjectKey {
 }
 
 /// The file as `fstat` saw it when opened: what parsed data is cached by. A container can
-/// write any build id into its files, but cannot make its file the host's inode.
+/// write any build id into its files, but cannot make its file the host's inode; nor can it
+/// make a new file on a freed and reused inode look like the old one: the change time is
+/// set by the kernel (no `utimensat` sets it), so it tells the two apart where size and
+/// mtime (settable) could not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FileId {
     /// `st_dev`.
@@ -52,6 +55,8 @@ pub struct FileId {
     pub size: u64,
     /// Modification time, nanoseconds.
     pub mtime_ns: i64,
+    /// Status change time, nanoseconds.
+    pub ctime_ns: i64,
 }
 
 impl FileId {
@@ -63,6 +68,7 @@ impl FileId {
             ino: m.ino(),
             size: m.len(),
             mtime_ns: m.mtime().saturating_mul(1_000_000_000) + m.mtime_nsec(),
+            ctime_ns: m.ctime().saturating_mul(1_000_000_000) + m.ctime_nsec(),
         })
     }
 }
@@ -111,6 +117,7 @@ impl Object {
             ino: key.inode,
             size: 0,
             mtime_ns: 0,
+            ctime_ns: 0,
         });
         let mut obj = Object {
             key,

@@ -6,8 +6,9 @@
 //! read only this; nothing downstream touches the process table or an open file.
 //!
 //! User code is named from each object's ELF symbol tables ([`table::SymTable`]): read
-//! once per file (by `fstat` identity: device, inode, size, mtime — a container can write
-//! any build id, not another file's inode) through the safe reader of
+//! once per file (by `fstat` identity of the file opened, [`FileId`]: device, inode, size,
+//! mtime and ctime — a container can write any build id, not another file's inode, and a
+//! file on a freed and reused inode has a new ctime) through the safe reader of
 //! [`crate::normalize::object`], kept between windows under `symbols.cache_bytes` and shared
 //! by every process that maps the file. `.symtab` comes from the object itself or from a
 //! debug file found by build id in `symbols.debug_dirs` on the host, else in
@@ -15,12 +16,21 @@
 //! like a mapped object: confined to that root, no symlinks, non-blocking, regular files
 //! only); `.gnu_debuglink` and other paths named inside an object are never followed. Names
 //! only: no source lines or inlined frames (DWARF is neither read nor held). Names are
-//! demangled (Rust, C++) when first looked up. The kernel is named from a compact kallsyms
-//! table, reloaded when the module list changes. Results are cached by `(object, file
-//! offset)`. Addresses with no name keep a placeholder (`libc.so.6+0x1a2b`) and count in
+//! demangled (Rust, C++) when first looked up, within a byte cap ([`demangle`]). The kernel
+//! is named from a compact kallsyms table, reloaded when the module list changes. Results
+//! are cached by `(file identity, file offset)`; a file opened for a mapping must be the
+//! inode the mapping names, and what is cached of a file is dropped once no object of it is
+//! held any more (its last process gone), so nothing of a freed inode names the next file
+//! on it. Addresses with no name keep a placeholder (`libc.so.6+0x1a2b`) and count in
 //! `ember_symbol_misses_total{reason}`; objects refused (unreadable, malformed, over a cap,
-//! a parser panic) count in `ember_object_refusals_total{reason}`.
+//! a parser panic, not the mapped inode) count in `ember_object_refusals_total{reason}`.
 
+pub mod demangle;
+// Hostile objects for the tests, built as the fuzz targets build theirs.
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../../../fuzz/src/elf_builder.rs"]
+mod elf_builder;
 #[cfg(test)]
 mod golden_names;
 mod kallsyms;
@@ -29,19 +39,20 @@ pub mod table;
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use crate::aggregate::{Frame, ProfileKind, Window};
 use crate::capture::OffCpu;
 use crate::config::Symbols;
-use crate::metrics::{Cache, Metrics, ObjectRefusal, ProcRead, SymbolMiss};
+use crate::metrics::{Cache, Metrics, NameCap, ObjectRefusal, ProcRead, SymbolMiss};
 use crate::normalize::elf_file::{ElfError, ElfReader, Limits};
 use crate::normalize::jit;
 use crate::normalize::object::{
     debug_file_path, open_host, open_in_root, refusal, FileAt, FileId, Object, ObjectKey,
 };
 use crate::normalize::process::UserAddr;
+use crate::symbolize::demangle::Outcome;
 use crate::symbolize::kallsyms::Kallsyms;
 use crate::symbolize::table::{Miss, SymTable};
 use crate::workload::Labels;
@@ -68,14 +79,59 @@ pub(crate) struct Resolved {
 }
 
 /// Cache key of a frame: kernel address, or object plus file offset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FrameKey {
     /// Kernel address.
     Kernel(u64),
-    /// Offset in an object file.
-    Object(ObjectKey, u64),
+    /// Offset in an object file, by the identity of the file opened (not the device and
+    /// inode of the mapping, which a new file takes over once the old one is freed).
+    Object(FileId, u64),
     /// Offset in the vDSO (every process maps the same image).
     Vdso(u64),
+}
+
+// Hashed per frame of a window, twice: only the parts of a file's identity that tell files
+// apart (equal keys hash alike all the same).
+impl Hash for FrameKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        match self {
+            FrameKey::Kernel(a) => (0u8, a).hash(state),
+            FrameKey::Object(id, off) => (1u8, file_hash(id), off).hash(state),
+            FrameKey::Vdso(off) => (2u8, off).hash(state),
+        }
+    }
+}
+
+/// What of a file's identity hashes: its inode and ctime, which the kernel sets (two files
+/// share them only on two devices, by chance), not the 40 bytes of [`FileId`].
+fn file_hash(id: &FileId) -> (u64, i64) {
+    (id.ino, id.ctime_ns)
+}
+
+/// Key of the frame cache: a [`FrameKey`] with the file by the serial number the symbolizer
+/// gave its identity ([`Live`]): the cache holds up to `limits.symbol_cache_entries` keys,
+/// and a [`FileId`] is 40 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum CacheKey {
+    Kernel(u64),
+    Object(u64, u64),
+    Vdso(u64),
+}
+
+/// A [`FileId`] as a map key, hashed like a [`FrameKey`]'s file ([`file_hash`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileKey(FileId);
+
+impl Hash for FileKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        file_hash(&self.0).hash(state);
+    }
+}
+
+/// A file whose names may be cached: the last object of it seen, and its serial number.
+struct Live {
+    object: Weak<Object>,
+    serial: u64,
 }
 
 /// The path column of the vDSO's mapping, the label of its frames.
@@ -205,18 +261,20 @@ impl Mapping {
 /// An object file as the encoders see it: no open file, only its identity and names.
 #[derive(Debug, Clone)]
 pub struct ObjectFile {
-    /// Identity (device and inode).
+    /// Device and inode, as the mapping names them.
     pub key: ObjectKey,
+    /// Identity of the file opened.
+    pub id: FileId,
     /// Path as the process saw it.
     pub path: String,
     /// GNU build id, when the file has one.
     pub build_id: Option<Vec<u8>>,
 }
 
-// An object is its device and inode: the first path seen in a window names it.
+// An object is the file opened: the first path seen in a window names it.
 impl PartialEq for ObjectFile {
     fn eq(&self, other: &Self) -> bool {
-        self.key == other.key
+        self.id == other.id
     }
 }
 
@@ -224,7 +282,7 @@ impl Eq for ObjectFile {}
 
 impl Hash for ObjectFile {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.key.hash(state);
+        self.id.hash(state);
     }
 }
 
@@ -245,13 +303,18 @@ pub struct Symbolizer {
     settings: Symbols,
     kernel: Kallsyms,
     modules: u64,
-    cache: HashMap<FrameKey, Resolved>,
+    cache: HashMap<CacheKey, Resolved>,
     cap: usize,
     window: u64,
     metrics: Metrics,
     /// The vDSO's symbols, from the agent's own image; built on the first vDSO frame
     /// (`Some(None)`: the agent has none, or it did not parse).
     vdso: Option<Option<SymTable>>,
+    /// Every file whose names are cached, with the last object of it seen: once no object
+    /// of a file is held (by the process table or a window), its table and frames go.
+    live: HashMap<FileKey, Live>,
+    /// The serial number the next file gets.
+    serial: u64,
 }
 
 impl Symbolizer {
@@ -270,6 +333,8 @@ impl Symbolizer {
             modules: modules_fingerprint(),
             cache: HashMap::new(),
             vdso: None,
+            live: HashMap::new(),
+            serial: 0,
             cap: cache_entries.max(1),
             window: 0,
             metrics,
@@ -294,30 +359,42 @@ impl Symbolizer {
         self.refresh_kernel();
         let mut kernel: Vec<u64> = Vec::new();
         let mut vdso: Vec<u64> = Vec::new();
-        let mut by_object: HashMap<ObjectKey, (Arc<Object>, Vec<u64>)> = HashMap::new();
+        let mut by_object: HashMap<FileId, (Arc<Object>, Vec<u64>)> = HashMap::new();
         let mut out: HashMap<FrameKey, Resolved> = HashMap::new();
+        // Frames not in the cache, with their cache keys.
+        let mut misses: Vec<(FrameKey, CacheKey)> = Vec::new();
         for frame in window.stacks.iter().flat_map(|s| &s.frames) {
             let key = match frame {
                 Frame::Kernel(a) => FrameKey::Kernel(*a),
-                Frame::User(UserAddr::Object(o, off)) => FrameKey::Object(o.key, *off),
+                Frame::User(UserAddr::Object(o, off)) => FrameKey::Object(o.id, *off),
                 Frame::User(UserAddr::Region(label, off)) if &**label == VDSO => {
                     FrameKey::Vdso(*off)
                 }
                 Frame::User(_) => continue,
             };
-            if out.contains_key(&key) {
+            let std::collections::hash_map::Entry::Vacant(slot) = out.entry(key) else {
                 continue;
-            }
-            if let Some(r) = self.cache.get(&key) {
-                out.insert(key, r.clone());
+            };
+            let cached = match (key, frame) {
+                (FrameKey::Object(_, off), Frame::User(UserAddr::Object(o, _))) => {
+                    CacheKey::Object(self.hold(o), off)
+                }
+                (FrameKey::Kernel(a), _) => CacheKey::Kernel(a),
+                (FrameKey::Vdso(off), _) => CacheKey::Vdso(off),
+                // An object's key is made from an object's frame.
+                (FrameKey::Object(..), _) => continue,
+            };
+            if let Some(r) = self.cache.get(&cached) {
+                slot.insert(r.clone());
                 continue;
             }
             // Placeholder until resolved; also dedups the batch.
-            out.insert(key, unnamed(frame));
+            slot.insert(unnamed(frame));
+            misses.push((key, cached));
             match frame {
                 Frame::Kernel(a) => kernel.push(*a),
                 Frame::User(UserAddr::Object(o, off)) => by_object
-                    .entry(o.key)
+                    .entry(o.id)
                     .or_insert_with(|| (o.clone(), Vec::new()))
                     .1
                     .push(*off),
@@ -325,6 +402,7 @@ impl Symbolizer {
                 Frame::User(_) => {}
             }
         }
+        self.forget_gone();
         let kernel_misses = kernel.len();
         for addr in kernel {
             if let Some(name) = self.kernel.resolve(addr) {
@@ -340,12 +418,14 @@ impl Symbolizer {
         // Addresses that got no name, by reason, counted once per batch.
         let mut missed: HashMap<SymbolMiss, u64> = HashMap::new();
         if !vdso.is_empty() {
+            let metrics = self.metrics.clone();
             match self.vdso_table() {
                 Some(table) => {
                     for off in vdso {
                         match table.lookup(off) {
                             Ok(name) => {
-                                out.insert(FrameKey::Vdso(off), named(demangle(&name)));
+                                let name = demangle_counted(&name, &metrics);
+                                out.insert(FrameKey::Vdso(off), named(name));
                             }
                             Err(m) => *missed.entry(miss(m)).or_default() += 1,
                         }
@@ -368,7 +448,8 @@ impl Symbolizer {
             for off in offsets {
                 match table.lookup(off) {
                     Ok(name) => {
-                        out.insert(FrameKey::Object(key, off), named(demangle(&name)));
+                        let name = demangle_counted(&name, &self.metrics);
+                        out.insert(FrameKey::Object(key, off), named(name));
                     }
                     Err(m) => *missed.entry(miss(m)).or_default() += 1,
                 }
@@ -377,11 +458,59 @@ impl Symbolizer {
         for (reason, n) in missed {
             self.metrics.symbol_missed(reason, n);
         }
-        self.remember(&out, &transient);
+        self.remember(&out, &misses, &transient);
         self.metrics
             .symbol_table_bytes
             .set(self.tables.bytes as i64);
         out
+    }
+
+    /// Marks the file of `o` as held by this window (its cache stays); its serial number
+    /// (given now if it has none).
+    fn hold(&mut self, o: &Arc<Object>) -> u64 {
+        let next = &mut self.serial;
+        let live = self.live.entry(FileKey(o.id)).or_insert_with(|| {
+            *next += 1;
+            Live {
+                object: Weak::new(),
+                serial: *next,
+            }
+        });
+        // Most frames are of the object already noted: no reference count to touch.
+        if live.object.as_ptr() != Arc::as_ptr(o) {
+            live.object = Arc::downgrade(o);
+        }
+        live.serial
+    }
+
+    /// The frame cache's key for `key` (`None` for a file not held in this window).
+    fn cache_key(&self, key: &FrameKey) -> Option<CacheKey> {
+        Some(match *key {
+            FrameKey::Kernel(a) => CacheKey::Kernel(a),
+            FrameKey::Vdso(off) => CacheKey::Vdso(off),
+            FrameKey::Object(id, off) => CacheKey::Object(self.live.get(&FileKey(id))?.serial, off),
+        })
+    }
+
+    /// Drops the tables and frames of files no object is held of any more (every process
+    /// mapping them is gone, and no window carries them): a freed inode is the next file's,
+    /// and the names of the old one must not outlive it. Files seen in this window were
+    /// marked held before this runs.
+    fn forget_gone(&mut self) {
+        let mut gone: HashSet<u64> = HashSet::new();
+        let tables = &mut self.tables;
+        self.live.retain(|id, live| {
+            if live.object.strong_count() > 0 {
+                return true;
+            }
+            gone.insert(live.serial);
+            tables.remove(&id.0);
+            false
+        });
+        if !gone.is_empty() {
+            self.cache
+                .retain(|k, _| !matches!(k, CacheKey::Object(s, _) if gone.contains(s)));
+        }
     }
 
     /// The symbol table of `obj`: from the cache, else read and parsed now (once per file;
@@ -391,6 +520,21 @@ impl Symbolizer {
             return t;
         }
         if self.tables.refused(&obj.id, self.window) {
+            return None;
+        }
+        // The file opened must be the inode the mapping names: one opened by its path
+        // (where `map_files` was refused) can be another file by now, and its names must
+        // not be shown for this mapping. (Inode only: btrfs subvolumes and some overlay
+        // setups report another `st_dev` than `/proc/PID/maps`.)
+        if obj.id.ino != obj.key.inode {
+            tracing::debug!(
+                "{} is not the mapped inode {} (opened {}); unnamed",
+                obj.path,
+                obj.key.inode,
+                obj.id.ino
+            );
+            self.metrics.object_refused(ObjectRefusal::Replaced);
+            self.tables.insert(obj.id, None, self.window);
             return None;
         }
         let (settings, metrics) = (&self.settings, &self.metrics);
@@ -428,25 +572,40 @@ impl Symbolizer {
         table
     }
 
-    /// Keeps this window's results for the next ones, within the cap; `transient` ones (of
-    /// an object whose table is paused over the budget) are asked again next time.
-    fn remember(&mut self, results: &HashMap<FrameKey, Resolved>, transient: &HashSet<FrameKey>) {
-        let results = || results.iter().filter(|(k, _)| !transient.contains(k));
-        let new = results()
-            .filter(|(k, _)| !self.cache.contains_key(k))
-            .count();
-        if self.cache.len() + new > self.cap {
-            // Whole-cache reset: O(1) bookkeeping, and the next window refills what is hot.
+    /// Keeps this window's new results (`misses`) for the next ones, within the cap;
+    /// `transient` ones (of an object whose table is paused over the budget) are asked
+    /// again next time.
+    fn remember(
+        &mut self,
+        results: &HashMap<FrameKey, Resolved>,
+        misses: &[(FrameKey, CacheKey)],
+        transient: &HashSet<FrameKey>,
+    ) {
+        let new: Vec<(CacheKey, &Resolved)> = misses
+            .iter()
+            .filter(|(k, _)| !transient.contains(k))
+            .filter_map(|(k, c)| Some((*c, results.get(k)?)))
+            .collect();
+        let keep: Vec<(CacheKey, &Resolved)> = if self.cache.len() + new.len() > self.cap {
+            // Whole-cache reset: O(1) bookkeeping, and this window's frames refill it (the
+            // next ones refill what else is hot).
             self.metrics
                 .dropped(Cache::Symbols, self.cache.len() as u64);
             self.cache.clear();
-        }
-        for (k, v) in results() {
+            results
+                .iter()
+                .filter(|(k, _)| !transient.contains(k))
+                .filter_map(|(k, v)| Some((self.cache_key(k)?, v)))
+                .collect()
+        } else {
+            new
+        };
+        for (k, v) in keep {
             if self.cache.len() >= self.cap {
                 self.metrics.dropped(Cache::Symbols, 1);
                 break;
             }
-            self.cache.entry(*k).or_insert_with(|| v.clone());
+            self.cache.entry(k).or_insert_with(|| v.clone());
         }
     }
 
@@ -480,7 +639,7 @@ impl Symbolizer {
         if now != self.modules {
             self.modules = now;
             self.kernel = load_kallsyms(&self.metrics);
-            self.cache.retain(|k, _| !matches!(k, FrameKey::Kernel(_)));
+            self.cache.retain(|k, _| !matches!(k, CacheKey::Kernel(_)));
         }
     }
 }
@@ -530,9 +689,12 @@ fn build_table(obj: &Object, settings: &Symbols, metrics: &Metrics) -> Result<Sy
         },
         None => None,
     };
-    let (table, truncated) = SymTable::build(&mut elf, debug.as_mut())?;
-    if truncated {
+    let (table, built) = SymTable::build(&mut elf, debug.as_mut())?;
+    if built.truncated {
         metrics.object_refused(ObjectRefusal::TooLarge);
+    }
+    if built.names_cut > 0 {
+        metrics.name_capped(NameCap::NameLength, built.names_cut);
     }
     Ok(table)
 }
@@ -579,6 +741,14 @@ impl Tables {
             }
             None => false,
         }
+    }
+
+    /// Forgets `id` (its file is gone).
+    fn remove(&mut self, id: &FileId) {
+        if let Some((_, b, _)) = self.map.remove(id) {
+            self.bytes -= b;
+        }
+        self.over_budget.remove(id);
     }
 
     /// The cached answer for `id` (a table, or `None` for a file known to have none).
@@ -630,29 +800,22 @@ fn named(name: Arc<str>) -> Resolved {
     }
 }
 
-/// Longest name demangled; longer ones are shown as stored.
-const MAX_DEMANGLE: usize = 4096;
+/// A symbol name as people read it ([`demangle::demangle`]), counting names kept as
+/// stored because their demangled form was over the cap or a demangler panicked.
+fn demangle_counted(raw: &[u8], metrics: &Metrics) -> Arc<str> {
+    let (name, outcome) = demangle::demangle(raw);
+    match outcome {
+        Outcome::TooLong => metrics.name_capped(NameCap::DemangleOutput, 1),
+        Outcome::Panicked => metrics.name_capped(NameCap::DemanglePanic, 1),
+        Outcome::Demangled | Outcome::AsStored => {}
+    }
+    Arc::from(name)
+}
 
-/// A symbol name as people read it: Rust (`{:#}`, no hash) and C++ demangled.
+/// A symbol name as people read it (uncounted: tests).
+#[cfg(test)]
 fn demangle(raw: &[u8]) -> Arc<str> {
-    let text = String::from_utf8_lossy(raw);
-    if raw.len() > MAX_DEMANGLE {
-        return Arc::from(text.as_ref());
-    }
-    // Names come from hostile files: a demangler bug costs the demangling only.
-    let pretty = std::panic::catch_unwind(|| {
-        if let Ok(d) = rustc_demangle::try_demangle(&text) {
-            return Some(format!("{d:#}"));
-        }
-        let options = cpp_demangle::ParseOptions::default().recursion_limit(256);
-        let sym = cpp_demangle::Symbol::new_with_options(raw, &options).ok()?;
-        sym.demangle_with_options(&cpp_demangle::DemangleOptions::default().recursion_limit(256))
-            .ok()
-    });
-    match pretty {
-        Ok(Some(p)) => Arc::from(p),
-        _ => Arc::from(text.as_ref()),
-    }
+    Arc::from(demangle::demangle(raw).0)
 }
 
 fn load_kallsyms(metrics: &Metrics) -> Kallsyms {
@@ -685,13 +848,27 @@ fn miss(m: Miss) -> SymbolMiss {
 }
 
 /// Where a frame is, as far as naming it goes: equal sites name alike in one window.
-#[derive(PartialEq, Eq, Hash)]
+#[derive(PartialEq, Eq)]
 enum Site {
     Kernel(u64),
-    Object(ObjectKey, u64),
+    Object(FileId, u64),
     Region(Arc<str>, u64),
     Unknown(u64),
     Jit(jit::Source, u64, Arc<str>, Option<Arc<str>>, u32),
+}
+
+impl Hash for Site {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        match self {
+            Site::Kernel(a) => (0u8, a).hash(state),
+            Site::Object(id, off) => (1u8, file_hash(id), off).hash(state),
+            Site::Region(label, off) => (2u8, label, off).hash(state),
+            Site::Unknown(a) => (3u8, a).hash(state),
+            Site::Jit(source, addr, name, file, line) => {
+                (4u8, source, addr, name, file, line).hash(state)
+            }
+        }
+    }
 }
 
 /// Builds the symbolized window from `window` and the names of its frames (`names`;
@@ -699,11 +876,11 @@ enum Site {
 /// are freed as their resolved ones are made; equal frames are made once.
 pub(crate) fn assemble(window: Window, names: &HashMap<FrameKey, Resolved>) -> Symbolized {
     let mut frames: HashMap<Site, Arc<SymFrame>> = HashMap::new();
-    let mut objects: HashMap<ObjectKey, Arc<ObjectFile>> = HashMap::new();
+    let mut objects: HashMap<FileId, Arc<ObjectFile>> = HashMap::new();
     let mut frame = |f: &Frame| -> Arc<SymFrame> {
         let site = match f {
             Frame::Kernel(a) => Site::Kernel(*a),
-            Frame::User(UserAddr::Object(o, off)) => Site::Object(o.key, *off),
+            Frame::User(UserAddr::Object(o, off)) => Site::Object(o.id, *off),
             Frame::User(UserAddr::Region(label, off)) => Site::Region(label.clone(), *off),
             Frame::User(UserAddr::Unknown(a)) => Site::Unknown(*a),
             Frame::User(UserAddr::Jit(j)) => {
@@ -758,14 +935,15 @@ fn is_schedule_frame(f: &Arc<SymFrame>) -> bool {
 fn sym_frame(
     frame: &Frame,
     names: &HashMap<FrameKey, Resolved>,
-    objects: &mut HashMap<ObjectKey, Arc<ObjectFile>>,
+    objects: &mut HashMap<FileId, Arc<ObjectFile>>,
 ) -> SymFrame {
     let (mapping, address, key) = match frame {
         Frame::Kernel(a) => (Mapping::Kernel, *a, Some(FrameKey::Kernel(*a))),
         Frame::User(UserAddr::Object(o, off)) => {
-            let file = objects.entry(o.key).or_insert_with(|| {
+            let file = objects.entry(o.id).or_insert_with(|| {
                 Arc::new(ObjectFile {
                     key: o.key,
+                    id: o.id,
                     path: o.path.clone(),
                     build_id: o.build_id.clone(),
                 })
@@ -773,7 +951,7 @@ fn sym_frame(
             (
                 Mapping::Object(file.clone()),
                 *off,
-                Some(FrameKey::Object(o.key, *off)),
+                Some(FrameKey::Object(o.id, *off)),
             )
         }
         Frame::User(UserAddr::Region(label, off)) => (
@@ -918,7 +1096,7 @@ mod tests {
         let mut s = Symbolizer::new(1000, Metrics::new());
         let w = window(vec![Frame::User(ua), Frame::User(UserAddr::Unknown(5))]);
         let r = s.resolve(&w);
-        let got = &r[&FrameKey::Object(obj.key, off)];
+        let got = &r[&FrameKey::Object(obj.id, off)];
         assert!(got.named);
         // Innermost first: whatever got inlined into our function comes before it.
         let outer = got.funcs.last().expect("one function at least");
@@ -933,7 +1111,7 @@ mod tests {
         assert_eq!(s.tables.map.len(), 1);
         // Second window comes from the cache, same answer.
         let again = s.resolve(&w);
-        assert_eq!(again[&FrameKey::Object(obj.key, off)], *got);
+        assert_eq!(again[&FrameKey::Object(obj.id, off)], *got);
         // A new address of the same file reuses its table: no second parse.
         s.cache.clear();
         let _ = s.resolve(&w);
@@ -1049,7 +1227,7 @@ mod tests {
             Frame::User(UserAddr::Object(obj.clone(), 0x20)),
         ];
         let r = s.resolve(&window(frames.clone()));
-        assert!(!r[&FrameKey::Object(obj.key, 0x10)].named);
+        assert!(!r[&FrameKey::Object(obj.id, 0x10)].named);
         assert_eq!(count(SymbolMiss::Error), 2);
         // Cached: the same addresses are not asked about (or counted) again.
         let _ = s.resolve(&window(frames));
@@ -1061,7 +1239,7 @@ mod tests {
             exe.clone(),
             u64::MAX >> 8,
         ))]));
-        assert!(!r[&FrameKey::Object(exe.key, u64::MAX >> 8)].named);
+        assert!(!r[&FrameKey::Object(exe.id, u64::MAX >> 8)].named);
         assert_eq!(count(SymbolMiss::InvalidFileOffset), 1, "{}", m.encode());
         assert!(m.encode().contains("# TYPE ember_symbol_misses counter"));
         assert!(m
@@ -1077,6 +1255,7 @@ mod tests {
             ino,
             size: 0,
             mtime_ns: 0,
+            ctime_ns: 0,
         };
         for i in 0..10 {
             assert_eq!(t.insert(id(i), None, i), 0);
@@ -1111,7 +1290,7 @@ mod tests {
             ..Symbols::default()
         };
         let mut s = Symbolizer::with_settings(1000, settings, metrics.clone());
-        let key = FrameKey::Object(obj.key, off);
+        let key = FrameKey::Object(obj.id, off);
         let refusals = |m: &Metrics| {
             m.encode()
                 .lines()
@@ -1132,6 +1311,127 @@ mod tests {
         s.cache.clear();
         assert!(s.resolve(&w)[&key].named, "parsed again after the pause");
         assert_eq!(refusals(&metrics), 2);
+    }
+
+    /// A file in `dir` holding an object whose one function `name` spans 0x1000..0x1100,
+    /// opened as an object of the mapping `key` (as the process table opens one).
+    fn object_named(dir: &std::path::Path, file: &str, name: &str, key: ObjectKey) -> Arc<Object> {
+        let mut strtab = vec![0u8];
+        strtab.extend_from_slice(name.as_bytes());
+        strtab.push(0);
+        let elf = table::test_object(&table::test_symtab([(1, 0x1000, 0x100)]), &strtab);
+        let path = dir.join(file);
+        std::fs::write(&path, elf).expect("write object");
+        let f = std::fs::File::open(&path).expect("open object");
+        Arc::new(Object::new(key, path.display().to_string(), f, None))
+    }
+
+    fn key_of(path: &std::path::Path) -> ObjectKey {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).expect("stat");
+        ObjectKey {
+            dev: (libc::major(m.dev()), libc::minor(m.dev())),
+            inode: m.ino(),
+        }
+    }
+
+    fn name_of(r: &HashMap<FrameKey, Resolved>, o: &Object, off: u64) -> String {
+        r[&FrameKey::Object(o.id, off)].funcs[0].name.to_string()
+    }
+
+    /// Tenant A's binary is named and cached, then freed; tenant B's binary takes over the
+    /// same device and inode (as a reused inode does: the mapping's key is all the old
+    /// caches went by) with its own function at the same offsets. B is named from B.
+    #[test]
+    fn a_reused_inode_is_named_from_the_new_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let m = Metrics::new();
+        let mut s = Symbolizer::new(1000, m.clone());
+        let a_path = dir.path().join("a");
+        std::fs::write(&a_path, b"").expect("touch");
+        let key = key_of(&a_path);
+        let a = object_named(dir.path(), "a", "tenant_a_secret_fn", key);
+        let w = |o: &Arc<Object>| window(vec![Frame::User(UserAddr::Object(o.clone(), 0x1010))]);
+        assert_eq!(
+            name_of(&s.resolve(&w(&a)), &a, 0x1010),
+            "tenant_a_secret_fn"
+        );
+        let a_id = a.id;
+        let a_serial = s.live[&FileKey(a_id)].serial;
+        assert!(s.cache.contains_key(&CacheKey::Object(a_serial, 0x1010)));
+        drop(a);
+        std::fs::remove_file(&a_path).expect("rm a");
+        // B on the same inode, as ext4 reuses a freed one at once (on a filesystem that
+        // does not, B only shows that its own names are found).
+        let b_path = dir.path().join("b");
+        std::fs::write(&b_path, b"").expect("touch");
+        let reused = key_of(&b_path) == key;
+        let b = object_named(dir.path(), "b", "tenant_b_public_fn", key_of(&b_path));
+        println!("inode reused: {reused}; A {a_id:?}, B {:?}", b.id);
+        assert_ne!(a_id, b.id, "the file identity tells A from B");
+        let r = s.resolve(&w(&b));
+        assert_eq!(name_of(&r, &b, 0x1010), "tenant_b_public_fn");
+        // A is gone: nothing of it is kept.
+        assert!(!s.tables.map.contains_key(&a_id));
+        assert!(!s.live.contains_key(&FileKey(a_id)));
+        assert!(!s.cache.contains_key(&CacheKey::Object(a_serial, 0x1010)));
+        // B, still held, keeps its cache.
+        assert!(s.tables.map.contains_key(&b.id));
+        let b_serial = s.live[&FileKey(b.id)].serial;
+        assert_ne!(a_serial, b_serial);
+        assert!(s.cache.contains_key(&CacheKey::Object(b_serial, 0x1010)));
+    }
+
+    /// A file opened for a mapping that is not the mapping's inode (a path opened where
+    /// `map_files` was refused, after the file was replaced) is not read.
+    #[test]
+    fn a_file_that_is_not_the_mapped_inode_is_not_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let m = Metrics::new();
+        let mut s = Symbolizer::new(1000, m.clone());
+        let o = object_named(
+            dir.path(),
+            "other",
+            "someone_elses_fn",
+            ObjectKey {
+                dev: (0, 0),
+                inode: 1,
+            },
+        );
+        let frames = vec![Frame::User(UserAddr::Object(o.clone(), 0x1010))];
+        let r = s.resolve(&window(frames.clone()));
+        assert!(!r[&FrameKey::Object(o.id, 0x1010)].named);
+        s.cache.clear();
+        let _ = s.resolve(&window(frames));
+        assert!(
+            m.encode()
+                .contains("ember_object_refusals_total{reason=\"replaced\"} 1"),
+            "counted once: {}",
+            m.encode()
+        );
+    }
+
+    /// A nesting C++ name in an object: shown as stored, counted, never demangled whole.
+    #[test]
+    fn a_name_whose_demangled_form_is_over_the_cap_is_shown_as_stored() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let m = Metrics::new();
+        let mut s = Symbolizer::new(1000, m.clone());
+        let path = dir.path().join("nest");
+        std::fs::write(&path, b"").expect("touch");
+        let name = demangle::nesting_name(34);
+        let o = object_named(dir.path(), "nest", &name, key_of(&path));
+        let r = s.resolve(&window(vec![Frame::User(UserAddr::Object(
+            o.clone(),
+            0x1010,
+        ))]));
+        assert_eq!(name_of(&r, &o, 0x1010), name);
+        assert!(
+            m.encode()
+                .contains("ember_symbol_names_capped_total{reason=\"demangle_output\"} 1"),
+            "{}",
+            m.encode()
+        );
     }
 
     #[test]

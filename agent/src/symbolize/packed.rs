@@ -22,25 +22,13 @@ impl PackedNames {
     /// Packs `names` (none may hold a NUL: they are C strings) under indexes 0, 1, ….
     /// Names past 4 GiB of packed bytes are left out (`get` finds none for them).
     pub fn new<'a>(names: impl IntoIterator<Item = &'a [u8]>) -> Self {
-        let mut out = PackedNames::default();
-        let mut plain = Vec::new();
-        let mut in_block = 0;
+        let mut p = Packer::default();
         for name in names {
-            plain.extend_from_slice(name);
-            plain.push(0);
-            in_block += 1;
-            if in_block == BLOCK && !out.push_block(&plain, in_block) {
-                return out.finish();
-            }
-            if in_block == BLOCK {
-                plain.clear();
-                in_block = 0;
+            if !p.push(name) {
+                break;
             }
         }
-        if in_block > 0 {
-            out.push_block(&plain, in_block);
-        }
-        out.finish()
+        p.finish()
     }
 
     /// Compresses one block; false once the packed bytes would pass 4 GiB.
@@ -92,6 +80,52 @@ impl PackedNames {
     }
 }
 
+/// Packs names one at a time (what [`PackedNames::new`] does with an iterator), so a caller
+/// can drop what it read names from between batches.
+#[derive(Debug, Default)]
+pub struct Packer {
+    out: PackedNames,
+    /// The names of the block being filled, each ended by a NUL.
+    plain: Vec<u8>,
+    in_block: usize,
+    pushed: usize,
+    /// Past 4 GiB of packed bytes: nothing more is kept.
+    full: bool,
+}
+
+impl Packer {
+    /// Adds `name` (no NUL inside) at the next index; false (and not kept) once the packed
+    /// bytes would pass 4 GiB.
+    pub fn push(&mut self, name: &[u8]) -> bool {
+        if self.full {
+            return false;
+        }
+        self.plain.extend_from_slice(name);
+        self.plain.push(0);
+        self.in_block += 1;
+        self.pushed += 1;
+        if self.in_block == BLOCK {
+            self.full = !self.out.push_block(&self.plain, self.in_block);
+            self.plain.clear();
+            self.in_block = 0;
+        }
+        !self.full
+    }
+
+    /// Names pushed so far: the index the next one gets.
+    pub fn len(&self) -> usize {
+        self.pushed
+    }
+
+    /// The packed names.
+    pub fn finish(mut self) -> PackedNames {
+        if self.in_block > 0 && !self.full {
+            self.out.push_block(&self.plain, self.in_block);
+        }
+        self.out.finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,5 +151,17 @@ mod tests {
         let p = PackedNames::new([&b"a"[..], b"", b"c"]);
         assert_eq!(p.get(1), Some(Vec::new()));
         assert_eq!(p.get(2), Some(b"c".to_vec()));
+    }
+
+    #[test]
+    fn a_packer_gives_the_same_names_one_at_a_time() {
+        let names: Vec<Vec<u8>> = (0..200).map(|i| format!("f{i}").into_bytes()).collect();
+        let mut p = Packer::default();
+        assert_eq!(p.len(), 0);
+        for n in &names {
+            assert!(p.push(n));
+        }
+        assert_eq!(p.len(), 200);
+        assert_eq!(p.finish(), PackedNames::new(names.iter().map(|n| &n[..])));
     }
 }
