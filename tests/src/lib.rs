@@ -739,3 +739,27 @@ pub fn v2_root() -> Option<PathBuf> {
         .map(PathBuf::from)
         .find(|p| p.join("cgroup.controllers").exists())
 }
+
+/// Peak resident memory of `pid`, in bytes (`VmHWM`); 0 if it cannot be read.
+pub fn peak_rss(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// Polls `/metrics` on `addr` until `done` holds or `timeout` passes; returns the last scrape.
+pub fn metrics_until(addr: &str, timeout: Duration, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = http_get(addr, "/metrics")
+            .map(|(_, t)| t)
+            .unwrap_or_default();
+        if done(&text) || Instant::now() >= deadline {
+            return text;
+        }
+        thread::sleep(Duration::from_millis(250));
+    }
+}

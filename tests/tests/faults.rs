@@ -68,30 +68,6 @@ fn run(dir: &Path, data: &Path, config: &str, pids: &[u32]) -> (Ember, String) {
     (ember, addr)
 }
 
-/// Peak resident memory of `pid`, in bytes (`VmHWM`).
-fn peak_rss(pid: u32) -> u64 {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
-}
-
-/// Polls `/metrics` until `done` holds or `timeout` passes; returns the last scrape.
-fn metrics_until(addr: &str, timeout: Duration, done: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let text = http_get(addr, "/metrics")
-            .map(|(_, t)| t)
-            .unwrap_or_default();
-        if done(&text) || Instant::now() >= deadline {
-            return text;
-        }
-        thread::sleep(Duration::from_millis(250));
-    }
-}
-
 /// Four processes whose perf maps hold 64 MB each of 64 KiB names: ember keeps its JIT
 /// tables within the byte budget (counted refusals), still names the real JIT frames,
 /// and its peak RSS stays far below what reading the maps whole would take.

@@ -417,16 +417,6 @@ fn cpu_seconds(pid: u32) -> f64 {
     cpu_ticks(pid).unwrap_or(0) as f64 / clk_tck() as f64
 }
 
-/// `VmHWM` of `pid` in MiB.
-fn peak_rss_mib(pid: u32) -> u64 {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kib| kib >> 10)
-}
-
 /// Sends `GET path` on a new connection and returns it without reading.
 fn send(addr: &str, path: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).expect("connect");
@@ -464,7 +454,7 @@ fn abandoned_heavy_requests_stop_and_stay_under_the_cap() {
         Some(&BUSY),
     );
     let pid = a.ember.pid();
-    let rss_before = peak_rss_mib(pid);
+    let rss_before = peak_rss(pid) >> 20;
     // A watcher samples the gauge throughout.
     let stop = Arc::new(AtomicBool::new(false));
     let peak = Arc::new(AtomicU64::new(0));
@@ -542,7 +532,7 @@ fn abandoned_heavy_requests_stop_and_stay_under_the_cap() {
          {rss_before} -> {} MiB; busy {busy} (clients saw {busy_seen}), cancelled {cancelled} \
          (abandoned {abandoned}), answered {answered}",
         peak.load(Ordering::Relaxed),
-        peak_rss_mib(pid)
+        peak_rss(pid) >> 20
     );
     assert!(peak.load(Ordering::Relaxed) <= 4, "{m}");
     assert_eq!(busy_seen + answered + abandoned, 36);

@@ -653,16 +653,6 @@ fn debug_files_inside_the_process_root_name_stripped_programs() {
     );
 }
 
-/// Peak resident memory of `pid`, in bytes (`VmHWM`).
-fn peak_rss(pid: u32) -> u64 {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
-}
-
 /// The value of the series `series` (name and labels, then a space) in an exposition.
 fn value(metrics: &str, series: &str) -> f64 {
     metrics

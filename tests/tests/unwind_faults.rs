@@ -7,8 +7,7 @@
 use std::fs;
 use std::io::Write;
 use std::path::Path;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ember_tests::*;
 
@@ -19,30 +18,6 @@ fn series(metrics: &str, line_prefix: &str) -> f64 {
         .find_map(|l| l.strip_prefix(line_prefix))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0)
-}
-
-/// Peak resident memory of `pid`, in bytes (`VmHWM`).
-fn peak_rss(pid: u32) -> u64 {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
-}
-
-/// Polls `/metrics` until `done` holds or `timeout` passes; returns the last scrape.
-fn metrics_until(addr: &str, timeout: Duration, done: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let text = http_get(addr, "/metrics")
-            .map(|(_, t)| t)
-            .unwrap_or_default();
-        if done(&text) || Instant::now() >= deadline {
-            return text;
-        }
-        thread::sleep(Duration::from_millis(250));
-    }
 }
 
 fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {

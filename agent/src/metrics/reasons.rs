@@ -511,12 +511,9 @@ label_enum! {
         /// kernel's own such as memfd's): what would answer cannot be told, so not read.
         UnknownFs => "unknown_fs",
         /// The file opened is not the one the maps entry names (another device or inode: the
-        /// mapping or the path was replaced meanwhile).
+        /// mapping or the path was replaced meanwhile): nothing of it is read, so no other
+        /// file's names are shown for the mapping.
         Mismatch => "mismatch",
-        /// The file opened for a mapping is not the inode `/proc/PID/maps` names (its path
-        /// names another file now): nothing of it is read, so no other file's names are
-        /// shown for the mapping.
-        Replaced => "replaced",
     }
 }
 

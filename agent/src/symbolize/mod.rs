@@ -533,7 +533,7 @@ impl Symbolizer {
                 obj.key.inode,
                 obj.id.ino
             );
-            self.metrics.object_refused(ObjectRefusal::Replaced);
+            self.metrics.object_refused(ObjectRefusal::Mismatch);
             self.tables.insert(obj.id, None, self.window);
             return None;
         }
@@ -1405,7 +1405,7 @@ mod tests {
         let _ = s.resolve(&window(frames));
         assert!(
             m.encode()
-                .contains("ember_object_refusals_total{reason=\"replaced\"} 1"),
+                .contains("ember_object_refusals_total{reason=\"mismatch\"} 1"),
             "counted once: {}",
             m.encode()
         );
