@@ -51,7 +51,11 @@ def main():
 
     def loaded(previous=None):
         # The status line names the stack count once a graph is drawn.
-        wait.until(lambda d: "distinct stacks" in status() and status() != previous)
+        try:
+            wait.until(lambda d: "distinct stacks" in status() and status() != previous)
+        except Exception:
+            shot("timeout")
+            raise AssertionError(f"no new graph: status {status()!r}, before {previous!r}")
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#chart g.frame"))
         time.sleep(0.8)  # let d3's transitions settle before reading widths and colours
 
@@ -83,11 +87,13 @@ def main():
         driver.find_element(By.CSS_SELECTOR, '#presets button[data-range="5m"]').click()
         loaded(before)
         check("5m" in driver.find_element(By.CSS_SELECTOR, "#presets button.on").text, "5m preset is on")
-        svg = driver.find_element(By.ID, "timeline")
-        w = svg.size["width"]
+        # A preset's selection spans the whole timeline, so a drag that starts inside it
+        # only moves it (clamped: nothing changes); narrow it by its west handle instead.
+        w = driver.find_element(By.ID, "timeline").size["width"]
+        handle = driver.find_element(By.CSS_SELECTOR, "#timeline .handle--w")
         before = status()
-        webdriver.ActionChains(driver).move_to_element_with_offset(svg, int(w * 0.05), 0) \
-            .click_and_hold().move_by_offset(int(w * 0.44), 0).release().perform()
+        webdriver.ActionChains(driver).move_to_element(handle).click_and_hold() \
+            .move_by_offset(int(w * 0.4), 0).release().perform()
         loaded(before)
         check("from=" in driver.current_url, "range is in the URL")
         shot("range")
