@@ -142,6 +142,15 @@ impl WriteFailure {
     }
 }
 
+/// The window directory cannot be written (readiness fails with this).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write windows to {}: {failure} (for {for_s} s)", .dir.display())]
+pub struct DirFailing {
+    dir: PathBuf,
+    failure: &'static str,
+    for_s: u64,
+}
+
 impl FilesError {
     /// What kind of write failure this is, when it is one.
     pub fn write_failure(&self) -> Option<WriteFailure> {
@@ -253,15 +262,14 @@ impl WindowDir {
     }
 
     /// `Ok` unless the last write failed; then what failed and for how long.
-    pub fn health(&self) -> Result<(), String> {
+    pub fn health(&self) -> Result<(), DirFailing> {
         match *self.failing.lock().unwrap_or_else(|e| e.into_inner()) {
             None => Ok(()),
-            Some((f, since)) => Err(format!(
-                "cannot write windows to {}: {} (for {} s)",
-                self.dir.display(),
-                f.describe(),
-                since.elapsed().as_secs()
-            )),
+            Some((failure, since)) => Err(DirFailing {
+                dir: self.dir.clone(),
+                failure: failure.describe(),
+                for_s: since.elapsed().as_secs(),
+            }),
         }
     }
 
@@ -522,7 +530,7 @@ mod tests {
         w.write(at(10_000), b"after")?;
         assert_eq!(names(&w), ["20261122T031510.000Z.pb.gz"]);
         assert_eq!(w.recreated(), 1);
-        assert_eq!(w.health(), Ok(()));
+        assert!(w.health().is_ok());
         Ok(())
     }
 
@@ -608,19 +616,23 @@ mod tests {
         let err = w.write(at(10_000), &big).expect_err("full");
         assert_eq!(err.write_failure(), Some(WriteFailure::NoSpace), "{err}");
         let health = w.health().expect_err("unhealthy while full");
-        assert!(health.contains("no space left"), "{health}");
+        assert!(health.to_string().contains("no space left"), "{health}");
         // No temp file is left behind to keep the disk full.
         assert_eq!(fs::read_dir(&mnt)?.count(), 1);
 
         assert!(remount(&mnt, "ro"), "remount ro");
         let err = w.write(at(20_000), b"small").expect_err("read-only");
         assert_eq!(err.write_failure(), Some(WriteFailure::ReadOnly), "{err}");
-        assert!(w.health().expect_err("ro").contains("read-only"));
+        assert!(w
+            .health()
+            .expect_err("ro")
+            .to_string()
+            .contains("read-only"));
 
         // Writable again: windows resume and health clears.
         assert!(remount(&mnt, "rw"), "remount rw");
         w.write(at(30_000), b"small")?;
-        assert_eq!(w.health(), Ok(()));
+        assert!(w.health().is_ok());
         assert_eq!(names(&w).len(), 2);
         Ok(())
     }

@@ -12,6 +12,18 @@ use std::time::{Duration, Instant};
 
 use crate::metrics::reasons::Stage;
 
+/// A stage that showed no sign of life within the limit.
+#[derive(Debug, thiserror::Error)]
+#[error("the {stage} stage has made no progress for {since_s} s (limit {limit_s} s)")]
+pub struct Stalled {
+    /// The stuck stage.
+    pub stage: Stage,
+    /// Seconds since its last tick (or since the work in hand began).
+    pub since_s: u64,
+    /// The limit, in seconds.
+    pub limit_s: u64,
+}
+
 /// Last sign of life of each stage, in milliseconds since [`Progress`] was made (0: none).
 #[derive(Debug)]
 pub struct Progress {
@@ -73,11 +85,11 @@ impl Progress {
     }
 
     /// `Ok` unless a stage has shown no progress within the limit; then which and since when.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Stalled> {
         self.check_at(self.now_ms())
     }
 
-    fn check_at(&self, now: u64) -> Result<(), String> {
+    fn check_at(&self, now: u64) -> Result<(), Stalled> {
         let limit = self.limit_ms.load(Ordering::Relaxed);
         if limit == 0 {
             return Ok(());
@@ -96,11 +108,11 @@ impl Progress {
                 0
             };
             if since > limit {
-                return Err(format!(
-                    "the {stage} stage has made no progress for {} s (limit {} s)",
-                    since / 1000,
-                    limit / 1000
-                ));
+                return Err(Stalled {
+                    stage,
+                    since_s: since / 1000,
+                    limit_s: limit / 1000,
+                });
             }
         }
         Ok(())
@@ -121,7 +133,7 @@ mod tests {
         let t = p.ticks[0].load(Ordering::Relaxed);
         assert!(p.check_at(t + 29_000).is_ok());
         let err = p.check_at(t + 31_000).expect_err("capture stuck");
-        assert!(err.contains("capture"), "{err}");
+        assert!(err.to_string().contains("capture"), "{err}");
         p.tick(Stage::Capture);
         p.tick(Stage::Aggregate);
         // Output idle for long is fine; busy for long is not.
@@ -135,7 +147,7 @@ mod tests {
         p.ticks[1].store(u64::MAX / 2, Ordering::Relaxed);
         let b = p.busy[2].load(Ordering::Relaxed);
         let err = p.check_at(b + 31_000).expect_err("output stuck");
-        assert!(err.contains("output"), "{err}");
+        assert!(err.to_string().contains("output"), "{err}");
         p.set_limit(Duration::ZERO);
         assert!(p.check_at(b + 31_000).is_ok(), "0 turns it off");
     }

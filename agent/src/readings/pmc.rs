@@ -388,6 +388,35 @@ impl Source for Pmc {
         if let Some(root) = self.root.clone() {
             self.rescan(&root, interval);
         }
+        let mut errors = 0u64;
+        out.push(self.supported());
+        out.extend(self.per_cpu(&mut errors));
+        out.extend(self.per_container(&mut errors));
+        let mut fds = Family::new(
+            "perf_event_fds",
+            "Perf event fds open for counting (events × CPUs × (1 + containers))",
+            None,
+            Kind::Gauge,
+        );
+        fds.push(vec![], self.fds_open() as f64);
+        let mut counted = Family::new(
+            "perf_containers",
+            "Containers whose cgroups have perf counters open",
+            None,
+            Kind::Gauge,
+        );
+        counted.push(vec![], self.containers.len() as f64);
+        out.extend([fds, counted]);
+        if errors > 0 {
+            return Err(ReadError::Counters(errors));
+        }
+        Ok(())
+    }
+}
+
+impl Pmc {
+    /// `pmc_supported`: 1 for each event counted, 0 for each the probe refused.
+    fn supported(&self) -> Family {
         let mut supported = Family::new(
             "pmc_supported",
             "1 if the perf event can be counted on this machine, else 0 (probed once at start)",
@@ -400,6 +429,11 @@ impl Source for Pmc {
         for e in &self.unsupported {
             supported.push(vec![("event", e.name.to_owned())], 0.0);
         }
+        supported
+    }
+
+    /// Each CPU's counters, their scaling ratios and IPC (failed reads added to `errors`).
+    fn per_cpu(&mut self, errors: &mut u64) -> [Family; 3] {
         let mut total = Family::new(
             "perf_events",
             "Perf events counted on each CPU, scaled by time enabled / time running",
@@ -412,7 +446,6 @@ impl Source for Pmc {
             None,
             Kind::Gauge,
         );
-        let mut errors = 0u64;
         let (ins, cyc) = (
             index_of(&self.events, "instructions"),
             index_of(&self.events, "cycles"),
@@ -435,7 +468,7 @@ impl Source for Pmc {
                     continue;
                 };
                 let Some(r) = read(fd) else {
-                    errors += 1;
+                    *errors += 1;
                     continue;
                 };
                 let labels = vec![("cpu", cpu.to_string()), ("event", e.name.to_owned())];
@@ -455,6 +488,15 @@ impl Source for Pmc {
                 self.host_last[ci] = Some((i, c));
             }
         }
+        [total, ratio, ipc_family]
+    }
+
+    /// Each container's counters (summed over CPUs), ratios and IPC.
+    fn per_container(&mut self, errors: &mut u64) -> [Family; 3] {
+        let (ins, cyc) = (
+            index_of(&self.events, "instructions"),
+            index_of(&self.events, "cycles"),
+        );
         let mut c_total = Family::new(
             "container_perf_events",
             "Perf events counted in each container's cgroup (all CPUs), scaled by time enabled / time running",
@@ -486,7 +528,7 @@ impl Source for Pmc {
                             scaled += r.scaled();
                             sum.add(&r);
                         }
-                        None => errors += 1,
+                        None => *errors += 1,
                     }
                 }
                 let mut l = labels.clone();
@@ -507,27 +549,7 @@ impl Source for Pmc {
                 c.last = Some((i, cy));
             }
         }
-        let mut fds = Family::new(
-            "perf_event_fds",
-            "Perf event fds open for counting (events × CPUs × (1 + containers))",
-            None,
-            Kind::Gauge,
-        );
-        fds.push(vec![], self.fds_open() as f64);
-        let mut counted = Family::new(
-            "perf_containers",
-            "Containers whose cgroups have perf counters open",
-            None,
-            Kind::Gauge,
-        );
-        counted.push(vec![], self.containers.len() as f64);
-        out.extend([
-            supported, total, ratio, ipc_family, c_total, c_ratio, c_ipc, fds, counted,
-        ]);
-        if errors > 0 {
-            return Err(ReadError::Counters(errors));
-        }
-        Ok(())
+        [c_total, c_ratio, c_ipc]
     }
 }
 

@@ -21,8 +21,11 @@ use axum::response::{IntoResponse, Response};
 /// Slack added to three windows before the agent counts as stuck.
 pub(crate) const HEALTH_GRACE: Duration = Duration::from_secs(30);
 
-/// A registered check: `Ok` while healthy, else a one-line reason.
-type Check = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// Why a registered check fails: its owner's typed error, shown as one line.
+pub type CheckError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A registered check: `Ok` while healthy, else why not.
+type Check = Box<dyn Fn() -> Result<(), CheckError> + Send + Sync>;
 
 /// Liveness of the agent: it fails once no beat (or, before the first, no start)
 /// happened within 3 × window + 30 s, or once any registered check fails.
@@ -68,29 +71,29 @@ impl Health {
     /// Adds a liveness check `/healthz` (and `/readyz`) runs on every request: `Ok`
     /// while the pipeline makes progress, else why not (one line). It must be cheap and
     /// must not block: read a state its owner keeps.
-    pub fn add_check(
+    pub fn add_check<E: std::error::Error + Send + Sync + 'static>(
         &self,
         name: &'static str,
-        check: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+        check: impl Fn() -> Result<(), E> + Send + Sync + 'static,
     ) {
         self.checks
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .push((name, Box::new(check)));
+            .push((name, boxed(check)));
     }
 
     /// Adds a check only `/readyz` fails on (`/healthz` names it in its 200 body): a
     /// fault a restart cannot cure, such as a full or read-only data directory. Cheap
     /// and non-blocking, like [`Health::add_check`].
-    pub fn add_readiness_check(
+    pub fn add_readiness_check<E: std::error::Error + Send + Sync + 'static>(
         &self,
         name: &'static str,
-        check: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+        check: impl Fn() -> Result<(), E> + Send + Sync + 'static,
     ) {
         self.readiness
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .push((name, Box::new(check)));
+            .push((name, boxed(check)));
     }
 
     /// Liveness: `Ok` while the pipeline makes progress, else why not.
@@ -134,6 +137,13 @@ impl Health {
     }
 }
 
+/// A check whose typed error is boxed, so checks of different owners share one list.
+fn boxed<E: std::error::Error + Send + Sync + 'static>(
+    check: impl Fn() -> Result<(), E> + Send + Sync + 'static,
+) -> Check {
+    Box::new(move || check().map_err(|e| Box::new(e) as CheckError))
+}
+
 /// Why `/healthz` fails; its text is the body of the 503.
 #[derive(Debug, thiserror::Error)]
 pub enum HealthError {
@@ -155,7 +165,7 @@ pub enum HealthError {
         /// The check's name.
         name: &'static str,
         /// What it said.
-        why: String,
+        why: CheckError,
     },
 }
 
@@ -197,7 +207,7 @@ mod tests {
     #[test]
     fn registered_checks_fail_the_whole() {
         let health = Health::new(Duration::from_secs(10));
-        health.add_check("stages", || Err("capture stuck".into()));
+        health.add_check("stages", || Err(std::io::Error::other("capture stuck")));
         let why = health.check().err().map(|e| e.to_string());
         assert_eq!(why.as_deref(), Some("stages: capture stuck"));
         assert!(health.ready().is_err());
@@ -206,7 +216,7 @@ mod tests {
     #[test]
     fn readiness_checks_fail_readiness_only() {
         let health = Health::new(Duration::from_secs(10));
-        health.add_readiness_check("data_dir", || Err("read-only".into()));
+        health.add_readiness_check("data_dir", || Err(std::io::Error::other("read-only")));
         assert!(health.check().is_ok(), "liveness ignores the data dir");
         let why = health.ready().err().map(|e| e.to_string());
         assert_eq!(why.as_deref(), Some("data_dir: read-only"));

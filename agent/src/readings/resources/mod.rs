@@ -14,6 +14,7 @@ use crate::readings::{ReadError, Source};
 
 mod containers;
 mod host;
+mod network;
 
 mod cgroupfs;
 mod diskstats;
@@ -112,7 +113,7 @@ pub fn sources(
         out.push(Box::new(host::Cpu::new(roots.clone())));
         out.push(Box::new(host::Memory::new(roots.clone())));
         out.push(Box::new(host::Disk::new(roots.clone(), opts.clone())));
-        out.push(Box::new(host::Network::new(roots.clone(), opts)));
+        out.push(Box::new(network::Network::new(roots.clone(), opts)));
     }
     if cfg.containers {
         out.push(Box::new(containers::Containers::new(
