@@ -9,9 +9,11 @@
  * bpf_get_stack follows frame pointers, and the record asks the agent to load
  * the process.
  *
- * Why a ring buffer and no STACK_TRACE map: stack-id maps lose samples to hash
- * collisions and to drain races (see shared/docs/bpf-notes.md). Raw stacks in
- * a ring buffer lose a sample only when the buffer is full, and that is counted.
+ * Why a ring buffer and no STACK_TRACE map: a stack-id map loses samples to
+ * hash collisions (two stacks share a bucket and one is dropped or overwritten)
+ * and to drain races (an id read after its bucket was reused names another
+ * stack). Raw stacks in a ring buffer lose a sample only when the buffer is
+ * full, and that is counted.
  */
 #include "types.h"
 #include <bpf/bpf_helpers.h>
