@@ -1,5 +1,5 @@
 //! Grafana Pyroscope: each window, split into one pprof profile per
-//! `service_name` by [`crate::encode::pyroscope`], is pushed as one series per service.
+//! `service_name` by [`encode`], is pushed as one series per service.
 //!
 //! The push API is Connect unary, `POST /push.v1.PusherService/Push` with a
 //! gzip'ed protobuf `PushRequest` (`application/proto`); the pprof inside each
@@ -8,6 +8,8 @@
 //! service. Series labels: `__name__=process_cpu` (`off_cpu` for off-CPU windows), `service_name`, the
 //! namespace/pod/container/container_id shared by every sample of the service,
 //! and the configured static labels.
+
+pub mod encode;
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
@@ -31,10 +33,10 @@ use prost::Message;
 use super::delivery::{random_u128, Outcome, Transient, Transport};
 use super::Encode;
 use crate::config::{PyroscopeApi, PyroscopeSink};
-use crate::encode::pyroscope::{split, Service, Split};
 use crate::metrics::ExportDrop;
 use crate::push_proto::{PushRequest, RawProfileSeries, RawSample};
 use crate::symbolize::Symbolized;
+use encode::{split, Service, Split};
 
 /// Metric and log name of this sink.
 pub const NAME: &str = "pyroscope";
@@ -485,8 +487,8 @@ impl Transport for Http {
 
 #[cfg(test)]
 mod tests {
+    use super::encode::tests::window;
     use super::*;
-    use crate::encode::pyroscope::tests::window;
     use crate::proto::Profile;
 
     #[test]

@@ -1,6 +1,8 @@
-//! OTLP profiles over gRPC: the export requests [`crate::encode::otlp`] builds from a
+//! OTLP profiles over gRPC: the export requests [`encode`] builds from a
 //! window, sent to one endpoint (TLS, headers, bearer token, gzip), and what a gRPC
 //! status means for delivery.
+
+pub mod encode;
 
 use anyhow::{Context, Result};
 use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_client::ProfilesServiceClient;
@@ -36,7 +38,7 @@ impl Encoder {
 
     /// The export request for one window.
     pub fn request(&self, w: &Symbolized) -> ExportProfilesServiceRequest {
-        crate::encode::otlp::request(w, &self.host, self.per)
+        encode::request(w, &self.host, self.per)
     }
 }
 

@@ -7,7 +7,7 @@
 //! semantic-convention attributes (`service.name`, `host.name`, `container.id`, `k8s.*`,
 //! `process.*`), all taken from the stacks' typed workload labels. Each sample carries
 //! `thread.id` and `thread.name`; its value is CPU time in nanoseconds
-//! (`cpu/nanoseconds`, period 1e9/Hz). Sending is [`crate::export::otlp`]'s.
+//! (`cpu/nanoseconds`, period 1e9/Hz). Sending is [`super`]'s.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::UNIX_EPOCH;
