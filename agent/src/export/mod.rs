@@ -16,8 +16,8 @@ pub mod delivery;
 pub mod files;
 pub mod otlp;
 pub mod pyroscope;
+pub mod secrets;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -26,7 +26,7 @@ use anyhow::{Context, Result};
 
 use crate::config;
 use crate::encode::Encoded;
-use crate::metrics::{Cache, ExportDrop, Metrics, WindowWriteError};
+use crate::metrics::{Cache, ExportDrop, Metrics, SinkName, WindowWriteError};
 use crate::symbolize::Symbolized;
 use delivery::{Queue, Transport};
 use files::WindowDir;
@@ -90,7 +90,7 @@ impl Sink for Files {
 
 /// A network sink's front half: its encoder and its queue.
 struct Queued<E: Encode> {
-    name: &'static str,
+    name: SinkName,
     encoder: E,
     queue: Arc<Queue<E::Item>>,
     metrics: Metrics,
@@ -106,7 +106,10 @@ impl<E: Encode> Sink for Queued<E> {
             }
             Err(e) => {
                 self.metrics.export.drop(self.name, ExportDrop::Encode, 1);
-                tracing::warn!(sink = self.name, "could not encode a window: {e:#}");
+                tracing::warn!(
+                    sink = self.name.as_str(),
+                    "could not encode a window: {e:#}"
+                );
             }
         }
     }
@@ -159,59 +162,6 @@ impl Shutdown {
     }
 }
 
-/// Reads a secret: the file if one is named (trailing newline removed), else `inline`.
-pub(crate) fn secret(inline: &str, file: &Path, key: &str) -> Result<String> {
-    if file.as_os_str().is_empty() {
-        return Ok(inline.to_owned());
-    }
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("{key}: reading {}", file.display()))?;
-    Ok(text.trim_end_matches(['\r', '\n']).to_owned())
-}
-
-/// Watches secret files (tokens, passwords) for rotation: Kubernetes swaps a mounted
-/// Secret's files atomically, so a change of identity, size or modification time means
-/// "read it again". A `stat` per request is cheap next to the request.
-pub(crate) struct SecretFiles {
-    files: Vec<(std::path::PathBuf, Option<Stamp>)>,
-}
-
-/// Device, inode, mtime (seconds, nanoseconds) and size of a file.
-type Stamp = (u64, u64, i64, i64, u64);
-
-impl SecretFiles {
-    /// Watches the non-empty paths of `files`, as they are now.
-    pub(crate) fn new<'a>(files: impl IntoIterator<Item = &'a Path>) -> Self {
-        let files = files
-            .into_iter()
-            .filter(|p| !p.as_os_str().is_empty())
-            .map(|p| (p.to_owned(), stamp(p)))
-            .collect();
-        Self { files }
-    }
-
-    /// Whether any file changed since the last call (or since [`SecretFiles::new`]).
-    pub(crate) fn changed(&mut self) -> bool {
-        let mut changed = false;
-        for (path, last) in &mut self.files {
-            let now = stamp(path);
-            if now != *last {
-                *last = now;
-                changed = true;
-            }
-        }
-        changed
-    }
-}
-
-/// What identifies a file's content cheaply: device, inode, mtime and size (following
-/// symlinks, as Kubernetes' `..data` link is swapped on update).
-fn stamp(path: &Path) -> Option<Stamp> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
-}
-
 /// Starts the configured sinks: `files` (if any) first, then each enabled
 /// network sink with its queue and delivery task on the "ember-sinks" thread.
 /// `host` names this machine in OTLP resources.
@@ -252,7 +202,7 @@ pub fn start(
                 .export
                 .series_folded
                 .get_or_create(&crate::metrics::SinkLabel {
-                    sink: pyroscope::NAME.to_owned(),
+                    sink: pyroscope::NAME,
                 })
                 .clone();
             let encoder = pyroscope::Encoder::new(&cfg.pyroscope, folded);
@@ -310,7 +260,7 @@ type Runtime = tokio::runtime::Runtime;
 #[allow(clippy::too_many_arguments)]
 fn queue_sink<E: Encode, T: Transport<Item = E::Item>>(
     rt: &Runtime,
-    name: &'static str,
+    name: SinkName,
     encoder: E,
     transport: T,
     cfg: &Arc<config::Sinks>,
