@@ -11,6 +11,20 @@
 //! and watches pods: TLS handshakes, gzip and a backend that stalls stay off
 //! the sampler, the output thread and the HTTP server. Tasks are async, so a
 //! slow backend holds only its own task; the other sinks keep sending.
+//!
+//! ```text
+//!  export/
+//!    mod.rs       Sink, Dispatcher, start: wires every sink, shuts them down
+//!    delivery.rs  the bounded queue and the send loop (timeouts, retries, drops)
+//!    secrets.rs   secret files, read again when rotated
+//!    files.rs     the local window files
+//!    <sink>/      one network backend, everything of its own in one folder:
+//!      config.rs    its `sinks.<sink>` keys (parsed by the config room: a leaf)
+//!      encode.rs    the typed window in the backend's format
+//!      request.rs   (pyroscope) the requests made of it
+//!      transport.rs the client: TLS, headers, secrets, one attempt
+//!      error.rs     what a reply means for delivery: sent, retried, dropped
+//! ```
 
 pub mod delivery;
 pub mod files;
@@ -175,8 +189,6 @@ pub fn start(
     if let Some(dir) = files {
         sinks.push(Box::new(Files::new(dir, metrics.clone())));
     }
-    // One copy for the delivery tasks: they read the timeout and retry limits from it.
-    let policy = Arc::new(cfg.clone());
     let mut shutdown = Shutdown {
         closers: Vec::new(),
         abandon: Vec::new(),
@@ -196,6 +208,14 @@ pub fn start(
     {
         // Clients that connect lazily (tonic) need the runtime they will run on.
         let _guard = rt.enter();
+        let mut wire = Wiring {
+            rt: &rt,
+            // One copy for the delivery tasks: they read the timeout and retry limits from it.
+            policy: Arc::new(cfg.clone()),
+            metrics,
+            sinks: &mut sinks,
+            shutdown: &mut shutdown,
+        };
         if cfg.pyroscope.enabled {
             let transport = pyroscope::Http::new(&cfg.pyroscope, cfg.timeout)?;
             let folded = metrics
@@ -206,32 +226,14 @@ pub fn start(
                 })
                 .clone();
             let encoder = pyroscope::Encoder::new(&cfg.pyroscope, folded);
-            tasks.push(queue_sink(
-                &rt,
-                pyroscope::NAME,
-                encoder,
-                transport,
-                &policy,
-                metrics,
-                &mut sinks,
-                &mut shutdown,
-            ));
+            tasks.push(wire.queue(pyroscope::NAME, encoder, transport));
             // `Url`'s Display leaves out any userinfo.
             tracing::info!(url = %cfg.pyroscope.url, api = ?cfg.pyroscope.api, "shipping windows to Pyroscope");
         }
         if cfg.otlp.enabled {
             let transport = otlp::Grpc::new(&cfg.otlp, cfg.timeout)?;
             let encoder = otlp::Encoder::new(&cfg.otlp, host);
-            tasks.push(queue_sink(
-                &rt,
-                otlp::NAME,
-                encoder,
-                transport,
-                &policy,
-                metrics,
-                &mut sinks,
-                &mut shutdown,
-            ));
+            tasks.push(wire.queue(otlp::NAME, encoder, transport));
             tracing::info!(endpoint = %cfg.otlp.endpoint, "shipping windows as OTLP profiles");
         }
     }
@@ -255,29 +257,38 @@ pub fn start(
 
 type Runtime = tokio::runtime::Runtime;
 
-/// Wires one network sink: its queue, its front half in `sinks`, its delivery
-/// task on `rt`, and its shutdown hooks.
-#[allow(clippy::too_many_arguments)]
-fn queue_sink<E: Encode, T: Transport<Item = E::Item>>(
-    rt: &Runtime,
-    name: SinkName,
-    encoder: E,
-    transport: T,
-    cfg: &Arc<config::Sinks>,
-    metrics: &Metrics,
-    sinks: &mut Vec<Box<dyn Sink>>,
-    shutdown: &mut Shutdown,
-) -> tokio::task::JoinHandle<()> {
-    let queue = Arc::new(Queue::new(name, cfg.queue_bytes, metrics.export.clone()));
-    sinks.push(Box::new(Queued {
-        name,
-        encoder,
-        queue: queue.clone(),
-        metrics: metrics.clone(),
-    }));
-    let q = queue.clone();
-    shutdown.closers.push(Box::new(move || q.close()));
-    let q = queue.clone();
-    shutdown.abandon.push(Box::new(move || q.abandon()));
-    rt.spawn(delivery::run(queue, transport, cfg.clone()))
+/// What wiring a network sink needs: the sinks' runtime, the shared delivery policy and
+/// metrics, and where its front half and shutdown hooks go.
+struct Wiring<'a> {
+    rt: &'a Runtime,
+    policy: Arc<config::Sinks>,
+    metrics: &'a Metrics,
+    sinks: &'a mut Vec<Box<dyn Sink>>,
+    shutdown: &'a mut Shutdown,
+}
+
+impl Wiring<'_> {
+    /// Wires one network sink: its queue, its front half, its delivery task on the
+    /// sinks' runtime, and its shutdown hooks.
+    fn queue<E: Encode, T: Transport<Item = E::Item>>(
+        &mut self,
+        name: SinkName,
+        encoder: E,
+        transport: T,
+    ) -> tokio::task::JoinHandle<()> {
+        let export = self.metrics.export.clone();
+        let queue = Arc::new(Queue::new(name, self.policy.queue_bytes, export));
+        self.sinks.push(Box::new(Queued {
+            name,
+            encoder,
+            queue: queue.clone(),
+            metrics: self.metrics.clone(),
+        }));
+        let q = queue.clone();
+        self.shutdown.closers.push(Box::new(move || q.close()));
+        let q = queue.clone();
+        self.shutdown.abandon.push(Box::new(move || q.abandon()));
+        self.rt
+            .spawn(delivery::run(queue, transport, self.policy.clone()))
+    }
 }

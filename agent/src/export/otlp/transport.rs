@@ -1,6 +1,8 @@
 //! Sending export requests to one OTLP endpoint over gRPC (tonic): TLS, metadata, the
 //! bearer token read again when its file is rotated, and gzip.
 
+use std::path::Path;
+
 use anyhow::{Context, Result};
 use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_client::ProfilesServiceClient;
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
@@ -36,13 +38,8 @@ impl Grpc {
             .user_agent(concat!("ember/", env!("CARGO_PKG_VERSION")))
             .context("sinks.otlp: user agent")?;
         if cfg.endpoint.starts_with("https://") {
-            let tls = if cfg.ca_file.as_os_str().is_empty() {
-                ClientTlsConfig::new().with_native_roots()
-            } else {
-                let pem = std::fs::read(&cfg.ca_file)
-                    .with_context(|| format!("reading CA file {}", cfg.ca_file.display()))?;
-                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem))
-            };
+            let tls = tls(&cfg.ca_file)
+                .with_context(|| format!("reading CA file {}", cfg.ca_file.display()))?;
             endpoint = endpoint.tls_config(tls).context("sinks.otlp: TLS")?;
         }
         let channel = endpoint.connect_lazy();
@@ -85,8 +82,19 @@ impl Grpc {
     }
 }
 
+/// TLS for an `https://` gRPC endpoint: the PEM CAs in `ca_file`, else the system's
+/// roots. Shared with the OTLP metrics push (`crate::readings::otlp`), which talks to
+/// the same kind of endpoint through opentelemetry-otlp's own tonic client.
+pub fn tls(ca_file: &Path) -> std::io::Result<ClientTlsConfig> {
+    if ca_file.as_os_str().is_empty() {
+        return Ok(ClientTlsConfig::new().with_native_roots());
+    }
+    let pem = std::fs::read(ca_file)?;
+    Ok(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
+}
+
 /// Sets `authorization: Bearer <token>` from `file` (nothing when no file is named).
-fn set_token(metadata: &mut MetadataMap, file: &std::path::Path) -> Result<()> {
+fn set_token(metadata: &mut MetadataMap, file: &Path) -> Result<()> {
     let token = secret("", file, "sinks.otlp.bearer_token_file")?;
     if !token.is_empty() {
         let mut value = MetadataValue::try_from(format!("Bearer {token}"))
