@@ -20,6 +20,11 @@
 //! modules before it in this order (checked by `tests/modgraph.py` in `make test`):
 //! leaves, workload, capture, normalize, aggregate, symbolize, encode, export, readings,
 //! server, agent.
+//!
+//! Each network sink keeps everything of its own in one folder, `export/<sink>/`: its
+//! settings (`config.rs`), encoding, transport and error classes. The settings file is
+//! the one exception to the order: [`config`] parses it with the rest of the config file,
+//! so it ranks as a leaf and imports only leaves (not even its own sink).
 
 pub mod agent;
 pub mod aggregate;

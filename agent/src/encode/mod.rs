@@ -1,16 +1,14 @@
 //! Encoding: turns a symbolized window into the formats people and backends read.
 //!
 //! In: a [`Symbolized`] window from [`crate::symbolize`] (resolved frames, typed workload
-//! labels per stack). Out: a pprof profile ([`pprof`]), Pyroscope's per-service profiles
-//! and series labels ([`pyroscope`]), an OTLP profiles export request ([`otlp`]), and
-//! views of a pprof profile for people ([`flamegraph`]: folded stacks, SVG, top
-//! functions). Every encoder reads the typed window; none reads a label back out of a
+//! labels per stack). Out: a pprof profile ([`pprof`]) and views of it for people
+//! ([`flamegraph`]: folded stacks, SVG, top functions). Each network sink encodes the
+//! typed window its own way in its folder (`crate::export::pyroscope`,
+//! `crate::export::otlp`), sharing [`pprof`]'s builder; none reads a label back out of a
 //! pprof string table.
 
 pub mod flamegraph;
-pub(crate) mod otlp;
 pub mod pprof;
-pub(crate) mod pyroscope;
 
 #[cfg(test)]
 mod golden;

@@ -1,6 +1,6 @@
 //! pprof: turns a symbolized window into a CPU profile, written the way the Go runtime
 //! writes them (`samples/count` + `cpu/nanoseconds`, period 1e9/Hz). The [`Builder`] is
-//! shared with the per-service profiles of [`super::pyroscope`].
+//! shared with the per-service profiles of `crate::export::pyroscope::encode`.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::config::Sinks;
-use crate::metrics::{ExportDrop, ExportMetrics, SinkLabel};
+use crate::metrics::{ExportDrop, ExportMetrics, SinkLabel, SinkName};
 
 /// What one attempt to send a request came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,7 +123,7 @@ struct State<T> {
 
 /// A sink's bounded queue of encoded requests.
 pub struct Queue<T> {
-    sink: &'static str,
+    sink: SinkName,
     cap: u64,
     state: Mutex<State<T>>,
     notify: Notify,
@@ -132,7 +132,7 @@ pub struct Queue<T> {
 
 impl<T> Queue<T> {
     /// An empty queue holding at most `cap` bytes.
-    pub fn new(sink: &'static str, cap: u64, metrics: ExportMetrics) -> Self {
+    pub fn new(sink: SinkName, cap: u64, metrics: ExportMetrics) -> Self {
         metrics.announce(sink);
         Self {
             sink,
@@ -155,9 +155,7 @@ impl<T> Queue<T> {
     fn gauge(&self, bytes: u64) {
         self.metrics
             .queue_bytes
-            .get_or_create(&SinkLabel {
-                sink: self.sink.to_owned(),
-            })
+            .get_or_create(&SinkLabel { sink: self.sink })
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
@@ -168,7 +166,7 @@ impl<T> Queue<T> {
         if size > self.cap {
             self.metrics.drop(self.sink, ExportDrop::TooLarge, 1);
             tracing::warn!(
-                sink = self.sink,
+                sink = self.sink.as_str(),
                 size,
                 cap = self.cap,
                 "a request is larger than the whole queue; dropped (raise sinks.queue_bytes)"
@@ -281,7 +279,7 @@ impl OnceLog {
 /// with the next request.
 pub async fn run<T: Transport>(queue: Arc<Queue<T::Item>>, mut transport: T, policy: Arc<Sinks>) {
     use futures::FutureExt;
-    let sink = queue.sink;
+    let sink = queue.sink.as_str();
     let mut logged = OnceLog::default();
     while let Some(item) = queue.pop().await {
         let one = deliver(&queue, &mut transport, &policy, item, &mut logged);
@@ -292,7 +290,7 @@ pub async fn run<T: Transport>(queue: Arc<Queue<T::Item>>, mut transport: T, pol
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
             tracing::error!(sink, panic = %what, "delivering a request panicked; dropped it, the sink goes on");
-            queue.metrics.drop(sink, ExportDrop::Internal, 1);
+            queue.metrics.drop(queue.sink, ExportDrop::Internal, 1);
         }
         queue.done();
     }
@@ -306,11 +304,9 @@ async fn deliver<T: Transport>(
     item: T::Item,
     logged: &mut OnceLog,
 ) {
-    let sink = queue.sink;
+    let sink = queue.sink.as_str();
     let metrics = &queue.metrics;
-    let label = SinkLabel {
-        sink: sink.to_owned(),
-    };
+    let label = SinkLabel { sink: queue.sink };
     {
         let first = Instant::now();
         let mut attempt = 0u32;
@@ -335,7 +331,7 @@ async fn deliver<T: Transport>(
                     break;
                 }
                 Outcome::Reject { reason, detail } => {
-                    metrics.drop(sink, reason, 1);
+                    metrics.drop(queue.sink, reason, 1);
                     if logged.first(&reason.to_string()) {
                         tracing::warn!(
                             sink,
@@ -351,7 +347,7 @@ async fn deliver<T: Transport>(
                     attempt = attempt.saturating_add(1);
                     let done_by = first.elapsed().checked_add(wait);
                     if done_by.is_none_or(|t| t > policy.retry_max_elapsed) {
-                        metrics.drop(sink, ExportDrop::RetriesExhausted, 1);
+                        metrics.drop(queue.sink, ExportDrop::RetriesExhausted, 1);
                         let key = format!("retries_exhausted:{reason}");
                         if logged.first(&key) {
                             tracing::warn!(
@@ -386,7 +382,7 @@ mod tests {
     #[test]
     fn oldest_dropped_first_and_counted() {
         let m = Metrics::new();
-        let q = Queue::new("t", 100, m.export.clone());
+        let q = Queue::new(SinkName::Pyroscope, 100, m.export.clone());
         for i in 0..5u32 {
             q.push(i, 30);
         }
@@ -395,15 +391,15 @@ mod tests {
         q.push(9, 101);
         let text = m.encode();
         assert!(
-            text.contains(r#"ember_export_dropped_total{sink="t",reason="queue_full"} 2"#),
+            text.contains(r#"ember_export_dropped_total{sink="pyroscope",reason="queue_full"} 2"#),
             "{text}"
         );
         assert!(
-            text.contains(r#"ember_export_dropped_total{sink="t",reason="too_large"} 1"#),
+            text.contains(r#"ember_export_dropped_total{sink="pyroscope",reason="too_large"} 1"#),
             "{text}"
         );
         assert!(
-            text.contains(r#"ember_export_queue_bytes{sink="t"} 90"#),
+            text.contains(r#"ember_export_queue_bytes{sink="pyroscope"} 90"#),
             "{text}"
         );
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -466,7 +462,7 @@ mod tests {
         // The overflowing path: `first.elapsed() + wait` only overflows once the first
         // attempt is a second or more behind, so a `Retry-After: 1` comes first.
         let m = Metrics::new();
-        let q = Arc::new(Queue::new("s", 1000, m.export.clone()));
+        let q = Arc::new(Queue::new(SinkName::Otlp, 1000, m.export.clone()));
         q.push(1, 10);
         q.push(2, 10);
         q.close();
@@ -493,11 +489,13 @@ mod tests {
         assert_eq!(*calls.lock().expect("lock"), 3);
         let text = m.encode();
         assert!(
-            text.contains(r#"ember_export_dropped_total{sink="s",reason="retries_exhausted"} 1"#),
+            text.contains(
+                r#"ember_export_dropped_total{sink="otlp",reason="retries_exhausted"} 1"#
+            ),
             "{text}"
         );
         assert!(
-            text.contains(r#"ember_export_sent_total{sink="s"} 1"#),
+            text.contains(r#"ember_export_sent_total{sink="otlp"} 1"#),
             "{text}"
         );
         // And the wait itself is clamped.
@@ -522,7 +520,7 @@ mod tests {
     #[test]
     fn a_panicking_delivery_is_counted_and_the_task_goes_on() {
         let m = Metrics::new();
-        let q = Arc::new(Queue::new("p", 1000, m.export.clone()));
+        let q = Arc::new(Queue::new(SinkName::Pyroscope, 1000, m.export.clone()));
         q.push(1, 10);
         q.push(2, 10);
         q.close();
@@ -530,11 +528,11 @@ mod tests {
         rt().block_on(run(q.clone(), Panics(0), p));
         let text = m.encode();
         assert!(
-            text.contains(r#"ember_export_dropped_total{sink="p",reason="internal"} 1"#),
+            text.contains(r#"ember_export_dropped_total{sink="pyroscope",reason="internal"} 1"#),
             "{text}"
         );
         assert!(
-            text.contains(r#"ember_export_sent_total{sink="p"} 1"#),
+            text.contains(r#"ember_export_sent_total{sink="pyroscope"} 1"#),
             "{text}"
         );
         assert_eq!(q.abandon(), 0, "nothing left in flight");
@@ -543,7 +541,7 @@ mod tests {
     #[test]
     fn retries_transient_failures_and_drops_rejections() {
         let m = Metrics::new();
-        let q = Arc::new(Queue::new("s", 1000, m.export.clone()));
+        let q = Arc::new(Queue::new(SinkName::Otlp, 1000, m.export.clone()));
         q.push(1, 10);
         q.push(2, 10);
         q.close();
@@ -577,11 +575,11 @@ mod tests {
         assert_eq!(*calls.lock().expect("lock"), 3);
         let text = m.encode();
         assert!(
-            text.contains(r#"ember_export_sent_total{sink="s"} 1"#),
+            text.contains(r#"ember_export_sent_total{sink="otlp"} 1"#),
             "{text}"
         );
         assert!(
-            text.contains(r#"ember_export_dropped_total{sink="s",reason="http_400"} 1"#),
+            text.contains(r#"ember_export_dropped_total{sink="otlp",reason="http_400"} 1"#),
             "{text}"
         );
     }

@@ -11,13 +11,27 @@
 //! and watches pods: TLS handshakes, gzip and a backend that stalls stay off
 //! the sampler, the output thread and the HTTP server. Tasks are async, so a
 //! slow backend holds only its own task; the other sinks keep sending.
+//!
+//! ```text
+//!  export/
+//!    mod.rs       Sink, Dispatcher, start: wires every sink, shuts them down
+//!    delivery.rs  the bounded queue and the send loop (timeouts, retries, drops)
+//!    secrets.rs   secret files, read again when rotated
+//!    files.rs     the local window files
+//!    <sink>/      one network backend, everything of its own in one folder:
+//!      config.rs    its `sinks.<sink>` keys (parsed by the config room: a leaf)
+//!      encode.rs    the typed window in the backend's format
+//!      request.rs   (pyroscope) the requests made of it
+//!      transport.rs the client: TLS, headers, secrets, one attempt
+//!      error.rs     what a reply means for delivery: sent, retried, dropped
+//! ```
 
 pub mod delivery;
 pub mod files;
 pub mod otlp;
 pub mod pyroscope;
+pub mod secrets;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -26,7 +40,7 @@ use anyhow::{Context, Result};
 
 use crate::config;
 use crate::encode::Encoded;
-use crate::metrics::{Cache, ExportDrop, Metrics, WindowWriteError};
+use crate::metrics::{Cache, ExportDrop, Metrics, SinkName, WindowWriteError};
 use crate::symbolize::Symbolized;
 use delivery::{Queue, Transport};
 use files::WindowDir;
@@ -90,7 +104,7 @@ impl Sink for Files {
 
 /// A network sink's front half: its encoder and its queue.
 struct Queued<E: Encode> {
-    name: &'static str,
+    name: SinkName,
     encoder: E,
     queue: Arc<Queue<E::Item>>,
     metrics: Metrics,
@@ -106,7 +120,10 @@ impl<E: Encode> Sink for Queued<E> {
             }
             Err(e) => {
                 self.metrics.export.drop(self.name, ExportDrop::Encode, 1);
-                tracing::warn!(sink = self.name, "could not encode a window: {e:#}");
+                tracing::warn!(
+                    sink = self.name.as_str(),
+                    "could not encode a window: {e:#}"
+                );
             }
         }
     }
@@ -159,59 +176,6 @@ impl Shutdown {
     }
 }
 
-/// Reads a secret: the file if one is named (trailing newline removed), else `inline`.
-pub(crate) fn secret(inline: &str, file: &Path, key: &str) -> Result<String> {
-    if file.as_os_str().is_empty() {
-        return Ok(inline.to_owned());
-    }
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("{key}: reading {}", file.display()))?;
-    Ok(text.trim_end_matches(['\r', '\n']).to_owned())
-}
-
-/// Watches secret files (tokens, passwords) for rotation: Kubernetes swaps a mounted
-/// Secret's files atomically, so a change of identity, size or modification time means
-/// "read it again". A `stat` per request is cheap next to the request.
-pub(crate) struct SecretFiles {
-    files: Vec<(std::path::PathBuf, Option<Stamp>)>,
-}
-
-/// Device, inode, mtime (seconds, nanoseconds) and size of a file.
-type Stamp = (u64, u64, i64, i64, u64);
-
-impl SecretFiles {
-    /// Watches the non-empty paths of `files`, as they are now.
-    pub(crate) fn new<'a>(files: impl IntoIterator<Item = &'a Path>) -> Self {
-        let files = files
-            .into_iter()
-            .filter(|p| !p.as_os_str().is_empty())
-            .map(|p| (p.to_owned(), stamp(p)))
-            .collect();
-        Self { files }
-    }
-
-    /// Whether any file changed since the last call (or since [`SecretFiles::new`]).
-    pub(crate) fn changed(&mut self) -> bool {
-        let mut changed = false;
-        for (path, last) in &mut self.files {
-            let now = stamp(path);
-            if now != *last {
-                *last = now;
-                changed = true;
-            }
-        }
-        changed
-    }
-}
-
-/// What identifies a file's content cheaply: device, inode, mtime and size (following
-/// symlinks, as Kubernetes' `..data` link is swapped on update).
-fn stamp(path: &Path) -> Option<Stamp> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
-}
-
 /// Starts the configured sinks: `files` (if any) first, then each enabled
 /// network sink with its queue and delivery task on the "ember-sinks" thread.
 /// `host` names this machine in OTLP resources.
@@ -225,8 +189,6 @@ pub fn start(
     if let Some(dir) = files {
         sinks.push(Box::new(Files::new(dir, metrics.clone())));
     }
-    // One copy for the delivery tasks: they read the timeout and retry limits from it.
-    let policy = Arc::new(cfg.clone());
     let mut shutdown = Shutdown {
         closers: Vec::new(),
         abandon: Vec::new(),
@@ -246,42 +208,32 @@ pub fn start(
     {
         // Clients that connect lazily (tonic) need the runtime they will run on.
         let _guard = rt.enter();
+        let mut wire = Wiring {
+            rt: &rt,
+            // One copy for the delivery tasks: they read the timeout and retry limits from it.
+            policy: Arc::new(cfg.clone()),
+            metrics,
+            sinks: &mut sinks,
+            shutdown: &mut shutdown,
+        };
         if cfg.pyroscope.enabled {
             let transport = pyroscope::Http::new(&cfg.pyroscope, cfg.timeout)?;
             let folded = metrics
                 .export
                 .series_folded
                 .get_or_create(&crate::metrics::SinkLabel {
-                    sink: pyroscope::NAME.to_owned(),
+                    sink: pyroscope::NAME,
                 })
                 .clone();
             let encoder = pyroscope::Encoder::new(&cfg.pyroscope, folded);
-            tasks.push(queue_sink(
-                &rt,
-                pyroscope::NAME,
-                encoder,
-                transport,
-                &policy,
-                metrics,
-                &mut sinks,
-                &mut shutdown,
-            ));
+            tasks.push(wire.queue(pyroscope::NAME, encoder, transport));
             // `Url`'s Display leaves out any userinfo.
             tracing::info!(url = %cfg.pyroscope.url, api = ?cfg.pyroscope.api, "shipping windows to Pyroscope");
         }
         if cfg.otlp.enabled {
             let transport = otlp::Grpc::new(&cfg.otlp, cfg.timeout)?;
             let encoder = otlp::Encoder::new(&cfg.otlp, host);
-            tasks.push(queue_sink(
-                &rt,
-                otlp::NAME,
-                encoder,
-                transport,
-                &policy,
-                metrics,
-                &mut sinks,
-                &mut shutdown,
-            ));
+            tasks.push(wire.queue(otlp::NAME, encoder, transport));
             tracing::info!(endpoint = %cfg.otlp.endpoint, "shipping windows as OTLP profiles");
         }
     }
@@ -305,29 +257,38 @@ pub fn start(
 
 type Runtime = tokio::runtime::Runtime;
 
-/// Wires one network sink: its queue, its front half in `sinks`, its delivery
-/// task on `rt`, and its shutdown hooks.
-#[allow(clippy::too_many_arguments)]
-fn queue_sink<E: Encode, T: Transport<Item = E::Item>>(
-    rt: &Runtime,
-    name: &'static str,
-    encoder: E,
-    transport: T,
-    cfg: &Arc<config::Sinks>,
-    metrics: &Metrics,
-    sinks: &mut Vec<Box<dyn Sink>>,
-    shutdown: &mut Shutdown,
-) -> tokio::task::JoinHandle<()> {
-    let queue = Arc::new(Queue::new(name, cfg.queue_bytes, metrics.export.clone()));
-    sinks.push(Box::new(Queued {
-        name,
-        encoder,
-        queue: queue.clone(),
-        metrics: metrics.clone(),
-    }));
-    let q = queue.clone();
-    shutdown.closers.push(Box::new(move || q.close()));
-    let q = queue.clone();
-    shutdown.abandon.push(Box::new(move || q.abandon()));
-    rt.spawn(delivery::run(queue, transport, cfg.clone()))
+/// What wiring a network sink needs: the sinks' runtime, the shared delivery policy and
+/// metrics, and where its front half and shutdown hooks go.
+struct Wiring<'a> {
+    rt: &'a Runtime,
+    policy: Arc<config::Sinks>,
+    metrics: &'a Metrics,
+    sinks: &'a mut Vec<Box<dyn Sink>>,
+    shutdown: &'a mut Shutdown,
+}
+
+impl Wiring<'_> {
+    /// Wires one network sink: its queue, its front half, its delivery task on the
+    /// sinks' runtime, and its shutdown hooks.
+    fn queue<E: Encode, T: Transport<Item = E::Item>>(
+        &mut self,
+        name: SinkName,
+        encoder: E,
+        transport: T,
+    ) -> tokio::task::JoinHandle<()> {
+        let export = self.metrics.export.clone();
+        let queue = Arc::new(Queue::new(name, self.policy.queue_bytes, export));
+        self.sinks.push(Box::new(Queued {
+            name,
+            encoder,
+            queue: queue.clone(),
+            metrics: self.metrics.clone(),
+        }));
+        let q = queue.clone();
+        self.shutdown.closers.push(Box::new(move || q.close()));
+        let q = queue.clone();
+        self.shutdown.abandon.push(Box::new(move || q.abandon()));
+        self.rt
+            .spawn(delivery::run(queue, transport, self.policy.clone()))
+    }
 }

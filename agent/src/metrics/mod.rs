@@ -22,8 +22,8 @@ use prometheus_client::registry::{Registry, Unit};
 
 pub use reasons::{
     Cache, ExportDrop, FrameResult, HttpRefusal, JitReject, JvmRefresh, Loss, NameCap,
-    ObjectRefusal, OffCpuEvent, OffState, ProcRead, ReadingsSource, RowLookup, StackEnd, StackSide,
-    Stage, SymbolMiss, TableBuild, WindowWriteError,
+    ObjectRefusal, OffCpuEvent, OffState, ProcRead, ReadingsSource, RowLookup, SinkName, StackEnd,
+    StackSide, Stage, SymbolMiss, TableBuild, WindowWriteError,
 };
 
 /// Label set with a single `reason`, one of the enums of [`reasons`].
@@ -685,14 +685,14 @@ impl Metrics {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SinkLabel {
     /// `pyroscope` or `otlp`.
-    pub sink: String,
+    pub sink: SinkName,
 }
 
 /// Label set naming a sink and why something was dropped.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SinkReasonLabel {
     /// `pyroscope` or `otlp`.
-    pub sink: String,
+    pub sink: SinkName,
     /// `queue_full`, `too_large`, `http_400`, `grpc_invalid_argument`, `retries_exhausted`, ...
     pub reason: ExportDrop,
 }
@@ -769,20 +769,15 @@ impl ExportMetrics {
     }
 
     /// Counts `n` requests of `sink` dropped for `reason`.
-    pub fn drop(&self, sink: &str, reason: ExportDrop, n: u64) {
+    pub fn drop(&self, sink: SinkName, reason: ExportDrop, n: u64) {
         self.dropped
-            .get_or_create(&SinkReasonLabel {
-                sink: sink.to_owned(),
-                reason,
-            })
+            .get_or_create(&SinkReasonLabel { sink, reason })
             .inc_by(n);
     }
 
     /// Creates a sink's series at zero so they exist from the start.
-    pub fn announce(&self, sink: &str) {
-        let l = SinkLabel {
-            sink: sink.to_owned(),
-        };
+    pub fn announce(&self, sink: SinkName) {
+        let l = SinkLabel { sink };
         let _ = self.sent.get_or_create(&l);
         let _ = self.sent_bytes.get_or_create(&l);
         let _ = self.queue_bytes.get_or_create(&l);

@@ -533,6 +533,16 @@ label_enum! {
     }
 }
 
+label_enum! {
+    /// `ember_export_*{sink}`: the network sink a series counts for.
+    pub enum SinkName {
+        /// Grafana Pyroscope (`sinks.pyroscope`).
+        Pyroscope => "pyroscope",
+        /// OTLP profiles over gRPC (`sinks.otlp`).
+        Otlp => "otlp",
+    }
+}
+
 /// `ember_export_dropped_total{reason}`: why a network sink dropped a request. The backend's
 /// answers are open-ended, so they carry the status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -661,6 +671,13 @@ mod tests {
                 .iter()
                 .map(|r| r.as_str())
                 .collect::<Vec<_>>(),
+        );
+        let sinks: Vec<_> = SinkName::ALL.iter().map(|r| r.as_str()).collect();
+        check(&sinks);
+        assert_eq!(
+            sinks,
+            ["pyroscope", "otlp"],
+            "the values /metrics has always shown"
         );
         assert_eq!(
             Loss::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>(),

@@ -98,16 +98,12 @@ pub fn start(
         .with_timeout(settings.timeout)
         .with_metadata(metadata(&settings.headers)?);
     if settings.endpoint.starts_with("https://") {
-        let mut tls = tonic::transport::ClientTlsConfig::new();
-        if settings.ca_file.as_os_str().is_empty() {
-            tls = tls.with_native_roots();
-        } else {
-            let pem = std::fs::read(&settings.ca_file).map_err(|source| OtlpError::Ca {
+        let tls = crate::export::otlp::transport::tls(&settings.ca_file).map_err(|source| {
+            OtlpError::Ca {
                 path: settings.ca_file.clone(),
                 source,
-            })?;
-            tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
-        }
+            }
+        })?;
         builder = builder.with_tls_config(tls);
     }
     let exporter = builder

@@ -1,6 +1,7 @@
-//! OTLP profiles over gRPC: the export requests [`crate::encode::otlp`] builds from a
-//! window, sent to one endpoint (TLS, headers, bearer token, gzip), and what a gRPC
-//! status means for delivery.
+//! Sending export requests to one OTLP endpoint over gRPC (tonic): TLS, metadata, the
+//! bearer token read again when its file is rotated, and gzip.
+
+use std::path::Path;
 
 use anyhow::{Context, Result};
 use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_client::ProfilesServiceClient;
@@ -10,47 +11,11 @@ use tonic::codec::CompressionEncoding;
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
-use super::delivery::{Outcome, Transient, Transport};
-use super::Encode;
-use crate::config::{OtlpSink, ResourcePer};
-use crate::metrics::ExportDrop;
-use crate::symbolize::Symbolized;
-
-/// Metric and log name of this sink.
-pub const NAME: &str = "otlp";
-
-/// Builds export requests from windows.
-pub struct Encoder {
-    host: String,
-    per: ResourcePer,
-}
-
-impl Encoder {
-    /// An encoder naming `host` as `host.name` (and `k8s.node.name` for pods).
-    pub fn new(cfg: &OtlpSink, host: &str) -> Self {
-        Self {
-            host: host.to_owned(),
-            per: cfg.resource_per,
-        }
-    }
-
-    /// The export request for one window.
-    pub fn request(&self, w: &Symbolized) -> ExportProfilesServiceRequest {
-        crate::encode::otlp::request(w, &self.host, self.per)
-    }
-}
-
-impl Encode for Encoder {
-    type Item = ExportProfilesServiceRequest;
-    fn encode(&mut self, w: &Symbolized) -> Result<Vec<(Self::Item, u64)>> {
-        let r = self.request(w);
-        if r.resource_profiles.is_empty() {
-            return Ok(Vec::new());
-        }
-        let n = r.encoded_len() as u64;
-        Ok(vec![(r, n)])
-    }
-}
+use super::config::OtlpSink;
+use super::error::classify;
+use super::NAME;
+use crate::export::delivery::{Outcome, Transport};
+use crate::export::secrets::{secret, SecretFiles};
 
 /// Sends export requests to one OTLP endpoint.
 pub struct Grpc {
@@ -58,7 +23,7 @@ pub struct Grpc {
     metadata: MetadataMap,
     /// `sinks.otlp.bearer_token_file`, read again when it changes.
     token_file: std::path::PathBuf,
-    secrets: super::SecretFiles,
+    secrets: SecretFiles,
 }
 
 impl Grpc {
@@ -73,13 +38,8 @@ impl Grpc {
             .user_agent(concat!("ember/", env!("CARGO_PKG_VERSION")))
             .context("sinks.otlp: user agent")?;
         if cfg.endpoint.starts_with("https://") {
-            let tls = if cfg.ca_file.as_os_str().is_empty() {
-                ClientTlsConfig::new().with_native_roots()
-            } else {
-                let pem = std::fs::read(&cfg.ca_file)
-                    .with_context(|| format!("reading CA file {}", cfg.ca_file.display()))?;
-                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem))
-            };
+            let tls = tls(&cfg.ca_file)
+                .with_context(|| format!("reading CA file {}", cfg.ca_file.display()))?;
             endpoint = endpoint.tls_config(tls).context("sinks.otlp: TLS")?;
         }
         let channel = endpoint.connect_lazy();
@@ -95,7 +55,7 @@ impl Grpc {
                 .with_context(|| format!("sinks.otlp.headers: the value of {k} is not valid"))?;
             metadata.insert(key, value);
         }
-        let secrets = super::SecretFiles::new([cfg.bearer_token_file.as_path()]);
+        let secrets = SecretFiles::new([cfg.bearer_token_file.as_path()]);
         set_token(&mut metadata, &cfg.bearer_token_file)?;
         Ok(Self {
             client,
@@ -115,16 +75,27 @@ impl Grpc {
         match set_token(&mut metadata, &self.token_file) {
             Ok(()) => {
                 self.metadata = metadata;
-                tracing::info!(sink = NAME, "bearer token file changed; read it again");
+                tracing::info!(sink = NAME.as_str(), "bearer token file changed; read it again");
             }
-            Err(e) => tracing::warn!(sink = NAME, "bearer token file changed but could not be read: {e:#}; keeping the previous token"),
+            Err(e) => tracing::warn!(sink = NAME.as_str(), "bearer token file changed but could not be read: {e:#}; keeping the previous token"),
         }
     }
 }
 
+/// TLS for an `https://` gRPC endpoint: the PEM CAs in `ca_file`, else the system's
+/// roots. Shared with the OTLP metrics push (`crate::readings::otlp`), which talks to
+/// the same kind of endpoint through opentelemetry-otlp's own tonic client.
+pub fn tls(ca_file: &Path) -> std::io::Result<ClientTlsConfig> {
+    if ca_file.as_os_str().is_empty() {
+        return Ok(ClientTlsConfig::new().with_native_roots());
+    }
+    let pem = std::fs::read(ca_file)?;
+    Ok(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
+}
+
 /// Sets `authorization: Bearer <token>` from `file` (nothing when no file is named).
-fn set_token(metadata: &mut MetadataMap, file: &std::path::Path) -> Result<()> {
-    let token = super::secret("", file, "sinks.otlp.bearer_token_file")?;
+fn set_token(metadata: &mut MetadataMap, file: &Path) -> Result<()> {
+    let token = secret("", file, "sinks.otlp.bearer_token_file")?;
     if !token.is_empty() {
         let mut value = MetadataValue::try_from(format!("Bearer {token}"))
             .context("sinks.otlp.bearer_token_file: not a valid header value")?;
@@ -132,23 +103,6 @@ fn set_token(metadata: &mut MetadataMap, file: &std::path::Path) -> Result<()> {
         metadata.insert("authorization", value);
     }
     Ok(())
-}
-
-/// What a gRPC status means for delivery: UNAVAILABLE, RESOURCE_EXHAUSTED and
-/// DEADLINE_EXCEEDED are retried; everything else is a permanent rejection.
-pub fn classify(status: &tonic::Status) -> Outcome {
-    use tonic::Code;
-    let reason = ExportDrop::Grpc(status.code());
-    match status.code() {
-        Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded => Outcome::Retry {
-            reason: Transient::Status(reason),
-            after: None,
-        },
-        _ => Outcome::Reject {
-            reason,
-            detail: status.message().chars().take(512).collect(),
-        },
-    }
 }
 
 impl Transport for Grpc {
@@ -178,26 +132,5 @@ impl Transport for Grpc {
                 Err(status) => classify(&status),
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn grpc_codes() {
-        assert!(matches!(
-            classify(&tonic::Status::unavailable("x")),
-            Outcome::Retry { .. }
-        ));
-        assert!(matches!(
-            classify(&tonic::Status::resource_exhausted("x")),
-            Outcome::Retry { .. }
-        ));
-        assert!(matches!(
-            classify(&tonic::Status::invalid_argument("x")),
-            Outcome::Reject { reason, .. } if reason.to_string() == "grpc_invalid_argument"
-        ));
     }
 }

@@ -7,7 +7,7 @@
 //! semantic-convention attributes (`service.name`, `host.name`, `container.id`, `k8s.*`,
 //! `process.*`), all taken from the stacks' typed workload labels. Each sample carries
 //! `thread.id` and `thread.name`; its value is CPU time in nanoseconds
-//! (`cpu/nanoseconds`, period 1e9/Hz). Sending is [`crate::export::otlp`]'s.
+//! (`cpu/nanoseconds`, period 1e9/Hz). Sending is [`super`]'s.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::UNIX_EPOCH;
@@ -17,7 +17,7 @@ use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, Instrumentatio
 use opentelemetry_proto::tonic::profiles::v1development as otlp;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
-use crate::config::ResourcePer;
+use super::config::ResourcePer;
 use crate::encode::pprof::{location_key, LocationKey, WindowLocations};
 use crate::symbolize::{Mapping, SymFrame, SymStack, Symbolized};
 
@@ -365,7 +365,7 @@ mod tests {
         let r = request(
             &w,
             "node-1",
-            crate::config::OtlpSink::default().resource_per,
+            super::super::config::OtlpSink::default().resource_per,
         );
         let d = r.dictionary.as_ref().expect("dictionary");
         for (name, zero) in [

@@ -8,7 +8,7 @@
 //! the profile; stacks that become identical are merged. Mappings and locations are the
 //! window's: a mapping spans the whole window's addresses in it, as in the window's own
 //! profile. The requests themselves (push or ingest) are made
-//! in [`crate::export::pyroscope`].
+//! in [`super`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 

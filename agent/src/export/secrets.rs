@@ -1,0 +1,59 @@
+//! Secrets the network sinks send (passwords, tokens): read from a file when one is
+//! named, and read again when Kubernetes rotates the file.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+/// Reads a secret: the file if one is named (trailing newline removed), else `inline`.
+pub(crate) fn secret(inline: &str, file: &Path, key: &str) -> Result<String> {
+    if file.as_os_str().is_empty() {
+        return Ok(inline.to_owned());
+    }
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("{key}: reading {}", file.display()))?;
+    Ok(text.trim_end_matches(['\r', '\n']).to_owned())
+}
+
+/// Watches secret files (tokens, passwords) for rotation: Kubernetes swaps a mounted
+/// Secret's files atomically, so a change of identity, size or modification time means
+/// "read it again". A `stat` per request is cheap next to the request.
+pub(crate) struct SecretFiles {
+    files: Vec<(std::path::PathBuf, Option<Stamp>)>,
+}
+
+/// Device, inode, mtime (seconds, nanoseconds) and size of a file.
+type Stamp = (u64, u64, i64, i64, u64);
+
+impl SecretFiles {
+    /// Watches the non-empty paths of `files`, as they are now.
+    pub(crate) fn new<'a>(files: impl IntoIterator<Item = &'a Path>) -> Self {
+        let files = files
+            .into_iter()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(|p| (p.to_owned(), stamp(p)))
+            .collect();
+        Self { files }
+    }
+
+    /// Whether any file changed since the last call (or since [`SecretFiles::new`]).
+    pub(crate) fn changed(&mut self) -> bool {
+        let mut changed = false;
+        for (path, last) in &mut self.files {
+            let now = stamp(path);
+            if now != *last {
+                *last = now;
+                changed = true;
+            }
+        }
+        changed
+    }
+}
+
+/// What identifies a file's content cheaply: device, inode, mtime and size (following
+/// symlinks, as Kubernetes' `..data` link is swapped on update).
+fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
+}
