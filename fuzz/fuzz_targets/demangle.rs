@@ -6,7 +6,7 @@
 //! rest appended, so the fuzzer starts inside the demanglers' grammars.
 #![no_main]
 
-use ember_fuzz::symbolize::demangle::{
+use ember_parse::symbols::demangle::{
     demangle, nesting_name, Outcome, MAX_DEMANGLE, MAX_DEMANGLED,
 };
 use libfuzzer_sys::fuzz_target;

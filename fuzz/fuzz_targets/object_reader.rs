@@ -4,8 +4,8 @@
 //! compressed string tables when the fuzzer says so.
 #![no_main]
 
-use ember_fuzz::elf_builder;
-use ember_fuzz::normalize::elf_file::{ElfReader, Limits};
+use ember_parse::elf_builder;
+use ember_parse::elf_file::{ElfReader, Limits};
 use libfuzzer_sys::fuzz_target;
 
 const LIMITS: Limits = Limits {

@@ -8,10 +8,10 @@
 //! Input: one byte of symbol count, two bytes of name offset per symbol, then the table.
 #![no_main]
 
-use ember_fuzz::elf_builder;
-use ember_fuzz::normalize::elf_file::{symbol_name, ElfReader, Limits, MAX_SYMBOL_NAME};
-use ember_fuzz::symbolize::demangle::{demangle, Outcome, MAX_DEMANGLED};
-use ember_fuzz::symbolize::table::SymTable;
+use ember_parse::elf_builder;
+use ember_parse::elf_file::{symbol_name, ElfReader, Limits, MAX_SYMBOL_NAME};
+use ember_parse::symbols::demangle::{demangle, Outcome, MAX_DEMANGLED};
+use ember_parse::symbols::table::SymTable;
 use libfuzzer_sys::fuzz_target;
 
 const LIMITS: Limits = Limits {

@@ -3,9 +3,9 @@
 //! lookup returns a name that is in a string table, or a miss.
 #![no_main]
 
-use ember_fuzz::elf_builder;
-use ember_fuzz::normalize::elf_file::{ElfReader, Limits};
-use ember_fuzz::symbolize::table::SymTable;
+use ember_parse::elf_builder;
+use ember_parse::elf_file::{ElfReader, Limits};
+use ember_parse::symbols::table::SymTable;
 use libfuzzer_sys::fuzz_target;
 
 const LIMITS: Limits = Limits {

@@ -39,18 +39,12 @@
 //! register rules (192) and `DW_CFA_remember_state` depth (4) itself.
 
 mod abi;
-mod compile;
-mod elf;
-mod error;
 mod loader;
-pub mod row;
-mod sparse;
 mod store;
 
-pub use compile::{compile, Limits, Stats, UnwindTable, DEFAULT_LIMITS};
-pub use error::{ErrorReason, SkipReason, UnsupportedReason, UnwindError};
+// The compiler and its sparse reader: pure over bytes, in ember-parse (fuzzed there).
+pub use ember_parse::unwind::{compile, elf, error, row, sparse};
+pub use ember_parse::unwind::{CfaRule, RbpRule, Rule, UnwindPage, UnwindRow};
+pub use ember_parse::unwind::{ErrorReason, SkipReason, UnsupportedReason, UnwindError};
+pub use ember_parse::unwind::{Limits, Stats, UnwindTable, DEFAULT_LIMITS};
 pub use loader::{Loader, Settings};
-pub use row::{CfaRule, RbpRule, Rule, UnwindPage, UnwindRow};
-
-#[cfg(test)]
-mod tests;

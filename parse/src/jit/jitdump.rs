@@ -380,7 +380,7 @@ fn c_string(b: &[u8]) -> Option<(String, usize)> {
 }
 
 /// Builds jitdump bytes, for tests and benchmarks.
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 pub mod build {
     /// The file header for `pid`.
     pub fn header(pid: u32) -> Vec<u8> {

@@ -33,13 +33,13 @@ impl Names {
     }
 
     /// Distinct names held.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn len(&self) -> usize {
         self.0.lock().map_or(0, |s| s.len())
     }
 
     /// Whether no name is held.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

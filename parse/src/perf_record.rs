@@ -287,8 +287,8 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 }
 
 /// Builders of records as the kernel writes them, for tests here and in `tasks.rs`.
-#[cfg(test)]
-pub(crate) mod build {
+#[cfg(any(test, feature = "testing"))]
+pub mod build {
     use super::*;
 
     fn finish(kind: u32, misc: u16, mut body: Vec<u8>, pid: u32, tid: u32, time: u64) -> Vec<u8> {
