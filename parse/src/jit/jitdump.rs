@@ -350,7 +350,6 @@ impl JitDump {
     }
 
     /// Whether no code range is held.
-    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.code.is_empty()
     }

@@ -258,7 +258,6 @@ impl PerfMap {
     }
 
     /// Whether the map holds no range.
-    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.ranges.is_empty()
     }
