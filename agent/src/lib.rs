@@ -20,6 +20,11 @@
 //! modules before it in this order (checked by `tests/modgraph.py` in `make test`):
 //! leaves, workload, capture, normalize, aggregate, symbolize, encode, export, readings,
 //! server, agent.
+//!
+//! The parsers of bytes a container can write (perf maps, jitdump, perf task records, call
+//! frame information, ELF objects and their symbol tables, mountinfo) are the workspace
+//! crate `ember-parse` (`parse/`): pure, tested and fuzzed without BPF or Kubernetes; the
+//! stages re-export them where they use them (`normalize::elf_file`, `os::mountinfo`, ...).
 
 pub mod agent;
 pub mod aggregate;

@@ -1,4 +1,4 @@
-//! Demangling (`symbolize/demangle.rs`) of any name a file can hold: never panics past its
+//! Demangling (`parse/src/symbols/demangle.rs`) of any name a file can hold: never panics past its
 //! catch, returns promptly (run with `-timeout`: a name that demangles to gigabytes stops at
 //! the first write past the cap) and gives either a demangled name within `MAX_DEMANGLED`
 //! bytes or the name as stored. The first byte picks the input: the bytes as they are, or

@@ -1,4 +1,4 @@
-//! The safe object reader (`normalize/elf_file.rs`): on any bytes it returns an error or
+//! The safe object reader (`parse/src/elf_file.rs`): on any bytes it returns an error or
 //! data within its caps, never panics, hangs or allocates past them. Even first bytes hand
 //! the rest over as a whole file; odd ones build an ELF around it (`elf_builder`), with
 //! compressed string tables when the fuzzer says so.

@@ -1,5 +1,5 @@
-//! Symbol names as a table stores them (`normalize/elf_file.rs` `symbol_name`,
-//! `symbolize/table.rs`): symbols at fuzzer-chosen offsets into a fuzzer-chosen string
+//! Symbol names as a table stores them (`parse/src/elf_file.rs` `symbol_name`,
+//! `parse/src/symbols/table.rs`): symbols at fuzzer-chosen offsets into a fuzzer-chosen string
 //! table (names without a NUL, names inside names, offsets past the end). Every name a
 //! lookup gives is the table's bytes from the symbol's offset, to the NUL or cut at
 //! `MAX_SYMBOL_NAME`; what is read and built stays within the read cap; the demangled

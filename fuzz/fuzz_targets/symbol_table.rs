@@ -1,4 +1,4 @@
-//! The symbol-table builder (`symbolize/table.rs`) over objects built around the fuzzer's
+//! The symbol-table builder (`parse/src/symbols/table.rs`) over objects built around the fuzzer's
 //! symbol and string tables: building never panics, stays within the read caps, and every
 //! lookup returns a name that is in a string table, or a miss.
 #![no_main]

@@ -2,7 +2,7 @@
 //! on a node) write the same function and file names, so each distinct name is held once
 //! and shared by every table that holds it.
 //!
-//! A pure leaf (no imports from the agent), so the fuzz build compiles it with the parsers.
+//! A pure leaf, shared by the perf map and jitdump parsers (and the agent's JIT stage).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

@@ -28,6 +28,7 @@
 //! processes without JIT code cost nothing.
 
 mod jvm;
+// The parsers of the files: pure over bytes, in ember-parse (fuzzed there).
 use ember_parse::jit::{jitdump, names, perfmap};
 
 use std::collections::HashMap;
