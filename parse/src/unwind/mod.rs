@@ -45,6 +45,7 @@ pub mod compile;
 pub mod elf;
 pub mod error;
 pub mod row;
+mod rules;
 pub mod sparse;
 
 pub use compile::{compile, Limits, Stats, UnwindTable, DEFAULT_LIMITS};
