@@ -157,7 +157,7 @@ $(PPROFCHECK): tests/pprofcheck/main.go
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
-# The module graph of agent/src: no import circles, no import against the data flow.
+# The module graphs of agent/src and parse/src: no import circles, no import against the data flow.
 modgraph:
 	$(PYTHON) tests/modgraph.py --self-test
 	$(PYTHON) tests/modgraph.py
@@ -198,8 +198,8 @@ test: deps
 	$(MAKE) --no-print-directory otlp-venv
 	$(MAKE) --no-print-directory test-only
 
-# cargo-fuzz targets of the parsers of container input (perf map, jitdump, unwind tables,
-# object reader, symbol tables, symbol names, demangling, mountinfo),
+# cargo-fuzz targets of the parsers of container input in parse/ (perf map, jitdump, unwind
+# tables, perf task records, object reader, symbol tables, symbol names, demangling, mountinfo),
 # FUZZ_SECONDS each; not part of `make test`. libFuzzer needs nightly flags: RUSTC_BOOTSTRAP lets stable Rust take them.
 FUZZ_SECONDS ?= 60
 fuzz: rust-deps
@@ -210,7 +210,7 @@ fuzz: rust-deps
 	done
 
 bench-only:
-	$(CARGO) bench -p ember
+	EMBER_BIN=$(EMBER) $(CARGO) bench -p ember -p ember-parse
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py --unwind-compare --seconds 20
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/stacks.py

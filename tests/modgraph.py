@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""The module graph of agent/src: fails on an import circle or an import that runs
-against the data flow.
+"""The module graphs of agent/src and parse/src: fails on an import circle or an import
+that runs against the data flow.
 
 Every file is a module (`a/b.rs` and `a/b/mod.rs` are `crate::a::b`). An edge A → B is
 any path A names that resolves to B: `use crate::…`, `crate::…` inside code, and
 `super::…`. A module naming its own ancestor is not an edge (a room's files share its
-`mod.rs`), and tests (`#[cfg(test)]` blocks, `*_tests.rs`, `golden.rs`) are left out:
-they may reach anywhere.
+`mod.rs`), and tests (`#[cfg(test)]` blocks, and the parsers' test builders behind
+`#[cfg(any(test, feature = "testing"))]`, `*_tests.rs`, `golden.rs`) are left out: they
+may reach anywhere.
 
 Two checks:
   1. no cycle among modules (strongly connected components of more than one module);
@@ -20,7 +21,10 @@ classes in one folder) but are parsed by the config room as part of the one conf
 room may import it, and it may import only leaves — not even its own sink, so naming its
 ancestors (`super::…`) counts as an edge for it, unlike for every other module.
 
-  tests/modgraph.py [--src agent/src] [--dot] [--stats]
+Each crate has its own rooms (CRATES); the parsers' crate (`parse/`, ember-parse) cannot
+import the agent at all (cargo sees to that), so only its own order is checked here.
+
+  tests/modgraph.py [--src agent/src | --src parse/src] [--dot] [--stats]
 """
 
 import argparse
@@ -51,6 +55,15 @@ def is_sink_config(mod):
 def room_of(mod):
     """The room a module ranks in: its top-level folder, except a sink's settings."""
     return "config" if is_sink_config(mod) else mod[0]
+# The parsers' crate: readers of plain formats first, then what builds on them (the symbol
+# table reads objects through the ELF reader); the test builders of objects last.
+PARSE_ROOMS = ["elf_file", "mountinfo", "perf_record", "jit", "unwind", "symbols", "elf_builder"]
+
+# Each crate's source folder (from the repository root), rooms and leaves.
+CRATES = {
+    "agent": (ROOMS, LEAVES),
+    "parse": (PARSE_ROOMS, set()),
+}
 
 PATH_RE = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
 USE_RE = re.compile(r"\buse\s+(crate|super|self)::(\{.*?\}|[^;]*);", re.S)
@@ -65,17 +78,21 @@ def module_of(src, path):
     return tuple(rel)
 
 
+TEST_CFG_RE = re.compile(r'#\[cfg\((?:test|any\(test, feature = "testing"\))\)\]')
+
+
 def strip_tests(text):
-    """Drops `#[cfg(test)]` items (by brace matching) and comments."""
+    """Drops test-only items (by brace matching) and comments."""
     text = re.sub(r"//[^\n]*", "", text)
     out, i = [], 0
     while True:
-        j = text.find("#[cfg(test)]", i)
-        if j < 0:
+        m = TEST_CFG_RE.search(text, i)
+        if m is None:
             out.append(text[i:])
             break
+        j = m.start()
         out.append(text[i:j])
-        k = j + len("#[cfg(test)]")
+        k = m.end()
         semi, brace = text.find(";", k), text.find("{", k)
         if brace < 0 or (0 <= semi < brace):
             i = semi + 1
@@ -235,6 +252,9 @@ def self_test():
         "config reads other export files": ({"lib.rs": "", "config/mod.rs": "use crate::export::s::encode::E;",
                                              "export/mod.rs": "", "export/s/mod.rs": "",
                                              "export/s/encode.rs": ""}, 1),
+        "test builders are free": ({"lib.rs": "", "encode/mod.rs": "",
+                                    "capture/mod.rs": '#[cfg(any(test, feature = "testing"))]\n'
+                                                      "pub fn f() { crate::encode::y() }"}, 0),
     }
     for label, (files, want) in cases.items():
         with tempfile.TemporaryDirectory() as d:
@@ -251,38 +271,48 @@ def self_test():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--src", default=os.path.join(os.path.dirname(__file__), "..", "agent", "src"))
+    ap.add_argument("--src", help="one crate's source folder (default: every crate in CRATES)")
     ap.add_argument("--dot", action="store_true", help="print the room graph as Graphviz")
     ap.add_argument("--stats", action="store_true", help="print counts, cycles and back-edges, never fail")
     ap.add_argument("--self-test", action="store_true", help="check the checker on small trees")
     args = ap.parse_args()
     if args.self_test:
         return self_test()
-    modules, edges = graph(args.src)
-    problems, room_edges = check(modules, edges)
-    if args.dot:
-        print("digraph rooms {")
-        for a in sorted(room_edges):
-            for b in sorted(room_edges[a]):
-                print(f'  "{a}" -> "{b}";')
-        print("}")
-    n_edges = sum(len(t) for t in edges.values())
-    print(f"modgraph: {len(modules) - 1} modules, {n_edges} edges, "
-          f"{len({m[0] for m in modules if m})} rooms, {len(problems)} problems")
-    for p in sorted(set(problems)):
-        print(f"  {p}")
-    return 0 if args.stats or not problems else 1
+    root = os.path.join(os.path.dirname(__file__), "..")
+    if args.src:
+        crate = os.path.basename(os.path.dirname(os.path.abspath(args.src)))
+        srcs = [(crate, args.src)]
+    else:
+        srcs = [(crate, os.path.join(root, crate, "src")) for crate in CRATES]
+    failed = False
+    for crate, src in srcs:
+        rooms, leaves = CRATES.get(crate, CRATES["agent"])
+        modules, edges = graph(src)
+        problems, room_edges = check(modules, edges, rooms, leaves)
+        if args.dot:
+            print(f"digraph {crate}_rooms {{")
+            for a in sorted(room_edges):
+                for b in sorted(room_edges[a]):
+                    print(f'  "{a}" -> "{b}";')
+            print("}")
+        n_edges = sum(len(t) for t in edges.values())
+        print(f"modgraph {crate}: {len(modules) - 1} modules, {n_edges} edges, "
+              f"{len({m[0] for m in modules if m})} rooms, {len(problems)} problems")
+        for p in sorted(set(problems)):
+            print(f"  {p}")
+        failed |= bool(problems)
+    return 0 if args.stats or not failed else 1
 
 
-def problems_of(src):
-    return check(*graph(src))[0]
+def problems_of(src, rooms=ROOMS, leaves=LEAVES):
+    return check(*graph(src), rooms, leaves)[0]
 
 
-def check(modules, edges):
+def check(modules, edges, rooms=ROOMS, leaves=LEAVES):
     problems = []
     for comp in sccs(modules, edges):
         problems.append("import circle: " + " → ".join(name(m) for m in sorted(comp)))
-    rank = {r: i for i, r in enumerate(ROOMS)}
+    rank = {r: i for i, r in enumerate(rooms)}
     room_edges = defaultdict(set)
     for a, targets in edges.items():
         for b in targets:
@@ -292,7 +322,7 @@ def check(modules, edges):
             room_edges[ra].add(rb)
             if ra not in rank or rb not in rank:
                 problems.append(f"{name(a)} → {name(b)}: room {ra if ra not in rank else rb} is not in ROOMS")
-            elif ra in LEAVES and rb not in LEAVES:
+            elif ra in leaves and rb not in leaves:
                 problems.append(f"{name(a)} → {name(b)}: the leaf {ra} imports the stage {rb}")
             elif rank[rb] > rank[ra]:
                 problems.append(f"{name(a)} → {name(b)}: {ra} imports {rb}, which comes after it")

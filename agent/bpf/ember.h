@@ -154,8 +154,8 @@ enum ember_rq_counter {
  * one always has pc_low 0, so a binary search of at most 17 steps always
  * finds the row in force: the last one with pc_low <= (pc & 0xffff).
  *
- * Rust mirrors these in normalize/unwind/row.rs (the compiler is fuzzed without
- * the BPF build); normalize/unwind/abi.rs checks the mirrors against the
+ * Rust mirrors these in parse/src/unwind/row.rs (the compiler is fuzzed without
+ * the BPF build); agent/src/normalize/unwind/abi.rs checks the mirrors against the
  * skeleton's types at compile time.
  */
 #define EMBER_UNWIND_PAGE_SHIFT 16

@@ -25,6 +25,11 @@
 //! settings (`config.rs`), encoding, transport and error classes. The settings file is
 //! the one exception to the order: [`config`] parses it with the rest of the config file,
 //! so it ranks as a leaf and imports only leaves (not even its own sink).
+//!
+//! The parsers of bytes a container can write (perf maps, jitdump, perf task records, call
+//! frame information, ELF objects and their symbol tables, mountinfo) are the workspace
+//! crate `ember-parse` (`parse/`): pure, tested and fuzzed without BPF or Kubernetes; the
+//! stages re-export them where they use them (`normalize::elf_file`, `os::mountinfo`, ...).
 
 pub mod agent;
 pub mod aggregate;

@@ -1,4 +1,4 @@
-//! Demangling (`symbolize/demangle.rs`) of any name a file can hold: never panics past its
+//! Demangling (`parse/src/symbols/demangle.rs`) of any name a file can hold: never panics past its
 //! catch, returns promptly (run with `-timeout`: a name that demangles to gigabytes stops at
 //! the first write past the cap) and gives either a demangled name within `MAX_DEMANGLED`
 //! bytes or the name as stored. The first byte picks the input: the bytes as they are, or
@@ -6,7 +6,7 @@
 //! rest appended, so the fuzzer starts inside the demanglers' grammars.
 #![no_main]
 
-use ember_fuzz::symbolize::demangle::{
+use ember_parse::symbols::demangle::{
     demangle, nesting_name, Outcome, MAX_DEMANGLE, MAX_DEMANGLED,
 };
 use libfuzzer_sys::fuzz_target;

@@ -3,7 +3,7 @@
 //! (the second starting where the first's whole records ended, as ember reads it).
 #![no_main]
 
-use ember_fuzz::jitdump::JitDump;
+use ember_parse::jit::jitdump::JitDump;
 use libfuzzer_sys::fuzz_target;
 
 /// A valid header, so the fuzzer spends its time in the records.

@@ -2,7 +2,7 @@
 //! and options a container chose; every mount parsed gets a kind.
 #![no_main]
 
-use ember_fuzz::mountinfo;
+use ember_parse::mountinfo;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

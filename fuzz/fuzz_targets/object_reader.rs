@@ -1,11 +1,11 @@
-//! The safe object reader (`normalize/elf_file.rs`): on any bytes it returns an error or
+//! The safe object reader (`parse/src/elf_file.rs`): on any bytes it returns an error or
 //! data within its caps, never panics, hangs or allocates past them. Even first bytes hand
 //! the rest over as a whole file; odd ones build an ELF around it (`elf_builder`), with
 //! compressed string tables when the fuzzer says so.
 #![no_main]
 
-use ember_fuzz::elf_builder;
-use ember_fuzz::normalize::elf_file::{ElfReader, Limits};
+use ember_parse::elf_builder;
+use ember_parse::elf_file::{ElfReader, Limits};
 use libfuzzer_sys::fuzz_target;
 
 const LIMITS: Limits = Limits {

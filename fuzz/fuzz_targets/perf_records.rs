@@ -2,7 +2,7 @@
 //! published, never loop more than once per 8 bytes of ring, and bound every path.
 #![no_main]
 
-use ember_fuzz::perf_record::{header, parse, take_record, Record, TaskEvent, MAX_PATH};
+use ember_parse::perf_record::{header, parse, take_record, Record, TaskEvent, MAX_PATH};
 use libfuzzer_sys::fuzz_target;
 
 fn check(rec: &[u8]) {

@@ -2,7 +2,7 @@
 //! whether the file arrives whole or in appended pieces.
 #![no_main]
 
-use ember_fuzz::perfmap::PerfMap;
+use ember_parse::jit::perfmap::PerfMap;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

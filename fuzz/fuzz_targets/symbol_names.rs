@@ -1,5 +1,5 @@
-//! Symbol names as a table stores them (`normalize/elf_file.rs` `symbol_name`,
-//! `symbolize/table.rs`): symbols at fuzzer-chosen offsets into a fuzzer-chosen string
+//! Symbol names as a table stores them (`parse/src/elf_file.rs` `symbol_name`,
+//! `parse/src/symbols/table.rs`): symbols at fuzzer-chosen offsets into a fuzzer-chosen string
 //! table (names without a NUL, names inside names, offsets past the end). Every name a
 //! lookup gives is the table's bytes from the symbol's offset, to the NUL or cut at
 //! `MAX_SYMBOL_NAME`; what is read and built stays within the read cap; the demangled
@@ -8,10 +8,10 @@
 //! Input: one byte of symbol count, two bytes of name offset per symbol, then the table.
 #![no_main]
 
-use ember_fuzz::elf_builder;
-use ember_fuzz::normalize::elf_file::{symbol_name, ElfReader, Limits, MAX_SYMBOL_NAME};
-use ember_fuzz::symbolize::demangle::{demangle, Outcome, MAX_DEMANGLED};
-use ember_fuzz::symbolize::table::SymTable;
+use ember_parse::elf_builder;
+use ember_parse::elf_file::{symbol_name, ElfReader, Limits, MAX_SYMBOL_NAME};
+use ember_parse::symbols::demangle::{demangle, Outcome, MAX_DEMANGLED};
+use ember_parse::symbols::table::SymTable;
 use libfuzzer_sys::fuzz_target;
 
 const LIMITS: Limits = Limits {

@@ -1,11 +1,11 @@
-//! The symbol-table builder (`symbolize/table.rs`) over objects built around the fuzzer's
+//! The symbol-table builder (`parse/src/symbols/table.rs`) over objects built around the fuzzer's
 //! symbol and string tables: building never panics, stays within the read caps, and every
 //! lookup returns a name that is in a string table, or a miss.
 #![no_main]
 
-use ember_fuzz::elf_builder;
-use ember_fuzz::normalize::elf_file::{ElfReader, Limits};
-use ember_fuzz::symbolize::table::SymTable;
+use ember_parse::elf_builder;
+use ember_parse::elf_file::{ElfReader, Limits};
+use ember_parse::symbols::table::SymTable;
 use libfuzzer_sys::fuzz_target;
 
 const LIMITS: Limits = Limits {

@@ -13,9 +13,9 @@
 //! the whole object compiles to.
 #![no_main]
 
-use ember_fuzz::unwind::elf::CodeReader;
-use ember_fuzz::unwind::sparse::{Source, Sparse, SparseError, MAX_HEADER_BYTES};
-use ember_fuzz::unwind::{compile, Limits, DEFAULT_LIMITS};
+use ember_parse::unwind::elf::CodeReader;
+use ember_parse::unwind::sparse::{Source, Sparse, SparseError, MAX_HEADER_BYTES};
+use ember_parse::unwind::{compile, Limits, DEFAULT_LIMITS};
 use libfuzzer_sys::fuzz_target;
 
 /// Small caps, so the fuzzer also reaches them.
@@ -78,7 +78,7 @@ fn sparse(object: &[u8], len: u64, limits: &Limits) {
         "held {} bytes",
         s.read
     );
-    let got = ember_fuzz::unwind::compile::compile_with(s.bytes(), Some(&file), limits);
+    let got = ember_parse::unwind::compile::compile_with(s.bytes(), Some(&file), limits);
     if let Ok(table) = &got {
         assert_eq!(table.validate(), Ok(()));
     }

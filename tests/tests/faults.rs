@@ -2,7 +2,7 @@
 //! expected outcome asserted (issue 13). More fault tests live beside the code they
 //! exercise, with real processes too: JVM attach against a listener that never accepts,
 //! one that dribbles and a socket swapped for a symlink (normalize/jit/jvm.rs), nested
-//! perf-map lines (normalize/jit/perfmap.rs), renames and non-UTF-8 names
+//! perf-map lines (parse/src/jit/perfmap.rs), renames and non-UTF-8 names
 //! (normalize/process.rs), `Retry-After: u64::MAX` (export/delivery.rs), a full,
 //! read-only or removed window directory and a clock stepped back a day
 //! (export/files.rs).

@@ -23,7 +23,7 @@ use tracing::{info, warn};
 use crate::config::{OffCpu as OffCpuSettings, SampleEvent, Sampling, UnwindMode};
 use crate::metrics::{Cache, Loss, Metrics, OffCpuEvent, OffState, RowLookup, StackEnd, StackSide};
 
-pub mod perf_record;
+pub use ember_parse::perf_record;
 pub mod tasks;
 pub use tasks::{Drained, Mmap, TaskError, TaskEvent, TaskWatch};
 

@@ -8,7 +8,7 @@
 //! out of a process, [`fs`] what keeps it off FUSE and network file systems; [`elf_file`] its
 //! capped ELF reading.
 
-pub mod elf_file;
+pub use ember_parse::elf_file;
 pub mod fs;
 pub(crate) mod jit;
 pub mod object;

@@ -1,7 +1,7 @@
 //! Operating-system helpers that every stage may use and that import no stage: strict
 //! `/proc` parsers and capped reads, mount tables, confined opens, and the capability check.
 
-pub mod mountinfo;
+pub use ember_parse::mountinfo;
 pub mod openat2;
 pub mod privileges;
 pub mod procfs;

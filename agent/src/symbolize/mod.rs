@@ -25,17 +25,11 @@
 //! `ember_symbol_misses_total{reason}`; objects refused (unreadable, malformed, over a cap,
 //! a parser panic, not the mapped inode) count in `ember_object_refusals_total{reason}`.
 
-pub mod demangle;
-// Hostile objects for the tests, built as the fuzz targets build theirs.
-#[cfg(test)]
-#[allow(dead_code)]
-#[path = "../../../fuzz/src/elf_builder.rs"]
-mod elf_builder;
 #[cfg(test)]
 mod golden_names;
 mod kallsyms;
-mod packed;
-pub mod table;
+use ember_parse::symbols::packed;
+pub use ember_parse::symbols::{demangle, table};
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};

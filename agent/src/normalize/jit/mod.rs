@@ -27,10 +27,9 @@
 //! window, and only for processes whose stacks reach anonymous executable memory, so
 //! processes without JIT code cost nothing.
 
-mod jitdump;
 mod jvm;
-mod names;
-mod perfmap;
+// The parsers of the files: pure over bytes, in ember-parse (fuzzed there).
+use ember_parse::jit::{jitdump, names, perfmap};
 
 use std::collections::HashMap;
 use std::fs::File;

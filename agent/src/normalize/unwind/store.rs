@@ -14,8 +14,7 @@ use ring::digest::{digest, SHA256};
 use super::compile::{Stats, UnwindTable};
 use super::row::{UnwindPage, UnwindRow};
 
-/// Identity of a table: the first 16 bytes of the SHA-256 of the object's bytes.
-pub type TableKey = [u8; 16];
+pub use ember_parse::unwind::TableKey;
 
 /// The table compiler's revision, in every file's name and header: bumped whenever the rows
 /// it writes for the same object change (3: `.debug_frame` signal trampolines known by

@@ -2,7 +2,7 @@
 //! on a node) write the same function and file names, so each distinct name is held once
 //! and shared by every table that holds it.
 //!
-//! A pure leaf (no imports from the agent), so the fuzz build compiles it with the parsers.
+//! A pure leaf, shared by the perf map and jitdump parsers (and the agent's JIT stage).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -33,13 +33,13 @@ impl Names {
     }
 
     /// Distinct names held.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn len(&self) -> usize {
         self.0.lock().map_or(0, |s| s.len())
     }
 
     /// Whether no name is held.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

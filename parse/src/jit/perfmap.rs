@@ -1,8 +1,8 @@
 //! Parser for JIT symbol maps, `/tmp/perf-<pid>.map`: one `START SIZE name` per line, in
 //! hex, bare (Node) or `0x`-prefixed (the JVM's `jcmd Compiler.perfmap`).
 //!
-//! A pure parser over bytes (the JIT stage, [`crate::normalize::jit`], does the file handling). The map
-//! is read incrementally: runtimes append to it for as long as they run, so
+//! A pure parser over bytes (the agent's JIT stage, `normalize::jit`, does the file handling).
+//! The map is read incrementally: runtimes append to it for as long as they run, so
 //! [`PerfMap::feed_bytes`] takes whatever was appended since the last read, and a partial
 //! last line waits for the rest. Later entries win over earlier ones for overlapping
 //! ranges, as in perf. Names are kept as written, with invalid UTF-8 replaced, and
@@ -258,7 +258,6 @@ impl PerfMap {
     }
 
     /// Whether the map holds no range.
-    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.ranges.is_empty()
     }

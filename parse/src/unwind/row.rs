@@ -1,6 +1,6 @@
 //! The table's rows and pages: Rust mirrors of `struct ember_unwind_row` and
 //! `struct ember_unwind_page` in `agent/bpf/ember.h` (checked against the skeleton's
-//! types in `abi.rs`), and the typed view of their rule bytes.
+//! types in the agent's `normalize/unwind/abi.rs`), and the typed view of their rule bytes.
 
 /// log2 of the page size: rows carry the low 16 bits of their address, the page
 /// index the rest (`EMBER_UNWIND_PAGE_SHIFT`).

@@ -1,22 +1,29 @@
 //! Criterion bench of the unwind table compiler on Debian's libc and python3 (target:
-//! libc's table in at most 50 ms) and on ember's own binary (100 MB+), with each table's
+//! libc's table in at most 50 ms) and on ember's own binary (100 MB+: `EMBER_BIN`, else
+//! the workspace's `target/release/ember`, as `make bench` builds it), with each table's
 //! size: rows, bytes per row in BPF (the page index included), rows and BPF bytes per
 //! MiB of CFI.
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use ember::normalize::unwind::{compile, DEFAULT_LIMITS};
+use ember_parse::unwind::{compile, DEFAULT_LIMITS};
 
-const OBJECTS: [(&str, &str); 3] = [
-    ("libc", "/lib/x86_64-linux-gnu/libc.so.6"),
-    ("python3", "/usr/bin/python3"),
-    ("ember", env!("CARGO_BIN_EXE_ember")),
-];
+/// The objects compiled: Debian's libc and python3, and ember's release binary.
+fn objects() -> [(&'static str, String); 3] {
+    let ember = std::env::var("EMBER_BIN").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../target/release/ember").to_string()
+    });
+    [
+        ("libc", "/lib/x86_64-linux-gnu/libc.so.6".to_string()),
+        ("python3", "/usr/bin/python3".to_string()),
+        ("ember", ember),
+    ]
+}
 
 fn tables(c: &mut Criterion) {
-    for (name, path) in OBJECTS {
-        let Ok(bytes) = std::fs::read(path) else {
+    for (name, path) in objects() {
+        let Ok(bytes) = std::fs::read(&path) else {
             eprintln!("unwind bench: {path} not readable, skipped");
             continue;
         };

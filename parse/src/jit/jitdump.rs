@@ -350,7 +350,6 @@ impl JitDump {
     }
 
     /// Whether no code range is held.
-    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.code.is_empty()
     }
@@ -380,7 +379,7 @@ fn c_string(b: &[u8]) -> Option<(String, usize)> {
 }
 
 /// Builds jitdump bytes, for tests and benchmarks.
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 pub mod build {
     /// The file header for `pid`.
     pub fn header(pid: u32) -> Vec<u8> {

@@ -27,7 +27,7 @@ use ring::digest::{Context, SHA256};
 
 use super::elf::Bytes;
 use super::error::UnwindError;
-use super::store::TableKey;
+use super::TableKey;
 
 /// Sections the compiler reads (the others are only named).
 const CFI_SECTIONS: [&[u8]; 2] = [b".eh_frame", b".debug_frame"];
@@ -221,7 +221,7 @@ fn refused(what: &'static str, bytes: u64, max: u64) -> SparseError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::normalize::unwind::{compile, DEFAULT_LIMITS};
+    use crate::unwind::{compile, DEFAULT_LIMITS};
 
     const MAX_CFI: u64 = DEFAULT_LIMITS.max_cfi_bytes;
 

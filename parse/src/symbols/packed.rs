@@ -117,6 +117,11 @@ impl Packer {
         self.pushed
     }
 
+    /// Whether no name was pushed yet.
+    pub fn is_empty(&self) -> bool {
+        self.pushed == 0
+    }
+
     /// The packed names.
     pub fn finish(mut self) -> PackedNames {
         if self.in_block > 0 && !self.full {

@@ -4,7 +4,7 @@
 //! file system to a server that may be gone: either can leave the thread that sent it waiting
 //! forever (`O_NONBLOCK` means nothing to them, and once the daemon has read a request not
 //! even `SIGKILL` ends the wait). So ember sorts every mount into [`FsKind`] by its type, and
-//! reads only from [`FsKind::Local`] ones (see `normalize::fs`).
+//! reads only from [`FsKind::Local`] ones (see the agent's `normalize::fs`).
 //!
 //! The parser is strict and total: a malformed line is skipped and counted, never a panic.
 //! The strings in a line (mount points, sources, options) can be chosen by a container; the

@@ -8,15 +8,15 @@
 //! names only its exact address; among symbols at one address the largest wins.
 //!
 //! Names are stored as the file has them (mangled), at most
-//! [`MAX_SYMBOL_NAME`](crate::normalize::elf_file::MAX_SYMBOL_NAME) bytes each, interned by
+//! [`MAX_SYMBOL_NAME`](crate::elf_file::MAX_SYMBOL_NAME) bytes each, interned by
 //! their offset in the string table (symbols pointing at one offset share one copy) and
 //! packed ([`PackedNames`]: a Rust binary's 2.9 MB of names in 1.0 MB); every byte copied
 //! out of a string table is charged to the object's read budget, so a table cannot build
 //! more than its caps whatever its symbols point at. The caller demangles the few it shows.
 //! Pure over [`ElfReader`], so the fuzz target builds tables from arbitrary bytes.
 
-use crate::normalize::elf_file::{offset_to_vaddr, ElfError, ElfReader, ReadAt, Segment};
-use crate::symbolize::packed::{PackedNames, Packer};
+use super::packed::{PackedNames, Packer};
+use crate::elf_file::{offset_to_vaddr, ElfError, ElfReader, ReadAt, Segment};
 
 use object::elf::{SHT_DYNSYM, SHT_SYMTAB};
 
@@ -50,7 +50,7 @@ pub struct SymTable {
 pub struct Built {
     /// A symbol table had more than [`MAX_ENTRIES`] function symbols: the rest are left out.
     pub truncated: bool,
-    /// Names longer than [`MAX_SYMBOL_NAME`](crate::normalize::elf_file::MAX_SYMBOL_NAME)
+    /// Names longer than [`MAX_SYMBOL_NAME`](crate::elf_file::MAX_SYMBOL_NAME)
     /// (or with no NUL before the end of their table), kept cut; each counted once.
     pub names_cut: u64,
 }
@@ -214,8 +214,8 @@ fn find(entries: &[Entry], addr: u64, sizeless_extends: bool) -> Option<usize> {
 
 /// A `.symtab` of function symbols `(name offset, address, size)` (ELF64 little-endian),
 /// after the null symbol. For the tests.
-#[cfg(test)]
-pub(crate) fn test_symtab(syms: impl IntoIterator<Item = (u32, u64, u64)>) -> Vec<u8> {
+#[cfg(any(test, feature = "testing"))]
+pub fn test_symtab(syms: impl IntoIterator<Item = (u32, u64, u64)>) -> Vec<u8> {
     let mut out = vec![0u8; 24];
     for (name, addr, size) in syms {
         out.extend_from_slice(&name.to_le_bytes());
@@ -229,9 +229,9 @@ pub(crate) fn test_symtab(syms: impl IntoIterator<Item = (u32, u64, u64)>) -> Ve
 }
 
 /// An object (see `elf_builder`) with `.symtab` `symtab` over `.strtab` `strtab`.
-#[cfg(test)]
-pub(crate) fn test_object(symtab: &[u8], strtab: &[u8]) -> Vec<u8> {
-    super::elf_builder::elf(&super::elf_builder::Parts {
+#[cfg(any(test, feature = "testing"))]
+pub fn test_object(symtab: &[u8], strtab: &[u8]) -> Vec<u8> {
+    crate::elf_builder::elf(&crate::elf_builder::Parts {
         symtab,
         strtab,
         dynsym: &[],
@@ -243,7 +243,7 @@ pub(crate) fn test_object(symtab: &[u8], strtab: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::normalize::elf_file::{Limits, DEFAULT_LIMITS, MAX_SYMBOL_NAME};
+    use crate::elf_file::{Limits, DEFAULT_LIMITS, MAX_SYMBOL_NAME};
 
     /// A string table of one NUL, then 1 MiB of `A` with no NUL: a name starting at 1 runs
     /// to the end of the table.
@@ -351,8 +351,7 @@ mod tests {
     #[test]
     fn names_own_functions_like_the_symbol_table_says() {
         let exe = std::fs::read("/proc/self/exe").expect("read exe");
-        let mut elf =
-            ElfReader::new(&exe[..], crate::normalize::elf_file::DEFAULT_LIMITS).expect("parse");
+        let mut elf = ElfReader::new(&exe[..], crate::elf_file::DEFAULT_LIMITS).expect("parse");
         let (t, built) = SymTable::build::<[u8], [u8]>(&mut elf, None).expect("build");
         assert!(!built.truncated);
         // Rust has names over 4 KiB (`drop_in_place` of deep tower types: up to 21 KB):

@@ -14,20 +14,15 @@
 use std::collections::HashMap;
 
 use gimli::{
-    BaseAddresses, CfaRule as GimliCfa, CieOrFde, CommonInformationEntry, DebugFrame, EhFrame,
-    EndianSlice, LittleEndian, Operation, Register, RegisterRule, UnwindContext, UnwindExpression,
-    UnwindOffset, UnwindSection, UnwindTableRow,
+    BaseAddresses, CieOrFde, CommonInformationEntry, DebugFrame, EhFrame, FrameDescriptionEntry,
+    LittleEndian, UnwindContext, UnwindOffset, UnwindSection,
 };
 
 use super::elf;
 use super::elf::CodeReader;
 use super::error::{SkipReason, UnsupportedReason, UnwindError};
-use super::row::{CfaRule, RbpRule, Rule, UnwindPage, UnwindRow, PAGE_SHIFT, PAGE_SIZE};
-
-/// x86-64 DWARF register numbers.
-const RBP: Register = Register(6);
-const RSP: Register = Register(7);
-const RA: Register = Register(16);
+use super::row::{CfaRule, Rule, UnwindPage, UnwindRow, PAGE_SHIFT, PAGE_SIZE};
+use super::rules::{to_rule, Reader, RA};
 
 /// Caps on what one object may cost to compile. Every one is checked before the memory or
 /// time it guards is spent.
@@ -104,7 +99,8 @@ pub struct Stats {
     pub fdes_used: u64,
     /// FDEs (or section tails) given up, indexed like [`SkipReason::ALL`].
     pub skipped: [u64; SkipReason::ALL.len()],
-    /// Rows made [`CfaRule::Unsupported`] or with [`RbpRule::Unknown`], indexed like
+    /// Rows made [`CfaRule::Unsupported`] or with
+    /// [`RbpRule::Unknown`](super::RbpRule::Unknown), indexed like
     /// [`UnsupportedReason::ALL`].
     pub unsupported: [u64; UnsupportedReason::ALL.len()],
     /// Rows the FDEs' programs produced, before deduplication.
@@ -308,8 +304,6 @@ struct Span {
     len: usize,
 }
 
-type Reader<'a> = EndianSlice<'a, LittleEndian>;
-
 struct Compiler<'l> {
     limits: &'l Limits,
     code: Vec<(u64, u64)>,
@@ -372,27 +366,7 @@ impl<'l> Compiler<'l> {
     where
         S: UnwindSection<Reader<'a>>,
     {
-        // Pass 1: every CIE, once, by offset.
-        let mut cies: HashMap<usize, CommonInformationEntry<Reader<'a>>> = HashMap::new();
-        let mut entries = section.entries(bases);
-        loop {
-            match entries.next() {
-                Ok(None) => break,
-                Err(_) => {
-                    // The length of an entry is wrong: nothing after it can be found.
-                    self.skip(SkipReason::SectionCut);
-                    break;
-                }
-                Ok(Some(CieOrFde::Cie(cie))) => {
-                    self.count_entry()?;
-                    self.stats.cies += 1;
-                    if cies.len() < self.limits.max_cies {
-                        cies.insert(cie.offset(), cie);
-                    }
-                }
-                Ok(Some(CieOrFde::Fde(_))) => self.count_entry()?,
-            }
-        }
+        let cies = self.read_cies(section, bases)?;
 
         // Pass 2: the FDEs, each with its CIE from pass 1.
         let mut spans = Vec::new();
@@ -446,67 +420,116 @@ impl<'l> Compiler<'l> {
                     budget: self.work_budget,
                 });
             }
-
-            let first = self.raw.len();
-            // Where the rows of a trampoline known by its code start (see `sigreturn_at`).
-            let by_code = match code {
-                Some(parts) if !fde.is_signal_trampoline() => sigreturn_at(parts, start, end),
-                _ => None,
-            };
-            let signal = fde.is_signal_trampoline() || by_code.is_some();
-            // The entry point's function is the outermost frame: toolchains mark its
-            // return address undefined only sometimes (Debian's crt1.o does not), and
-            // the walk must stop there, not read past the stack's top.
-            let outermost = self.entry != 0 && start <= self.entry && self.entry < end;
-            self.stats.entry_stop |= outermost;
-            let mut ok = true;
-            if let Some(at) = by_code {
-                self.push_raw(first, at, Rule::bare(CfaRule::Signal))?;
-            }
-            match fde.rows(section, bases, &mut ctx) {
-                Err(_) => ok = false,
-                Ok(mut table) => loop {
-                    match table.next_row() {
-                        Ok(None) => break,
-                        Err(_) => {
-                            ok = false;
-                            break;
-                        }
-                        Ok(Some(row)) => {
-                            let (row_start, row_end) = (row.start_address(), row.end_address());
-                            // Empty rows and rows a program advanced past its FDE are
-                            // never in force.
-                            if row_start >= row_end || row_start < start || row_start >= end {
-                                continue;
-                            }
-                            self.stats.raw_rows += 1;
-                            let rule = if outermost {
-                                Rule::bare(CfaRule::Stop)
-                            } else if signal {
-                                Rule::bare(CfaRule::Signal)
-                            } else {
-                                to_rule(row, section, &mut self.stats)
-                            };
-                            self.push_raw(first, row_start, rule)?;
-                        }
-                    }
-                },
-            }
-            if !ok {
-                self.raw.truncate(first);
-                self.skip(SkipReason::Malformed);
-                continue;
-            }
-            if self.raw.len() > first {
-                spans.push(Span {
-                    start: by_code.unwrap_or(start),
-                    end,
-                    first,
-                    len: self.raw.len() - first,
-                });
+            if let Some(span) = self.read_fde(&fde, (start, end), section, bases, &mut ctx, code)? {
+                spans.push(span);
             }
         }
         Ok(spans)
+    }
+
+    /// Pass 1 of [`Compiler::read_section`]: every CIE, once, by offset (at most
+    /// `max_cies` kept); every entry counts against `max_entries`.
+    fn read_cies<'a, S>(
+        &mut self,
+        section: &S,
+        bases: &BaseAddresses,
+    ) -> Result<HashMap<usize, CommonInformationEntry<Reader<'a>>>, UnwindError>
+    where
+        S: UnwindSection<Reader<'a>>,
+    {
+        let mut cies = HashMap::new();
+        let mut entries = section.entries(bases);
+        loop {
+            match entries.next() {
+                Ok(None) => break,
+                Err(_) => {
+                    // The length of an entry is wrong: nothing after it can be found.
+                    self.skip(SkipReason::SectionCut);
+                    break;
+                }
+                Ok(Some(CieOrFde::Cie(cie))) => {
+                    self.count_entry()?;
+                    self.stats.cies += 1;
+                    if cies.len() < self.limits.max_cies {
+                        cies.insert(cie.offset(), cie);
+                    }
+                }
+                Ok(Some(CieOrFde::Fde(_))) => self.count_entry()?,
+            }
+        }
+        Ok(cies)
+    }
+
+    /// Evaluates one FDE, covering `[start, end)` of code, into `raw`: its span, or `None`
+    /// when it gave no row, or a malformed program (its rows dropped, counted).
+    fn read_fde<'a, S>(
+        &mut self,
+        fde: &FrameDescriptionEntry<Reader<'a>>,
+        (start, end): (u64, u64),
+        section: &S,
+        bases: &BaseAddresses,
+        ctx: &mut UnwindContext<usize>,
+        code: Option<&elf::ElfParts<'_>>,
+    ) -> Result<Option<Span>, UnwindError>
+    where
+        S: UnwindSection<Reader<'a>>,
+    {
+        let first = self.raw.len();
+        // Where the rows of a trampoline known by its code start (see `sigreturn_at`).
+        let by_code = match code {
+            Some(parts) if !fde.is_signal_trampoline() => sigreturn_at(parts, start, end),
+            _ => None,
+        };
+        let signal = fde.is_signal_trampoline() || by_code.is_some();
+        // The entry point's function is the outermost frame: toolchains mark its
+        // return address undefined only sometimes (Debian's crt1.o does not), and
+        // the walk must stop there, not read past the stack's top.
+        let outermost = self.entry != 0 && start <= self.entry && self.entry < end;
+        self.stats.entry_stop |= outermost;
+        let mut ok = true;
+        if let Some(at) = by_code {
+            self.push_raw(first, at, Rule::bare(CfaRule::Signal))?;
+        }
+        match fde.rows(section, bases, ctx) {
+            Err(_) => ok = false,
+            Ok(mut table) => loop {
+                match table.next_row() {
+                    Ok(None) => break,
+                    Err(_) => {
+                        ok = false;
+                        break;
+                    }
+                    Ok(Some(row)) => {
+                        let (row_start, row_end) = (row.start_address(), row.end_address());
+                        // Empty rows and rows a program advanced past its FDE are
+                        // never in force.
+                        if row_start >= row_end || row_start < start || row_start >= end {
+                            continue;
+                        }
+                        self.stats.raw_rows += 1;
+                        let rule = if outermost {
+                            Rule::bare(CfaRule::Stop)
+                        } else if signal {
+                            Rule::bare(CfaRule::Signal)
+                        } else {
+                            to_rule(row, section, &mut self.stats.unsupported)
+                        };
+                        self.push_raw(first, row_start, rule)?;
+                    }
+                }
+            },
+        }
+        if !ok {
+            self.raw.truncate(first);
+            self.skip(SkipReason::Malformed);
+            return Ok(None);
+        }
+        Ok((self.raw.len() > first).then(|| Span {
+            start: by_code.unwrap_or(start),
+            end,
+            first,
+            len: self.raw.len() - first,
+        }))
     }
 
     /// Appends a row of the FDE whose rows start at `first`, dropping a repeat.
@@ -708,148 +731,4 @@ fn push_row(out: &mut Vec<(u64, Rule)>, floor: usize, addr: u64, rule: Rule) {
         }
     }
     out.push((addr, rule));
-}
-
-fn unsupported(stats: &mut Stats, reason: UnsupportedReason) -> Rule {
-    stats.unsupported[reason as usize] += 1;
-    Rule::bare(CfaRule::Unsupported)
-}
-
-/// The rule of one row of gimli's table.
-fn to_rule<'a, S: UnwindSection<Reader<'a>>>(
-    row: &UnwindTableRow<usize>,
-    section: &S,
-    stats: &mut Stats,
-) -> Rule {
-    match row.register(RA) {
-        Some(RegisterRule::Undefined) => return Rule::bare(CfaRule::Stop),
-        Some(RegisterRule::Offset(-8)) => {}
-        _ => return unsupported(stats, UnsupportedReason::ReturnAddress),
-    }
-    let mut rule = match row.cfa() {
-        GimliCfa::RegisterAndOffset { register, offset } => {
-            let cfa = match *register {
-                RSP => CfaRule::Rsp,
-                RBP => CfaRule::Rbp,
-                _ => return unsupported(stats, UnsupportedReason::CfaRegister),
-            };
-            let Ok(cfa_offset) = u16::try_from(*offset) else {
-                return unsupported(stats, UnsupportedReason::OffsetRange);
-            };
-            Rule {
-                cfa_offset,
-                ..Rule::bare(cfa)
-            }
-        }
-        GimliCfa::Expression(e) => match cfa_expression(e, section) {
-            Some(rule) => rule,
-            None => return unsupported(stats, UnsupportedReason::CfaExpression),
-        },
-    };
-    if rule.cfa == CfaRule::Plt {
-        // A PLT stub never touches rbp; rbp_offset holds its threshold.
-        return rule;
-    }
-    let at = match row.register(RBP) {
-        None | Some(RegisterRule::SameValue) => Some((RbpRule::Unchanged, 0)),
-        Some(RegisterRule::Undefined) => None,
-        Some(RegisterRule::Offset(n)) => match i16::try_from(n) {
-            Ok(n) => Some((RbpRule::AtCfa, n)),
-            Err(_) => {
-                stats.unsupported[UnsupportedReason::OffsetRange as usize] += 1;
-                None
-            }
-        },
-        Some(RegisterRule::Expression(e)) => match rbp_expression(&e, section) {
-            Some(n) => Some((RbpRule::AtRbp, n)),
-            None => {
-                stats.unsupported[UnsupportedReason::RbpRule as usize] += 1;
-                None
-            }
-        },
-        Some(_) => {
-            stats.unsupported[UnsupportedReason::RbpRule as usize] += 1;
-            None
-        }
-    };
-    (rule.rbp, rule.rbp_offset) = at.unwrap_or((RbpRule::Unknown, 0));
-    rule
-}
-
-/// Most operations a recognised expression has (the PLT's: 9).
-const MAX_OPS: usize = 12;
-
-/// The operations of a CFI expression, or `None` if it has more than [`MAX_OPS`] or does
-/// not parse.
-fn operations<'a, S: UnwindSection<Reader<'a>>>(
-    e: &UnwindExpression<usize>,
-    section: &S,
-) -> Option<Vec<Operation<Reader<'a>>>> {
-    let encoding = gimli::Encoding {
-        format: gimli::Format::Dwarf32,
-        version: 4,
-        address_size: 8,
-    };
-    let mut ops = e.get(section).ok()?.operations(encoding);
-    let mut out = Vec::new();
-    while let Some(op) = ops.next().ok()? {
-        if out.len() == MAX_OPS {
-            return None;
-        }
-        out.push(op);
-    }
-    Some(out)
-}
-
-/// The two CFA expressions x86-64 toolchains emit: the linker's for PLT stubs, and gcc's
-/// for a function that realigns its stack (the CFA saved below rbp).
-fn cfa_expression<'a, S: UnwindSection<Reader<'a>>>(
-    e: &UnwindExpression<usize>,
-    section: &S,
-) -> Option<Rule> {
-    use Operation::{And, Deref, Ge, Plus, RegisterOffset, Shl, UnsignedConstant};
-    match operations(e, section)?.as_slice() {
-        // rsp + a + ((rip & 15) >= n) << 3
-        [RegisterOffset {
-            register: RSP,
-            offset: a,
-            ..
-        }, RegisterOffset {
-            register: RA,
-            offset: 0,
-            ..
-        }, UnsignedConstant { value: 15 }, And, UnsignedConstant { value: n }, Ge, UnsignedConstant { value: 3 }, Shl, Plus] => {
-            Some(Rule {
-                cfa_offset: u16::try_from(*a).ok()?,
-                rbp_offset: i16::try_from(*n).ok().filter(|n| *n <= 16)?,
-                ..Rule::bare(CfaRule::Plt)
-            })
-        }
-        // *(rbp + a)
-        [RegisterOffset {
-            register: RBP,
-            offset: a,
-            ..
-        }, Deref { size: 8, .. }] => Some(Rule {
-            // The row's u16 carries an i16 for this rule.
-            cfa_offset: i16::try_from(*a).ok()? as u16,
-            ..Rule::bare(CfaRule::RbpDeref)
-        }),
-        _ => None,
-    }
-}
-
-/// gcc's rule for rbp in a function that realigns its stack: saved at rbp + n.
-fn rbp_expression<'a, S: UnwindSection<Reader<'a>>>(
-    e: &UnwindExpression<usize>,
-    section: &S,
-) -> Option<i16> {
-    match operations(e, section)?.as_slice() {
-        [Operation::RegisterOffset {
-            register: RBP,
-            offset,
-            ..
-        }] => i16::try_from(*offset).ok(),
-        _ => None,
-    }
 }

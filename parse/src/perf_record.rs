@@ -1,9 +1,8 @@
 //! Parser for the kernel's perf side-band records (`PERF_RECORD_MMAP2`, `COMM`, `FORK`,
-//! `EXIT`, `LOST`) as `TaskWatch`'s dummy events (`tasks.rs`) write them, and the framing
-//! of records in a perf ring's data area.
+//! `EXIT`, `LOST`) as the agent's `TaskWatch` dummy events (`capture/tasks.rs`) write them,
+//! and the framing of records in a perf ring's data area.
 //!
-//! Pure functions over bytes (no I/O, std only), so the fuzz crate compiles this file as it
-//! is. The layouts are the ones `include/uapi/linux/perf_event.h` documents for an event
+//! Pure functions over bytes (no I/O, std only), fuzzed (`fuzz/`). The layouts are the ones `include/uapi/linux/perf_event.h` documents for an event
 //! opened with `sample_id_all` and `sample_type = PERF_SAMPLE_TID | PERF_SAMPLE_TIME`: every
 //! record ends with the 16-byte trailer `{ u32 pid, tid; u64 time; }`. Integers are in the
 //! host's byte order.
@@ -286,9 +285,10 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_ne_bytes(b)
 }
 
-/// Builders of records as the kernel writes them, for tests here and in `tasks.rs`.
-#[cfg(test)]
-pub(crate) mod build {
+/// Builders of records as the kernel writes them, for tests here and in the agent's
+/// `capture/tasks.rs`.
+#[cfg(any(test, feature = "testing"))]
+pub mod build {
     use super::*;
 
     fn finish(kind: u32, misc: u16, mut body: Vec<u8>, pid: u32, tid: u32, time: u64) -> Vec<u8> {
