@@ -12,10 +12,11 @@
 //! 4. the sinks (`run`): window files, Pyroscope, OTLP profiles, on their own thread;
 //! 5. the pod watcher (`kubernetes.enabled`), a task on the agent's runtime;
 //! 6. OTLP metrics (`run`, `otlp_metrics.enabled`), on the agent's runtime;
-//! 7. the pipeline: capture → aggregate → output (symbolize → encode → hand out), one
-//!    thread each. Stages hand each other owned batches over bounded channels, and every
-//!    `try_send` that finds a queue full counts what it dropped. Stopping drains front to
-//!    back, so the last window is complete;
+//! 7. the pipeline: capture → aggregate → output (symbolize → encode → hand out, the loop
+//!    of `encode::output`), one thread each, each stage made from one struct of its parts.
+//!    Stages hand each other owned batches (the types of [`crate::model`]) over bounded
+//!    channels, and every `try_send` that finds a queue full counts what it dropped.
+//!    Stopping drains front to back, so the last window is complete;
 //! 8. the readings thread (`run`): USE readings, perf counters, run-queue latency;
 //! 9. the HTTP server (`run`).
 //!
@@ -25,19 +26,19 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::aggregate::{Aggregator, Window, Workloads};
+use crate::aggregate::{self, Aggregator, Window, Workloads};
 use crate::capture::tasks::TaskWatch;
-use crate::capture::{Batch, Capture, CaptureError, Control, Work, WorkSender};
+use crate::capture::{self, Batch, Capture, CaptureError, Control, Work, WorkSender};
 use crate::config::selector::SelectorError;
 use crate::config::{Config, NodeName};
-use crate::encode::Encoded;
+use crate::encode::{self, Encoded};
 use crate::export::files::{FilesError, WindowDir};
-use crate::metrics::{Cache, FrameResult, Metrics, Stage};
+use crate::metrics::Metrics;
 use crate::normalize::unwind;
 use crate::os::privileges;
 use crate::readings::otlp::OtlpError;
@@ -290,13 +291,15 @@ impl Agent {
         };
         let pipeline = Pipeline::start(
             cfg,
-            node,
-            window,
-            align,
-            metrics.clone(),
-            meta.clone(),
-            filter,
-            on_window,
+            PipelineParts {
+                node: node.name.clone(),
+                window,
+                align,
+                metrics: metrics.clone(),
+                metadata: meta.clone(),
+                filter,
+                on_window,
+            },
         )?;
         parts.push(Part::Pipeline(pipeline));
         if run {
@@ -481,25 +484,40 @@ const WINDOW_QUEUE: usize = 4;
 /// BPF deny/allow orders queued between aggregation and capture.
 const CONTROL_QUEUE: usize = 4096;
 
+/// What the pipeline is wired from, besides the config.
+struct PipelineParts<F> {
+    /// This node's name, for the per-container series.
+    node: String,
+    /// The window length.
+    window: Duration,
+    /// Whether windows are aligned on the wall clock (`run`).
+    align: bool,
+    /// Where every stage counts.
+    metrics: Metrics,
+    /// Names pods (when Kubernetes is enabled).
+    metadata: Option<Metadata>,
+    /// Decides what is profiled.
+    filter: Filter,
+    /// Runs on the output thread with each window.
+    on_window: F,
+}
+
 impl Pipeline {
     /// Starts the stages, the sampler last (it returns once attached); `on_window` runs
-    /// on the output thread for each window of length `window` (aligned on the wall clock
-    /// if `align`). `metadata` names pods (when Kubernetes is enabled); `filter` decides
-    /// what is profiled.
-    #[allow(clippy::too_many_arguments)]
-    fn start<F>(
-        cfg: &Config,
-        node: &NodeName,
-        window: Duration,
-        align: bool,
-        metrics: Metrics,
-        metadata: Option<Metadata>,
-        filter: Filter,
-        on_window: F,
-    ) -> Result<Self, CaptureError>
+    /// on the output thread for each window.
+    fn start<F>(cfg: &Config, parts: PipelineParts<F>) -> Result<Self, CaptureError>
     where
         F: FnMut(Encoded) + Send + 'static,
     {
+        let PipelineParts {
+            node,
+            window,
+            align,
+            metrics,
+            metadata,
+            filter,
+            on_window,
+        } = parts;
         let (batch_tx, batch_rx) = mpsc::sync_channel::<Batch>(cfg.limits.sample_queue_batches);
         let queue_bytes = crate::capture::QueueBytes::new(cfg.limits.sample_queue_bytes);
         let (window_tx, window_rx) = mpsc::sync_channel::<Window>(WINDOW_QUEUE);
@@ -507,25 +525,24 @@ impl Pipeline {
 
         let accounting = Accounting::new(
             &metrics,
-            node.name.clone(),
+            node,
             cfg.limits.max_processes,
             crate::workload::accounting::MAX_BYTES,
         );
-        let workloads = Workloads {
-            metadata,
-            filter,
-            accounting: Some(accounting),
-            control: Some(control_tx),
-        };
-        let mut agg = Aggregator::new(
-            cfg.sampling.frequency_hz,
-            &cfg.limits,
-            metrics.clone(),
-            workloads,
-        );
-        agg.set_jit(cfg.jit.clone());
-        agg.set_queue_bytes(queue_bytes.clone());
-        agg.set_offcpu(cfg.offcpu.enabled);
+        let agg = Aggregator::new(aggregate::Parts {
+            frequency_hz: cfg.sampling.frequency_hz,
+            limits: cfg.limits.clone(),
+            jit: cfg.jit.clone(),
+            offcpu: cfg.offcpu.enabled,
+            queue_bytes: Some(queue_bytes.clone()),
+            metrics: metrics.clone(),
+            workloads: Workloads {
+                metadata,
+                filter,
+                accounting: Some(accounting),
+                control: Some(control_tx),
+            },
+        });
         let (snap_tx, snap_rx) = mpsc::sync_channel(SNAPSHOT_QUEUE);
         let aggregate = spawn("ember-aggregate", move || {
             agg.run(batch_rx, snap_rx, window_tx, window, align)
@@ -535,18 +552,18 @@ impl Pipeline {
         let symbols = cfg.symbols.clone();
         let output = spawn("ember-output", move || {
             let symbolizer = Symbolizer::with_settings(cache, symbols, m.clone());
-            output_loop(window_rx, symbolizer, m, on_window)
+            encode::output::run(window_rx, symbolizer, m, on_window)
         })?;
 
-        let (capture, link) = Capture::start(
-            &cfg.sampling,
-            &cfg.offcpu,
-            align.then_some(window),
-            batch_tx,
-            queue_bytes,
-            control_rx,
-            metrics.clone(),
-        )?;
+        let (capture, link) = Capture::start(capture::Parts {
+            sampling: cfg.sampling.clone(),
+            offcpu: cfg.offcpu.clone(),
+            windows: align.then_some(window),
+            batches: batch_tx,
+            budget: queue_bytes,
+            control: control_rx,
+            metrics: metrics.clone(),
+        })?;
         let unwind = match link.maps {
             Some(maps) => {
                 let settings = unwind::Settings {
@@ -618,46 +635,4 @@ fn spawn<F: FnOnce() + Send + 'static>(name: &str, f: F) -> Result<JoinHandle<()
         .name(name.into())
         .spawn(f)
         .map_err(|_| CaptureError::Thread)
-}
-
-fn output_loop<F: FnMut(Encoded)>(
-    rx: Receiver<Window>,
-    mut symbolizer: Symbolizer,
-    metrics: Metrics,
-    mut on_window: F,
-) {
-    for window in rx {
-        let started = Instant::now();
-        metrics.progress.begin(Stage::Output);
-        let encoded = match Encoded::new(symbolizer.symbolize(window)) {
-            Ok(encoded) => encoded,
-            Err(e) => {
-                tracing::error!("could not compress a window, dropped: {e}");
-                metrics.dropped(Cache::WindowEncode, 1);
-                metrics.progress.end(Stage::Output);
-                continue;
-            }
-        };
-        metrics
-            .window_encode_seconds
-            .observe(started.elapsed().as_secs_f64());
-        metrics.windows.inc();
-        let frames = encoded.frames;
-        for (result, n) in [
-            (FrameResult::Named, frames.named),
-            (FrameResult::Unnamed, frames.unnamed),
-            (FrameResult::Jit, frames.jit),
-        ] {
-            metrics.frames_written(result, n);
-        }
-        // Which workloads have broken names: unnamed frames by workload.
-        for s in &encoded.window.stacks {
-            let unnamed = s.frames.iter().filter(|f| !f.named && !f.is_jit()).count();
-            if unnamed > 0 {
-                metrics.unnamed_frames(s.labels.workload(&s.process), unnamed as u64);
-            }
-        }
-        on_window(encoded);
-        metrics.progress.end(Stage::Output);
-    }
 }

@@ -21,7 +21,8 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 use tracing::{info, warn};
 
 use crate::config::{OffCpu as OffCpuSettings, SampleEvent, Sampling, UnwindMode};
-use crate::metrics::{Cache, Loss, Metrics, OffCpuEvent, OffState, RowLookup, StackEnd, StackSide};
+use crate::metrics::{Cache, Loss, Metrics, OffCpuEvent, RowLookup, StackSide};
+use crate::model::{OffCpu, OffState, Sample, StackEnd};
 
 pub mod perf_record;
 pub mod tasks;
@@ -47,45 +48,6 @@ const HEADER: usize = std::mem::size_of::<ember_record>();
 const _: () = assert!(HEADER % 8 == 0);
 const OFFCPU_HEAD: usize = std::mem::size_of::<ember_offcpu_head>();
 const _: () = assert!(OFFCPU_HEAD % 8 == 0);
-
-/// One stack sample as the BPF program saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sample {
-    /// CLOCK_MONOTONIC nanoseconds.
-    pub time_ns: u64,
-    /// v2 cgroup id of the task.
-    pub cgroup_id: u64,
-    /// Thread group id (process id) in the host pid namespace.
-    pub pid: u32,
-    /// Thread id.
-    pub tid: u32,
-    /// CPU the sample was taken on.
-    pub cpu: u32,
-    /// Thread name, NUL-padded.
-    pub comm: [u8; 16],
-    /// Kernel instruction pointers, leaf first.
-    pub kernel: Vec<u64>,
-    /// User instruction pointers, leaf first.
-    pub user: Vec<u64>,
-    /// Bit i set: user frame i is where the code was (the leaf, a frame a signal
-    /// interrupted, a signal trampoline), to be named at its address; the others are
-    /// return addresses, named at the byte before (the call).
-    pub user_exact: u128,
-    /// How the user stack's walk ended.
-    pub user_end: StackEnd,
-    /// `None` for a CPU sample; for an off-CPU one, why and how long the thread was off CPU
-    /// (the stacks are the ones it left the CPU with).
-    pub off_cpu: Option<OffCpu>,
-}
-
-/// Time a thread was off CPU, and why.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OffCpu {
-    /// Why.
-    pub state: OffState,
-    /// Nanoseconds.
-    pub ns: u64,
-}
 
 /// What the sampler asks the unwind loader for, on behalf of a sampled process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -300,6 +262,26 @@ pub struct UnwindLink {
     pub sender: WorkSender,
 }
 
+/// What the capture stage is made of: its settings, and the queues to and from the
+/// aggregator.
+pub struct Parts {
+    /// `sampling:`.
+    pub sampling: Sampling,
+    /// `offcpu:`.
+    pub offcpu: OffCpuSettings,
+    /// The wall-clock period of the windows, when they are aligned on it: a batch is also
+    /// sent just before each boundary.
+    pub windows: Option<Duration>,
+    /// Where batches go.
+    pub batches: SyncSender<Batch>,
+    /// The sample queue's byte budget, taken before each batch is sent.
+    pub budget: QueueBytes,
+    /// The aggregator's [`Control`] orders.
+    pub control: Receiver<Control>,
+    /// Where it counts.
+    pub metrics: Metrics,
+}
+
 /// A running capture stage.
 pub struct Capture {
     stop: Arc<AtomicBool>,
@@ -307,42 +289,18 @@ pub struct Capture {
 }
 
 impl Capture {
-    /// Loads and attaches the sampler, then streams batches into `tx` until [`Capture::stop`],
-    /// applying the [`Control`] orders that arrive on `control`. With `windows`, the
-    /// wall-clock period of the windows, a batch is also sent just before each boundary.
+    /// Loads and attaches the sampler, then streams batches into `parts.batches` until
+    /// [`Capture::stop`], applying the [`Control`] orders that arrive on `parts.control`.
     /// Returns once the program is attached (or failed to attach).
-    #[allow(clippy::too_many_arguments)]
-    pub fn start(
-        settings: &Sampling,
-        offcpu: &OffCpuSettings,
-        windows: Option<Duration>,
-        tx: SyncSender<Batch>,
-        budget: QueueBytes,
-        control: Receiver<Control>,
-        metrics: Metrics,
-    ) -> Result<(Self, UnwindLink), CaptureError> {
+    pub fn start(parts: Parts) -> Result<(Self, UnwindLink), CaptureError> {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let thread_stop = stop.clone();
-        let settings = settings.clone();
-        let offcpu = offcpu.clone();
         let (work_tx, work_rx) = work_queue(WORK_QUEUE);
         let ask_tx = work_tx.clone();
         let thread = std::thread::Builder::new()
             .name("ember-capture".into())
-            .spawn(move || {
-                run(
-                    settings,
-                    offcpu,
-                    windows,
-                    (tx, budget),
-                    control,
-                    ask_tx,
-                    metrics,
-                    thread_stop,
-                    ready_tx,
-                )
-            })
+            .spawn(move || run(parts, ask_tx, thread_stop, ready_tx))
             .map_err(|_| CaptureError::Thread)?;
         match ready_rx.recv() {
             Ok(Ok(maps)) => Ok((
@@ -379,18 +337,21 @@ impl Drop for Capture {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn run(
-    settings: Sampling,
-    offcpu: OffCpuSettings,
-    windows: Option<Duration>,
-    (tx, budget): (SyncSender<Batch>, QueueBytes),
-    control: Receiver<Control>,
+    parts: Parts,
     asks: WorkSender,
-    metrics: Metrics,
     stop: Arc<AtomicBool>,
     ready: SyncSender<Result<Option<UnwindMaps>, CaptureError>>,
 ) {
+    let Parts {
+        sampling: settings,
+        offcpu,
+        windows,
+        batches: tx,
+        budget,
+        control,
+        metrics,
+    } = parts;
     let mut open_object = MaybeUninit::<OpenObject>::uninit();
     let mut sampler = match Sampler::load(&settings, &offcpu, &mut open_object) {
         Ok(s) => s,

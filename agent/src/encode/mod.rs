@@ -4,11 +4,12 @@
 //! labels per stack). Out: a pprof profile ([`pprof`]), Pyroscope's per-service profiles
 //! and series labels ([`pyroscope`]), an OTLP profiles export request ([`otlp`]), and
 //! views of a pprof profile for people ([`flamegraph`]: folded stacks, SVG, top
-//! functions). Every encoder reads the typed window; none reads a label back out of a
+//! functions). The output thread's loop ([`output`]) symbolizes and encodes each window. Every encoder reads the typed window; none reads a label back out of a
 //! pprof string table.
 
 pub mod flamegraph;
 pub(crate) mod otlp;
+pub(crate) mod output;
 pub mod pprof;
 pub(crate) mod pyroscope;
 
@@ -18,8 +19,8 @@ mod golden;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::model::{FrameCounts, Symbolized};
 use crate::proto::Profile;
-use crate::symbolize::{FrameCounts, Symbolized};
 
 /// One finished window: the symbolized window, and its pprof profile.
 #[derive(Debug, Clone)]

@@ -27,7 +27,7 @@ use anyhow::{Context, Result};
 use crate::config;
 use crate::encode::Encoded;
 use crate::metrics::{Cache, ExportDrop, Metrics, WindowWriteError};
-use crate::symbolize::Symbolized;
+use crate::model::Symbolized;
 use delivery::{Queue, Transport};
 use files::WindowDir;
 
@@ -246,6 +246,13 @@ pub fn start(
     {
         // Clients that connect lazily (tonic) need the runtime they will run on.
         let _guard = rt.enter();
+        let mut wiring = Wiring {
+            rt: &rt,
+            policy: &policy,
+            metrics,
+            sinks: &mut sinks,
+            shutdown: &mut shutdown,
+        };
         if cfg.pyroscope.enabled {
             let transport = pyroscope::Http::new(&cfg.pyroscope, cfg.timeout)?;
             let folded = metrics
@@ -256,32 +263,14 @@ pub fn start(
                 })
                 .clone();
             let encoder = pyroscope::Encoder::new(&cfg.pyroscope, folded);
-            tasks.push(queue_sink(
-                &rt,
-                pyroscope::NAME,
-                encoder,
-                transport,
-                &policy,
-                metrics,
-                &mut sinks,
-                &mut shutdown,
-            ));
+            tasks.push(wiring.queue_sink(pyroscope::NAME, encoder, transport));
             // `Url`'s Display leaves out any userinfo.
             tracing::info!(url = %cfg.pyroscope.url, api = ?cfg.pyroscope.api, "shipping windows to Pyroscope");
         }
         if cfg.otlp.enabled {
             let transport = otlp::Grpc::new(&cfg.otlp, cfg.timeout)?;
             let encoder = otlp::Encoder::new(&cfg.otlp, host);
-            tasks.push(queue_sink(
-                &rt,
-                otlp::NAME,
-                encoder,
-                transport,
-                &policy,
-                metrics,
-                &mut sinks,
-                &mut shutdown,
-            ));
+            tasks.push(wiring.queue_sink(otlp::NAME, encoder, transport));
             tracing::info!(endpoint = %cfg.otlp.endpoint, "shipping windows as OTLP profiles");
         }
     }
@@ -305,29 +294,37 @@ pub fn start(
 
 type Runtime = tokio::runtime::Runtime;
 
-/// Wires one network sink: its queue, its front half in `sinks`, its delivery
-/// task on `rt`, and its shutdown hooks.
-#[allow(clippy::too_many_arguments)]
-fn queue_sink<E: Encode, T: Transport<Item = E::Item>>(
-    rt: &Runtime,
-    name: &'static str,
-    encoder: E,
-    transport: T,
-    cfg: &Arc<config::Sinks>,
-    metrics: &Metrics,
-    sinks: &mut Vec<Box<dyn Sink>>,
-    shutdown: &mut Shutdown,
-) -> tokio::task::JoinHandle<()> {
-    let queue = Arc::new(Queue::new(name, cfg.queue_bytes, metrics.export.clone()));
-    sinks.push(Box::new(Queued {
-        name,
-        encoder,
-        queue: queue.clone(),
-        metrics: metrics.clone(),
-    }));
-    let q = queue.clone();
-    shutdown.closers.push(Box::new(move || q.close()));
-    let q = queue.clone();
-    shutdown.abandon.push(Box::new(move || q.abandon()));
-    rt.spawn(delivery::run(queue, transport, cfg.clone()))
+/// What a network sink is wired into: the delivery runtime, the sinks' settings and
+/// metrics, the output thread's sinks and the shutdown hooks.
+struct Wiring<'a> {
+    rt: &'a Runtime,
+    policy: &'a Arc<config::Sinks>,
+    metrics: &'a Metrics,
+    sinks: &'a mut Vec<Box<dyn Sink>>,
+    shutdown: &'a mut Shutdown,
+}
+
+impl Wiring<'_> {
+    /// Wires one network sink: its queue, its front half in `sinks`, its delivery
+    /// task on `rt`, and its shutdown hooks.
+    fn queue_sink<E: Encode, T: Transport<Item = E::Item>>(
+        &mut self,
+        name: &'static str,
+        encoder: E,
+        transport: T,
+    ) -> tokio::task::JoinHandle<()> {
+        let (cfg, metrics) = (self.policy, self.metrics);
+        let queue = Arc::new(Queue::new(name, cfg.queue_bytes, metrics.export.clone()));
+        self.sinks.push(Box::new(Queued {
+            name,
+            encoder,
+            queue: queue.clone(),
+            metrics: metrics.clone(),
+        }));
+        let q = queue.clone();
+        self.shutdown.closers.push(Box::new(move || q.close()));
+        let q = queue.clone();
+        self.shutdown.abandon.push(Box::new(move || q.abandon()));
+        self.rt.spawn(delivery::run(queue, transport, cfg.clone()))
+    }
 }

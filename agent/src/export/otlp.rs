@@ -14,7 +14,7 @@ use super::delivery::{Outcome, Transient, Transport};
 use super::Encode;
 use crate::config::{OtlpSink, ResourcePer};
 use crate::metrics::ExportDrop;
-use crate::symbolize::Symbolized;
+use crate::model::Symbolized;
 
 /// Metric and log name of this sink.
 pub const NAME: &str = "otlp";

@@ -33,8 +33,8 @@ use super::Encode;
 use crate::config::{PyroscopeApi, PyroscopeSink};
 use crate::encode::pyroscope::{split, Service, Split};
 use crate::metrics::ExportDrop;
+use crate::model::Symbolized;
 use crate::push_proto::{PushRequest, RawProfileSeries, RawSample};
-use crate::symbolize::Symbolized;
 
 /// Metric and log name of this sink.
 pub const NAME: &str = "pyroscope";
@@ -144,8 +144,8 @@ impl Encoder {
             .collect();
         tags.dedup();
         let kind = match s.kind {
-            crate::aggregate::ProfileKind::Cpu => "cpu",
-            crate::aggregate::ProfileKind::OffCpu => "off_cpu",
+            crate::model::ProfileKind::Cpu => "cpu",
+            crate::model::ProfileKind::OffCpu => "off_cpu",
         };
         format!("{}.{kind}{{{}}}", ingest_safe(&s.name), tags.join(","))
     }
@@ -530,7 +530,7 @@ mod tests {
     #[test]
     fn ingest_names_escape_what_workloads_choose() -> Result<()> {
         let mut w = window();
-        let evil = Arc::new(crate::workload::Labels {
+        let evil = Arc::new(crate::model::Labels {
             service_name: "web}{admin=1,x".into(),
             namespace: "a=b,c".into(),
             ..Default::default()

@@ -40,33 +40,19 @@ pub mod table;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime};
 
-use crate::aggregate::{Frame, ProfileKind, Window};
-use crate::capture::OffCpu;
+use crate::aggregate::{Frame, Window};
 use crate::config::Symbols;
 use crate::metrics::{Cache, Metrics, NameCap, ObjectRefusal, ProcRead, SymbolMiss};
-use crate::normalize::elf_file::{ElfError, ElfReader, Limits};
-use crate::normalize::jit;
-use crate::normalize::object::{
-    debug_file_path, open_host, open_in_root, refusal, FileAt, FileId, Object, ObjectKey,
+use crate::model::{
+    FileId, Func, JitSource, Mapping, ObjectFile, SymFrame, Symbolized, KERNEL_MAPPING,
 };
+use crate::normalize::elf_file::{ElfError, ElfReader, Limits};
+use crate::normalize::object::{debug_file_path, open_host, open_in_root, refusal, FileAt, Object};
 use crate::normalize::process::UserAddr;
 use crate::symbolize::demangle::Outcome;
 use crate::symbolize::kallsyms::Kallsyms;
 use crate::symbolize::table::{Miss, SymTable};
-use crate::workload::Labels;
-
-/// One function of a resolved frame (a frame with inlined calls has several).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Func {
-    /// Demangled name.
-    pub name: Arc<str>,
-    /// Source file, when debug info has it.
-    pub file: Option<Arc<str>>,
-    /// Source line, or 0.
-    pub line: u32,
-}
 
 /// What one frame resolved to: functions innermost (inlined) first, and whether a
 /// symbol was found at all (if not, `funcs` holds one placeholder like `libc.so.6+0x1a2b`).
@@ -136,166 +122,6 @@ struct Live {
 
 /// The path column of the vDSO's mapping, the label of its frames.
 const VDSO: &str = "[vdso]";
-
-/// Name of the pseudo-file that kernel frames are attributed to.
-pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
-
-/// One window with every frame named: what the encoders take.
-#[derive(Debug, Clone)]
-pub struct Symbolized {
-    /// Wall-clock start.
-    pub start: SystemTime,
-    /// Length.
-    pub duration: Duration,
-    /// Nanoseconds of CPU time one sample stands for (1e9 / Hz).
-    pub period_ns: u64,
-    /// What the window measures (CPU or off-CPU time).
-    pub kind: ProfileKind,
-    /// Distinct stacks, in the aggregator's order.
-    pub stacks: Vec<SymStack>,
-}
-
-impl Symbolized {
-    /// Total samples in the window.
-    pub fn samples(&self) -> u64 {
-        self.stacks.iter().map(|s| s.count).sum()
-    }
-
-    /// How many frames (counted per stack, not per sample) were named, unnamed or JIT.
-    pub fn frame_counts(&self) -> FrameCounts {
-        let mut c = FrameCounts::default();
-        for f in self.stacks.iter().flat_map(|s| &s.frames) {
-            if f.is_jit() {
-                c.jit += 1;
-            } else if f.named {
-                c.named += 1;
-            } else {
-                c.unnamed += 1;
-            }
-        }
-        c
-    }
-}
-
-/// A distinct stack of one thread, its frames named, and how often it was sampled.
-#[derive(Debug, Clone)]
-pub struct SymStack {
-    /// Process id.
-    pub pid: u32,
-    /// Thread id.
-    pub tid: u32,
-    /// Thread name.
-    pub comm: String,
-    /// Process name.
-    pub process: Arc<str>,
-    /// Container, pod and cgroup of the process.
-    pub labels: Arc<Labels>,
-    /// Kernel frames then user frames, leaf first. Frames are shared between the
-    /// stacks of a window.
-    pub frames: Vec<Arc<SymFrame>>,
-    /// Samples of this stack (CPU), or blocks reported (off-CPU).
-    pub count: u64,
-    /// Off-CPU stacks: why, and the nanoseconds off CPU.
-    pub off_cpu: Option<OffCpu>,
-}
-
-/// One resolved frame: where its address is, and the functions there.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SymFrame {
-    /// The file (or pseudo-file) the address belongs to.
-    pub mapping: Mapping,
-    /// Kernel address, file offset in an object, offset in a region, or the process
-    /// address (unknown memory, JIT code).
-    pub address: u64,
-    /// Functions, innermost (inlined) first; one placeholder such as `libc.so.6+0x1a2b`
-    /// when the frame has no symbol.
-    pub funcs: Arc<[Func]>,
-    /// A real symbol was found (JIT frames are named by their runtime).
-    pub named: bool,
-}
-
-impl SymFrame {
-    /// Whether the frame is JIT code, named from a perf map or jitdump.
-    pub fn is_jit(&self) -> bool {
-        matches!(self.mapping, Mapping::Jit(_))
-    }
-}
-
-/// Where a frame's address lies. Frames with equal mappings share one mapping in the
-/// encoded profiles.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Mapping {
-    /// The kernel ([`KERNEL_MAPPING`]).
-    Kernel,
-    /// An executable or library.
-    Object(Arc<ObjectFile>),
-    /// An anonymous or special region, by label (`[vdso]`, `[anon]`, …).
-    Region(Arc<str>),
-    /// Memory no mapping was found for.
-    Unknown,
-    /// JIT code, by the file that named it.
-    Jit(jit::Source),
-}
-
-impl Mapping {
-    /// The file name profiles show for this mapping.
-    pub fn file_name(&self) -> &str {
-        match self {
-            Mapping::Kernel => KERNEL_MAPPING,
-            Mapping::Object(o) => &o.path,
-            Mapping::Region(label) => label,
-            Mapping::Unknown => "[unknown]",
-            Mapping::Jit(source) => source.mapping_name(),
-        }
-    }
-
-    /// The GNU build id, for object files that have one.
-    pub fn build_id(&self) -> Option<&[u8]> {
-        match self {
-            Mapping::Object(o) => o.build_id.as_deref(),
-            _ => None,
-        }
-    }
-}
-
-/// An object file as the encoders see it: no open file, only its identity and names.
-#[derive(Debug, Clone)]
-pub struct ObjectFile {
-    /// Device and inode, as the mapping names them.
-    pub key: ObjectKey,
-    /// Identity of the file opened.
-    pub id: FileId,
-    /// Path as the process saw it.
-    pub path: String,
-    /// GNU build id, when the file has one.
-    pub build_id: Option<Vec<u8>>,
-}
-
-// An object is the file opened: the first path seen in a window names it.
-impl PartialEq for ObjectFile {
-    fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
-    }
-}
-
-impl Eq for ObjectFile {}
-
-impl Hash for ObjectFile {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.id.hash(state);
-    }
-}
-
-/// How many frames were named, for `ember_frames_total`.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct FrameCounts {
-    /// Frames with a symbol.
-    pub named: u64,
-    /// Frames shown as `object+offset` or `[unknown]`.
-    pub unnamed: u64,
-    /// Frames in JIT code named from a perf map or jitdump.
-    pub jit: u64,
-}
 
 /// Long-lived symbolizer with bounded caches.
 pub struct Symbolizer {
@@ -854,7 +680,7 @@ enum Site {
     Object(FileId, u64),
     Region(Arc<str>, u64),
     Unknown(u64),
-    Jit(jit::Source, u64, Arc<str>, Option<Arc<str>>, u32),
+    Jit(JitSource, u64, Arc<str>, Option<Arc<str>>, u32),
 }
 
 impl Hash for Site {
@@ -874,7 +700,7 @@ impl Hash for Site {
 /// Builds the symbolized window from `window` and the names of its frames (`names`;
 /// a frame missing there is unnamed). Consumes the window stack by stack, so its frames
 /// are freed as their resolved ones are made; equal frames are made once.
-pub(crate) fn assemble(window: Window, names: &HashMap<FrameKey, Resolved>) -> Symbolized {
+pub(crate) fn assemble(mut window: Window, names: &HashMap<FrameKey, Resolved>) -> Symbolized {
     let mut frames: HashMap<Site, Arc<SymFrame>> = HashMap::new();
     let mut objects: HashMap<FileId, Arc<ObjectFile>> = HashMap::new();
     let mut frame = |f: &Frame| -> Arc<SymFrame> {
@@ -892,11 +718,10 @@ pub(crate) fn assemble(window: Window, names: &HashMap<FrameKey, Resolved>) -> S
             .or_insert_with(|| Arc::new(sym_frame(f, names, &mut objects)))
             .clone()
     };
-    let stacks = window
-        .stacks
+    let stacks = std::mem::take(&mut window.stacks)
         .into_iter()
-        .map(|s| SymStack {
-            frames: match s.off_cpu {
+        .map(|s| {
+            let frames = match s.off_cpu {
                 // The kernel side was taken inside the tracepoint: its leaf frames are the
                 // tracing machinery (bpf_prog_*, __traceiter_*), not the thread's wait.
                 Some(_) => {
@@ -905,23 +730,11 @@ pub(crate) fn assemble(window: Window, names: &HashMap<FrameKey, Resolved>) -> S
                     all.into_iter().skip(skip).collect()
                 }
                 None => s.frames.iter().map(&mut frame).collect(),
-            },
-            off_cpu: s.off_cpu,
-            pid: s.pid,
-            tid: s.tid,
-            comm: s.comm,
-            process: s.process,
-            labels: s.labels,
-            count: s.count,
+            };
+            s.with_frames(frames)
         })
         .collect();
-    Symbolized {
-        start: window.start,
-        duration: window.duration,
-        period_ns: window.period_ns,
-        kind: window.kind,
-        stacks,
-    }
+    window.with_stacks(stacks)
 }
 
 /// The scheduler's core (`__schedule`), where sched_switch fires: off-CPU kernel stacks
@@ -1011,6 +824,8 @@ fn unnamed(frame: &Frame) -> Resolved {
 mod tests {
     use super::*;
     use crate::aggregate::Stack;
+    use crate::model::{FrameCounts, ObjectKey};
+    use crate::normalize::jit;
     use std::time::{Duration, SystemTime};
 
     #[inline(never)]
@@ -1152,7 +967,7 @@ mod tests {
     #[test]
     fn assembles_shared_typed_frames() {
         let jit = Arc::new(jit::JitFrame {
-            source: jit::Source::PerfMap,
+            source: JitSource::PerfMap,
             name: Arc::from("LazyCompile:hot"),
             file: None,
             line: 0,
