@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use libbpf_rs::libbpf_sys;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
 use tracing::{info, warn};
 
 use crate::config::{OffCpu as OffCpuSettings, SampleEvent, Sampling, UnwindMode};
@@ -337,6 +337,8 @@ impl Drop for Capture {
     }
 }
 
+/// The capture thread: loads and attaches the sampler, says so on `ready` (with the unwind
+/// maps), then drains the ring buffers into batches until `stop`, and once more after.
 fn run(
     parts: Parts,
     asks: WorkSender,
@@ -374,55 +376,7 @@ fn run(
     };
     let batch: Rc<RefCell<Batch>> = Rc::default();
     let malformed = Rc::new(RefCell::new(0u64));
-    let mut builder = RingBufferBuilder::new();
-    let (cb_batch, cb_bad, cb_metrics) = (batch.clone(), malformed.clone(), metrics.clone());
-    // Asked at once, not at the next batch: the process may live 30 ms.
-    let ask = move |pid: u32, flags: u8, metrics: &Metrics| {
-        let ask = match flags {
-            f if f & REC_UNKNOWN_PROCESS != 0 => Some(Ask::Process(pid)),
-            f if f & REC_RANGE_MISS != 0 => Some(Ask::Remap(pid)),
-            _ => None,
-        };
-        if let Some(ask) = ask {
-            if asks.try_send(Work::Ask(ask)).is_err() {
-                metrics.dropped(Cache::UnwindRequests, 1);
-            }
-        }
-    };
-    let cb_ask = ask.clone();
-    let mut added = builder
-        .add(&sampler.skel.maps.samples, move |data: &[u8]| {
-            match parse_record(data) {
-                Some((s, flags)) => {
-                    cb_ask(s.pid, flags, &cb_metrics);
-                    cb_batch.borrow_mut().push(s)
-                }
-                None => *cb_bad.borrow_mut() += 1,
-            }
-            0
-        })
-        .map(|_| ());
-    if !sampler.offcpu_links.is_empty() {
-        let (cb_batch, cb_metrics) = (batch.clone(), metrics.clone());
-        let scale = 1.0 / offcpu.sample_rate;
-        added = added.and_then(|()| {
-            builder
-                .add(&sampler.skel.maps.offcpu_samples, move |data: &[u8]| {
-                    match parse_offcpu_record(data, scale) {
-                        Some((samples, flags)) => {
-                            if let Some(s) = samples.first() {
-                                ask(s.pid, flags, &cb_metrics);
-                            }
-                            cb_batch.borrow_mut().extend(samples);
-                        }
-                        None => cb_metrics.offcpu(OffCpuEvent::Malformed, 1),
-                    }
-                    0
-                })
-                .map(|_| ())
-        });
-    }
-    let ring = match added.and_then(|()| builder.build()) {
+    let ring = match ring_buffer(&sampler, &offcpu, asks, &batch, &malformed, &metrics) {
         Ok(r) => r,
         Err(e) => {
             let _ = ready.send(Err(CaptureError::Load(e)));
@@ -481,20 +435,7 @@ fn run(
             }
         }
         flush(false);
-        while let Ok(order) = control.try_recv() {
-            // A refused deny leaves the workload sampled (dropped in userspace); a failed
-            // delete of a cgroup leaves its entry taking room. A delete of an entry that
-            // is not there (a pid LRU already dropped, a deny the map refused) is harmless.
-            let counted = match (order, sampler.apply(order)) {
-                (_, Ok(())) => false,
-                (Control::DenyPid(_) | Control::DenyCgroup(_), Err(_)) => true,
-                (Control::AllowCgroup(_), Err(e)) => e.kind() != libbpf_rs::ErrorKind::NotFound,
-                (Control::AllowPid(_), Err(_)) => false,
-            };
-            if counted {
-                metrics.dropped(Cache::DenyMaps, 1);
-            }
-        }
+        apply_orders(&sampler, &control, &metrics);
         if last_sync.elapsed() >= Duration::from_secs(1) {
             last_sync = Instant::now();
             counters.sync(&sampler, &metrics);
@@ -512,6 +453,86 @@ fn run(
     let _ = ring.consume();
     flush(true);
     counters.sync(&sampler, &metrics);
+}
+
+/// Reads the ring buffers (samples, and off-CPU samples when those programs are attached)
+/// into `batch`, counting the records too short to parse in `malformed`; a record naming a
+/// process the walker holds no ranges for asks the unwind loader at once, through `asks`.
+fn ring_buffer(
+    sampler: &Sampler<'_>,
+    offcpu: &OffCpuSettings,
+    asks: WorkSender,
+    batch: &Rc<RefCell<Batch>>,
+    malformed: &Rc<RefCell<u64>>,
+    metrics: &Metrics,
+) -> Result<RingBuffer<'static>, libbpf_rs::Error> {
+    let mut builder = RingBufferBuilder::new();
+    let (cb_batch, cb_bad, cb_metrics) = (batch.clone(), malformed.clone(), metrics.clone());
+    // Asked at once, not at the next batch: the process may live 30 ms.
+    let ask = move |pid: u32, flags: u8, metrics: &Metrics| {
+        let ask = match flags {
+            f if f & REC_UNKNOWN_PROCESS != 0 => Some(Ask::Process(pid)),
+            f if f & REC_RANGE_MISS != 0 => Some(Ask::Remap(pid)),
+            _ => None,
+        };
+        if let Some(ask) = ask {
+            if asks.try_send(Work::Ask(ask)).is_err() {
+                metrics.dropped(Cache::UnwindRequests, 1);
+            }
+        }
+    };
+    let cb_ask = ask.clone();
+    let mut added = builder
+        .add(&sampler.skel.maps.samples, move |data: &[u8]| {
+            match parse_record(data) {
+                Some((s, flags)) => {
+                    cb_ask(s.pid, flags, &cb_metrics);
+                    cb_batch.borrow_mut().push(s)
+                }
+                None => *cb_bad.borrow_mut() += 1,
+            }
+            0
+        })
+        .map(|_| ());
+    if !sampler.offcpu_links.is_empty() {
+        let (cb_batch, cb_metrics) = (batch.clone(), metrics.clone());
+        let scale = 1.0 / offcpu.sample_rate;
+        added = added.and_then(|()| {
+            builder
+                .add(&sampler.skel.maps.offcpu_samples, move |data: &[u8]| {
+                    match parse_offcpu_record(data, scale) {
+                        Some((samples, flags)) => {
+                            if let Some(s) = samples.first() {
+                                ask(s.pid, flags, &cb_metrics);
+                            }
+                            cb_batch.borrow_mut().extend(samples);
+                        }
+                        None => cb_metrics.offcpu(OffCpuEvent::Malformed, 1),
+                    }
+                    0
+                })
+                .map(|_| ())
+        });
+    }
+    added.and_then(|()| builder.build())
+}
+
+/// Applies the aggregator's queued [`Control`] orders to the BPF maps.
+fn apply_orders(sampler: &Sampler<'_>, control: &Receiver<Control>, metrics: &Metrics) {
+    while let Ok(order) = control.try_recv() {
+        // A refused deny leaves the workload sampled (dropped in userspace); a failed
+        // delete of a cgroup leaves its entry taking room. A delete of an entry that
+        // is not there (a pid LRU already dropped, a deny the map refused) is harmless.
+        let counted = match (order, sampler.apply(order)) {
+            (_, Ok(())) => false,
+            (Control::DenyPid(_) | Control::DenyCgroup(_), Err(_)) => true,
+            (Control::AllowCgroup(_), Err(e)) => e.kind() != libbpf_rs::ErrorKind::NotFound,
+            (Control::AllowPid(_), Err(_)) => false,
+        };
+        if counted {
+            metrics.dropped(Cache::DenyMaps, 1);
+        }
+    }
 }
 
 /// The longest samples wait in the ring buffer: every wakeup of an idle agent costs, and
