@@ -196,38 +196,14 @@ impl Agent {
         }
         let run = mode == Mode::Run;
         let windows = if run {
-            let o = &cfg.output;
-            let dir =
-                WindowDir::open(&o.data_dir, o.keep_windows, o.keep_bytes).map_err(|source| {
-                    AgentError::DataDir {
-                        path: o.data_dir.clone(),
-                        source,
-                    }
-                })?;
-            Some(Arc::new(dir))
+            Some(open_windows(&cfg.output)?)
         } else {
             None
         };
         let metrics = Metrics::new();
         let health = Health::new(cfg.window.duration);
         if run {
-            // A stage stuck this long fails /healthz (`health.stall_windows`, plus the
-            // grace the window check allows a loaded machine).
-            if cfg.health.stall_windows > 0 {
-                let stall = cfg.window.duration.saturating_mul(cfg.health.stall_windows);
-                metrics
-                    .progress
-                    .set_limit(stall.saturating_add(server::HEALTH_GRACE));
-            }
-            let stages = metrics.progress.clone();
-            health.add_check("stages", move || stages.check());
-            // The window directory reports its faults (full, read-only) until a write
-            // succeeds: readiness only, since a restart cannot empty a disk (liveness is
-            // the pipeline's progress, which goes on: windows still reach the sinks).
-            if let Some(dir) = &windows {
-                let dir = dir.clone();
-                health.add_readiness_check("window files", move || dir.health());
-            }
+            add_health_checks(&health, cfg, &metrics, windows.as_ref());
         }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -258,16 +234,7 @@ impl Agent {
             None
         };
         if run && cfg.otlp_metrics.enabled {
-            let o = &cfg.otlp_metrics;
-            // The exporter's tasks and connection live on the agent's runtime.
-            let _guard = rt.enter();
-            let e = readings::otlp::start(o, node.known(), metrics.readings.clone())?;
-            tracing::info!(
-                "pushing OTLP metrics to {} every {:?}",
-                o.endpoint,
-                o.interval
-            );
-            parts.push(Part::OtlpMetrics(e));
+            parts.push(otlp_metrics(&rt, cfg, node, &metrics)?);
         }
         let (h, m) = (health.clone(), metrics.clone());
         let mut last_lost = 0;
@@ -318,51 +285,13 @@ impl Agent {
             );
         }
         if let (Some(listener), Some(windows)) = (listener, windows) {
-            let token = if cfg.server.token_file.as_os_str().is_empty() {
-                ""
-            } else {
-                " (bearer token required)"
-            };
-            match listener.profiles_addr() {
-                Ok(addr) => tracing::info!(
-                    "serving the profile explorer, its API, /metrics and /healthz on http://{addr}/{token}"
-                ),
-                Err(e) => tracing::warn!(error = %e, "profiles listener has no address"),
-            }
-            if let Some(addr) = listener.metrics_addr() {
-                tracing::info!("serving /metrics, /healthz and /readyz on http://{addr}/");
-            }
-            if let Some(addr) = listener.health_addr() {
-                tracing::info!("serving the probes' /healthz and /readyz on http://{addr}/");
-            }
-            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let task = rt.spawn(server::serve(
-                listener,
-                cfg.server.clone(),
-                metrics.clone(),
-                windows,
-                health,
-                async {
-                    let _ = stopped.await;
-                },
-            ));
-            parts.push(Part::Server { stop, task });
+            parts.push(serve(&rt, listener, cfg, &metrics, windows, health));
         }
-        // The shutdown deadline: the last window must be handed out (symbolizing and
-        // encoding it takes less than one window, or `run` could not keep up), OTLP metrics
-        // get their last export (otlp_metrics.timeout), the sinks send the last window
-        // (sinks.shutdown_grace), and STOP_MARGIN covers the rest.
-        let otlp = if run && cfg.otlp_metrics.enabled {
-            cfg.otlp_metrics.timeout
-        } else {
-            Duration::ZERO
-        };
-        let deadline = deadline_window + otlp + cfg.sinks.shutdown_grace + STOP_MARGIN;
         Ok(Self {
             rt,
             mode,
             parts,
-            deadline,
+            deadline: stop_deadline(cfg, run, deadline_window),
         })
     }
 
@@ -415,6 +344,117 @@ impl Agent {
         rt.shutdown_timeout(Duration::from_secs(1));
         Ok(())
     }
+}
+
+/// The shutdown deadline: the last window (of length `window`) must be handed out
+/// (symbolizing and encoding it takes less than one window, or `run` could not keep up),
+/// OTLP metrics get their last export (otlp_metrics.timeout), the sinks send the last
+/// window (sinks.shutdown_grace), and STOP_MARGIN covers the rest.
+fn stop_deadline(cfg: &Config, run: bool, window: Duration) -> Duration {
+    let otlp = if run && cfg.otlp_metrics.enabled {
+        cfg.otlp_metrics.timeout
+    } else {
+        Duration::ZERO
+    };
+    window + otlp + cfg.sinks.shutdown_grace + STOP_MARGIN
+}
+
+/// Starts the OTLP metrics exporter (`otlp_metrics.enabled`, `run`).
+fn otlp_metrics(
+    rt: &tokio::runtime::Runtime,
+    cfg: &Config,
+    node: &NodeName,
+    metrics: &Metrics,
+) -> Result<Part, AgentError> {
+    let o = &cfg.otlp_metrics;
+    // The exporter's tasks and connection live on the agent's runtime.
+    let _guard = rt.enter();
+    let e = readings::otlp::start(o, node.known(), metrics.readings.clone())?;
+    tracing::info!(
+        "pushing OTLP metrics to {} every {:?}",
+        o.endpoint,
+        o.interval
+    );
+    Ok(Part::OtlpMetrics(e))
+}
+
+/// Opens the window directory (`output.data_dir`), keeping at most `keep_windows` windows
+/// and `keep_bytes` bytes.
+fn open_windows(o: &crate::config::Output) -> Result<Arc<WindowDir>, AgentError> {
+    let dir = WindowDir::open(&o.data_dir, o.keep_windows, o.keep_bytes).map_err(|source| {
+        AgentError::DataDir {
+            path: o.data_dir.clone(),
+            source,
+        }
+    })?;
+    Ok(Arc::new(dir))
+}
+
+/// The checks `/healthz` and `/readyz` run beside the window clock (`run`): stuck stages,
+/// and the window directory's faults.
+fn add_health_checks(
+    health: &Health,
+    cfg: &Config,
+    metrics: &Metrics,
+    windows: Option<&Arc<WindowDir>>,
+) {
+    // A stage stuck this long fails /healthz (`health.stall_windows`, plus the
+    // grace the window check allows a loaded machine).
+    if cfg.health.stall_windows > 0 {
+        let stall = cfg.window.duration.saturating_mul(cfg.health.stall_windows);
+        metrics
+            .progress
+            .set_limit(stall.saturating_add(server::HEALTH_GRACE));
+    }
+    let stages = metrics.progress.clone();
+    health.add_check("stages", move || stages.check());
+    // The window directory reports its faults (full, read-only) until a write
+    // succeeds: readiness only, since a restart cannot empty a disk (liveness is
+    // the pipeline's progress, which goes on: windows still reach the sinks).
+    if let Some(dir) = windows {
+        let dir = dir.clone();
+        health.add_readiness_check("window files", move || dir.health());
+    }
+}
+
+/// Starts the HTTP server on `listener` (on the agent's runtime), saying where it serves.
+fn serve(
+    rt: &tokio::runtime::Runtime,
+    listener: server::Listeners,
+    cfg: &Config,
+    metrics: &Metrics,
+    windows: Arc<WindowDir>,
+    health: Arc<Health>,
+) -> Part {
+    let token = if cfg.server.token_file.as_os_str().is_empty() {
+        ""
+    } else {
+        " (bearer token required)"
+    };
+    match listener.profiles_addr() {
+        Ok(addr) => tracing::info!(
+            "serving the profile explorer, its API, /metrics and /healthz on http://{addr}/{token}"
+        ),
+        Err(e) => tracing::warn!(error = %e, "profiles listener has no address"),
+    }
+    if let Some(addr) = listener.metrics_addr() {
+        tracing::info!("serving /metrics, /healthz and /readyz on http://{addr}/");
+    }
+    if let Some(addr) = listener.health_addr() {
+        tracing::info!("serving the probes' /healthz and /readyz on http://{addr}/");
+    }
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = rt.spawn(server::serve(
+        listener,
+        cfg.server.clone(),
+        metrics.clone(),
+        windows,
+        health,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    Part::Server { stop, task }
 }
 
 async fn stop_signal() {
