@@ -4,10 +4,10 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
-use ember::aggregate::{Aggregator, Window, Workloads};
-use ember::capture::Sample;
-use ember::config::Limits;
+use ember::aggregate::{Aggregator, Parts, Window, Workloads};
+use ember::config::{Jit, Limits};
 use ember::metrics::Metrics;
+use ember::model::Sample;
 use ember::symbolize::Symbolizer;
 
 fn limits() -> Limits {
@@ -17,6 +17,18 @@ fn limits() -> Limits {
         max_stacks_per_window: 100_000,
         ..Default::default()
     }
+}
+
+fn aggregator() -> Aggregator {
+    Aggregator::new(Parts {
+        frequency_hz: 99,
+        limits: limits(),
+        jit: Jit::default(),
+        offcpu: false,
+        queue_bytes: None,
+        metrics: Metrics::new(),
+        workloads: Workloads::default(),
+    })
 }
 
 /// Addresses inside this benchmark's own code, so they normalize and symbolize for real.
@@ -52,7 +64,7 @@ fn samples() -> Vec<Sample> {
                 kernel: Vec::new(),
                 user: (0..20).map(|f| addrs[(k + f) % addrs.len()]).collect(),
                 user_exact: 0,
-                user_end: ember::metrics::StackEnd::Complete,
+                user_end: ember::model::StackEnd::Complete,
                 off_cpu: None,
             }
         })
@@ -60,7 +72,7 @@ fn samples() -> Vec<Sample> {
 }
 
 fn window() -> Window {
-    let mut agg = Aggregator::new(99, &limits(), Metrics::new(), Workloads::default());
+    let mut agg = aggregator();
     for s in samples() {
         agg.add(s);
     }
@@ -70,12 +82,7 @@ fn window() -> Window {
 fn benches(c: &mut Criterion) {
     c.bench_function("aggregate 2000 samples + normalize", |b| {
         b.iter_batched(
-            || {
-                (
-                    Aggregator::new(99, &limits(), Metrics::new(), Workloads::default()),
-                    samples(),
-                )
-            },
+            || (aggregator(), samples()),
             |(mut agg, samples)| {
                 for s in samples {
                     agg.add(s);

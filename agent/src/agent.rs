@@ -12,10 +12,11 @@
 //! 4. the sinks (`run`): window files, Pyroscope, OTLP profiles, on their own thread;
 //! 5. the pod watcher (`kubernetes.enabled`), a task on the agent's runtime;
 //! 6. OTLP metrics (`run`, `otlp_metrics.enabled`), on the agent's runtime;
-//! 7. the pipeline: capture → aggregate → output (symbolize → encode → hand out), one
-//!    thread each. Stages hand each other owned batches over bounded channels, and every
-//!    `try_send` that finds a queue full counts what it dropped. Stopping drains front to
-//!    back, so the last window is complete;
+//! 7. the pipeline: capture → aggregate → output (symbolize → encode → hand out, the loop
+//!    of `encode::output`), one thread each, each stage made from one struct of its parts.
+//!    Stages hand each other owned batches (the types of [`crate::model`]) over bounded
+//!    channels, and every `try_send` that finds a queue full counts what it dropped.
+//!    Stopping drains front to back, so the last window is complete;
 //! 8. the readings thread (`run`): USE readings, perf counters, run-queue latency;
 //! 9. the HTTP server (`run`).
 //!
@@ -25,19 +26,19 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::aggregate::{Aggregator, Window, Workloads};
+use crate::aggregate::{self, Aggregator, Window, Workloads};
 use crate::capture::tasks::TaskWatch;
-use crate::capture::{Batch, Capture, CaptureError, Control, Work, WorkSender};
+use crate::capture::{self, Batch, Capture, CaptureError, Control, Work, WorkSender};
 use crate::config::selector::SelectorError;
 use crate::config::{Config, NodeName};
-use crate::encode::Encoded;
+use crate::encode::{self, Encoded};
 use crate::export::files::{FilesError, WindowDir};
-use crate::metrics::{Cache, FrameResult, Metrics, Stage};
+use crate::metrics::Metrics;
 use crate::normalize::unwind;
 use crate::os::privileges;
 use crate::readings::otlp::OtlpError;
@@ -195,38 +196,14 @@ impl Agent {
         }
         let run = mode == Mode::Run;
         let windows = if run {
-            let o = &cfg.output;
-            let dir =
-                WindowDir::open(&o.data_dir, o.keep_windows, o.keep_bytes).map_err(|source| {
-                    AgentError::DataDir {
-                        path: o.data_dir.clone(),
-                        source,
-                    }
-                })?;
-            Some(Arc::new(dir))
+            Some(open_windows(&cfg.output)?)
         } else {
             None
         };
         let metrics = Metrics::new();
         let health = Health::new(cfg.window.duration);
         if run {
-            // A stage stuck this long fails /healthz (`health.stall_windows`, plus the
-            // grace the window check allows a loaded machine).
-            if cfg.health.stall_windows > 0 {
-                let stall = cfg.window.duration.saturating_mul(cfg.health.stall_windows);
-                metrics
-                    .progress
-                    .set_limit(stall.saturating_add(server::HEALTH_GRACE));
-            }
-            let stages = metrics.progress.clone();
-            health.add_check("stages", move || stages.check());
-            // The window directory reports its faults (full, read-only) until a write
-            // succeeds: readiness only, since a restart cannot empty a disk (liveness is
-            // the pipeline's progress, which goes on: windows still reach the sinks).
-            if let Some(dir) = &windows {
-                let dir = dir.clone();
-                health.add_readiness_check("window files", move || dir.health());
-            }
+            add_health_checks(&health, cfg, &metrics, windows.as_ref());
         }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -257,16 +234,7 @@ impl Agent {
             None
         };
         if run && cfg.otlp_metrics.enabled {
-            let o = &cfg.otlp_metrics;
-            // The exporter's tasks and connection live on the agent's runtime.
-            let _guard = rt.enter();
-            let e = readings::otlp::start(o, node.known(), metrics.readings.clone())?;
-            tracing::info!(
-                "pushing OTLP metrics to {} every {:?}",
-                o.endpoint,
-                o.interval
-            );
-            parts.push(Part::OtlpMetrics(e));
+            parts.push(otlp_metrics(&rt, cfg, node, &metrics)?);
         }
         let (h, m) = (health.clone(), metrics.clone());
         let mut last_lost = 0;
@@ -290,13 +258,15 @@ impl Agent {
         };
         let pipeline = Pipeline::start(
             cfg,
-            node,
-            window,
-            align,
-            metrics.clone(),
-            meta.clone(),
-            filter,
-            on_window,
+            PipelineParts {
+                node: node.name.clone(),
+                window,
+                align,
+                metrics: metrics.clone(),
+                metadata: meta.clone(),
+                filter,
+                on_window,
+            },
         )?;
         parts.push(Part::Pipeline(pipeline));
         if run {
@@ -315,51 +285,13 @@ impl Agent {
             );
         }
         if let (Some(listener), Some(windows)) = (listener, windows) {
-            let token = if cfg.server.token_file.as_os_str().is_empty() {
-                ""
-            } else {
-                " (bearer token required)"
-            };
-            match listener.profiles_addr() {
-                Ok(addr) => tracing::info!(
-                    "serving the profile explorer, its API, /metrics and /healthz on http://{addr}/{token}"
-                ),
-                Err(e) => tracing::warn!(error = %e, "profiles listener has no address"),
-            }
-            if let Some(addr) = listener.metrics_addr() {
-                tracing::info!("serving /metrics, /healthz and /readyz on http://{addr}/");
-            }
-            if let Some(addr) = listener.health_addr() {
-                tracing::info!("serving the probes' /healthz and /readyz on http://{addr}/");
-            }
-            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let task = rt.spawn(server::serve(
-                listener,
-                cfg.server.clone(),
-                metrics.clone(),
-                windows,
-                health,
-                async {
-                    let _ = stopped.await;
-                },
-            ));
-            parts.push(Part::Server { stop, task });
+            parts.push(serve(&rt, listener, cfg, &metrics, windows, health));
         }
-        // The shutdown deadline: the last window must be handed out (symbolizing and
-        // encoding it takes less than one window, or `run` could not keep up), OTLP metrics
-        // get their last export (otlp_metrics.timeout), the sinks send the last window
-        // (sinks.shutdown_grace), and STOP_MARGIN covers the rest.
-        let otlp = if run && cfg.otlp_metrics.enabled {
-            cfg.otlp_metrics.timeout
-        } else {
-            Duration::ZERO
-        };
-        let deadline = deadline_window + otlp + cfg.sinks.shutdown_grace + STOP_MARGIN;
         Ok(Self {
             rt,
             mode,
             parts,
-            deadline,
+            deadline: stop_deadline(cfg, run, deadline_window),
         })
     }
 
@@ -412,6 +344,117 @@ impl Agent {
         rt.shutdown_timeout(Duration::from_secs(1));
         Ok(())
     }
+}
+
+/// The shutdown deadline: the last window (of length `window`) must be handed out
+/// (symbolizing and encoding it takes less than one window, or `run` could not keep up),
+/// OTLP metrics get their last export (otlp_metrics.timeout), the sinks send the last
+/// window (sinks.shutdown_grace), and STOP_MARGIN covers the rest.
+fn stop_deadline(cfg: &Config, run: bool, window: Duration) -> Duration {
+    let otlp = if run && cfg.otlp_metrics.enabled {
+        cfg.otlp_metrics.timeout
+    } else {
+        Duration::ZERO
+    };
+    window + otlp + cfg.sinks.shutdown_grace + STOP_MARGIN
+}
+
+/// Starts the OTLP metrics exporter (`otlp_metrics.enabled`, `run`).
+fn otlp_metrics(
+    rt: &tokio::runtime::Runtime,
+    cfg: &Config,
+    node: &NodeName,
+    metrics: &Metrics,
+) -> Result<Part, AgentError> {
+    let o = &cfg.otlp_metrics;
+    // The exporter's tasks and connection live on the agent's runtime.
+    let _guard = rt.enter();
+    let e = readings::otlp::start(o, node.known(), metrics.readings.clone())?;
+    tracing::info!(
+        "pushing OTLP metrics to {} every {:?}",
+        o.endpoint,
+        o.interval
+    );
+    Ok(Part::OtlpMetrics(e))
+}
+
+/// Opens the window directory (`output.data_dir`), keeping at most `keep_windows` windows
+/// and `keep_bytes` bytes.
+fn open_windows(o: &crate::config::Output) -> Result<Arc<WindowDir>, AgentError> {
+    let dir = WindowDir::open(&o.data_dir, o.keep_windows, o.keep_bytes).map_err(|source| {
+        AgentError::DataDir {
+            path: o.data_dir.clone(),
+            source,
+        }
+    })?;
+    Ok(Arc::new(dir))
+}
+
+/// The checks `/healthz` and `/readyz` run beside the window clock (`run`): stuck stages,
+/// and the window directory's faults.
+fn add_health_checks(
+    health: &Health,
+    cfg: &Config,
+    metrics: &Metrics,
+    windows: Option<&Arc<WindowDir>>,
+) {
+    // A stage stuck this long fails /healthz (`health.stall_windows`, plus the
+    // grace the window check allows a loaded machine).
+    if cfg.health.stall_windows > 0 {
+        let stall = cfg.window.duration.saturating_mul(cfg.health.stall_windows);
+        metrics
+            .progress
+            .set_limit(stall.saturating_add(server::HEALTH_GRACE));
+    }
+    let stages = metrics.progress.clone();
+    health.add_check("stages", move || stages.check());
+    // The window directory reports its faults (full, read-only) until a write
+    // succeeds: readiness only, since a restart cannot empty a disk (liveness is
+    // the pipeline's progress, which goes on: windows still reach the sinks).
+    if let Some(dir) = windows {
+        let dir = dir.clone();
+        health.add_readiness_check("window files", move || dir.health());
+    }
+}
+
+/// Starts the HTTP server on `listener` (on the agent's runtime), saying where it serves.
+fn serve(
+    rt: &tokio::runtime::Runtime,
+    listener: server::Listeners,
+    cfg: &Config,
+    metrics: &Metrics,
+    windows: Arc<WindowDir>,
+    health: Arc<Health>,
+) -> Part {
+    let token = if cfg.server.token_file.as_os_str().is_empty() {
+        ""
+    } else {
+        " (bearer token required)"
+    };
+    match listener.profiles_addr() {
+        Ok(addr) => tracing::info!(
+            "serving the profile explorer, its API, /metrics and /healthz on http://{addr}/{token}"
+        ),
+        Err(e) => tracing::warn!(error = %e, "profiles listener has no address"),
+    }
+    if let Some(addr) = listener.metrics_addr() {
+        tracing::info!("serving /metrics, /healthz and /readyz on http://{addr}/");
+    }
+    if let Some(addr) = listener.health_addr() {
+        tracing::info!("serving the probes' /healthz and /readyz on http://{addr}/");
+    }
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = rt.spawn(server::serve(
+        listener,
+        cfg.server.clone(),
+        metrics.clone(),
+        windows,
+        health,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    Part::Server { stop, task }
 }
 
 async fn stop_signal() {
@@ -481,25 +524,40 @@ const WINDOW_QUEUE: usize = 4;
 /// BPF deny/allow orders queued between aggregation and capture.
 const CONTROL_QUEUE: usize = 4096;
 
+/// What the pipeline is wired from, besides the config.
+struct PipelineParts<F> {
+    /// This node's name, for the per-container series.
+    node: String,
+    /// The window length.
+    window: Duration,
+    /// Whether windows are aligned on the wall clock (`run`).
+    align: bool,
+    /// Where every stage counts.
+    metrics: Metrics,
+    /// Names pods (when Kubernetes is enabled).
+    metadata: Option<Metadata>,
+    /// Decides what is profiled.
+    filter: Filter,
+    /// Runs on the output thread with each window.
+    on_window: F,
+}
+
 impl Pipeline {
     /// Starts the stages, the sampler last (it returns once attached); `on_window` runs
-    /// on the output thread for each window of length `window` (aligned on the wall clock
-    /// if `align`). `metadata` names pods (when Kubernetes is enabled); `filter` decides
-    /// what is profiled.
-    #[allow(clippy::too_many_arguments)]
-    fn start<F>(
-        cfg: &Config,
-        node: &NodeName,
-        window: Duration,
-        align: bool,
-        metrics: Metrics,
-        metadata: Option<Metadata>,
-        filter: Filter,
-        on_window: F,
-    ) -> Result<Self, CaptureError>
+    /// on the output thread for each window.
+    fn start<F>(cfg: &Config, parts: PipelineParts<F>) -> Result<Self, CaptureError>
     where
         F: FnMut(Encoded) + Send + 'static,
     {
+        let PipelineParts {
+            node,
+            window,
+            align,
+            metrics,
+            metadata,
+            filter,
+            on_window,
+        } = parts;
         let (batch_tx, batch_rx) = mpsc::sync_channel::<Batch>(cfg.limits.sample_queue_batches);
         let queue_bytes = crate::capture::QueueBytes::new(cfg.limits.sample_queue_bytes);
         let (window_tx, window_rx) = mpsc::sync_channel::<Window>(WINDOW_QUEUE);
@@ -507,25 +565,24 @@ impl Pipeline {
 
         let accounting = Accounting::new(
             &metrics,
-            node.name.clone(),
+            node,
             cfg.limits.max_processes,
             crate::workload::accounting::MAX_BYTES,
         );
-        let workloads = Workloads {
-            metadata,
-            filter,
-            accounting: Some(accounting),
-            control: Some(control_tx),
-        };
-        let mut agg = Aggregator::new(
-            cfg.sampling.frequency_hz,
-            &cfg.limits,
-            metrics.clone(),
-            workloads,
-        );
-        agg.set_jit(cfg.jit.clone());
-        agg.set_queue_bytes(queue_bytes.clone());
-        agg.set_offcpu(cfg.offcpu.enabled);
+        let agg = Aggregator::new(aggregate::Parts {
+            frequency_hz: cfg.sampling.frequency_hz,
+            limits: cfg.limits.clone(),
+            jit: cfg.jit.clone(),
+            offcpu: cfg.offcpu.enabled,
+            queue_bytes: Some(queue_bytes.clone()),
+            metrics: metrics.clone(),
+            workloads: Workloads {
+                metadata,
+                filter,
+                accounting: Some(accounting),
+                control: Some(control_tx),
+            },
+        });
         let (snap_tx, snap_rx) = mpsc::sync_channel(SNAPSHOT_QUEUE);
         let aggregate = spawn("ember-aggregate", move || {
             agg.run(batch_rx, snap_rx, window_tx, window, align)
@@ -535,18 +592,18 @@ impl Pipeline {
         let symbols = cfg.symbols.clone();
         let output = spawn("ember-output", move || {
             let symbolizer = Symbolizer::with_settings(cache, symbols, m.clone());
-            output_loop(window_rx, symbolizer, m, on_window)
+            encode::output::run(window_rx, symbolizer, m, on_window)
         })?;
 
-        let (capture, link) = Capture::start(
-            &cfg.sampling,
-            &cfg.offcpu,
-            align.then_some(window),
-            batch_tx,
-            queue_bytes,
-            control_rx,
-            metrics.clone(),
-        )?;
+        let (capture, link) = Capture::start(capture::Parts {
+            sampling: cfg.sampling.clone(),
+            offcpu: cfg.offcpu.clone(),
+            windows: align.then_some(window),
+            batches: batch_tx,
+            budget: queue_bytes,
+            control: control_rx,
+            metrics: metrics.clone(),
+        })?;
         let unwind = match link.maps {
             Some(maps) => {
                 let settings = unwind::Settings {
@@ -618,46 +675,4 @@ fn spawn<F: FnOnce() + Send + 'static>(name: &str, f: F) -> Result<JoinHandle<()
         .name(name.into())
         .spawn(f)
         .map_err(|_| CaptureError::Thread)
-}
-
-fn output_loop<F: FnMut(Encoded)>(
-    rx: Receiver<Window>,
-    mut symbolizer: Symbolizer,
-    metrics: Metrics,
-    mut on_window: F,
-) {
-    for window in rx {
-        let started = Instant::now();
-        metrics.progress.begin(Stage::Output);
-        let encoded = match Encoded::new(symbolizer.symbolize(window)) {
-            Ok(encoded) => encoded,
-            Err(e) => {
-                tracing::error!("could not compress a window, dropped: {e}");
-                metrics.dropped(Cache::WindowEncode, 1);
-                metrics.progress.end(Stage::Output);
-                continue;
-            }
-        };
-        metrics
-            .window_encode_seconds
-            .observe(started.elapsed().as_secs_f64());
-        metrics.windows.inc();
-        let frames = encoded.frames;
-        for (result, n) in [
-            (FrameResult::Named, frames.named),
-            (FrameResult::Unnamed, frames.unnamed),
-            (FrameResult::Jit, frames.jit),
-        ] {
-            metrics.frames_written(result, n);
-        }
-        // Which workloads have broken names: unnamed frames by workload.
-        for s in &encoded.window.stacks {
-            let unnamed = s.frames.iter().filter(|f| !f.named && !f.is_jit()).count();
-            if unnamed > 0 {
-                metrics.unnamed_frames(s.labels.workload(&s.process), unnamed as u64);
-            }
-        }
-        on_window(encoded);
-        metrics.progress.end(Stage::Output);
-    }
 }

@@ -9,9 +9,10 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::capture::{Batch, Control, OffCpu, Sample, CGROUP_DENY_ENTRIES};
-use crate::config::Limits;
-use crate::metrics::{Cache, Loss, Metrics, OffState, StackEnd};
+use crate::capture::{Batch, Control, QueueBytes, CGROUP_DENY_ENTRIES};
+use crate::config::{Jit, Limits};
+use crate::metrics::{Cache, Loss, Metrics};
+use crate::model::{self, Labels, OffCpu, OffState, ProfileKind, Sample, StackEnd};
 use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
 
 /// How often the aggregator looks for process snapshots while no samples arrive (it takes
@@ -19,9 +20,10 @@ use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
 /// bounds how long they wait in their queue on an idle host.
 const SNAPSHOT_POLL: Duration = Duration::from_secs(2);
 use crate::workload::kube::Metadata;
-use crate::workload::{self, Accounting, Cgroup, Filter, Labels, Verdict};
+use crate::workload::{self, Accounting, Cgroup, Filter, Verdict};
 
-/// One frame of a normalized stack.
+/// One frame of a normalized stack. The user side holds the open object file it is in
+/// ([`UserAddr`]): the symbolizer reads it after the process is gone.
 #[derive(Debug, Clone)]
 pub enum Frame {
     /// A kernel address.
@@ -30,82 +32,11 @@ pub enum Frame {
     User(UserAddr),
 }
 
-/// A distinct stack of one thread and how often it was sampled.
-#[derive(Debug, Clone)]
-pub struct Stack {
-    /// Process id.
-    pub pid: u32,
-    /// Thread id.
-    pub tid: u32,
-    /// Thread name.
-    pub comm: String,
-    /// Process name.
-    pub process: Arc<str>,
-    /// Container, pod and cgroup of the process.
-    pub labels: Arc<Labels>,
-    /// Kernel frames then user frames, leaf first. Every frame but the leaf of each
-    /// side is a return address and has already been moved back by one byte, so it
-    /// points into the call instruction.
-    pub frames: Vec<Frame>,
-    /// Samples of this stack (CPU), or blocks reported (off-CPU).
-    pub count: u64,
-    /// Off-CPU stacks: why, and the nanoseconds off CPU summed over its blocks.
-    pub off_cpu: Option<OffCpu>,
-}
-
-/// What a window's profile measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum ProfileKind {
-    /// CPU time, from samples at `sampling.frequency_hz`.
-    #[default]
-    Cpu,
-    /// Time threads spent off CPU, from context switches (`offcpu.enabled`).
-    OffCpu,
-}
-
-impl ProfileKind {
-    /// The name `ember record --type` and `/api` take, and the window files carry
-    /// (`<start>.offcpu.pb.gz`; CPU windows carry none).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            ProfileKind::Cpu => "cpu",
-            ProfileKind::OffCpu => "offcpu",
-        }
-    }
-}
+/// A distinct stack of one thread, its frames normalized.
+pub type Stack = model::Stack<Frame>;
 
 /// One closed window, ready to symbolize.
-#[derive(Debug, Clone)]
-pub struct Window {
-    /// Wall-clock start.
-    pub start: SystemTime,
-    /// Length.
-    pub duration: Duration,
-    /// Nanoseconds of CPU time one sample stands for (1e9 / Hz).
-    pub period_ns: u64,
-    /// What it measures.
-    pub kind: ProfileKind,
-    /// Distinct stacks.
-    pub stacks: Vec<Stack>,
-}
-
-impl Window {
-    /// The window's times and kind, without its stacks.
-    fn clone_header(&self) -> Self {
-        Self {
-            start: self.start,
-            duration: self.duration,
-            period_ns: self.period_ns,
-            kind: self.kind,
-            stacks: Vec::new(),
-        }
-    }
-
-    /// Total samples in the window.
-    pub fn samples(&self) -> u64 {
-        self.stacks.iter().map(|s| s.count).sum()
-    }
-}
+pub type Window = model::Window<Frame>;
 
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct Key {
@@ -168,7 +99,7 @@ pub struct Aggregator {
     stack_bytes: u64,
     max_stack_bytes: u64,
     /// The sample queue's byte budget, given back as batches arrive.
-    queue_bytes: Option<crate::capture::QueueBytes>,
+    queue_bytes: Option<QueueBytes>,
     /// Excluded processes whose samples may still be in flight.
     denied: HashSet<u32>,
     /// Cgroups denied in BPF (at most [`CGROUP_DENY_ENTRIES`]): allowed again once their
@@ -180,18 +111,48 @@ pub struct Aggregator {
     allow_cgroups: Vec<u64>,
 }
 
+/// What an aggregator is made of: its settings, where it counts, and what it attributes
+/// samples to workloads with.
+pub struct Parts {
+    /// `sampling.frequency_hz`: the CPU time one sample stands for.
+    pub frequency_hz: u64,
+    /// `limits:`: the stacks of a window, and the process table's caps.
+    pub limits: Limits,
+    /// `jit:`, for the process table.
+    pub jit: Jit,
+    /// `offcpu.enabled`: an off-CPU window is made beside each CPU window.
+    pub offcpu: bool,
+    /// The sample queue's byte budget, given back as batches arrive (see [`QueueBytes`]).
+    pub queue_bytes: Option<QueueBytes>,
+    /// Where it counts.
+    pub metrics: Metrics,
+    /// Pod metadata, filters, per-container accounting, and the orders to capture.
+    pub workloads: Workloads,
+}
+
 impl Aggregator {
-    /// A new aggregator for samples taken at `frequency_hz`, keeping at most
+    /// A new aggregator for samples taken at `parts.frequency_hz`, keeping at most
     /// `limits.max_stacks_per_window` stacks (its process table capped by `limits` too).
-    pub fn new(frequency_hz: u64, limits: &Limits, metrics: Metrics, workloads: Workloads) -> Self {
+    pub fn new(parts: Parts) -> Self {
+        let Parts {
+            frequency_hz,
+            limits,
+            jit,
+            offcpu,
+            queue_bytes,
+            metrics,
+            workloads,
+        } = parts;
+        let mut table = ProcessTable::new(&limits, metrics.clone());
+        table.set_jit(jit);
         Self {
-            table: ProcessTable::new(limits, metrics.clone()),
+            table,
             counts: HashMap::default(),
             max_stacks: limits.max_stacks_per_window,
             stack_bytes: 0,
             max_stack_bytes: limits.max_stack_bytes_per_window,
-            queue_bytes: None,
-            offcpu: false,
+            queue_bytes,
+            offcpu,
             period_ns: 1_000_000_000 / frequency_hz.max(1),
             start: SystemTime::now(),
             started: Instant::now(),
@@ -201,21 +162,6 @@ impl Aggregator {
             denied_cgroups: HashMap::new(),
             allow_cgroups: Vec::new(),
         }
-    }
-
-    /// Gives batches' bytes back to `budget` as they arrive (see [`crate::capture::QueueBytes`]).
-    pub fn set_queue_bytes(&mut self, budget: crate::capture::QueueBytes) {
-        self.queue_bytes = Some(budget);
-    }
-
-    /// Replaces the JIT settings of the process table.
-    pub fn set_jit(&mut self, settings: crate::config::Jit) {
-        self.table.set_jit(settings);
-    }
-
-    /// Makes an off-CPU window beside each CPU window (`offcpu.enabled`).
-    pub fn set_offcpu(&mut self, on: bool) {
-        self.offcpu = on;
     }
 
     /// Counts one sample; the first sample of a process reads its mappings.
@@ -455,8 +401,7 @@ impl Aggregator {
         if self.offcpu {
             windows.push(Window {
                 kind: ProfileKind::OffCpu,
-                stacks: off_stacks,
-                ..windows[0].clone_header()
+                ..windows[0].with_stacks(off_stacks)
             });
         }
         self.start = now;
@@ -575,7 +520,7 @@ mod tests {
             kernel: vec![0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020],
             user: user.to_vec(),
             user_exact: 0,
-            user_end: crate::metrics::StackEnd::Complete,
+            user_end: StackEnd::Complete,
             off_cpu: None,
         }
     }
@@ -589,13 +534,21 @@ mod tests {
         }
     }
 
+    /// An aggregator of samples at 99 Hz within `limits`, with the default JIT settings.
+    fn parts(limits: Limits, workloads: Workloads) -> Parts {
+        Parts {
+            frequency_hz: 99,
+            limits,
+            jit: Jit::default(),
+            offcpu: false,
+            queue_bytes: None,
+            metrics: Metrics::new(),
+            workloads,
+        }
+    }
+
     fn agg(max_stacks: usize) -> Aggregator {
-        Aggregator::new(
-            99,
-            &limits(max_stacks),
-            Metrics::new(),
-            Workloads::default(),
-        )
+        Aggregator::new(parts(limits(max_stacks), Workloads::default()))
     }
 
     #[test]
@@ -684,7 +637,7 @@ mod tests {
             max_stack_bytes_per_window: 1 << 20,
             ..limits(1_000_000)
         };
-        let mut a = Aggregator::new(99, &limits, Metrics::new(), Workloads::default());
+        let mut a = Aggregator::new(parts(limits, Workloads::default()));
         let pid = std::process::id();
         // 254-frame stacks, each ~2 KiB: about 500 fit in 1 MiB.
         for i in 0..2000u64 {
@@ -729,8 +682,10 @@ mod tests {
         assert!(budget.try_take(bytes));
         tx.send(batch).expect("send");
         drop(tx);
-        let mut a = agg(10);
-        a.set_queue_bytes(budget.clone());
+        let a = Aggregator::new(Parts {
+            queue_bytes: Some(budget.clone()),
+            ..parts(limits(10), Workloads::default())
+        });
         a.run(rx, srx, wtx, Duration::from_secs(60), false);
         assert_eq!(budget.held(), 0);
     }
@@ -748,7 +703,7 @@ mod tests {
             control: Some(tx),
             ..Default::default()
         };
-        let mut a = Aggregator::new(99, &limits(100), Metrics::new(), workloads);
+        let mut a = Aggregator::new(parts(limits(100), workloads));
         let pid = std::process::id();
         a.add(sample(pid, pid, &[0x10]));
         let w = a.close();
@@ -821,10 +776,7 @@ mod tests {
             control: Some(tx),
             ..Default::default()
         };
-        (
-            Aggregator::new(99, &limits(100), Metrics::new(), workloads),
-            rx,
-        )
+        (Aggregator::new(parts(limits(100), workloads)), rx)
     }
 
     #[test]

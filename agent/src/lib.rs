@@ -16,8 +16,11 @@
 //!  agent: the one place that starts and stops every thread, in order
 //! ```
 //!
-//! Leaves that import no stage: [`config`], [`metrics`], [`os`]. A module imports only
-//! modules before it in this order (checked by `tests/modgraph.py` in `make test`):
+//! What the stages hand each other (samples, windows of stacks, symbolized frames, labels)
+//! is declared once, in [`model`].
+//!
+//! Leaves that import no stage: [`model`], [`config`], [`metrics`], [`os`]. A module imports
+//! only modules before it in this order (checked by `tests/modgraph.py` in `make test`):
 //! leaves, workload, capture, normalize, aggregate, symbolize, encode, export, readings,
 //! server, agent.
 //!
@@ -38,6 +41,7 @@ pub mod config;
 pub mod encode;
 pub(crate) mod export;
 pub mod metrics;
+pub mod model;
 pub mod normalize;
 pub(crate) mod os;
 pub use os::one_malloc_arena;

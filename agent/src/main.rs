@@ -8,10 +8,10 @@ use std::time::{Duration, SystemTime};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use ember::agent::{Agent, Mode};
-use ember::aggregate::ProfileKind;
 use ember::config::{Config, NodeName};
 use ember::encode::flamegraph;
 use ember::encode::Encoded;
+use ember::model::ProfileKind;
 
 /// ember: an always-on eBPF continuous profiler.
 #[derive(Parser)]
@@ -117,6 +117,9 @@ fn check_config(file: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The config file (or the embedded default) with the flags both commands share applied
+/// over it; the caller applies its own, then validates once ([`Config::validate`]), so a
+/// flag meets the same rules as the key it overrides.
 fn load(common: &Common) -> Result<Config> {
     let mut cfg = match &common.config {
         Some(path) => Config::load(path)?,
@@ -176,11 +179,12 @@ fn run(args: RunArgs) -> Result<()> {
     if let Some(addr) = args.health_listen {
         cfg.server.health_listen = Some(addr);
     }
-    // The flags above must meet the same rules as the file (a public --listen needs a token).
-    cfg.validate("the command line")?;
     if let Some(w) = args.window {
         cfg.window.duration = w;
     }
+    // The flags must meet the same rules as the file (a public --listen needs a token, a
+    // window is at least 100ms).
+    cfg.validate("the command line")?;
     init_logging(&cfg);
     let node = NodeName::resolve(&cfg.kubernetes);
     let agent = Agent::start(&cfg, &node, Mode::Run, |enc, lost| {
@@ -224,6 +228,7 @@ fn record(args: RecordArgs) -> Result<()> {
             ProfileKind::OffCpu
         }
     };
+    cfg.validate("the command line")?;
     let format = format_of(&args.output)?;
     init_logging(&cfg);
     let node = NodeName::resolve(&cfg.kubernetes);

@@ -76,6 +76,78 @@ fn check_config_reports_file_line_col() {
     }
 }
 
+/// A flag meets the rules of the key it overrides: `run --window 10ms` is refused like
+/// `window.duration: 10ms` in the file (and `record --frequency 0` like
+/// `sampling.frequency_hz: 0`), before anything starts.
+#[test]
+fn flags_are_validated_like_the_keys_they_override() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("utf-8");
+    let write = |name: &str, body: &str| {
+        let path = dir.path().join(name);
+        fs::write(&path, body).expect("writing the config");
+        path.to_str().expect("utf-8").to_owned()
+    };
+    let short = write(
+        "short.yaml",
+        "server:\n  enabled: false\nwindow:\n  duration: 10ms\n",
+    );
+    let plain = write("plain.yaml", "server:\n  enabled: false\n");
+    let out = dir.path().join("x.pb.gz");
+    let out = out.to_str().expect("utf-8");
+    let window = "window.duration: must be at least 100ms";
+    let frequency = "sampling.frequency_hz: must be between 1 and 10000";
+    let cases: [(&str, Vec<&str>, &str); 3] = [
+        (
+            "the file",
+            vec!["run", "-c", &short, "--data-dir", data],
+            window,
+        ),
+        (
+            "--window",
+            vec!["run", "-c", &plain, "--data-dir", data, "--window", "10ms"],
+            window,
+        ),
+        (
+            "--frequency",
+            vec![
+                "record",
+                "-c",
+                &plain,
+                "--frequency",
+                "0",
+                "-d",
+                "1s",
+                "-o",
+                out,
+            ],
+            frequency,
+        ),
+    ];
+    for (what, args, message) in cases {
+        let o = ember(&args);
+        let all = text(&o);
+        assert_eq!(
+            o.status.code(),
+            Some(1),
+            "a too small value from {what} should be refused:\n{all}"
+        );
+        assert!(
+            all.contains(message),
+            "the refusal of {what} should say `{message}`:\n{all}"
+        );
+    }
+    assert!(
+        !std::path::Path::new(data).exists(),
+        "nothing should have started"
+    );
+    assert!(
+        !std::path::Path::new(out).exists(),
+        "no profile should be written"
+    );
+}
+
 /// (h) Without privileges, `ember record` fails with one sentence naming CAP_BPF.
 #[test]
 fn unprivileged_record_names_missing_capabilities() {

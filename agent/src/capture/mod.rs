@@ -17,11 +17,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use libbpf_rs::libbpf_sys;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
 use tracing::{info, warn};
 
 use crate::config::{OffCpu as OffCpuSettings, SampleEvent, Sampling, UnwindMode};
-use crate::metrics::{Cache, Loss, Metrics, OffCpuEvent, OffState, RowLookup, StackEnd, StackSide};
+use crate::metrics::{Cache, Loss, Metrics, OffCpuEvent, RowLookup, StackSide};
+use crate::model::{OffCpu, OffState, Sample, StackEnd};
 
 pub use ember_parse::perf_record;
 pub mod tasks;
@@ -47,45 +48,6 @@ const HEADER: usize = std::mem::size_of::<ember_record>();
 const _: () = assert!(HEADER % 8 == 0);
 const OFFCPU_HEAD: usize = std::mem::size_of::<ember_offcpu_head>();
 const _: () = assert!(OFFCPU_HEAD % 8 == 0);
-
-/// One stack sample as the BPF program saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sample {
-    /// CLOCK_MONOTONIC nanoseconds.
-    pub time_ns: u64,
-    /// v2 cgroup id of the task.
-    pub cgroup_id: u64,
-    /// Thread group id (process id) in the host pid namespace.
-    pub pid: u32,
-    /// Thread id.
-    pub tid: u32,
-    /// CPU the sample was taken on.
-    pub cpu: u32,
-    /// Thread name, NUL-padded.
-    pub comm: [u8; 16],
-    /// Kernel instruction pointers, leaf first.
-    pub kernel: Vec<u64>,
-    /// User instruction pointers, leaf first.
-    pub user: Vec<u64>,
-    /// Bit i set: user frame i is where the code was (the leaf, a frame a signal
-    /// interrupted, a signal trampoline), to be named at its address; the others are
-    /// return addresses, named at the byte before (the call).
-    pub user_exact: u128,
-    /// How the user stack's walk ended.
-    pub user_end: StackEnd,
-    /// `None` for a CPU sample; for an off-CPU one, why and how long the thread was off CPU
-    /// (the stacks are the ones it left the CPU with).
-    pub off_cpu: Option<OffCpu>,
-}
-
-/// Time a thread was off CPU, and why.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OffCpu {
-    /// Why.
-    pub state: OffState,
-    /// Nanoseconds.
-    pub ns: u64,
-}
 
 /// What the sampler asks the unwind loader for, on behalf of a sampled process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -300,6 +262,26 @@ pub struct UnwindLink {
     pub sender: WorkSender,
 }
 
+/// What the capture stage is made of: its settings, and the queues to and from the
+/// aggregator.
+pub struct Parts {
+    /// `sampling:`.
+    pub sampling: Sampling,
+    /// `offcpu:`.
+    pub offcpu: OffCpuSettings,
+    /// The wall-clock period of the windows, when they are aligned on it: a batch is also
+    /// sent just before each boundary.
+    pub windows: Option<Duration>,
+    /// Where batches go.
+    pub batches: SyncSender<Batch>,
+    /// The sample queue's byte budget, taken before each batch is sent.
+    pub budget: QueueBytes,
+    /// The aggregator's [`Control`] orders.
+    pub control: Receiver<Control>,
+    /// Where it counts.
+    pub metrics: Metrics,
+}
+
 /// A running capture stage.
 pub struct Capture {
     stop: Arc<AtomicBool>,
@@ -307,42 +289,18 @@ pub struct Capture {
 }
 
 impl Capture {
-    /// Loads and attaches the sampler, then streams batches into `tx` until [`Capture::stop`],
-    /// applying the [`Control`] orders that arrive on `control`. With `windows`, the
-    /// wall-clock period of the windows, a batch is also sent just before each boundary.
+    /// Loads and attaches the sampler, then streams batches into `parts.batches` until
+    /// [`Capture::stop`], applying the [`Control`] orders that arrive on `parts.control`.
     /// Returns once the program is attached (or failed to attach).
-    #[allow(clippy::too_many_arguments)]
-    pub fn start(
-        settings: &Sampling,
-        offcpu: &OffCpuSettings,
-        windows: Option<Duration>,
-        tx: SyncSender<Batch>,
-        budget: QueueBytes,
-        control: Receiver<Control>,
-        metrics: Metrics,
-    ) -> Result<(Self, UnwindLink), CaptureError> {
+    pub fn start(parts: Parts) -> Result<(Self, UnwindLink), CaptureError> {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let thread_stop = stop.clone();
-        let settings = settings.clone();
-        let offcpu = offcpu.clone();
         let (work_tx, work_rx) = work_queue(WORK_QUEUE);
         let ask_tx = work_tx.clone();
         let thread = std::thread::Builder::new()
             .name("ember-capture".into())
-            .spawn(move || {
-                run(
-                    settings,
-                    offcpu,
-                    windows,
-                    (tx, budget),
-                    control,
-                    ask_tx,
-                    metrics,
-                    thread_stop,
-                    ready_tx,
-                )
-            })
+            .spawn(move || run(parts, ask_tx, thread_stop, ready_tx))
             .map_err(|_| CaptureError::Thread)?;
         match ready_rx.recv() {
             Ok(Ok(maps)) => Ok((
@@ -379,18 +337,23 @@ impl Drop for Capture {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The capture thread: loads and attaches the sampler, says so on `ready` (with the unwind
+/// maps), then drains the ring buffers into batches until `stop`, and once more after.
 fn run(
-    settings: Sampling,
-    offcpu: OffCpuSettings,
-    windows: Option<Duration>,
-    (tx, budget): (SyncSender<Batch>, QueueBytes),
-    control: Receiver<Control>,
+    parts: Parts,
     asks: WorkSender,
-    metrics: Metrics,
     stop: Arc<AtomicBool>,
     ready: SyncSender<Result<Option<UnwindMaps>, CaptureError>>,
 ) {
+    let Parts {
+        sampling: settings,
+        offcpu,
+        windows,
+        batches: tx,
+        budget,
+        control,
+        metrics,
+    } = parts;
     let mut open_object = MaybeUninit::<OpenObject>::uninit();
     let mut sampler = match Sampler::load(&settings, &offcpu, &mut open_object) {
         Ok(s) => s,
@@ -413,55 +376,7 @@ fn run(
     };
     let batch: Rc<RefCell<Batch>> = Rc::default();
     let malformed = Rc::new(RefCell::new(0u64));
-    let mut builder = RingBufferBuilder::new();
-    let (cb_batch, cb_bad, cb_metrics) = (batch.clone(), malformed.clone(), metrics.clone());
-    // Asked at once, not at the next batch: the process may live 30 ms.
-    let ask = move |pid: u32, flags: u8, metrics: &Metrics| {
-        let ask = match flags {
-            f if f & REC_UNKNOWN_PROCESS != 0 => Some(Ask::Process(pid)),
-            f if f & REC_RANGE_MISS != 0 => Some(Ask::Remap(pid)),
-            _ => None,
-        };
-        if let Some(ask) = ask {
-            if asks.try_send(Work::Ask(ask)).is_err() {
-                metrics.dropped(Cache::UnwindRequests, 1);
-            }
-        }
-    };
-    let cb_ask = ask.clone();
-    let mut added = builder
-        .add(&sampler.skel.maps.samples, move |data: &[u8]| {
-            match parse_record(data) {
-                Some((s, flags)) => {
-                    cb_ask(s.pid, flags, &cb_metrics);
-                    cb_batch.borrow_mut().push(s)
-                }
-                None => *cb_bad.borrow_mut() += 1,
-            }
-            0
-        })
-        .map(|_| ());
-    if !sampler.offcpu_links.is_empty() {
-        let (cb_batch, cb_metrics) = (batch.clone(), metrics.clone());
-        let scale = 1.0 / offcpu.sample_rate;
-        added = added.and_then(|()| {
-            builder
-                .add(&sampler.skel.maps.offcpu_samples, move |data: &[u8]| {
-                    match parse_offcpu_record(data, scale) {
-                        Some((samples, flags)) => {
-                            if let Some(s) = samples.first() {
-                                ask(s.pid, flags, &cb_metrics);
-                            }
-                            cb_batch.borrow_mut().extend(samples);
-                        }
-                        None => cb_metrics.offcpu(OffCpuEvent::Malformed, 1),
-                    }
-                    0
-                })
-                .map(|_| ())
-        });
-    }
-    let ring = match added.and_then(|()| builder.build()) {
+    let ring = match ring_buffer(&sampler, &offcpu, asks, &batch, &malformed, &metrics) {
         Ok(r) => r,
         Err(e) => {
             let _ = ready.send(Err(CaptureError::Load(e)));
@@ -520,20 +435,7 @@ fn run(
             }
         }
         flush(false);
-        while let Ok(order) = control.try_recv() {
-            // A refused deny leaves the workload sampled (dropped in userspace); a failed
-            // delete of a cgroup leaves its entry taking room. A delete of an entry that
-            // is not there (a pid LRU already dropped, a deny the map refused) is harmless.
-            let counted = match (order, sampler.apply(order)) {
-                (_, Ok(())) => false,
-                (Control::DenyPid(_) | Control::DenyCgroup(_), Err(_)) => true,
-                (Control::AllowCgroup(_), Err(e)) => e.kind() != libbpf_rs::ErrorKind::NotFound,
-                (Control::AllowPid(_), Err(_)) => false,
-            };
-            if counted {
-                metrics.dropped(Cache::DenyMaps, 1);
-            }
-        }
+        apply_orders(&sampler, &control, &metrics);
         if last_sync.elapsed() >= Duration::from_secs(1) {
             last_sync = Instant::now();
             counters.sync(&sampler, &metrics);
@@ -551,6 +453,86 @@ fn run(
     let _ = ring.consume();
     flush(true);
     counters.sync(&sampler, &metrics);
+}
+
+/// Reads the ring buffers (samples, and off-CPU samples when those programs are attached)
+/// into `batch`, counting the records too short to parse in `malformed`; a record naming a
+/// process the walker holds no ranges for asks the unwind loader at once, through `asks`.
+fn ring_buffer(
+    sampler: &Sampler<'_>,
+    offcpu: &OffCpuSettings,
+    asks: WorkSender,
+    batch: &Rc<RefCell<Batch>>,
+    malformed: &Rc<RefCell<u64>>,
+    metrics: &Metrics,
+) -> Result<RingBuffer<'static>, libbpf_rs::Error> {
+    let mut builder = RingBufferBuilder::new();
+    let (cb_batch, cb_bad, cb_metrics) = (batch.clone(), malformed.clone(), metrics.clone());
+    // Asked at once, not at the next batch: the process may live 30 ms.
+    let ask = move |pid: u32, flags: u8, metrics: &Metrics| {
+        let ask = match flags {
+            f if f & REC_UNKNOWN_PROCESS != 0 => Some(Ask::Process(pid)),
+            f if f & REC_RANGE_MISS != 0 => Some(Ask::Remap(pid)),
+            _ => None,
+        };
+        if let Some(ask) = ask {
+            if asks.try_send(Work::Ask(ask)).is_err() {
+                metrics.dropped(Cache::UnwindRequests, 1);
+            }
+        }
+    };
+    let cb_ask = ask.clone();
+    let mut added = builder
+        .add(&sampler.skel.maps.samples, move |data: &[u8]| {
+            match parse_record(data) {
+                Some((s, flags)) => {
+                    cb_ask(s.pid, flags, &cb_metrics);
+                    cb_batch.borrow_mut().push(s)
+                }
+                None => *cb_bad.borrow_mut() += 1,
+            }
+            0
+        })
+        .map(|_| ());
+    if !sampler.offcpu_links.is_empty() {
+        let (cb_batch, cb_metrics) = (batch.clone(), metrics.clone());
+        let scale = 1.0 / offcpu.sample_rate;
+        added = added.and_then(|()| {
+            builder
+                .add(&sampler.skel.maps.offcpu_samples, move |data: &[u8]| {
+                    match parse_offcpu_record(data, scale) {
+                        Some((samples, flags)) => {
+                            if let Some(s) = samples.first() {
+                                ask(s.pid, flags, &cb_metrics);
+                            }
+                            cb_batch.borrow_mut().extend(samples);
+                        }
+                        None => cb_metrics.offcpu(OffCpuEvent::Malformed, 1),
+                    }
+                    0
+                })
+                .map(|_| ())
+        });
+    }
+    added.and_then(|()| builder.build())
+}
+
+/// Applies the aggregator's queued [`Control`] orders to the BPF maps.
+fn apply_orders(sampler: &Sampler<'_>, control: &Receiver<Control>, metrics: &Metrics) {
+    while let Ok(order) = control.try_recv() {
+        // A refused deny leaves the workload sampled (dropped in userspace); a failed
+        // delete of a cgroup leaves its entry taking room. A delete of an entry that
+        // is not there (a pid LRU already dropped, a deny the map refused) is harmless.
+        let counted = match (order, sampler.apply(order)) {
+            (_, Ok(())) => false,
+            (Control::DenyPid(_) | Control::DenyCgroup(_), Err(_)) => true,
+            (Control::AllowCgroup(_), Err(e)) => e.kind() != libbpf_rs::ErrorKind::NotFound,
+            (Control::AllowPid(_), Err(_)) => false,
+        };
+        if counted {
+            metrics.dropped(Cache::DenyMaps, 1);
+        }
+    }
 }
 
 /// The longest samples wait in the ring buffer: every wakeup of an idle agent costs, and

@@ -15,12 +15,12 @@ use prost::Message;
 
 use crate::aggregate::{Frame, Stack, Window};
 use crate::encode::Encoded;
-use crate::normalize::jit::{JitFrame, Source as JitSource};
+use crate::model::{Func, JitSource, Labels};
+use crate::normalize::jit::JitFrame;
 use crate::normalize::object::Object;
 use crate::normalize::process::UserAddr;
 use crate::push_proto::PushRequest;
-use crate::symbolize::{assemble, FrameKey, Func, Resolved};
-use crate::workload::Labels;
+use crate::symbolize::{assemble, FrameKey, Resolved};
 
 fn func(name: &str, file: Option<&str>, line: u32) -> Func {
     Func {

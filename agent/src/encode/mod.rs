@@ -5,9 +5,11 @@
 //! ([`flamegraph`]: folded stacks, SVG, top functions). Each network sink encodes the
 //! typed window its own way in its folder (`crate::export::pyroscope`,
 //! `crate::export::otlp`), sharing [`pprof`]'s builder; none reads a label back out of a
-//! pprof string table.
+//! pprof string table. The output thread's loop ([`output`]) symbolizes and encodes each
+//! window.
 
 pub mod flamegraph;
+pub(crate) mod output;
 pub mod pprof;
 
 #[cfg(test)]
@@ -16,8 +18,8 @@ mod golden;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::model::{FrameCounts, Symbolized};
 use crate::proto::Profile;
-use crate::symbolize::{FrameCounts, Symbolized};
 
 /// One finished window: the symbolized window, and its pprof profile.
 #[derive(Debug, Clone)]

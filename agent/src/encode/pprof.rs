@@ -10,9 +10,8 @@ use std::time::UNIX_EPOCH;
 use flate2::write::GzEncoder;
 use flate2::Compression;
 
-use crate::aggregate::ProfileKind;
+use crate::model::{Func, Mapping as SymMapping, ProfileKind, SymFrame, SymStack, Symbolized};
 use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
-use crate::symbolize::{Func, Mapping as SymMapping, SymFrame, SymStack, Symbolized};
 
 /// What a profile says of one mapping beyond its name: the addresses seen in it and
 /// what its functions carry. Per-service profiles keep the window's ([`WindowLocations`]).
@@ -374,8 +373,9 @@ pub fn to_gzip(profile: &Profile) -> std::io::Result<Vec<u8>> {
 mod tests {
     use super::*;
     use crate::aggregate::{Frame, Stack, Window};
+    use crate::model::{FrameCounts, KERNEL_MAPPING};
     use crate::normalize::process::UserAddr;
-    use crate::symbolize::{assemble, FrameCounts, FrameKey, Resolved, KERNEL_MAPPING};
+    use crate::symbolize::{assemble, FrameKey, Resolved};
     use std::sync::Arc;
     use std::time::{Duration, SystemTime};
 

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::aggregate::ProfileKind;
+use crate::model::ProfileKind;
 use time::macros::format_description;
 use time::OffsetDateTime;
 

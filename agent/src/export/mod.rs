@@ -41,7 +41,7 @@ use anyhow::{Context, Result};
 use crate::config;
 use crate::encode::Encoded;
 use crate::metrics::{Cache, ExportDrop, Metrics, SinkName, WindowWriteError};
-use crate::symbolize::Symbolized;
+use crate::model::Symbolized;
 use delivery::{Queue, Transport};
 use files::WindowDir;
 

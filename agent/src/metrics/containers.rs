@@ -50,7 +50,7 @@ pub struct ContainerOffCpuLabels {
     /// Container id.
     pub container_id: String,
     /// Why its threads were off CPU.
-    pub state: super::OffState,
+    pub state: crate::model::OffState,
 }
 
 /// Per-container CPU series: seconds from samples beside seconds from the cgroup itself.

@@ -22,9 +22,11 @@ use prometheus_client::registry::{Registry, Unit};
 
 pub use reasons::{
     Cache, ExportDrop, FrameResult, HttpRefusal, JitReject, JvmRefresh, Loss, NameCap,
-    ObjectRefusal, OffCpuEvent, OffState, ProcRead, ReadingsSource, RowLookup, SinkName, StackEnd,
-    StackSide, Stage, SymbolMiss, TableBuild, WindowWriteError,
+    ObjectRefusal, OffCpuEvent, ProcRead, ReadingsSource, RowLookup, SinkName, StackSide, Stage,
+    SymbolMiss, TableBuild, WindowWriteError,
 };
+
+use crate::model::StackEnd;
 
 /// Label set with a single `reason`, one of the enums of [`reasons`].
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]

@@ -11,7 +11,10 @@ use std::fmt;
 
 use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 
-/// Declares a label enum of unit variants: `Variant => "label_value"`, each with its doc.
+use crate::model::{OffState, StackEnd};
+
+/// Declares a label enum of unit variants: `Variant => "label_value"`, each with its doc (an
+/// enum named as [`crate::model`] names its values), encoded as a label value.
 macro_rules! label_enum {
     (
         $(#[$meta:meta])*
@@ -19,30 +22,19 @@ macro_rules! label_enum {
             $( $(#[$vmeta:meta])* $variant:ident => $value:literal, )+
         }
     ) => {
-        $(#[$meta])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub enum $name {
-            $( $(#[$vmeta])* $variant, )+
-        }
-
-        impl $name {
-            /// Every value, in declaration order.
-            pub const ALL: &'static [$name] = &[$($name::$variant),+];
-
-            /// The label value, as `/metrics` shows it.
-            pub const fn as_str(self) -> &'static str {
-                match self {
-                    $($name::$variant => $value,)+
-                }
+        crate::model::named_enum! {
+            $(#[$meta])*
+            pub enum $name {
+                $( $(#[$vmeta])* $variant => $value, )+
             }
         }
+        label_value!($name);
+    };
+}
 
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-
+/// Encodes a named enum as a label value: its `as_str`.
+macro_rules! label_value {
+    ($name:ident) => {
         impl EncodeLabelValue for $name {
             fn encode(&self, encoder: &mut LabelValueEncoder) -> fmt::Result {
                 fmt::Write::write_str(encoder, self.as_str())
@@ -50,6 +42,10 @@ macro_rules! label_enum {
         }
     };
 }
+
+// Properties of a sample, declared with it: labels here like every other value.
+label_value!(OffState);
+label_value!(StackEnd);
 
 label_enum! {
     /// `ember_samples_lost_total{reason}`: where along the way a sample was lost. Every value
@@ -168,21 +164,6 @@ label_enum! {
 }
 
 label_enum! {
-    /// Why a thread was off CPU: the `state` label of off-CPU samples and of
-    /// `ember_container_offcpu_seconds_total`.
-    pub enum OffState {
-        /// Interruptible sleep (timers, poll, pipes, sockets, futexes), and TASK_IDLE, stopped
-        /// and traced tasks.
-        Sleep => "sleep",
-        /// Uninterruptible sleep that counts in the load average (D state): disk I/O, page
-        /// faults, most kernel locks.
-        Disk => "disk",
-        /// Runnable but not running: preempted, or woken and waiting for a CPU.
-        Runnable => "runnable",
-    }
-}
-
-label_enum! {
     /// `ember_offcpu_events_total{result}`: what became of each switch-out and block the
     /// off-CPU programs saw (`offcpu.enabled`).
     pub enum OffCpuEvent {
@@ -204,35 +185,6 @@ label_enum! {
         Malformed => "malformed",
         /// Excluded by `--pid` or the filters (not a loss).
         Filtered => "filtered",
-    }
-}
-
-label_enum! {
-    /// `ember_stacks_total{workload,result}`: how each sampled user stack ended.
-    pub enum StackEnd {
-        /// The walk reached the outermost frame (the program's entry or a thread's start).
-        Complete => "complete",
-        /// Frame pointers only (`sampling.unwind: frame_pointer`, or a process whose tables were
-        /// not loaded yet): where the walk ended is not checked.
-        FramePointer => "frame_pointer",
-        /// Tables, then frame pointers (JIT code, objects without CFI) until rbp was 0.
-        FramePointerEnd => "frame_pointer_end",
-        /// More than 127 frames: the outermost ones are cut.
-        Truncated => "truncated",
-        /// No user stack (a kernel thread).
-        NoUserStack => "no_user_stack",
-        /// A table row ember cannot express (see `ember_unwind_rows_unsupported_total`).
-        Unsupported => "unsupported_rule",
-        /// Stack memory could not be read (paged out, or a corrupt frame).
-        ReadFault => "read_fault",
-        /// The next frame was not above this one: a corrupt stack or a wrong rule.
-        BadFrame => "bad_frame",
-        /// A rule needed rbp after an earlier frame lost it.
-        RbpUnknown => "rbp_unknown",
-        /// `sampling.unwind: dwarf` and the code has no table.
-        NoTable => "no_table",
-        /// The process's table was evicted or dropped while the walk ran.
-        TableMissing => "table_missing",
     }
 }
 

@@ -31,33 +31,9 @@ use crate::normalize::fs::{Checked, Mounts, Refusal};
 use crate::os::openat2::{open_path_in, reopen, stat_cached, RESOLVE_NO_XDEV};
 use crate::os::procfs::MapsEntry;
 
-/// Identity of a mapped file: device and inode, as `/proc/PID/maps` reports them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ObjectKey {
-    /// Device (major, minor).
-    pub dev: (u32, u32),
-    /// Inode number.
-    pub inode: u64,
-}
-
-/// The file as `fstat` saw it when opened: what parsed data is cached by. A container can
-/// write any build id into its files, but cannot make its file the host's inode; nor can it
-/// make a new file on a freed and reused inode look like the old one: the change time is
-/// set by the kernel (no `utimensat` sets it), so it tells the two apart where size and
-/// mtime (settable) could not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FileId {
-    /// `st_dev`.
-    pub dev: u64,
-    /// `st_ino`.
-    pub ino: u64,
-    /// Size.
-    pub size: u64,
-    /// Modification time, nanoseconds.
-    pub mtime_ns: i64,
-    /// Status change time, nanoseconds.
-    pub ctime_ns: i64,
-}
+// A file's identities are model types (a symbolized mapping carries them); reading them
+// from a file is done here, where files are opened.
+pub use crate::model::{FileId, ObjectKey};
 
 impl FileId {
     /// The identity of an open file.

@@ -30,37 +30,25 @@ mod golden_names;
 mod kallsyms;
 use ember_parse::symbols::packed;
 pub use ember_parse::symbols::{demangle, table};
+mod table_cache;
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime};
 
-use crate::aggregate::{Frame, ProfileKind, Window};
-use crate::capture::OffCpu;
+use crate::aggregate::{Frame, Window};
 use crate::config::Symbols;
 use crate::metrics::{Cache, Metrics, NameCap, ObjectRefusal, ProcRead, SymbolMiss};
-use crate::normalize::elf_file::{ElfError, ElfReader, Limits};
-use crate::normalize::jit;
-use crate::normalize::object::{
-    debug_file_path, open_host, open_in_root, refusal, FileAt, FileId, Object, ObjectKey,
+use crate::model::{
+    FileId, Func, JitSource, Mapping, ObjectFile, SymFrame, Symbolized, KERNEL_MAPPING,
 };
+use crate::normalize::elf_file::{ElfError, ElfReader, Limits};
+use crate::normalize::object::{debug_file_path, open_host, open_in_root, refusal, FileAt, Object};
 use crate::normalize::process::UserAddr;
 use crate::symbolize::demangle::Outcome;
 use crate::symbolize::kallsyms::Kallsyms;
 use crate::symbolize::table::{Miss, SymTable};
-use crate::workload::Labels;
-
-/// One function of a resolved frame (a frame with inlined calls has several).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Func {
-    /// Demangled name.
-    pub name: Arc<str>,
-    /// Source file, when debug info has it.
-    pub file: Option<Arc<str>>,
-    /// Source line, or 0.
-    pub line: u32,
-}
+use crate::symbolize::table_cache::{Tables, OVER_BUDGET_WINDOWS};
 
 /// What one frame resolved to: functions innermost (inlined) first, and whether a
 /// symbol was found at all (if not, `funcs` holds one placeholder like `libc.so.6+0x1a2b`).
@@ -130,166 +118,6 @@ struct Live {
 
 /// The path column of the vDSO's mapping, the label of its frames.
 const VDSO: &str = "[vdso]";
-
-/// Name of the pseudo-file that kernel frames are attributed to.
-pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
-
-/// One window with every frame named: what the encoders take.
-#[derive(Debug, Clone)]
-pub struct Symbolized {
-    /// Wall-clock start.
-    pub start: SystemTime,
-    /// Length.
-    pub duration: Duration,
-    /// Nanoseconds of CPU time one sample stands for (1e9 / Hz).
-    pub period_ns: u64,
-    /// What the window measures (CPU or off-CPU time).
-    pub kind: ProfileKind,
-    /// Distinct stacks, in the aggregator's order.
-    pub stacks: Vec<SymStack>,
-}
-
-impl Symbolized {
-    /// Total samples in the window.
-    pub fn samples(&self) -> u64 {
-        self.stacks.iter().map(|s| s.count).sum()
-    }
-
-    /// How many frames (counted per stack, not per sample) were named, unnamed or JIT.
-    pub fn frame_counts(&self) -> FrameCounts {
-        let mut c = FrameCounts::default();
-        for f in self.stacks.iter().flat_map(|s| &s.frames) {
-            if f.is_jit() {
-                c.jit += 1;
-            } else if f.named {
-                c.named += 1;
-            } else {
-                c.unnamed += 1;
-            }
-        }
-        c
-    }
-}
-
-/// A distinct stack of one thread, its frames named, and how often it was sampled.
-#[derive(Debug, Clone)]
-pub struct SymStack {
-    /// Process id.
-    pub pid: u32,
-    /// Thread id.
-    pub tid: u32,
-    /// Thread name.
-    pub comm: String,
-    /// Process name.
-    pub process: Arc<str>,
-    /// Container, pod and cgroup of the process.
-    pub labels: Arc<Labels>,
-    /// Kernel frames then user frames, leaf first. Frames are shared between the
-    /// stacks of a window.
-    pub frames: Vec<Arc<SymFrame>>,
-    /// Samples of this stack (CPU), or blocks reported (off-CPU).
-    pub count: u64,
-    /// Off-CPU stacks: why, and the nanoseconds off CPU.
-    pub off_cpu: Option<OffCpu>,
-}
-
-/// One resolved frame: where its address is, and the functions there.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SymFrame {
-    /// The file (or pseudo-file) the address belongs to.
-    pub mapping: Mapping,
-    /// Kernel address, file offset in an object, offset in a region, or the process
-    /// address (unknown memory, JIT code).
-    pub address: u64,
-    /// Functions, innermost (inlined) first; one placeholder such as `libc.so.6+0x1a2b`
-    /// when the frame has no symbol.
-    pub funcs: Arc<[Func]>,
-    /// A real symbol was found (JIT frames are named by their runtime).
-    pub named: bool,
-}
-
-impl SymFrame {
-    /// Whether the frame is JIT code, named from a perf map or jitdump.
-    pub fn is_jit(&self) -> bool {
-        matches!(self.mapping, Mapping::Jit(_))
-    }
-}
-
-/// Where a frame's address lies. Frames with equal mappings share one mapping in the
-/// encoded profiles.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Mapping {
-    /// The kernel ([`KERNEL_MAPPING`]).
-    Kernel,
-    /// An executable or library.
-    Object(Arc<ObjectFile>),
-    /// An anonymous or special region, by label (`[vdso]`, `[anon]`, …).
-    Region(Arc<str>),
-    /// Memory no mapping was found for.
-    Unknown,
-    /// JIT code, by the file that named it.
-    Jit(jit::Source),
-}
-
-impl Mapping {
-    /// The file name profiles show for this mapping.
-    pub fn file_name(&self) -> &str {
-        match self {
-            Mapping::Kernel => KERNEL_MAPPING,
-            Mapping::Object(o) => &o.path,
-            Mapping::Region(label) => label,
-            Mapping::Unknown => "[unknown]",
-            Mapping::Jit(source) => source.mapping_name(),
-        }
-    }
-
-    /// The GNU build id, for object files that have one.
-    pub fn build_id(&self) -> Option<&[u8]> {
-        match self {
-            Mapping::Object(o) => o.build_id.as_deref(),
-            _ => None,
-        }
-    }
-}
-
-/// An object file as the encoders see it: no open file, only its identity and names.
-#[derive(Debug, Clone)]
-pub struct ObjectFile {
-    /// Device and inode, as the mapping names them.
-    pub key: ObjectKey,
-    /// Identity of the file opened.
-    pub id: FileId,
-    /// Path as the process saw it.
-    pub path: String,
-    /// GNU build id, when the file has one.
-    pub build_id: Option<Vec<u8>>,
-}
-
-// An object is the file opened: the first path seen in a window names it.
-impl PartialEq for ObjectFile {
-    fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
-    }
-}
-
-impl Eq for ObjectFile {}
-
-impl Hash for ObjectFile {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.id.hash(state);
-    }
-}
-
-/// How many frames were named, for `ember_frames_total`.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct FrameCounts {
-    /// Frames with a symbol.
-    pub named: u64,
-    /// Frames shown as `object+offset` or `[unknown]`.
-    pub unnamed: u64,
-    /// Frames in JIT code named from a perf map or jitdump.
-    pub jit: u64,
-}
 
 /// Long-lived symbolizer with bounded caches.
 pub struct Symbolizer {
@@ -693,94 +521,6 @@ fn build_table(obj: &Object, settings: &Symbols, metrics: &Metrics) -> Result<Sy
     Ok(table)
 }
 
-/// Parsed symbol tables by file, least recently used evicted past a byte budget.
-struct Tables {
-    map: HashMap<FileId, (Option<Arc<SymTable>>, usize, u64)>,
-    bytes: usize,
-    budget: usize,
-    /// Files whose table was bigger than the whole budget, with the window it was built
-    /// in: not parsed again for [`OVER_BUDGET_WINDOWS`] windows (capped at
-    /// [`MAX_OVER_BUDGET`] files).
-    over_budget: HashMap<FileId, u64>,
-}
-
-/// Windows an object whose table exceeds the budget stays unnamed before it is parsed
-/// again (a build host maps a 150 MB compiler library in every window; parsing it each
-/// time cost 4 % of a core).
-const OVER_BUDGET_WINDOWS: u64 = 30;
-
-/// Files remembered as over the budget; past it the memory starts afresh.
-const MAX_OVER_BUDGET: usize = 1024;
-
-/// What the cache counts for a file without a table (the entry itself).
-const NEGATIVE_BYTES: usize = 64;
-
-impl Tables {
-    fn new(budget: u64) -> Self {
-        Self {
-            map: HashMap::new(),
-            bytes: 0,
-            budget: usize::try_from(budget).unwrap_or(usize::MAX),
-            over_budget: HashMap::new(),
-        }
-    }
-
-    /// Whether `id`'s table was over the budget within the last [`OVER_BUDGET_WINDOWS`].
-    fn refused(&mut self, id: &FileId, window: u64) -> bool {
-        match self.over_budget.get(id) {
-            Some(&w) if window.saturating_sub(w) < OVER_BUDGET_WINDOWS => true,
-            Some(_) => {
-                self.over_budget.remove(id);
-                false
-            }
-            None => false,
-        }
-    }
-
-    /// Forgets `id` (its file is gone).
-    fn remove(&mut self, id: &FileId) {
-        if let Some((_, b, _)) = self.map.remove(id) {
-            self.bytes -= b;
-        }
-        self.over_budget.remove(id);
-    }
-
-    /// The cached answer for `id` (a table, or `None` for a file known to have none).
-    fn get(&mut self, id: &FileId, window: u64) -> Option<Option<Arc<SymTable>>> {
-        let e = self.map.get_mut(id)?;
-        e.2 = window;
-        Some(e.0.clone())
-    }
-
-    /// Caches `table` for `id`, evicting the least recently used until it fits; returns
-    /// how many were evicted. A table bigger than the whole budget serves only this window.
-    fn insert(&mut self, id: FileId, table: Option<Arc<SymTable>>, window: u64) -> u64 {
-        let size = table.as_ref().map_or(NEGATIVE_BYTES, |t| t.bytes());
-        if size > self.budget {
-            if self.over_budget.len() >= MAX_OVER_BUDGET {
-                self.over_budget.clear();
-            }
-            self.over_budget.insert(id, window);
-            return 1;
-        }
-        let mut evicted = 0;
-        while self.bytes + size > self.budget {
-            let Some((&old, _)) = self.map.iter().min_by_key(|(_, e)| e.2) else {
-                break;
-            };
-            if let Some((_, b, _)) = self.map.remove(&old) {
-                self.bytes -= b;
-                evicted += 1;
-            }
-        }
-        self.bytes += size;
-        if let Some((_, b, _)) = self.map.insert(id, (table, size, window)) {
-            self.bytes -= b;
-        }
-        evicted
-    }
-}
-
 /// A frame named `name`.
 fn named(name: Arc<str>) -> Resolved {
     Resolved {
@@ -848,7 +588,7 @@ enum Site {
     Object(FileId, u64),
     Region(Arc<str>, u64),
     Unknown(u64),
-    Jit(jit::Source, u64, Arc<str>, Option<Arc<str>>, u32),
+    Jit(JitSource, u64, Arc<str>, Option<Arc<str>>, u32),
 }
 
 impl Hash for Site {
@@ -868,7 +608,7 @@ impl Hash for Site {
 /// Builds the symbolized window from `window` and the names of its frames (`names`;
 /// a frame missing there is unnamed). Consumes the window stack by stack, so its frames
 /// are freed as their resolved ones are made; equal frames are made once.
-pub(crate) fn assemble(window: Window, names: &HashMap<FrameKey, Resolved>) -> Symbolized {
+pub(crate) fn assemble(mut window: Window, names: &HashMap<FrameKey, Resolved>) -> Symbolized {
     let mut frames: HashMap<Site, Arc<SymFrame>> = HashMap::new();
     let mut objects: HashMap<FileId, Arc<ObjectFile>> = HashMap::new();
     let mut frame = |f: &Frame| -> Arc<SymFrame> {
@@ -886,11 +626,10 @@ pub(crate) fn assemble(window: Window, names: &HashMap<FrameKey, Resolved>) -> S
             .or_insert_with(|| Arc::new(sym_frame(f, names, &mut objects)))
             .clone()
     };
-    let stacks = window
-        .stacks
+    let stacks = std::mem::take(&mut window.stacks)
         .into_iter()
-        .map(|s| SymStack {
-            frames: match s.off_cpu {
+        .map(|s| {
+            let frames = match s.off_cpu {
                 // The kernel side was taken inside the tracepoint: its leaf frames are the
                 // tracing machinery (bpf_prog_*, __traceiter_*), not the thread's wait.
                 Some(_) => {
@@ -899,23 +638,11 @@ pub(crate) fn assemble(window: Window, names: &HashMap<FrameKey, Resolved>) -> S
                     all.into_iter().skip(skip).collect()
                 }
                 None => s.frames.iter().map(&mut frame).collect(),
-            },
-            off_cpu: s.off_cpu,
-            pid: s.pid,
-            tid: s.tid,
-            comm: s.comm,
-            process: s.process,
-            labels: s.labels,
-            count: s.count,
+            };
+            s.with_frames(frames)
         })
         .collect();
-    Symbolized {
-        start: window.start,
-        duration: window.duration,
-        period_ns: window.period_ns,
-        kind: window.kind,
-        stacks,
-    }
+    window.with_stacks(stacks)
 }
 
 /// The scheduler's core (`__schedule`), where sched_switch fires: off-CPU kernel stacks
@@ -1005,6 +732,9 @@ fn unnamed(frame: &Frame) -> Resolved {
 mod tests {
     use super::*;
     use crate::aggregate::Stack;
+    use crate::model::{FrameCounts, ObjectKey};
+    use crate::normalize::jit;
+    use crate::symbolize::table_cache::NEGATIVE_BYTES;
     use std::time::{Duration, SystemTime};
 
     #[inline(never)]
@@ -1146,7 +876,7 @@ mod tests {
     #[test]
     fn assembles_shared_typed_frames() {
         let jit = Arc::new(jit::JitFrame {
-            source: jit::Source::PerfMap,
+            source: JitSource::PerfMap,
             name: Arc::from("LazyCompile:hot"),
             file: None,
             line: 0,

@@ -14,10 +14,10 @@ use std::path::PathBuf;
 use crate::metrics::containers::{
     ContainerInfoLabels, ContainerLabels, ContainerMetrics, ContainerOffCpuLabels,
 };
-use crate::metrics::{Cache, Metrics, OffState};
+use crate::metrics::{Cache, Metrics};
+use crate::model::{Labels, OffState};
 
 use super::cgroup::{read_cpu_seconds, Cgroup};
-use super::labels::Labels;
 
 struct Tracked {
     labels: ContainerLabels,

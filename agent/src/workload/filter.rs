@@ -8,7 +8,7 @@
 use crate::config::selector::{Selector, SelectorError};
 use crate::config::Filters;
 
-use super::labels::Labels;
+use crate::model::Labels;
 
 /// The include/exclude rules, compiled once.
 #[derive(Debug, Default)]

@@ -5,51 +5,13 @@
 //! accounting keys its series by) and [`container_labels`] (the `namespace`, `pod`,
 //! `container`, `container_id` labels of the readings' per-container series).
 
-use std::collections::BTreeMap;
-
 use super::cgroup::Cgroup;
 use super::kube::{Metadata, PodMeta};
+use crate::model::Labels;
 
-/// The workload labels of one process in one window, as samples and metrics carry them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Labels {
-    /// Container id (64 hex), empty outside containers.
-    pub container_id: String,
-    /// Pod uid, empty outside pods.
-    pub pod_uid: String,
-    /// Pod namespace (from the API), empty when unknown.
-    pub namespace: String,
-    /// Pod name (from the API).
-    pub pod: String,
-    /// Container name (from the API).
-    pub container: String,
-    /// Service name: annotation, or `<namespace>/<owner>`.
-    pub service_name: String,
-    /// Cgroup path, for processes outside containers.
-    pub cgroup: String,
-    /// systemd unit, when the cgroup names one.
-    pub systemd_unit: String,
-    /// Pod labels (for selectors; not exported as sample labels).
-    pub pod_labels: BTreeMap<String, String>,
-}
-
+// The labels are a model type (what samples carry); what makes them from a cgroup and a
+// pod is workload knowledge, so it lives here.
 impl Labels {
-    /// The workload these labels belong to, for per-workload metrics: the service, else
-    /// the container (`namespace/pod/container`, or `container:<id>` before its pod is
-    /// known), else (host processes) the process name.
-    pub fn workload(&self, process: &str) -> String {
-        if !self.service_name.is_empty() {
-            self.service_name.clone()
-        } else if !self.container.is_empty() {
-            format!("{}/{}/{}", self.namespace, self.pod, self.container)
-        } else if !self.container_id.is_empty() {
-            let id = &self.container_id;
-            format!("container:{}", id.get(..12).unwrap_or(id))
-        } else {
-            process.to_owned()
-        }
-    }
-
     /// Builds the labels from a process's cgroup and, when known, its pod.
     pub fn new(cg: &Cgroup, pod: Option<&PodMeta>) -> Self {
         let info = &cg.info;
@@ -73,22 +35,6 @@ impl Labels {
             }
         }
         l
-    }
-
-    /// `(key, value)` pairs for pprof sample labels, empty values left out.
-    pub fn sample_labels(&self) -> impl Iterator<Item = (&'static str, &str)> {
-        [
-            ("container_id", self.container_id.as_str()),
-            ("pod_uid", self.pod_uid.as_str()),
-            ("namespace", self.namespace.as_str()),
-            ("pod", self.pod.as_str()),
-            ("container", self.container.as_str()),
-            ("service_name", self.service_name.as_str()),
-            ("cgroup", self.cgroup.as_str()),
-            ("systemd_unit", self.systemd_unit.as_str()),
-        ]
-        .into_iter()
-        .filter(|(_, v)| !v.is_empty())
     }
 }
 

@@ -7,7 +7,7 @@
 //! - [`walk`]: the one bounded walker of the cgroup hierarchies, one [`walk::Inventory`] of
 //!   container directories per readings interval;
 //! - [`kube`]: the pod watch ([`kube::Metadata`]: pods by container id and uid);
-//! - [`labels`]: cgroup + pod → [`Labels`], and the readings' container labels;
+//! - [`labels`]: cgroup + pod → [`Labels`](crate::model::Labels), and the readings' container labels;
 //! - [`filter`]: process name + labels → [`Verdict`];
 //! - [`accounting`]: per-window samples and cgroup usage → per-container CPU series.
 //!
@@ -25,12 +25,13 @@ pub mod walk;
 pub use accounting::{Accounting, FORGET_AFTER_WINDOWS};
 pub use cgroup::{read_cpu_seconds, Cgroup};
 pub use filter::{Filter, Verdict};
-pub use labels::{labels_for, Labels};
+pub use labels::labels_for;
 
 /// A container in a pod and helpers to label it, shared by the tests of the modules above.
 #[cfg(test)]
 mod fixtures {
-    use super::{Cgroup, Labels};
+    use super::Cgroup;
+    use crate::model::Labels;
     use std::path::Path;
 
     pub const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";

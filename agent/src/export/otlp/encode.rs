@@ -19,7 +19,7 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 
 use super::config::ResourcePer;
 use crate::encode::pprof::{location_key, LocationKey, WindowLocations};
-use crate::symbolize::{Mapping, SymFrame, SymStack, Symbolized};
+use crate::model::{Mapping, SymFrame, SymStack, Symbolized};
 
 /// The export request for window `w`: resources per container (or per process, as `per`
 /// says), naming `host` as `host.name` (and `k8s.node.name` for pods).
@@ -90,8 +90,8 @@ pub fn request(w: &Symbolized, host: &str, per: ResourcePer) -> ExportProfilesSe
                     duration_nano: w.duration.as_nanos() as u64,
                     period_type: Some(cpu_ns),
                     period: match w.kind {
-                        crate::aggregate::ProfileKind::Cpu => w.period_ns as i64,
-                        crate::aggregate::ProfileKind::OffCpu => 1,
+                        crate::model::ProfileKind::Cpu => w.period_ns as i64,
+                        crate::model::ProfileKind::OffCpu => 1,
                     },
                     ..Default::default()
                 }],
@@ -307,8 +307,7 @@ impl<'w> Dict<'w> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::symbolize::Func;
-    use crate::workload::Labels;
+    use crate::model::{Func, Labels};
     use std::sync::Arc;
     use std::time::Duration;
 

@@ -13,7 +13,7 @@ use prost::Message;
 
 use super::Encode;
 use crate::metrics::SinkName;
-use crate::symbolize::Symbolized;
+use crate::model::Symbolized;
 use config::{OtlpSink, ResourcePer};
 pub use transport::Grpc;
 

@@ -12,12 +12,10 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::aggregate::ProfileKind;
 use crate::encode::pprof::{sample_labels, values, Builder, LabelValue, WindowLocations};
+use crate::model::{Labels, ProfileKind, SymStack, Symbolized};
 use crate::proto::Profile;
 use crate::push_proto::LabelPair;
-use crate::symbolize::{SymStack, Symbolized};
-use crate::workload::Labels;
 
 /// Reads one workload label.
 type Get = fn(&Labels) -> &str;
@@ -229,7 +227,7 @@ fn profile<'w>(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::symbolize::{Func, Mapping, SymFrame};
+    use crate::model::{Func, Mapping, SymFrame};
     use std::sync::Arc;
     use std::time::{Duration, UNIX_EPOCH};
 
@@ -339,7 +337,7 @@ pub(crate) mod tests {
     fn services_keep_the_windows_mappings_and_locations() {
         let jit = |line| {
             Arc::new(SymFrame {
-                mapping: Mapping::Jit(crate::normalize::jit::Source::JitDump),
+                mapping: Mapping::Jit(crate::model::JitSource::JitDump),
                 address: 0x7f00,
                 funcs: vec![Func {
                     name: Arc::from("hot"),

@@ -18,8 +18,8 @@ use super::encode::{split, Service, Split};
 use super::PUSH_PATH;
 use crate::export::delivery::random_u128;
 use crate::export::Encode;
+use crate::model::Symbolized;
 use crate::push_proto::{PushRequest, RawProfileSeries, RawSample};
-use crate::symbolize::Symbolized;
 
 /// One HTTP request, ready to send.
 #[derive(Debug, Clone)]
@@ -122,8 +122,8 @@ impl Encoder {
             .collect();
         tags.dedup();
         let kind = match s.kind {
-            crate::aggregate::ProfileKind::Cpu => "cpu",
-            crate::aggregate::ProfileKind::OffCpu => "off_cpu",
+            crate::model::ProfileKind::Cpu => "cpu",
+            crate::model::ProfileKind::OffCpu => "off_cpu",
         };
         format!("{}.{kind}{{{}}}", ingest_safe(&s.name), tags.join(","))
     }
@@ -214,7 +214,7 @@ mod tests {
     #[test]
     fn ingest_names_escape_what_workloads_choose() -> Result<()> {
         let mut w = window();
-        let evil = Arc::new(crate::workload::Labels {
+        let evil = Arc::new(crate::model::Labels {
             service_name: "web}{admin=1,x".into(),
             namespace: "a=b,c".into(),
             ..Default::default()

@@ -43,34 +43,16 @@ use crate::config::Jit;
 use crate::normalize::jit::jitdump::JitDump;
 
 use crate::metrics::{JitReject, Metrics, ObjectRefusal};
+use crate::model::JitSource;
 use crate::normalize::object::Object;
 use names::Names;
 use perfmap::PerfMap;
-
-/// Where a JIT frame's name came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Source {
-    /// `/tmp/perf-<pid>.map`.
-    PerfMap,
-    /// `jit-<pid>.dump`.
-    JitDump,
-}
-
-impl Source {
-    /// The pprof mapping file name JIT frames of this source are put in.
-    pub fn mapping_name(self) -> &'static str {
-        match self {
-            Source::PerfMap => "[perf-map]",
-            Source::JitDump => "[jitdump]",
-        }
-    }
-}
 
 /// A frame in JIT code, named.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JitFrame {
     /// Which file named it.
-    pub source: Source,
+    pub source: JitSource,
     /// The function's name as the runtime wrote it.
     pub name: Arc<str>,
     /// Source file, when a jitdump's `DEBUG_INFO` gave one.
@@ -183,7 +165,7 @@ impl JitTables {
         let p = self.procs.get(&pid)?;
         if let Some(hit) = p.dump.lookup(addr) {
             return Some(JitFrame {
-                source: Source::JitDump,
+                source: JitSource::JitDump,
                 name: hit.name.clone(),
                 file: hit.source.map(|s| s.file.clone()),
                 line: hit.source.map_or(0, |s| s.line),
@@ -192,7 +174,7 @@ impl JitTables {
         }
         let (name, _) = p.perf.lookup_shared(addr)?;
         Some(JitFrame {
-            source: Source::PerfMap,
+            source: JitSource::PerfMap,
             name,
             file: None,
             line: 0,
@@ -706,7 +688,7 @@ mod tests {
         let f = t
             .lookup(v.pid(), 0x1010, 1, &Hints::default())
             .expect("hit");
-        assert_eq!((f.source, f.addr), (Source::PerfMap, 0x1010));
+        assert_eq!((f.source, f.addr), (JitSource::PerfMap, 0x1010));
         // Appended: a later entry wins over the earlier one for its range.
         use std::io::Write;
         let mut file = std::fs::OpenOptions::new()
@@ -890,7 +872,7 @@ mod tests {
         let f = t.lookup(v.pid(), 0x1004, 1, &hints).expect("named");
         assert_eq!(
             (&*f.name, f.source, f.line),
-            ("jitted_a", Source::JitDump, 3)
+            ("jitted_a", JitSource::JitDump, 3)
         );
         assert_eq!(f.file.as_deref(), Some("hot.js"));
         assert!(t.lookup(v.pid(), 0x2004, 1, &hints).is_none());

@@ -1,0 +1,89 @@
+//! The output thread's loop: names the frames of each window aggregation closes, encodes
+//! it, counts what it wrote, and hands it out (to the window files and sinks, through the
+//! agent's callback).
+//!
+//! In: aggregated [`Window`]s. Out: each [`Encoded`] window, to `on_window`.
+
+use std::sync::mpsc::Receiver;
+use std::time::Instant;
+
+use crate::aggregate::Window;
+use crate::encode::Encoded;
+use crate::metrics::{Cache, FrameResult, Metrics, Stage};
+use crate::symbolize::Symbolizer;
+
+/// The output thread: symbolizes and encodes each window from `rx` and hands it to
+/// `on_window`, until aggregation has sent its last window. A window that cannot be
+/// compressed is dropped and counted.
+pub fn run<F: FnMut(Encoded)>(
+    rx: Receiver<Window>,
+    mut symbolizer: Symbolizer,
+    metrics: Metrics,
+    mut on_window: F,
+) {
+    for window in rx {
+        let started = Instant::now();
+        metrics.progress.begin(Stage::Output);
+        let encoded = match Encoded::new(symbolizer.symbolize(window)) {
+            Ok(encoded) => encoded,
+            Err(e) => {
+                tracing::error!("could not compress a window, dropped: {e}");
+                metrics.dropped(Cache::WindowEncode, 1);
+                metrics.progress.end(Stage::Output);
+                continue;
+            }
+        };
+        metrics
+            .window_encode_seconds
+            .observe(started.elapsed().as_secs_f64());
+        metrics.windows.inc();
+        let frames = encoded.frames;
+        for (result, n) in [
+            (FrameResult::Named, frames.named),
+            (FrameResult::Unnamed, frames.unnamed),
+            (FrameResult::Jit, frames.jit),
+        ] {
+            metrics.frames_written(result, n);
+        }
+        // Which workloads have broken names: unnamed frames by workload.
+        for s in &encoded.window.stacks {
+            let unnamed = s.frames.iter().filter(|f| !f.named && !f.is_jit()).count();
+            if unnamed > 0 {
+                metrics.unnamed_frames(s.labels.workload(&s.process), unnamed as u64);
+            }
+        }
+        on_window(encoded);
+        metrics.progress.end(Stage::Output);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ProfileKind;
+    use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn every_window_is_encoded_counted_and_handed_out_in_order() {
+        let (tx, rx) = std::sync::mpsc::sync_channel(4);
+        for kind in [ProfileKind::Cpu, ProfileKind::OffCpu] {
+            let w: Window = Window {
+                start: SystemTime::UNIX_EPOCH + Duration::from_secs(60),
+                duration: Duration::from_secs(10),
+                period_ns: 10_101_010,
+                kind,
+                stacks: Vec::new(),
+            };
+            tx.send(w).expect("queued");
+        }
+        drop(tx);
+        let metrics = Metrics::new();
+        let symbolizer = Symbolizer::new(16, metrics.clone());
+        let mut out = Vec::new();
+        run(rx, symbolizer, metrics.clone(), |e| out.push(e));
+        let kinds: Vec<ProfileKind> = out.iter().map(|e| e.window.kind).collect();
+        assert_eq!(kinds, [ProfileKind::Cpu, ProfileKind::OffCpu]);
+        assert_eq!(out[0].samples, 0);
+        assert_eq!(metrics.windows.get(), 2);
+    }
+}
