@@ -40,38 +40,9 @@ pub struct ObjectKey {
     pub inode: u64,
 }
 
-/// The file as `fstat` saw it when opened: what parsed data is cached by. A container can
-/// write any build id into its files, but cannot make its file the host's inode; nor can it
-/// make a new file on a freed and reused inode look like the old one: the change time is
-/// set by the kernel (no `utimensat` sets it), so it tells the two apart where size and
-/// mtime (settable) could not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FileId {
-    /// `st_dev`.
-    pub dev: u64,
-    /// `st_ino`.
-    pub ino: u64,
-    /// Size.
-    pub size: u64,
-    /// Modification time, nanoseconds.
-    pub mtime_ns: i64,
-    /// Status change time, nanoseconds.
-    pub ctime_ns: i64,
-}
-
-impl FileId {
-    /// The identity of an open file.
-    pub fn of(file: &File) -> std::io::Result<Self> {
-        let m = file.metadata()?;
-        Ok(FileId {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.len(),
-            mtime_ns: m.mtime().saturating_mul(1_000_000_000) + m.mtime_nsec(),
-            ctime_ns: m.ctime().saturating_mul(1_000_000_000) + m.ctime_nsec(),
-        })
-    }
-}
+/// The file as `fstat` saw it when opened: what parsed data is cached by (one type for
+/// every cache, [`crate::os::file_id`]).
+pub use crate::os::file_id::FileId;
 
 /// An executable or library held open for symbolization.
 #[derive(Debug)]
@@ -112,12 +83,12 @@ impl Object {
     /// An object for the open `file`, known to the process as `path`, in the process root
     /// `root` (see [`open_root`]); reads its build id.
     pub fn new(key: ObjectKey, path: String, file: File, root: Option<Arc<File>>) -> Self {
-        let id = FileId::of(&file).unwrap_or(FileId {
+        let id = FileId::of_file(&file).unwrap_or(FileId {
             dev: 0,
             ino: key.inode,
             size: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
+            mtime: Default::default(),
+            ctime: Default::default(),
         });
         let mut obj = Object {
             key,
@@ -444,6 +415,7 @@ mod tests {
             dev: (0, 0),
             inode: 1,
             path: path.to_owned(),
+            kind: crate::os::procfs::RegionKind::of(path),
         }
     }
 

@@ -33,7 +33,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
@@ -50,9 +50,9 @@ use super::store::{key_of, row_bytes, Store, StoreError, TableKey};
 use crate::capture::tasks::{Mmap, TaskEvent, TaskWatch};
 use crate::capture::{Ask, UnwindMaps, Work, WorkReceiver, WorkSender};
 use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
-use crate::normalize::process::Snapshot;
-use crate::os::procfs;
-use crate::workload::Cgroup;
+use crate::normalize::snapshot::{self, Mapped, ReadError, ReadOptions, Region, Snapshot};
+use crate::os::file_id::{FileId, FileTime};
+use crate::os::procfs::{self, RegionKind};
 
 /// Bits of a table id that are its slot (`EMBER_UNWIND_SLOT_BITS`), and the slots
 /// (`EMBER_UNWIND_TABLES`).
@@ -80,8 +80,6 @@ const RANGE_BYTES: usize = 24;
 const PROC_BYTES: usize = 8 + RANGES * RANGE_BYTES;
 /// What the kernel spends on one hash element besides its value (approximate).
 const PROC_OVERHEAD: u64 = 64;
-/// `/proc/PID/maps` is read up to this many bytes.
-const MAPS_CAP: u64 = 32 << 20;
 /// File identities remembered (each is a few dozen bytes).
 const MAX_FILES: usize = 65_536;
 /// How often processes that exited are looked for when the kernel's task records are
@@ -121,31 +119,6 @@ pub struct Settings {
     pub cache_dir: Option<PathBuf>,
 }
 
-/// Identity of a file on the host, as far as a stat tells: a file replaced in place (an
-/// upgrade reusing the inode) changes its size or mtime, and an inode freed and reused by
-/// another file its ctime too (which, unlike the mtime, no one can set). Times as the
-/// kernel keeps them, seconds and nanoseconds: nothing to multiply (or overflow).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct FileId {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
-impl FileId {
-    fn of(meta: &std::fs::Metadata) -> Self {
-        Self {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.len(),
-            mtime: (meta.mtime(), meta.mtime_nsec()),
-            ctime: (meta.ctime(), meta.ctime_nsec()),
-        }
-    }
-}
-
 /// A mapped file as `/proc/PID/maps` and the kernel's mmap records name it: device
 /// (major, minor) and inode.
 type Inode = ((u32, u32), u64);
@@ -156,7 +129,7 @@ type Inode = ((u32, u32), u64);
 struct Published {
     key: TableKey,
     size: u64,
-    ctime: (i64, i64),
+    ctime: FileTime,
 }
 
 /// A table's id as the sampler's maps name it (`EMBER_UNWIND_SLOT` in `bpf/ember.h`): its
@@ -457,7 +430,7 @@ impl Loader {
             return;
         };
         let ranges = parent.ranges.clone();
-        let Some(start_time) = start_time(&self.proc_root.join(pid.to_string())) else {
+        let Some(start_time) = procfs::start_time(&self.proc_root, pid) else {
             return;
         };
         if !self.make_room(PROC_BYTES as u64 + PROC_OVERHEAD) {
@@ -536,52 +509,42 @@ impl Loader {
     }
 
     fn load_ranges(&mut self, pid: u32) {
-        let dir = self.proc_root.join(pid.to_string());
-        let Some(start_time) = start_time(&dir) else {
-            // A process that already exited is not an error (most short ones have).
-            if dir.exists() {
-                self.metrics.proc_read_error(ProcRead::Stat, 1);
-            }
-            return;
+        let opts = ReadOptions {
+            exe: false,
+            unless_started_at: self.empty.get(&pid).copied(),
         };
-        if self.empty.get(&pid) == Some(&start_time) {
-            return;
-        }
-        let text = match procfs::read_capped(&dir.join("maps"), MAPS_CAP) {
-            Ok(t) => t,
-            Err(_) => {
-                self.metrics.proc_read_error(ProcRead::Maps, 1);
+        let dir = self.proc_root.join(pid.to_string());
+        let snap = match snapshot::read(&self.proc_root, pid, opts, &self.metrics, |_| true) {
+            Ok(s) if s.maps_read => s,
+            Ok(_) | Err(ReadError::Known) => return,
+            Err(ReadError::Stat) => {
+                // A process that already exited is not an error (most short ones have).
+                if dir.exists() {
+                    self.metrics.proc_read_error(ProcRead::Stat, 1);
+                }
                 return;
             }
         };
-        let (entries, bad) = procfs::parse_maps(&text);
-        if bad > 0 {
-            self.metrics.proc_read_error(ProcRead::MapsLine, bad as u64);
-        }
+        let start_time = snap.start_time;
         let mut ranges = Vec::new();
-        let mut seen = Vec::new();
         let mut files = Vec::new();
-        // Held while this process is read: keeps the opens below off FUSE and network file
-        // systems (normalize::fs).
-        let mut mounts = crate::normalize::fs::Mounts::new(&dir, &self.metrics);
-        for e in entries.into_iter().filter(|e| e.exec) {
+        for Region { map: e, file } in &snap.regions {
             let Ok(len) = u32::try_from(e.end.saturating_sub(e.start)) else {
                 continue;
             };
-            let file = if e.inode != 0 && e.path.starts_with('/') {
-                let f = crate::normalize::object::open_mapped(&mut mounts, &e, &self.metrics);
-                if let Err(err) = &f {
+            let file = match file {
+                Mapped::Open(f) => Some(f),
+                Mapped::Refused(err) => {
                     if dir.exists() {
                         debug!("pid {pid}: {} not opened: {err}", e.path);
                         self.metrics.table_built(TableBuild::Unreadable);
                     }
+                    None
                 }
-                f.ok()
-            } else {
-                None
+                Mapped::NotOpened => None,
             };
-            let (table, file_id) = match &file {
-                _ if e.path == "[vdso]" => (self.vdso_table(), None),
+            let (table, file_id) = match file {
+                _ if e.kind == RegionKind::Vdso => (self.vdso_table(), None),
                 Some(f) => match self.file_table(f, e.inode) {
                     Some((key, id)) => (Some(key), Some(id)),
                     None => (None, None),
@@ -610,19 +573,8 @@ impl Loader {
                 table,
                 file: file_id.map(|_| (e.dev, e.inode)),
             });
-            seen.push((e, file));
         }
         if let Some(tx) = &self.snapshots {
-            let snap = Snapshot {
-                pid,
-                start_time,
-                name: procfs::read_capped(&dir.join("comm"), 64)
-                    .map(|c| c.trim_end().to_owned())
-                    .unwrap_or_default(),
-                cgroup: Cgroup::read(pid).unwrap_or_default(),
-                maps: seen,
-                root: crate::normalize::object::open_root(&mut mounts),
-            };
             if tx.try_send(snap).is_err() {
                 self.metrics.dropped(Cache::ProcessSnapshots, 1);
             }
@@ -682,9 +634,8 @@ impl Loader {
         v[..4].copy_from_slice(&table_id.0.to_ne_bytes());
         v[4..8].copy_from_slice(&(segs.len() as u32).to_ne_bytes());
         v[8..16].copy_from_slice(&p.size.to_ne_bytes());
-        v[16..24].copy_from_slice(&p.ctime.0.to_ne_bytes());
-        // Below 10^9: fits.
-        v[24..28].copy_from_slice(&(p.ctime.1 as u32).to_ne_bytes());
+        v[16..24].copy_from_slice(&p.ctime.sec.to_ne_bytes());
+        v[24..28].copy_from_slice(&p.ctime.nsec.to_ne_bytes());
         for (i, &(vaddr, offset, bytes)) in segs.iter().enumerate() {
             let at = 32 + i * 24;
             v[at..at + 8].copy_from_slice(&vaddr.to_ne_bytes());
@@ -720,7 +671,7 @@ impl Loader {
         let gone: Vec<u32> = self
             .procs
             .iter()
-            .filter(|(pid, p)| start_time(&root.join(pid.to_string())) != Some(p.start_time))
+            .filter(|(&pid, p)| procfs::start_time(&root, pid) != Some(p.start_time))
             .map(|(&pid, _)| pid)
             .collect();
         for pid in gone {
@@ -749,7 +700,7 @@ impl Loader {
             }
         }
         self.empty
-            .retain(|pid, t| start_time(&root.join(pid.to_string())) == Some(*t));
+            .retain(|&pid, t| procfs::start_time(&root, pid) == Some(*t));
         self.publish();
     }
 
@@ -851,7 +802,7 @@ impl Loader {
                 ranges: p.ranges.clone(),
             },
             None => {
-                let Some(start_time) = start_time(&self.proc_root.join(m.pid.to_string())) else {
+                let Some(start_time) = procfs::start_time(&self.proc_root, m.pid) else {
                     return false;
                 };
                 if !self.make_room(PROC_BYTES as u64 + PROC_OVERHEAD) {
@@ -1354,11 +1305,6 @@ fn now_ns() -> u64 {
     (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
 }
 
-fn start_time(dir: &Path) -> Option<u64> {
-    let text = procfs::read_capped(&dir.join("stat"), 4096).ok()?;
-    procfs::parse_stat(&text).map(|s| s.start_time)
-}
-
 /// A read-write shared mapping of the first `len` bytes of an mmapable array map (the
 /// kernel rounds the array up to whole pages, so `len` may be page-rounded).
 fn map_shared(map: &MapHandle, len: usize) -> std::io::Result<*mut libc::c_void> {
@@ -1425,6 +1371,7 @@ impl Drop for UsedView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn table_ids_of_a_slot_differ_until_they_wrap_and_are_never_none() {
@@ -1652,7 +1599,7 @@ mod tests {
             // or an entry whose ctime is not B's (it walks B by the frame pointer).
             if let Some(p) = loader.published.get(&kernel_id) {
                 assert_ne!(
-                    p.ctime,
+                    (p.ctime.sec, i64::from(p.ctime.nsec)),
                     (b_meta.ctime(), b_meta.ctime_nsec()),
                     "unwind_files would give B A's table"
                 );
@@ -1667,7 +1614,10 @@ mod tests {
             assert!(key_b.is_some(), "B has a table of its own");
             assert_ne!(key_b, Some(key_a), "B was given A's table");
             assert_eq!(
-                loader.published.get(&kernel_id).map(|p| (p.key, p.ctime)),
+                loader
+                    .published
+                    .get(&kernel_id)
+                    .map(|p| (p.key, (p.ctime.sec, i64::from(p.ctime.nsec)))),
                 Some((key_b.expect("B"), (b_meta.ctime(), b_meta.ctime_nsec())))
             );
 
