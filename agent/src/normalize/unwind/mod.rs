@@ -37,13 +37,25 @@
 //! Bounds: [`Limits`] caps the object's size, the rows, the CIE/FDE entries, the pages,
 //! each CIE's length and the total CFA program interpreted; gimli bounds each row's
 //! register rules (192) and `DW_CFA_remember_state` depth (4) itself.
+//!
+//! **Loading** ([`Loader`], on its own thread): `loader.rs` composes the decisions, each in
+//! a file of its own and tested against an in-memory fake of the sampler's maps (`fake.rs`,
+//! `loader_tests.rs`): `files.rs` (file identity), `procs.rs` (processes and the inodes
+//! they map), `slots.rs` (slots and generations of table ids), `budget.rs` (the byte
+//! budget and its LRU); `follow.rs` is the thread's loop over task records and asks. The map
+//! writes themselves are [`crate::capture::unwind`]'s.
 
 mod abi;
+mod budget;
 mod compile;
 mod elf;
 mod error;
+mod files;
+mod follow;
 mod loader;
+mod procs;
 pub mod row;
+mod slots;
 mod sparse;
 mod store;
 
@@ -52,5 +64,9 @@ pub use error::{ErrorReason, SkipReason, UnsupportedReason, UnwindError};
 pub use loader::{Loader, Settings};
 pub use row::{CfaRule, RbpRule, Rule, UnwindPage, UnwindRow};
 
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod loader_tests;
 #[cfg(test)]
 mod tests;
