@@ -1,7 +1,10 @@
 //! Capture stage: loads the BPF sampler, attaches it to every online CPU and turns
 //! ring buffer records into [`Sample`] batches for the aggregator.
 //!
-//! Runs on its own thread because libbpf's ring buffer is polled synchronously.
+//! Runs on its own thread because libbpf's ring buffer is polled synchronously. Beside it:
+//! [`unwind`], the sampler's unwind maps and the one code that writes them (for the unwind
+//! loader); [`tasks`], the kernel's exec/mmap/fork/exit records and their reader thread;
+//! `abi.rs`, the compile-time check of every struct `bpf/ember.h` shares with Rust.
 //! Batches go out with `try_send`: a full queue drops the batch and counts it, so the
 //! sampler never waits on a slow stage.
 

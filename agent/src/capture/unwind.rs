@@ -98,13 +98,18 @@ pub struct TableImage<'a> {
 impl TableImage<'_> {
     /// 8-byte slots the table takes.
     pub fn slots(&self) -> usize {
-        1 + self.pages.len() + self.rows.len()
+        table_slots(self.pages.len(), self.rows.len())
     }
+}
 
-    /// Kernel bytes of its array: whole chunks.
-    pub fn bytes(&self) -> u64 {
-        (self.slots().div_ceil(CHUNK_SLOTS) * CHUNK_BYTES) as u64
-    }
+/// 8-byte slots of a table of `pages` pages and `rows` rows: the header, pages, rows.
+pub fn table_slots(pages: usize, rows: usize) -> usize {
+    1 + pages + rows
+}
+
+/// Kernel bytes of the array of a table of `slots` slots: whole chunks.
+pub fn table_bytes(slots: usize) -> u64 {
+    (slots.div_ceil(CHUNK_SLOTS) * CHUNK_BYTES) as u64
 }
 
 /// What the unwind loader does to the sampler's maps: write a table, a process's ranges, a

@@ -48,8 +48,8 @@ use super::slots::Slots;
 use super::sparse::{Sparse, SparseError};
 use super::store::{key_of, Store, StoreError, TableKey};
 use crate::capture::unwind::{
-    ember_unwind_header, ember_unwind_proc, MapError, MapIo, TableImage, UnwindIo, UnwindMaps,
-    CHUNK_BYTES, CHUNK_SLOTS, RANGES,
+    ember_unwind_header, ember_unwind_proc, table_bytes, table_slots, MapError, MapIo, TableImage,
+    UnwindIo, UnwindMaps, RANGES,
 };
 use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
 use crate::normalize::snapshot::{self, Mapped, ReadError, ReadOptions, Region, Snapshot};
@@ -412,8 +412,7 @@ impl<M: UnwindIo> Loader<M> {
 
     /// Puts `table` in a free slot, evicting least recently used tables to make room.
     pub(super) fn install(&mut self, key: TableKey, table: &UnwindTable) -> bool {
-        let entries = 1 + table.pages.len() + table.rows.len();
-        let bytes = (entries.div_ceil(CHUNK_SLOTS) * CHUNK_BYTES) as u64;
+        let bytes = table_bytes(table_slots(table.pages.len(), table.rows.len()));
         if !self.budget.admits(bytes) || !self.make_room(bytes) {
             self.metrics.table_built(TableBuild::OverBudget);
             self.budget.refuse(key);
