@@ -36,7 +36,7 @@ from collections import defaultdict
 # The rooms in data-flow order: a room may import only rooms listed before it.
 # Leaves first (they import no stage), then the stages, then what composes them.
 ROOMS = [
-    "proto", "push_proto", "model", "os", "config", "metrics",
+    "proto", "push_proto", "os", "model", "config", "metrics",
     "workload",
     "capture", "normalize", "aggregate", "symbolize", "encode", "export",
     "readings",

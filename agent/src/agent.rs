@@ -26,19 +26,20 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::mpsc::{self, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::aggregate::{self, Aggregator, Window, Workloads};
-use crate::capture::tasks::TaskWatch;
-use crate::capture::{self, Batch, Capture, CaptureError, Control, Work, WorkSender};
+use crate::capture::tasks::{TaskLink, TaskWatch};
+use crate::capture::{self, Batch, Capture, CaptureError, Control, UnwindLink, Work, WorkSender};
 use crate::config::selector::SelectorError;
 use crate::config::{Config, NodeName};
 use crate::encode::{self, Encoded};
 use crate::export::files::{FilesError, WindowDir};
 use crate::metrics::Metrics;
+use crate::normalize::process::Snapshot;
 use crate::normalize::unwind;
 use crate::os::privileges;
 use crate::readings::otlp::OtlpError;
@@ -604,47 +605,7 @@ impl Pipeline {
             control: control_rx,
             metrics: metrics.clone(),
         })?;
-        let unwind = match link.maps {
-            Some(maps) => {
-                let settings = unwind::Settings {
-                    max_bytes: cfg.sampling.unwind_max_bytes,
-                    cache_dir: Some(cfg.sampling.unwind_cache_dir.clone())
-                        .filter(|d| !d.as_os_str().is_empty()),
-                };
-                let preload = cfg.sampling.pids.clone();
-                let watch = crate::os::procfs::online_cpus()
-                    .ok_or_else(|| "cannot read the online CPUs".to_owned())
-                    .and_then(|cpus| {
-                        TaskWatch::open(&cpus, TASK_RING_PAGES).map_err(|e| e.to_string())
-                    });
-                let watch = match watch {
-                    Ok(w) => Some(w),
-                    Err(e) => {
-                        tracing::warn!(
-                            "not following exec/mmap/exit ({e}): processes are loaded for \
-                             unwinding at their first sample"
-                        );
-                        None
-                    }
-                };
-                match unwind::Loader::new(maps, settings, metrics) {
-                    Ok(mut loader) => {
-                        let halt = (loader.halt_handle(), link.sender.clone());
-                        let queue = (link.work, link.sender);
-                        let thread = spawn("ember-unwind", move || {
-                            loader.send_snapshots(snap_tx);
-                            loader.run(&preload, queue, watch)
-                        })?;
-                        Some((thread, halt))
-                    }
-                    Err(e) => {
-                        tracing::warn!("unwind tables disabled: {e}; stacks use frame pointers");
-                        None
-                    }
-                }
-            }
-            None => None,
-        };
+        let unwind = start_unwind(cfg, link, snap_tx, metrics)?;
         Ok(Self {
             capture,
             aggregate,
@@ -667,6 +628,70 @@ impl Pipeline {
         }
         let _ = self.aggregate.join();
         let _ = self.output.join();
+    }
+}
+
+/// The unwind loader (`ember-unwind`) and the task record reader that feeds it
+/// (`ember-tasks`), when the sampler walks tables (`link.maps`). The reader is not joined:
+/// it sleeps up to five seconds between records, and the loader stops it when it returns.
+fn start_unwind(
+    cfg: &Config,
+    link: UnwindLink,
+    snapshots: SyncSender<Snapshot>,
+    metrics: Metrics,
+) -> Result<Option<(JoinHandle<()>, LoaderHalt)>, CaptureError> {
+    let Some(maps) = link.maps else {
+        return Ok(None);
+    };
+    let settings = unwind::Settings {
+        max_bytes: cfg.sampling.unwind_max_bytes,
+        cache_dir: Some(cfg.sampling.unwind_cache_dir.clone())
+            .filter(|d| !d.as_os_str().is_empty()),
+    };
+    let mut loader = match unwind::Loader::new(maps, settings, metrics.clone()) {
+        Ok(loader) => loader,
+        Err(e) => {
+            tracing::warn!("unwind tables disabled: {e}; stacks use frame pointers");
+            return Ok(None);
+        }
+    };
+    loader.send_snapshots(snapshots);
+    let tasks = match TaskWatch::open_online(TASK_RING_PAGES) {
+        Ok(watch) => {
+            let tasks = TaskLink::default();
+            let (tx, m, l) = (link.sender.clone(), metrics, tasks.clone());
+            let reader = std::thread::Builder::new().name("ember-tasks".into());
+            match reader.spawn(move || capture::tasks::forward(watch, tx, m, l)) {
+                Ok(_detached) => Some(tasks),
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot start the task record reader ({e}): processes load at first sample"
+                    );
+                    None
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(
+                "not following exec/mmap/exit ({e}): processes are loaded for unwinding at \
+                 their first sample"
+            );
+            None
+        }
+    };
+    let halt = (loader.halt_handle(), link.sender.clone());
+    let preload = cfg.sampling.pids.clone();
+    let reader = tasks.clone();
+    match spawn("ember-unwind", move || {
+        loader.run(&preload, link.work, tasks)
+    }) {
+        Ok(thread) => Ok(Some((thread, halt))),
+        Err(e) => {
+            if let Some(reader) = reader {
+                reader.stop();
+            }
+            Err(e)
+        }
     }
 }
 

@@ -7,13 +7,21 @@
 //!  capture ──▶ aggregate ──────────────▶ symbolize ──▶ encode ──▶ export
 //!  (BPF →      (per window; normalize      (ELF/DWARF,   (pprof,     (window files,
 //!   samples)    owns the process table:     kallsyms)     flame       Pyroscope,
-//!               objects, JIT frames)                      graphs)     OTLP profiles)
-//!                  ▲
-//!              workload (cgroup → container, pod, filters, per-container CPU)
+//!   │  ▲        objects, JIT frames)                      graphs)     OTLP profiles)
+//!   │  │           ▲            ▲
+//!   │  │           │            workload (cgroup → container, pod, filters,
+//!   │  │           │ process    per-container CPU)
+//!   │  │ tables,   │ snapshots
+//!   │  │ ranges    │
+//!   │  └────────── unwind loader (normalize::unwind: reads /proc, builds tables,
+//!   │ asks          ▲  ▲          fills the sampler's maps through capture::unwind)
+//!   └───────────────┘  │ exec, mmap, fork, exit
+//!                      tasks (capture::tasks: the kernel's task records)
 //!
 //!  readings (USE, perf counters, run-queue latency) ──▶ snapshot ──▶ /metrics, OTLP metrics
 //!  server (/metrics, /healthz, windows, flame graphs)
-//!  agent: the one place that starts and stops every thread, in order
+//!  agent: the one place that starts and stops every thread, in order (ember-capture,
+//!         ember-aggregate, ember-output, ember-unwind, ember-tasks, ...)
 //! ```
 //!
 //! What the stages hand each other (samples, windows of stacks, symbolized frames, labels)

@@ -453,24 +453,9 @@ pub struct ObjectKey {
     pub inode: u64,
 }
 
-/// The file as `fstat` saw it when opened: what parsed data is cached by. A container can
-/// write any build id into its files, but cannot make its file the host's inode; nor can it
-/// make a new file on a freed and reused inode look like the old one: the change time is
-/// set by the kernel (no `utimensat` sets it), so it tells the two apart where size and
-/// mtime (settable) could not. Read from an open file by `FileId::of` (`normalize::object`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FileId {
-    /// `st_dev`.
-    pub dev: u64,
-    /// `st_ino`.
-    pub ino: u64,
-    /// Size.
-    pub size: u64,
-    /// Modification time, nanoseconds.
-    pub mtime_ns: i64,
-    /// Status change time, nanoseconds.
-    pub ctime_ns: i64,
-}
+/// The file as `fstat` saw it when opened: what parsed data is cached by (one type for
+/// every cache, read by [`FileId::of_file`]; see [`crate::os::file_id`]).
+pub use crate::os::file_id::FileId;
 
 #[cfg(test)]
 mod tests {

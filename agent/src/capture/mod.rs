@@ -1,7 +1,10 @@
 //! Capture stage: loads the BPF sampler, attaches it to every online CPU and turns
 //! ring buffer records into [`Sample`] batches for the aggregator.
 //!
-//! Runs on its own thread because libbpf's ring buffer is polled synchronously.
+//! Runs on its own thread because libbpf's ring buffer is polled synchronously. Beside it:
+//! [`unwind`], the sampler's unwind maps and the one code that writes them (for the unwind
+//! loader); [`tasks`], the kernel's exec/mmap/fork/exit records and their reader thread;
+//! `abi.rs`, the compile-time check of every struct `bpf/ember.h` shares with Rust.
 //! Batches go out with `try_send`: a full queue drops the batch and counts it, so the
 //! sampler never waits on a slow stage.
 
@@ -24,9 +27,12 @@ use crate::config::{OffCpu as OffCpuSettings, SampleEvent, Sampling, UnwindMode}
 use crate::metrics::{Cache, Loss, Metrics, OffCpuEvent, RowLookup, StackSide};
 use crate::model::{OffCpu, OffState, Sample, StackEnd};
 
+mod abi;
 pub use ember_parse::perf_record;
 pub mod tasks;
+pub mod unwind;
 pub use tasks::{Drained, Mmap, TaskError, TaskEvent, TaskWatch};
+pub use unwind::UnwindMaps;
 
 #[allow(missing_docs, clippy::all, clippy::unwrap_used, unsafe_op_in_unsafe_fn)]
 mod skel {
@@ -56,25 +62,6 @@ pub enum Ask {
     Process(u32),
     /// A pc of this process is in none of its ranges (a library loaded since): read them again.
     Remap(u32),
-}
-
-/// The sampler's unwind maps, handed to the loader that fills them (its own file descriptors).
-pub struct UnwindMaps {
-    /// `unwind_tables`: slot → the table's inner array.
-    pub tables: libbpf_rs::MapHandle,
-    /// `unwind_procs`: tgid → `ember_unwind_proc`.
-    pub procs: libbpf_rs::MapHandle,
-    /// `unwind_used`: slot → time_ns of its last use (mmapable).
-    pub used: libbpf_rs::MapHandle,
-    /// `unwind_files`: the kernel's (dev, inode) of a file → its table id and segments.
-    pub files: libbpf_rs::MapHandle,
-    /// `row_cache`: the walker's per-CPU cache of rows, keyed by table id (emptied when a
-    /// slot's ids start over).
-    pub row_cache: libbpf_rs::MapHandle,
-    /// The exec hook (`ember_exec`) is attached: it writes a new program's ranges itself,
-    /// and the walker adds libraries mapped since, so the loader leaves new processes'
-    /// entries to them and only reads processes whole.
-    pub exec_hook: bool,
 }
 
 /// Record flags (`EMBER_REC_*` in `bpf/ember.h`).

@@ -19,11 +19,16 @@
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::TrySendError;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use libbpf_rs::libbpf_sys;
-use tracing::warn;
+use tracing::{debug, warn};
+
+use super::{Work, WorkSender};
+use crate::metrics::{Cache, Metrics, ProcRead};
 
 use super::perf_record::{parse, take_record, Record};
 pub use super::perf_record::{Mmap, Reject, TaskEvent};
@@ -52,6 +57,9 @@ pub enum TaskError {
     /// The list of CPUs was empty.
     #[error("no CPU to watch")]
     NoCpus,
+    /// The online CPUs could not be read from sysfs.
+    #[error("cannot read the online CPUs")]
+    OnlineCpus,
 }
 
 /// What one [`TaskWatch::drain`] read besides the events.
@@ -97,6 +105,12 @@ impl TaskWatch {
         };
         watch.sync_cpus(cpus)?;
         Ok(watch)
+    }
+
+    /// [`TaskWatch::open`] on every online CPU.
+    pub fn open_online(ring_pages: usize) -> Result<Self, TaskError> {
+        let cpus = crate::os::procfs::online_cpus().ok_or(TaskError::OnlineCpus)?;
+        Self::open(&cpus, ring_pages)
     }
 
     /// Attaches to CPUs that came online and lets go of those that went away (drain first:
@@ -315,6 +329,78 @@ fn open_dummy_event(cpu: u32) -> std::io::Result<OwnedFd> {
     }
     // SAFETY: perf_event_open returned a new fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// How often the task record reader checks for CPUs brought online.
+const CPU_CHECK_EVERY: Duration = Duration::from_secs(5);
+/// The longest the task record reader sleeps: every record wakes it at once, so this only
+/// bounds how late it sees CPUs brought online and the stop flag (nothing waits for it to
+/// end). Every wakeup of an idle thread costs; the loader itself sleeps until work comes.
+const READER_WAIT: Duration = CPU_CHECK_EVERY;
+
+/// What the task record reader (`ember-tasks`) and the unwind loader share: the loader
+/// stops the reader when it ends, and the reader tells the loader that records were lost
+/// (an exit may be among them: the loader sweeps).
+#[derive(Debug, Clone, Default)]
+pub struct TaskLink {
+    stop: Arc<AtomicBool>,
+    lost: Arc<AtomicBool>,
+}
+
+impl TaskLink {
+    /// Makes the reader return (within [`READER_WAIT`]).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether records were lost since the last call.
+    pub fn take_lost(&self) -> bool {
+        self.lost.swap(false, Ordering::Relaxed)
+    }
+
+    fn lose(&self) {
+        self.lost.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The task record reader's thread (`ember-tasks`): only copies records out of the
+/// kernel's rings into the loader's queue `tx`, so a loader busy compiling a large table
+/// never lets a ring overflow. Returns when `link` is stopped or the loader is gone.
+pub fn forward(mut watch: TaskWatch, tx: WorkSender, metrics: Metrics, link: TaskLink) {
+    let mut events = Vec::new();
+    let mut last_sync = Instant::now();
+    while !link.stop.load(Ordering::Relaxed) {
+        if let Err(e) = watch.wait(READER_WAIT) {
+            debug!("task records: poll failed: {e}");
+            std::thread::sleep(READER_WAIT);
+        }
+        let d = watch.drain(&mut events);
+        if d.lost > 0 {
+            metrics.dropped(Cache::TaskRecords, d.lost);
+            link.lose();
+        }
+        if d.malformed + d.rejected > 0 {
+            metrics.proc_read_error(ProcRead::TaskRecord, d.malformed + d.rejected);
+        }
+        for ev in events.drain(..) {
+            match tx.try_send(Work::Task(ev)) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) => {
+                    metrics.dropped(Cache::TaskRecords, 1);
+                    link.lose();
+                }
+                Err(TrySendError::Disconnected(_)) => return,
+            }
+        }
+        if last_sync.elapsed() >= CPU_CHECK_EVERY {
+            last_sync = Instant::now();
+            if let Some(online) = crate::os::procfs::online_cpus() {
+                if let Err(e) = watch.sync_cpus(&online) {
+                    debug!("task records: {e}");
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -6,11 +6,13 @@
 //! plus each process's name and cgroup, kept by the [`process::ProcessTable`] that the
 //! aggregation stage owns. [`object`] is the one safe way any stage opens and reads a file
 //! out of a process, [`fs`] what keeps it off FUSE and network file systems; [`elf_file`] its
-//! capped ELF reading.
+//! capped ELF reading. [`snapshot`] is the one reader of a process from `/proc`, for the
+//! unwind loader and the process table alike.
 
 pub use ember_parse::elf_file;
 pub mod fs;
 pub(crate) mod jit;
 pub mod object;
 pub(crate) mod process;
+pub mod snapshot;
 pub mod unwind;

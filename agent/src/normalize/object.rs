@@ -31,23 +31,9 @@ use crate::normalize::fs::{Checked, Mounts, Refusal};
 use crate::os::openat2::{open_path_in, reopen, stat_cached, RESOLVE_NO_XDEV};
 use crate::os::procfs::MapsEntry;
 
-// A file's identities are model types (a symbolized mapping carries them); reading them
-// from a file is done here, where files are opened.
+// A file's identities are model types (a symbolized mapping carries them); the identity
+// of an open file is read by `FileId::of_file` (`os::file_id`).
 pub use crate::model::{FileId, ObjectKey};
-
-impl FileId {
-    /// The identity of an open file.
-    pub fn of(file: &File) -> std::io::Result<Self> {
-        let m = file.metadata()?;
-        Ok(FileId {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.len(),
-            mtime_ns: m.mtime().saturating_mul(1_000_000_000) + m.mtime_nsec(),
-            ctime_ns: m.ctime().saturating_mul(1_000_000_000) + m.ctime_nsec(),
-        })
-    }
-}
 
 /// An executable or library held open for symbolization.
 #[derive(Debug)]
@@ -88,12 +74,12 @@ impl Object {
     /// An object for the open `file`, known to the process as `path`, in the process root
     /// `root` (see [`open_root`]); reads its build id.
     pub fn new(key: ObjectKey, path: String, file: File, root: Option<Arc<File>>) -> Self {
-        let id = FileId::of(&file).unwrap_or(FileId {
+        let id = FileId::of_file(&file).unwrap_or(FileId {
             dev: 0,
             ino: key.inode,
             size: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
+            mtime: Default::default(),
+            ctime: Default::default(),
         });
         let mut obj = Object {
             key,
@@ -420,6 +406,7 @@ mod tests {
             dev: (0, 0),
             inode: 1,
             path: path.to_owned(),
+            kind: crate::os::procfs::RegionKind::of(path),
         }
     }
 

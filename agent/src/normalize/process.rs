@@ -6,18 +6,19 @@
 //! objects are shared by `(device, inode)` across processes. Addresses are turned
 //! into `(object, file offset)` here, while the mapping is known ("normalized").
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::config::Limits;
 use crate::metrics::{Cache, Metrics, ProcRead};
-use crate::normalize::fs::Mounts;
 use crate::normalize::object::{Object, ObjectKey};
-use crate::os::procfs::{self, MapsEntry};
+pub use crate::normalize::snapshot::Snapshot;
+use crate::normalize::snapshot::{self, exe_id, Mapped, ReadOptions, Region};
+use crate::os::procfs::{self, MapsEntry, RegionKind};
 use crate::workload::Cgroup;
 
 /// Where a user address points, after normalization.
@@ -46,6 +47,7 @@ struct ExecMap {
     start: u64,
     end: u64,
     offset: u64,
+    kind: RegionKind,
     target: Target,
 }
 
@@ -61,24 +63,6 @@ struct Proc {
     jit: crate::normalize::jit::Hints,
     /// `(device, inode)` of the executable when read, to tell an exec from a rename.
     exe: Option<(u64, u64)>,
-}
-
-/// What the unwind loader read of a process while it lived: a process that lives 30 ms is
-/// gone before its first window closes, so this is all the symbolizer will ever know of it.
-#[derive(Debug)]
-pub struct Snapshot {
-    /// Process id.
-    pub pid: u32,
-    /// Start time (clock ticks since boot), telling this process from a later one on its pid.
-    pub start_time: u64,
-    /// `comm` of the process.
-    pub name: String,
-    /// Its cgroup, for workload labels.
-    pub cgroup: Cgroup,
-    /// Its executable mappings, each with the mapped file when it could be opened.
-    pub maps: Vec<(MapsEntry, Option<File>)>,
-    /// Its root directory ([`crate::normalize::object::open_root`]), for debug files.
-    pub root: Option<File>,
 }
 
 /// Process table, owned by the aggregation stage.
@@ -111,9 +95,6 @@ pub struct ProcessTable {
 
 /// Snapshots of processes not sampled yet that are kept at most.
 const MAX_PENDING: usize = 4096;
-
-/// `/proc/PID/maps` can be megabytes for a JVM; read no more than this.
-const MAPS_CAP: u64 = 32 << 20;
 
 impl ProcessTable {
     /// An empty table reading the host's `/proc`.
@@ -193,7 +174,7 @@ impl ProcessTable {
             // read), not at every sample.
             let reused = first_this_window
                 && !moved
-                && current_start_time(&self.proc_root, pid).is_some_and(|t| t != p.start_time);
+                && procfs::start_time(&self.proc_root, pid).is_some_and(|t| t != p.start_time);
             let moved = moved || reused;
             // The leader renamed may be an exec (a new program with new mappings) or just
             // a rename (prctl, which a process may do at will, so it must stay cheap): the
@@ -290,48 +271,28 @@ impl ProcessTable {
             .get(&snap.pid)
             .map(|p| (p.start_time, p.maps.len(), p.last_seen, p.cgroup.v2_id));
         match known {
-            Some((start, maps, _, _)) if start == snap.start_time && maps >= snap.maps.len() => {
+            Some((start, maps, _, _)) if start == snap.start_time && maps >= snap.regions.len() => {
                 return;
             }
             None if self.procs.len() >= self.limits.max_processes => self.evict_least_recent(),
             _ => {}
         }
-        let mut maps = Vec::with_capacity(snap.maps.len());
-        let mut jit = crate::normalize::jit::Hints::default();
-        let root = self.share_root(snap.root);
-        for (e, file) in snap.maps {
-            let target = match file {
-                Some(f) => self.target_from_file(&e, f, &root),
-                None => region(&e),
-            };
-            push_map(&mut maps, &mut jit, &e, target);
-        }
-        maps.sort_by_key(|m| m.start);
+        let (pid, start_time) = (snap.pid, snap.start_time);
+        let mut proc = self.proc_from(snap);
         let window = self.window;
-        let (last_seen, v2_id) = known.map_or((window, 0), |(_, _, seen, id)| (seen, id));
-        if known.is_some_and(|(start, ..)| start != snap.start_time) {
+        if let Some((_, _, last_seen, v2_id)) = known {
+            proc.last_seen = last_seen;
+            if let Some(cg) = Arc::get_mut(&mut proc.cgroup).filter(|cg| cg.v2_id == 0) {
+                cg.v2_id = v2_id;
+            }
+        }
+        if known.is_some_and(|(start, ..)| start != start_time) {
             // Another process on this pid (or the same one after exec): nothing of the old
             // one's JIT symbols applies.
-            self.jit.forget(snap.pid);
+            self.jit.forget(pid);
         }
-        let mut cgroup = snap.cgroup;
-        if cgroup.v2_id == 0 {
-            cgroup.v2_id = v2_id;
-        }
-        self.jit.seen(snap.pid, &jit, window);
-        self.put(
-            snap.pid,
-            Proc {
-                start_time: snap.start_time,
-                name: Arc::from(snap.name.as_str()),
-                cgroup: Arc::new(cgroup),
-                maps,
-                last_seen,
-                rescanned: window,
-                jit,
-                exe: None,
-            },
-        );
+        self.jit.seen(pid, &proc.jit, window);
+        self.put(pid, proc);
         self.gc_objects();
         self.metrics.processes.set(self.procs.len() as i64);
         self.metrics.objects.set(self.objects.len() as i64);
@@ -346,7 +307,7 @@ impl ProcessTable {
         if let Some(o) = self.objects.get(&key) {
             return Target::File(o.clone());
         }
-        if !self.room_for_object() {
+        if !self.room_for_object(0) {
             return Target::Region(Arc::from(e.path.as_str()));
         }
         let obj = Arc::new(Object::new(
@@ -378,9 +339,9 @@ impl ProcessTable {
     /// Normalizes a user address of `pid`; rereads the mappings once per window on a miss,
     /// since libraries loaded later (dlopen) were not there at first sight.
     pub fn normalize(&mut self, pid: u32, addr: u64) -> UserAddr {
-        let found = self.normalize_mapped(pid, addr);
+        let (found, kind) = self.normalize_mapped(pid, addr);
         match &found {
-            UserAddr::Region(label, _) if label.starts_with("[anon") => {
+            UserAddr::Region(..) if kind == Some(RegionKind::Anon) => {
                 let hints = self
                     .procs
                     .get(&pid)
@@ -395,9 +356,10 @@ impl ProcessTable {
         }
     }
 
-    fn normalize_mapped(&mut self, pid: u32, addr: u64) -> UserAddr {
-        if let Some(found) = self.procs.get(&pid).and_then(|p| find(&p.maps, addr)) {
-            return found;
+    /// What `addr` of `pid` is, with the kind of mapping it is in.
+    fn normalize_mapped(&mut self, pid: u32, addr: u64) -> (UserAddr, Option<RegionKind>) {
+        if let Some(m) = self.procs.get(&pid).and_then(|p| find_map(&p.maps, addr)) {
+            return m.found(addr);
         }
         let window = self.window;
         let stale = self.procs.get(&pid).is_some_and(|p| p.rescanned < window);
@@ -423,11 +385,11 @@ impl ProcessTable {
                 p.rescanned = window;
             }
             self.gc_objects();
-            if let Some(found) = self.procs.get(&pid).and_then(|p| find(&p.maps, addr)) {
-                return found;
+            if let Some(m) = self.procs.get(&pid).and_then(|p| find_map(&p.maps, addr)) {
+                return m.found(addr);
             }
         }
-        UserAddr::Unknown(addr)
+        (UserAddr::Unknown(addr), None)
     }
 
     /// Closes the current window: forgets processes that were not sampled in it and have
@@ -439,7 +401,7 @@ impl ProcessTable {
         let mut evicted = Vec::new();
         self.procs.retain(|pid, p| {
             let keep = p.last_seen == window
-                || current_start_time(&root, *pid).is_some_and(|t| t == p.start_time);
+                || procfs::start_time(&root, *pid).is_some_and(|t| t == p.start_time);
             if !keep {
                 evicted.push(*pid);
             }
@@ -497,92 +459,93 @@ impl ProcessTable {
         self.roots.retain(|_, r| Arc::strong_count(r) > 1);
     }
 
+    /// Reads `pid` itself (the loader read it not, or not lately), opening only the files
+    /// of objects the table does not hold yet.
     fn read_process(&mut self, pid: u32) -> Option<Proc> {
         self.reads += 1;
-        let dir = self.proc_root.join(pid.to_string());
-        let stat = match procfs::read_capped(&dir.join("stat"), 4096)
-            .ok()
-            .and_then(|t| procfs::parse_stat(&t))
-        {
-            Some(s) => s,
-            None => {
-                self.metrics.proc_read_error(ProcRead::Stat, 1);
-                return None;
-            }
+        let (proc_root, metrics) = (self.proc_root.clone(), self.metrics.clone());
+        let opts = ReadOptions {
+            exe: true,
+            ..Default::default()
         };
-        let maps_text = match procfs::read_capped(&dir.join("maps"), MAPS_CAP) {
-            Ok(t) => t,
-            Err(_) => {
-                self.metrics.proc_read_error(ProcRead::Maps, 1);
-                String::new()
+        // Files approved for opening in this read: each counts against `max_objects`, and a
+        // file mapped twice is opened once.
+        let mut approved = HashSet::new();
+        let snap = snapshot::read(&proc_root, pid, opts, &metrics, |e| {
+            let key = ObjectKey {
+                dev: e.dev,
+                inode: e.inode,
+            };
+            let new = !self.objects.contains_key(&key) && !approved.contains(&key);
+            // Checked before the open, so a full table costs no open.
+            let open = new && self.room_for_object(approved.len());
+            if open {
+                approved.insert(key);
             }
-        };
-        let (entries, bad) = procfs::parse_maps(&maps_text);
-        if bad > 0 {
-            self.metrics.proc_read_error(ProcRead::MapsLine, bad as u64);
-        }
-        let mut maps = Vec::new();
-        let mut jit = crate::normalize::jit::Hints::default();
-        // Held while this process is read, no longer (see normalize::fs).
-        let mut mounts = Mounts::new(&dir, &self.metrics);
-        let root = self.share_root(crate::normalize::object::open_root(&mut mounts));
-        for e in entries.iter().filter(|e| e.exec) {
-            let target = self.target_for(&mut mounts, e, &root);
-            push_map(&mut maps, &mut jit, e, target);
-        }
-        drop(mounts);
-        maps.sort_by_key(|m| m.start);
-        let cgroup = Cgroup::read(pid).unwrap_or_else(|_| {
-            self.metrics.proc_read_error(ProcRead::Cgroup, 1);
-            Cgroup::default()
+            open
         });
-        Some(Proc {
-            start_time: stat.start_time,
-            name: Arc::from(stat.comm.as_str()),
-            cgroup: Arc::new(cgroup),
+        let Ok(snap) = snap else {
+            metrics.proc_read_error(ProcRead::Stat, 1);
+            return None;
+        };
+        let refused = snap
+            .regions
+            .iter()
+            .filter(|r| matches!(r.file, Mapped::Refused(_)))
+            .count();
+        if refused > 0 {
+            metrics.proc_read_error(ProcRead::OpenObject, refused as u64);
+        }
+        if snap.cgroup.is_none() {
+            metrics.proc_read_error(ProcRead::Cgroup, 1);
+        }
+        Some(self.proc_from(snap))
+    }
+
+    /// The process `snap` tells of, seen in this window, its objects shared with every
+    /// other mapping of them.
+    fn proc_from(&mut self, snap: Snapshot) -> Proc {
+        let root = self.share_root(snap.root);
+        let mut maps = Vec::with_capacity(snap.regions.len());
+        let mut jit = crate::normalize::jit::Hints::default();
+        for r in snap.regions {
+            let Region { map, file } = r;
+            let target = match file {
+                Mapped::Open(f) => self.target_from_file(&map, f, &root),
+                // Not opened by this read: an object the table holds already.
+                Mapped::NotOpened if map.is_file_backed() => {
+                    let key = ObjectKey {
+                        dev: map.dev,
+                        inode: map.inode,
+                    };
+                    match self.objects.get(&key) {
+                        Some(o) => Target::File(o.clone()),
+                        None => region(&map),
+                    }
+                }
+                Mapped::NotOpened | Mapped::Refused(_) => region(&map),
+            };
+            push_map(&mut maps, &mut jit, &map, target);
+        }
+        maps.sort_by_key(|m| m.start);
+        Proc {
+            start_time: snap.start_time,
+            name: Arc::from(snap.name.as_str()),
+            cgroup: Arc::new(snap.cgroup.unwrap_or_default()),
             maps,
             last_seen: self.window,
             rescanned: self.window,
             jit,
-            exe: exe_id(&self.proc_root, pid),
-        })
-    }
-
-    fn target_for(
-        &mut self,
-        mounts: &mut Mounts,
-        e: &MapsEntry,
-        root: &Option<Arc<File>>,
-    ) -> Target {
-        if e.inode == 0 || !e.path.starts_with('/') {
-            return region(e);
-        }
-        let key = ObjectKey {
-            dev: e.dev,
-            inode: e.inode,
-        };
-        if let Some(o) = self.objects.get(&key) {
-            return Target::File(o.clone());
-        }
-        // Checked before the open, so a full table costs no open.
-        if !self.room_for_object() {
-            return Target::Region(Arc::from(e.path.as_str()));
-        }
-        match crate::normalize::object::open_mapped(mounts, e, &self.metrics) {
-            Ok(file) => self.target_from_file(e, file, root),
-            Err(_) => {
-                self.metrics.proc_read_error(ProcRead::OpenObject, 1);
-                Target::Region(Arc::from(e.path.as_str()))
-            }
+            exe: snap.exe,
         }
     }
 
-    /// Whether one more object fits under `limits.max_objects` (after letting go of
-    /// unmapped ones); a refusal is counted.
-    fn room_for_object(&mut self) -> bool {
-        if self.objects.len() >= self.limits.max_objects {
+    /// Whether one more object fits under `limits.max_objects` besides `pending` ones about
+    /// to be added (after letting go of unmapped ones); a refusal is counted.
+    fn room_for_object(&mut self, pending: usize) -> bool {
+        if self.objects.len() + pending >= self.limits.max_objects {
             self.gc_objects();
-            if self.objects.len() >= self.limits.max_objects {
+            if self.objects.len() + pending >= self.limits.max_objects {
                 self.metrics.dropped(Cache::Objects, 1);
                 return false;
             }
@@ -593,10 +556,7 @@ impl ProcessTable {
 
 /// A mapping without a usable file, named by its path column (`[vdso]`, `[anon]`, ...).
 fn region(e: &MapsEntry) -> Target {
-    Target::Region(Arc::from(match e.path.as_str() {
-        "" => "[anon]",
-        p => p,
-    }))
+    Target::Region(Arc::from(e.label()))
 }
 
 /// Adds an executable mapping, noting what the JIT stage needs (a JVM, a jitdump).
@@ -616,47 +576,43 @@ fn push_map(
         start: e.start,
         end: e.end,
         offset: e.offset,
+        kind: e.kind,
         target,
     });
 }
 
-fn find(maps: &[ExecMap], addr: u64) -> Option<UserAddr> {
+/// The mapping `addr` is in.
+fn find_map(maps: &[ExecMap], addr: u64) -> Option<&ExecMap> {
     let i = maps.partition_point(|m| m.start <= addr);
     let m = maps.get(i.checked_sub(1)?)?;
-    if addr >= m.end {
-        return None;
+    (addr < m.end).then_some(m)
+}
+
+/// What `addr` is in `maps`.
+#[cfg(test)]
+fn find(maps: &[ExecMap], addr: u64) -> Option<UserAddr> {
+    find_map(maps, addr).map(|m| m.addr(addr))
+}
+
+impl ExecMap {
+    /// `addr` (inside this mapping) normalized.
+    fn addr(&self, addr: u64) -> UserAddr {
+        match &self.target {
+            Target::File(o) => UserAddr::Object(o.clone(), addr - self.start + self.offset),
+            Target::Region(label) => UserAddr::Region(label.clone(), addr - self.start),
+        }
     }
-    let offset = addr - m.start + m.offset;
-    Some(match &m.target {
-        Target::File(o) => UserAddr::Object(o.clone(), offset),
-        Target::Region(label) => UserAddr::Region(label.clone(), addr - m.start),
-    })
-}
 
-/// `(device, inode)` of the executable of `pid`, without asking its file system anything: an
-/// `O_PATH` handle through `/proc/PID/exe` and a `statx` answered from the kernel's cache
-/// (`AT_STATX_DONT_SYNC`). A plain `stat` asks a FUSE daemon (`GETATTR`) once its attributes
-/// expire, and a daemon that never answers would hold the aggregator at every rename.
-fn exe_id(root: &Path, pid: u32) -> Option<(u64, u64)> {
-    use std::os::fd::AsFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let h = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
-        .open(root.join(pid.to_string()).join("exe"))
-        .ok()?;
-    let m = crate::os::openat2::stat_cached(h.as_fd(), "", false).ok()?;
-    Some((libc::makedev(m.dev.0, m.dev.1), m.ino))
-}
-
-fn current_start_time(root: &Path, pid: u32) -> Option<u64> {
-    let text = procfs::read_capped(&root.join(pid.to_string()).join("stat"), 4096).ok()?;
-    procfs::parse_stat(&text).map(|s| s.start_time)
+    /// `addr` normalized, with the kind of this mapping.
+    fn found(&self, addr: u64) -> (UserAddr, Option<RegionKind>) {
+        (self.addr(addr), Some(self.kind))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn table() -> ProcessTable {
         ProcessTable::new(
@@ -924,12 +880,14 @@ mod tests {
                 start: 0x1000,
                 end: 0x2000,
                 offset: 0x500,
+                kind: RegionKind::Vdso,
                 target: Target::Region(Arc::from("[vdso]")),
             },
             ExecMap {
                 start: 0x3000,
                 end: 0x4000,
                 offset: 0,
+                kind: RegionKind::Anon,
                 target: Target::Region(Arc::from("[anon]")),
             },
         ];

@@ -1,6 +1,8 @@
 //! Operating-system helpers that every stage may use and that import no stage: strict
-//! `/proc` parsers and capped reads, mount tables, confined opens, and the capability check.
+//! `/proc` parsers and capped reads, file identity, mount tables, confined opens, and the
+//! capability check.
 
+pub mod file_id;
 pub use ember_parse::mountinfo;
 pub mod openat2;
 pub mod privileges;

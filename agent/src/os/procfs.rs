@@ -22,6 +22,62 @@ pub struct MapsEntry {
     pub inode: u64,
     /// The path column: a file path, `[vdso]`, `[heap]`, or empty.
     pub path: String,
+    /// What the path column names, classified once here so no caller compares strings.
+    pub kind: RegionKind,
+}
+
+/// What a mapping is, by its path column: the one place `[anon]`, `[vdso]` and the like
+/// are told apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RegionKind {
+    /// A file, named by its absolute path (with ` (deleted)` once unlinked).
+    File,
+    /// Anonymous memory: no name, or one given with `PR_SET_VMA_ANON_NAME`
+    /// (`[anon:NAME]`, `[anon_shmem:NAME]`). JIT code lives here.
+    Anon,
+    /// `[heap]`.
+    Heap,
+    /// `[stack]` (and `[stack:TID]` of older kernels).
+    Stack,
+    /// `[vdso]`: the kernel's code mapped into every process.
+    Vdso,
+    /// `[vsyscall]`.
+    Vsyscall,
+    /// Any other name the kernel gives (`[vvar]`, `[uprobes]`, `anon_inode:[...]`).
+    Special,
+}
+
+impl RegionKind {
+    /// The kind of a mapping whose path column is `path`.
+    pub fn of(path: &str) -> Self {
+        match path {
+            "" => Self::Anon,
+            "[heap]" => Self::Heap,
+            "[stack]" => Self::Stack,
+            "[vdso]" => Self::Vdso,
+            "[vsyscall]" => Self::Vsyscall,
+            p if p.starts_with('/') => Self::File,
+            p if p.starts_with("[anon") => Self::Anon,
+            p if p.starts_with("[stack:") => Self::Stack,
+            _ => Self::Special,
+        }
+    }
+}
+
+impl MapsEntry {
+    /// Whether the mapping has a file ember may open: a path and an inode.
+    pub fn is_file_backed(&self) -> bool {
+        self.kind == RegionKind::File && self.inode != 0
+    }
+
+    /// The name a region without a usable file is shown by: its path column, `[anon]`
+    /// for anonymous memory without a name.
+    pub fn label(&self) -> &str {
+        match self.path.as_str() {
+            "" => "[anon]",
+            p => p,
+        }
+    }
 }
 
 /// Parses `/proc/PID/maps` text; malformed lines are skipped and counted in the second value.
@@ -62,6 +118,7 @@ fn parse_maps_line(line: &str) -> Option<MapsEntry> {
             u32::from_str_radix(minor, 16).ok()?,
         ),
         inode: inode.parse().ok()?,
+        kind: RegionKind::of(&path),
         path,
     })
 }
@@ -97,6 +154,16 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
         start_time: field(22)?,
     })
 }
+
+/// The start time of `pid` (clock ticks since boot) read from `proc_root/PID/stat`: with
+/// the pid, it tells a process from a later one on the same pid. `None` once it is gone.
+pub fn start_time(proc_root: &Path, pid: u32) -> Option<u64> {
+    let text = read_capped(&proc_root.join(pid.to_string()).join("stat"), STAT_CAP).ok()?;
+    parse_stat(&text).map(|s| s.start_time)
+}
+
+/// `/proc/PID/stat` is read up to this many bytes (a name is at most 15 bytes).
+pub const STAT_CAP: u64 = 4096;
 
 /// Parses a CPU list such as `0-3,8,10-11` (as in `/sys/devices/system/cpu/online`).
 pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
@@ -164,7 +231,7 @@ pub fn read_capped(path: &Path, cap: u64) -> std::io::Result<String> {
 pub fn own_vdso() -> Option<Vec<u8>> {
     let text = read_capped(Path::new("/proc/self/maps"), 32 << 20).ok()?;
     let (entries, _) = parse_maps(&text);
-    let e = entries.iter().find(|e| e.path == "[vdso]")?;
+    let e = entries.iter().find(|e| e.kind == RegionKind::Vdso)?;
     let len = usize::try_from(e.end.checked_sub(e.start)?).ok()?;
     if len > 1 << 20 {
         return None;
@@ -201,6 +268,32 @@ garbage line\n\
         assert_eq!(maps[3].path, "");
         assert_eq!(maps[4].path, "/opt/my app/lib (deleted)");
         assert_eq!(maps[4].dev, (0x103, 2));
+        let kinds: Vec<RegionKind> = maps.iter().map(|m| m.kind).collect();
+        use RegionKind::*;
+        assert_eq!(kinds, [File, File, Vdso, Anon, File]);
+        assert!(maps[1].is_file_backed() && !maps[2].is_file_backed());
+        assert_eq!((maps[3].label(), maps[2].label()), ("[anon]", "[vdso]"));
+    }
+
+    #[test]
+    fn region_kinds() {
+        use RegionKind::*;
+        for (path, kind) in [
+            ("", Anon),
+            ("[anon:v8 code]", Anon),
+            ("[anon_shmem:x]", Anon),
+            ("[heap]", Heap),
+            ("[stack]", Stack),
+            ("[stack:42]", Stack),
+            ("[vdso]", Vdso),
+            ("[vsyscall]", Vsyscall),
+            ("[vvar]", Special),
+            ("anon_inode:[perf_event]", Special),
+            ("/usr/lib/libc.so.6", File),
+            ("/memfd:jit (deleted)", File),
+        ] {
+            assert_eq!(RegionKind::of(path), kind, "{path:?}");
+        }
     }
 
     #[test]

@@ -38,7 +38,17 @@ pub const SLOTS: usize = 24;
 /// Latencies are bucketed by log2 of `ns >> SHIFT` (`EMBER_RQ_SHIFT`).
 pub const SHIFT: u32 = 10;
 const HIST_BYTES: usize = std::mem::size_of::<ember_rq_hist>();
-const _: () = assert!(HIST_BYTES == 8 * (SLOTS + 1), "ember_rq_hist layout");
+const _: () = {
+    use std::mem::offset_of;
+    // `struct ember_rq_hist` and `enum ember_rq_counter` of `bpf/ember.h` (the rest of the
+    // header is checked in `capture/abi.rs`).
+    assert!(HIST_BYTES == 8 * (SLOTS + 1), "ember_rq_hist layout");
+    assert!(offset_of!(ember_rq_hist, slots) == 0);
+    assert!(offset_of!(ember_rq_hist, sum_ns) == 8 * SLOTS);
+    assert!(ember_rq_counter::EMBER_RQ_CNT_EVENTS.0 == 0);
+    assert!(ember_rq_counter::EMBER_RQ_CNT_START_FULL.0 == 1);
+    assert!(ember_rq_counter::EMBER_RQ_CNT_MAX.0 == 2);
+};
 
 /// A histogram as the BPF program keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,7 +14,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::SystemTime;
 
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
@@ -27,14 +26,8 @@ use crate::metrics::{HttpRefusal, Metrics};
 /// A token file larger than this is not a token.
 const MAX_TOKEN_BYTES: u64 = 4096;
 
-/// What identifies one version of the file.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct Version {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime: Option<SystemTime>,
-}
+/// What identifies one version of the file: its identity, size and times.
+type Version = crate::os::file_id::FileId;
 
 /// The token file and its last read.
 pub(super) struct TokenFile {
@@ -70,14 +63,8 @@ impl TokenFile {
 
     /// The current token, re-read if the file changed; `None` if it cannot be used.
     fn current(&self) -> Option<Vec<u8>> {
-        use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(&self.path).ok()?;
-        let version = Version {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            len: meta.len(),
-            mtime: meta.modified().ok(),
-        };
+        let version = Version::of(&meta);
         let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((v, token)) = cached.as_ref() {
             if *v == version {

@@ -45,6 +45,7 @@ use crate::model::{
 use crate::normalize::elf_file::{ElfError, ElfReader, Limits};
 use crate::normalize::object::{debug_file_path, open_host, open_in_root, refusal, FileAt, Object};
 use crate::normalize::process::UserAddr;
+use crate::os::file_id::FileTime;
 use crate::symbolize::demangle::Outcome;
 use crate::symbolize::kallsyms::Kallsyms;
 use crate::symbolize::table::{Miss, SymTable};
@@ -85,14 +86,14 @@ impl Hash for FrameKey {
 }
 
 /// What of a file's identity hashes: its inode and ctime, which the kernel sets (two files
-/// share them only on two devices, by chance), not the 40 bytes of [`FileId`].
-fn file_hash(id: &FileId) -> (u64, i64) {
-    (id.ino, id.ctime_ns)
+/// share them only on two devices, by chance), not the 56 bytes of [`FileId`].
+fn file_hash(id: &FileId) -> (u64, FileTime) {
+    (id.ino, id.ctime)
 }
 
 /// Key of the frame cache: a [`FrameKey`] with the file by the serial number the symbolizer
 /// gave its identity ([`Live`]): the cache holds up to `limits.symbol_cache_entries` keys,
-/// and a [`FileId`] is 40 bytes.
+/// and a [`FileId`] is 56 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum CacheKey {
     Kernel(u64),
@@ -499,7 +500,7 @@ fn build_table(obj: &Object, settings: &Symbols, metrics: &Metrics) -> Result<Sy
     };
     let debug_src = debug_file
         .as_ref()
-        .and_then(|f| Some(FileAt::new(f, FileId::of(f).ok()?.size)));
+        .and_then(|f| Some(FileAt::new(f, FileId::of_file(f).ok()?.size)));
     let mut debug = match &debug_src {
         Some(d) => match ElfReader::new(d, limits) {
             // The file is named by the build id; a file that says otherwise is not it.
@@ -978,8 +979,8 @@ mod tests {
             dev: 1,
             ino,
             size: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
+            mtime: Default::default(),
+            ctime: Default::default(),
         };
         for i in 0..10 {
             assert_eq!(t.insert(id(i), None, i), 0);

@@ -188,10 +188,7 @@ pub fn pin(pid: u32) -> (Option<Arc<OwnedFd>>, u64) {
 }
 
 fn start_time(pid: u32) -> Option<u64> {
-    let text =
-        crate::os::procfs::read_capped(std::path::Path::new(&format!("/proc/{pid}/stat")), 4096)
-            .ok()?;
-    crate::os::procfs::parse_stat(&text).map(|s| s.start_time)
+    crate::os::procfs::start_time(std::path::Path::new("/proc"), pid)
 }
 
 /// Whether `pid` catches SIGQUIT now, from `/proc/<pid>/status`.

@@ -1,29 +1,19 @@
 //! The row and page types are `struct ember_unwind_row` and `struct ember_unwind_page` of
 //! `agent/bpf/ember.h`. The compiler keeps its own mirrors (plain Rust, so the fuzz crate
 //! can build it without a skeleton); these compile-time checks fail the build the moment
-//! the header and the mirrors disagree.
+//! the header and the mirrors disagree, and make the mirrors' slices the skeleton's
+//! ([`bpf_rows`], [`bpf_pages`]) without a copy.
 //!
 //! The types come from the BPF program's BTF: `ember.bpf.c` holds one `*_layout` global of
-//! each, so libbpf-cargo generates them into the skeleton.
+//! each, so libbpf-cargo generates them into the skeleton (re-exported by
+//! [`crate::capture::unwind`], whose own layout is checked in `capture/abi.rs`).
 
 use std::mem::{align_of, offset_of, size_of};
 
-use super::loader::{CHUNK_BYTES, CHUNK_SLOTS, FILE_BYTES};
 use super::row::{CfaRule, RbpRule, UnwindPage, UnwindRow, PAGE_SHIFT};
-
-#[allow(
-    dead_code,
-    missing_docs,
-    clippy::all,
-    clippy::unwrap_used,
-    unsafe_op_in_unsafe_fn
-)]
-mod skel {
-    include!(concat!(env!("OUT_DIR"), "/ember.skel.rs"));
-}
-use skel::types::{
-    ember_cfa_rule, ember_rbp_rule, ember_unwind_chunk, ember_unwind_file, ember_unwind_page,
-    ember_unwind_row,
+use crate::capture::unwind::{
+    ember_cfa_rule, ember_rbp_rule, ember_unwind_chunk, ember_unwind_page, ember_unwind_row,
+    CHUNK_BYTES, CHUNK_SLOTS,
 };
 
 const _: () = {
@@ -37,12 +27,6 @@ const _: () = {
     assert!(offset_of!(UnwindRow, rbp_offset) == offset_of!(ember_unwind_row, rbp_offset));
 
     assert!(size_of::<ember_unwind_chunk>() == CHUNK_BYTES);
-    // The loader writes `unwind_files` values field by field at these offsets.
-    assert!(size_of::<ember_unwind_file>() == FILE_BYTES);
-    assert!(offset_of!(ember_unwind_file, size) == 8);
-    assert!(offset_of!(ember_unwind_file, ctime_sec) == 16);
-    assert!(offset_of!(ember_unwind_file, ctime_nsec) == 24);
-    assert!(offset_of!(ember_unwind_file, segments) == 32);
     assert!(CHUNK_BYTES == CHUNK_SLOTS * size_of::<UnwindRow>());
 
     assert!(size_of::<UnwindPage>() == size_of::<ember_unwind_page>());
@@ -68,3 +52,16 @@ const _: () = {
     // what ties it to PAGE_SHIFT.
     assert!(PAGE_SHIFT == u16::BITS);
 };
+
+/// `rows` as the walker reads them.
+pub(super) fn bpf_rows(rows: &[UnwindRow]) -> &[ember_unwind_row] {
+    // SAFETY: both are `#[repr(C)]` integers of the same size, alignment and field offsets
+    // (checked above), every bit pattern valid for each; the slice keeps `rows`' lifetime.
+    unsafe { std::slice::from_raw_parts(rows.as_ptr().cast(), rows.len()) }
+}
+
+/// `pages` as the walker reads them.
+pub(super) fn bpf_pages(pages: &[UnwindPage]) -> &[ember_unwind_page] {
+    // SAFETY: as in `bpf_rows`.
+    unsafe { std::slice::from_raw_parts(pages.as_ptr().cast(), pages.len()) }
+}

@@ -1,0 +1,210 @@
+//! Every struct and enum of `agent/bpf/ember.h`, checked at compile time.
+//!
+//! The Rust types are the skeleton's, generated from the BPF program's BTF, so Rust and C
+//! agree by construction; what can drift is what Rust code assumes of them (a record's ips
+//! right after its header, ranges per process, the enum values matched by name, a value
+//! viewed as bytes). These checks state the header's layout once more, field by field:
+//! a change to the header fails the build here, pointing at the code that relies on it.
+//! Each struct is also checked to have no hidden padding (every byte a named field), so
+//! no uninitialized byte is ever copied to or from the kernel. The Rust mirrors of the
+//! unwind rows and pages are checked against these types in `normalize/unwind/abi.rs`;
+//! `struct ember_rq_hist` (runqlat's skeleton) in `readings/runqlat.rs`.
+
+use std::mem::{align_of, offset_of, size_of};
+
+use super::skel::types::{
+    ember_cfa_rule, ember_config, ember_counter, ember_offcpu_config, ember_offcpu_counter,
+    ember_offcpu_head, ember_offcpu_state, ember_rbp_rule, ember_record, ember_unwind_chunk,
+    ember_unwind_file, ember_unwind_file_key, ember_unwind_header, ember_unwind_mode,
+    ember_unwind_page, ember_unwind_proc, ember_unwind_range, ember_unwind_result,
+    ember_unwind_row, ember_unwind_segment, scratch,
+};
+use super::unwind::{CHUNK_SLOTS, FILE_SEGMENTS, PROC_BYTES, RANGES};
+use super::MAX_FRAMES;
+
+/// The size of the field `project` names (no value needed).
+const fn field_size<T, F>(_project: fn(&T) -> &F) -> usize {
+    size_of::<F>()
+}
+
+/// `struct`: its size, alignment and each field's offset, and no byte that is no field.
+macro_rules! shared_struct {
+    ($t:ident: size $size:literal, align $align:literal { $($f:ident @ $off:literal),+ $(,)? }) => {
+        const _: () = {
+            assert!(size_of::<$t>() == $size, concat!(stringify!($t), ": size"));
+            assert!(align_of::<$t>() == $align, concat!(stringify!($t), ": alignment"));
+            $(assert!(
+                offset_of!($t, $f) == $off,
+                concat!(stringify!($t), ".", stringify!($f), ": offset")
+            );)+
+            assert!(
+                0 $(+ field_size(|v: &$t| &v.$f))+ == size_of::<$t>(),
+                concat!(stringify!($t), ": hidden padding")
+            );
+        };
+    };
+}
+
+/// `enum`: each value as the header numbers it.
+macro_rules! shared_enum {
+    ($t:ident { $($v:ident = $n:literal),+ $(,)? }) => {
+        const _: () = {
+            $(assert!($t::$v.0 == $n, concat!(stringify!($t), "::", stringify!($v)));)+
+        };
+    };
+}
+
+shared_struct!(ember_config: size 24, align 8 {
+    filter_pids @ 0,
+    include_idle @ 4,
+    wakeup_bytes @ 8,
+    unwind_mode @ 16,
+    task_regs @ 20,
+});
+
+shared_struct!(ember_record: size 56, align 8 {
+    time_ns @ 0,
+    cgroup_id @ 8,
+    pid @ 16,
+    tid @ 20,
+    cpu @ 24,
+    kern_frames @ 28,
+    user_frames @ 30,
+    comm @ 32,
+    user_result @ 48,
+    user_flags @ 49,
+    pad0 @ 50,
+    pad1 @ 52,
+    ips @ 56,
+});
+
+shared_struct!(ember_unwind_row: size 8, align 2 {
+    pc_low @ 0,
+    cfa_rule @ 2,
+    rbp_rule @ 3,
+    cfa_offset @ 4,
+    rbp_offset @ 6,
+});
+
+shared_struct!(ember_unwind_page: size 8, align 4 { first_row @ 0, row_count @ 4 });
+shared_struct!(ember_unwind_header: size 8, align 4 { first_page @ 0, page_count @ 4 });
+shared_struct!(ember_unwind_chunk: size 4096, align 8 { slots @ 0 });
+
+shared_struct!(ember_unwind_range: size 24, align 8 {
+    start @ 0,
+    bias @ 8,
+    len @ 16,
+    table @ 20,
+});
+
+shared_struct!(ember_unwind_proc: size 1544, align 8 { count @ 0, pad @ 4, ranges @ 8 });
+shared_struct!(ember_unwind_file_key: size 16, align 8 { dev @ 0, ino @ 8 });
+shared_struct!(ember_unwind_segment: size 24, align 8 { vaddr @ 0, offset @ 8, size @ 16 });
+
+shared_struct!(ember_unwind_file: size 128, align 8 {
+    table @ 0,
+    count @ 4,
+    size @ 8,
+    ctime_sec @ 16,
+    ctime_nsec @ 24,
+    pad @ 28,
+    segments @ 32,
+});
+
+shared_struct!(ember_offcpu_config: size 16, align 8 {
+    min_block_ns @ 0,
+    sample_threshold @ 8,
+});
+
+shared_struct!(ember_offcpu_head: size 24, align 8 {
+    off_ns @ 0,
+    runnable_ns @ 8,
+    state @ 16,
+    pad @ 20,
+});
+
+// The `#define`s the constants of `capture` and `capture::unwind` state.
+const _: () = {
+    // EMBER_MAX_FRAMES: the sampler's scratch holds both sides' frames.
+    assert!(field_size(|s: &scratch| &s.ips) == 2 * MAX_FRAMES * size_of::<u64>());
+    assert!(MAX_FRAMES < 128, "one bit each in Sample::user_exact");
+    assert!(RANGES == 64, "EMBER_UNWIND_RANGES");
+    assert!(FILE_SEGMENTS == 4, "EMBER_UNWIND_FILE_SEGMENTS");
+    assert!(CHUNK_SLOTS == 512, "EMBER_UNWIND_CHUNK_SLOTS");
+    assert!(PROC_BYTES == 8 + RANGES * size_of::<ember_unwind_range>());
+};
+
+shared_enum!(ember_unwind_mode {
+    EMBER_MODE_FRAME_POINTER = 0,
+    EMBER_MODE_AUTO = 1,
+    EMBER_MODE_DWARF = 2,
+});
+
+shared_enum!(ember_unwind_result {
+    EMBER_UNWIND_FRAME_POINTER = 0,
+    EMBER_UNWIND_COMPLETE = 1,
+    EMBER_UNWIND_TRUNCATED = 2,
+    EMBER_UNWIND_FP_END = 3,
+    EMBER_UNWIND_ERR_UNSUPPORTED = 4,
+    EMBER_UNWIND_ERR_READ = 5,
+    EMBER_UNWIND_ERR_BAD_FRAME = 6,
+    EMBER_UNWIND_ERR_RBP_UNKNOWN = 7,
+    EMBER_UNWIND_ERR_NO_TABLE = 8,
+    EMBER_UNWIND_ERR_TABLE = 9,
+    EMBER_UNWIND_RESULT_MAX = 10,
+});
+
+shared_enum!(ember_counter {
+    EMBER_CNT_SAMPLES = 0,
+    EMBER_CNT_SENT = 1,
+    EMBER_CNT_LOST_RINGBUF = 2,
+    EMBER_CNT_KERN_STACK_ERR = 3,
+    EMBER_CNT_USER_STACK_ERR = 4,
+    EMBER_CNT_IDLE = 5,
+    EMBER_CNT_FILTERED = 6,
+    EMBER_CNT_NO_SCRATCH = 7,
+    EMBER_CNT_TAIL_CALL = 8,
+    EMBER_CNT_EXEC_RANGES = 9,
+    EMBER_CNT_EXEC_FAILED = 10,
+    EMBER_CNT_VMA_FOUND = 11,
+    EMBER_CNT_ROW_CACHED = 12,
+    EMBER_CNT_ROW_SEARCHED = 13,
+    EMBER_CNT_ROW_EVICTED = 14,
+    EMBER_CNT_MAX = 15,
+});
+
+shared_enum!(ember_cfa_rule {
+    EMBER_CFA_UNSUPPORTED = 0,
+    EMBER_CFA_RSP = 1,
+    EMBER_CFA_RBP = 2,
+    EMBER_CFA_RBP_DEREF = 3,
+    EMBER_CFA_PLT = 4,
+    EMBER_CFA_SIGNAL = 5,
+    EMBER_CFA_STOP = 6,
+    EMBER_CFA_FRAME_POINTER = 7,
+});
+
+shared_enum!(ember_rbp_rule {
+    EMBER_RBP_UNCHANGED = 0,
+    EMBER_RBP_AT_CFA = 1,
+    EMBER_RBP_AT_RBP = 2,
+    EMBER_RBP_UNKNOWN = 3,
+});
+
+shared_enum!(ember_offcpu_state {
+    EMBER_OFFCPU_SLEEP = 0,
+    EMBER_OFFCPU_DISK = 1,
+    EMBER_OFFCPU_RUNNABLE = 2,
+});
+
+shared_enum!(ember_offcpu_counter {
+    EMBER_OFFCPU_CNT_SWITCHES = 0,
+    EMBER_OFFCPU_CNT_TAKEN = 1,
+    EMBER_OFFCPU_CNT_MAP_FULL = 2,
+    EMBER_OFFCPU_CNT_SHORT = 3,
+    EMBER_OFFCPU_CNT_SENT = 4,
+    EMBER_OFFCPU_CNT_LOST_RINGBUF = 5,
+    EMBER_OFFCPU_CNT_NO_SCRATCH = 6,
+    EMBER_OFFCPU_CNT_FILTERED = 7,
+    EMBER_OFFCPU_CNT_MAX = 8,
+});

@@ -1,0 +1,293 @@
+//! The loader's thread (`ember-unwind`): follows processes as the kernel's task records
+//! (exec, mmap, fork, exit; read by `ember-tasks`, [`crate::capture::tasks::forward`]) and
+//! the sampler's asks arrive on one queue, and sweeps out processes that are gone.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::{Duration, Instant};
+
+use super::budget::PROC_COST;
+use super::loader::{bias, Loader};
+use super::procs::{with_mapping, Proc, Range};
+use crate::capture::tasks::{Mmap, TaskEvent, TaskLink};
+use crate::capture::unwind::UnwindIo;
+use crate::capture::{Ask, Work, WorkReceiver};
+use crate::metrics::Cache;
+use crate::os::procfs;
+
+/// How often processes that exited are looked for when the kernel's task records are
+/// followed: their exit records are the first way, and a lost record triggers a sweep at
+/// once, so this only bounds what a missed one costs (each sweep reads the `stat` of every
+/// process with ranges).
+const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// The same without task records, where sweeps are the only way to see exits.
+const SWEEP_EVERY_UNFOLLOWED: Duration = Duration::from_secs(2);
+/// How long after an exec or mmap the loader waits for more before reading the process.
+const SETTLE: Duration = Duration::from_millis(2);
+/// Processes whose asks wait for the loader.
+const MAX_ASKED: usize = 4_096;
+/// The sampler's asks served per round of the loader's loop.
+const ASKS_PER_ROUND: usize = 4;
+
+/// Stops the task record reader when the loader returns.
+struct StopOnDrop(Option<TaskLink>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if let Some(link) = &self.0 {
+            link.stop();
+        }
+    }
+}
+
+/// What waits to be loaded: processes whose records came (`dirty`) and the sampler's
+/// asks (`asked`), one entry per process.
+#[derive(Default)]
+pub(super) struct Queued {
+    pub(super) dirty: BTreeSet<u32>,
+    pub(super) asked: BTreeSet<u32>,
+    /// The processes named in the config, if any: only they are followed.
+    pub(super) only: HashSet<u32>,
+}
+
+impl<M: UnwindIo> Loader<M> {
+    /// The loader's thread: loads `preload` (the processes named in the config, so their
+    /// first samples already find their ranges), then follows the kernel's task records
+    /// (`tasks`, when a reader forwards them: a process is loaded as it starts, before its
+    /// first sample) and serves the sampler's asks (processes that were running before
+    /// the agent), until capture stops or [`Loader::halt_handle`] is set.
+    pub fn run(mut self, preload: &[u32], work: WorkReceiver, tasks: Option<TaskLink>) {
+        for &pid in preload {
+            self.load(pid);
+        }
+        let mut q = Queued {
+            only: preload.iter().copied().collect(),
+            ..Default::default()
+        };
+        let every = if tasks.is_some() {
+            SWEEP_EVERY
+        } else {
+            SWEEP_EVERY_UNFOLLOWED
+        };
+        let lost = |t: &Option<TaskLink>| t.as_ref().is_some_and(TaskLink::take_lost);
+        let _stop_reader = StopOnDrop(tasks.clone());
+        let mut last_sweep = Instant::now();
+        while !self.halted() {
+            // Asleep until work comes or a sweep is due; never while asks wait.
+            let wait = if q.asked.is_empty() {
+                every.saturating_sub(last_sweep.elapsed())
+            } else {
+                Duration::ZERO
+            };
+            match work.recv_timeout(wait) {
+                Ok(w) => {
+                    let task = matches!(w, Work::Task(_));
+                    self.take(w, &mut q);
+                    // ld.so maps a program's libraries within a millisecond or two of
+                    // its exec: take those too, so a process is read once, not per library.
+                    let settle = Instant::now() + SETTLE;
+                    while let Some(w) = task
+                        .then(|| {
+                            work.recv_timeout(settle.saturating_duration_since(Instant::now()))
+                        })
+                        .and_then(Result::ok)
+                    {
+                        self.take(w, &mut q);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            while let Some(pid) = q.dirty.pop_first() {
+                if self.halted() {
+                    return;
+                }
+                // Records first: each is a few microseconds and may be a new process about
+                // to be sampled; a full read takes a millisecond or more.
+                while let Ok(w) = work.try_recv() {
+                    self.take(w, &mut q);
+                }
+                self.load(pid);
+            }
+            // A few asks a round: they may compile tables (tens of ms for a big object), and
+            // new processes' records come first.
+            for _ in 0..ASKS_PER_ROUND {
+                if self.halted() {
+                    return;
+                }
+                let Some(pid) = q.asked.pop_first() else {
+                    break;
+                };
+                self.load(pid);
+            }
+            if lost(&tasks) || last_sweep.elapsed() >= every {
+                last_sweep = Instant::now();
+                self.sweep();
+            }
+        }
+    }
+
+    fn halted(&self) -> bool {
+        self.halt.load(Ordering::Relaxed)
+    }
+
+    /// Files one piece of work: a task record is applied, an ask waits in `asked` (one per
+    /// process, at most [`MAX_ASKED`]; more are dropped, counted, and asked again later).
+    fn take(&mut self, w: Work, q: &mut Queued) {
+        match w {
+            Work::Task(ev) => self.on_task(ev, q),
+            Work::Ask(Ask::Process(pid)) | Work::Ask(Ask::Remap(pid)) => {
+                if q.asked.len() < MAX_ASKED || q.asked.contains(&pid) {
+                    q.asked.insert(pid);
+                } else {
+                    self.metrics.dropped(Cache::UnwindRequests, 1);
+                }
+            }
+            Work::Wake => {}
+        }
+    }
+
+    /// Applies one task record: exits and execs drop a process's ranges at once (its pid may
+    /// be reused), forks copy the parent's, new executable mappings of known objects are
+    /// added at once, and execs and mappings mark the process to be read in full.
+    pub(super) fn on_task(&mut self, ev: TaskEvent, q: &mut Queued) {
+        let pid = match &ev {
+            TaskEvent::Exec { pid, .. }
+            | TaskEvent::Fork { pid, .. }
+            | TaskEvent::Exit { pid, .. } => *pid,
+            TaskEvent::Mmap(m) => m.pid,
+        };
+        if pid == std::process::id() || (!q.only.is_empty() && !q.only.contains(&pid)) {
+            return;
+        }
+        match ev {
+            TaskEvent::Exit { pid, .. } => {
+                q.dirty.remove(&pid);
+                self.forget(pid);
+                if self.io.exec_hook() {
+                    // The exec hook may have made an entry this loader never read.
+                    self.io.delete_proc(pid);
+                }
+            }
+            TaskEvent::Exec { pid, .. } => {
+                if self.io.exec_hook() {
+                    // The hook already replaced the entry with the new program's ranges.
+                    self.procs.take(pid);
+                    self.procs.forget_empty(pid);
+                } else {
+                    self.forget(pid);
+                }
+                q.dirty.insert(pid);
+            }
+            TaskEvent::Fork { pid, ppid, .. } => self.fork(pid, ppid),
+            TaskEvent::Mmap(m) => {
+                if m.prot & libc::PROT_EXEC as u32 != 0 {
+                    // With the exec hook, the walker finds a new library itself (and this
+                    // loader's partial view of the process would overwrite the hook's ranges).
+                    if !self.io.exec_hook() {
+                        self.fast_mmap(&m);
+                    }
+                    q.dirty.insert(m.pid);
+                }
+            }
+        }
+    }
+
+    /// A child starts with its parent's mappings: the same ranges, no /proc read.
+    fn fork(&mut self, pid: u32, ppid: u32) {
+        let Some(parent) = self.procs.get(ppid) else {
+            return;
+        };
+        let ranges = parent.ranges.clone();
+        let Some(start_time) = procfs::start_time(&self.proc_root, pid) else {
+            return;
+        };
+        if !self.make_room(PROC_COST) {
+            self.metrics.dropped(Cache::UnwindProcesses, 1);
+            return;
+        }
+        // The exec hook may already have written the child's new program (this record can
+        // come after the exec): never overwrite that with the parent's ranges.
+        let only_new = self.io.exec_hook();
+        if self.write_proc(pid, &ranges, only_new) {
+            self.procs.put(pid, Proc { start_time, ranges });
+        }
+    }
+
+    /// Drops a process's ranges (it exited, or exec'd into another program).
+    pub(super) fn forget(&mut self, pid: u32) {
+        self.procs.forget_empty(pid);
+        if self.procs.take(pid).is_some() {
+            self.io.delete_proc(pid);
+        }
+    }
+
+    /// Adds a new executable mapping of a known object to its process's ranges straight from
+    /// its mmap record, so the sampler can walk it within microseconds of the mmap; false if
+    /// the object is not known yet (the full read after the process settles handles it).
+    pub(super) fn fast_mmap(&mut self, m: &Mmap) -> bool {
+        let file = (m.dev, m.inode);
+        let Some(key) = self.procs.inode_table(&file) else {
+            return false;
+        };
+        let Some(table) = self.slots.table(&key).filter(|t| t.id.is_some()) else {
+            return false;
+        };
+        let Ok(len) = u32::try_from(m.len) else {
+            return false;
+        };
+        let bias = bias(&table.segments, m.start, m.pgoff);
+        let (start_time, ranges) = match self.procs.get(m.pid) {
+            Some(p) => (p.start_time, p.ranges.clone()),
+            None => {
+                let Some(start_time) = procfs::start_time(&self.proc_root, m.pid) else {
+                    return false;
+                };
+                if !self.make_room(PROC_COST) {
+                    return false;
+                }
+                (start_time, Vec::new())
+            }
+        };
+        let new = Range {
+            start: m.start,
+            len,
+            bias,
+            table: Some(key),
+            file: Some(file),
+        };
+        let ranges = with_mapping(&ranges, new);
+        let ok = self.write_proc(m.pid, &ranges, false);
+        if ok {
+            self.procs.put(m.pid, Proc { start_time, ranges });
+        } else {
+            self.procs.take(m.pid);
+        }
+        ok
+    }
+
+    /// Forgets processes that exited (or whose pid now names another process).
+    pub fn sweep(&mut self) {
+        let root = self.proc_root.clone();
+        for pid in self.procs.gone(&root) {
+            self.procs.take(pid);
+            self.io.delete_proc(pid);
+        }
+        if self.io.exec_hook() {
+            // Entries the exec hook made for processes that ended before this loader read
+            // them (their exit record lost to a full ring).
+            let stale: Vec<u32> = self
+                .io
+                .proc_pids()
+                .into_iter()
+                .filter(|&pid| !self.procs.contains(pid) && !root.join(pid.to_string()).exists())
+                .collect();
+            for pid in stale {
+                self.io.delete_proc(pid);
+            }
+        }
+        self.procs.sweep_empty(&root);
+        self.report();
+    }
+}
