@@ -8,6 +8,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
+use super::table::metric_table;
+
 /// Label set of the per-container CPU series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ContainerLabels {
@@ -53,16 +55,34 @@ pub struct ContainerOffCpuLabels {
     pub state: super::OffState,
 }
 
-/// Per-container CPU series: seconds from samples beside seconds from the cgroup itself.
-#[derive(Clone, Default)]
-pub struct ContainerMetrics {
-    /// `ember_container_cpu_seconds_total`: samples / Hz.
-    pub sampled: Family<ContainerLabels, Counter<f64, AtomicU64>>,
-    /// `ember_container_cgroup_cpu_seconds_total`: the cgroup's own usage counter.
-    pub cgroup: Family<ContainerLabels, Counter<f64, AtomicU64>>,
-    /// `ember_container_info`: 1 per container, for joins.
-    pub info: Family<ContainerInfoLabels, Gauge>,
-    /// `ember_container_offcpu_seconds_total{state}`: time its threads were off CPU
-    /// (`offcpu.enabled`), summed over threads.
-    pub offcpu: Family<ContainerOffCpuLabels, Counter<f64, AtomicU64>>,
+metric_table! {
+    /// Per-container CPU series: seconds from samples beside seconds from the cgroup itself.
+    #[derive(Clone)]
+    pub struct ContainerMetrics {
+        /// CPU time of each container estimated from samples (samples / frequency).
+        pub sampled: Family<ContainerLabels, Counter<f64, AtomicU64>> = metric(
+            "container_cpu",
+            unit Seconds,
+            labels ["namespace", "pod", "container", "container_id"]
+        ),
+        /// CPU time of each container as its cgroup counts it (cpuacct.usage or cpu.stat
+        /// usage_usec).
+        pub cgroup: Family<ContainerLabels, Counter<f64, AtomicU64>> = metric(
+            "container_cgroup_cpu",
+            unit Seconds,
+            labels ["namespace", "pod", "container", "container_id"]
+        ),
+        /// Time the threads of each container were off CPU, by why (sleep, disk, runnable;
+        /// offcpu.enabled).
+        pub offcpu: Family<ContainerOffCpuLabels, Counter<f64, AtomicU64>> = metric(
+            "container_offcpu",
+            unit Seconds,
+            labels ["namespace", "pod", "container", "container_id", "state"]
+        ),
+        /// Container identity and placement, for joins (always 1).
+        pub info: Family<ContainerInfoLabels, Gauge> = metric(
+            "container_info",
+            labels ["namespace", "pod", "container", "container_id", "pod_uid", "node"]
+        ),
+    }
 }
