@@ -37,7 +37,7 @@ use crate::config::selector::SelectorError;
 use crate::config::{Config, NodeName};
 use crate::encode::Encoded;
 use crate::export::files::{FilesError, WindowDir};
-use crate::metrics::{Cache, FrameResult, Metrics, Stage};
+use crate::metrics::{FrameResult, Metrics, Stage, WindowFailure};
 use crate::normalize::unwind;
 use crate::os::privileges;
 use crate::readings::otlp::OtlpError;
@@ -633,7 +633,7 @@ fn output_loop<F: FnMut(Encoded)>(
             Ok(encoded) => encoded,
             Err(e) => {
                 tracing::error!("could not compress a window, dropped: {e}");
-                metrics.dropped(Cache::WindowEncode, 1);
+                metrics.window_failed(WindowFailure::Encode);
                 metrics.progress.end(Stage::Output);
                 continue;
             }

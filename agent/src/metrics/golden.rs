@@ -46,6 +46,7 @@ pub(super) fn touch_every_family(m: &Metrics) {
     }
     StackSide::ALL.iter().for_each(|&s| m.stack_error(s, 1));
     Cache::ALL.iter().for_each(|&c| m.dropped(c, 1));
+    WindowFailure::ALL.iter().for_each(|&f| m.window_failed(f));
     ProcRead::ALL.iter().for_each(|&r| m.proc_read_error(r, 1));
     ReadingsSource::ALL
         .iter()

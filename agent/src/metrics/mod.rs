@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, EncodeLabelValue, LabelSetEncoder};
+use prometheus_client::encoding::{
+    EncodeLabel, EncodeLabelSet, EncodeLabelValue, LabelSetEncoder, LabelValueEncoder,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -28,6 +30,7 @@ use table::{metric_table, MetricSet};
 
 pub use table::Declared;
 
+pub use reasons::WindowFailure;
 pub use reasons::{
     Cache, ExportDrop, FrameResult, HttpRefusal, JitReject, JvmRefresh, Loss, NameCap,
     ObjectRefusal, OffCpuEvent, OffState, ProcRead, ReadingsSource, RowLookup, StackEnd, StackSide,
@@ -88,11 +91,30 @@ pub struct SourceLabel {
     pub source: ReadingsSource,
 }
 
-/// Label set naming a bounded cache or queue.
+/// The `cache` label value of `ember_cache_dropped_total`: a bounded cache or queue that was
+/// full, or a window that failed on its way out (counted there under its own values).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum DropCause {
+    /// Entries let go because the cache or queue was full.
+    Full(Cache),
+    /// A window that could not be compressed or written.
+    Failed(WindowFailure),
+}
+
+impl EncodeLabelValue for DropCause {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        match self {
+            DropCause::Full(cache) => cache.encode(encoder),
+            DropCause::Failed(failure) => failure.encode(encoder),
+        }
+    }
+}
+
+/// Label set naming a bounded cache or queue, or a window failure.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CacheLabel {
-    /// Which cache or queue.
-    pub cache: Cache,
+    /// Which cache or queue, or how a window failed.
+    pub cache: DropCause,
 }
 
 metric_table! {
@@ -144,6 +166,7 @@ metric_table! {
         /// Object files held open for symbolization.
         pub objects: Gauge<i64, AtomicI64> = metric("objects_open"),
         /// Entries dropped from a bounded cache or queue because it was full.
+        // Windows that failed (`DropCause::Failed`) count here too, as they always did.
         pub cache_dropped: Family<CacheLabel, Counter> = metric("cache_dropped", labels ["cache"]),
         /// Processes forgotten after they exited.
         pub processes_evicted: Counter = metric("processes_evicted"),
@@ -372,11 +395,22 @@ impl Metrics {
             .inc_by(n);
     }
 
-    /// Counts `n` entries dropped from the cache or queue `cache`.
+    /// Counts `n` entries dropped from the cache or queue `cache` because it was full.
     pub fn dropped(&self, cache: Cache, n: u64) {
         self.cache_dropped
-            .get_or_create(&CacheLabel { cache })
+            .get_or_create(&CacheLabel {
+                cache: DropCause::Full(cache),
+            })
             .inc_by(n);
+    }
+
+    /// Counts a window dropped because it failed as `failure` says.
+    pub fn window_failed(&self, failure: WindowFailure) {
+        self.cache_dropped
+            .get_or_create(&CacheLabel {
+                cache: DropCause::Failed(failure),
+            })
+            .inc();
     }
 
     /// Counts `n` stacks of `side` the kernel could not walk.
