@@ -1,5 +1,7 @@
-//! The per-container CPU series: seconds from samples beside seconds from the cgroup, and
-//! `ember_container_info` for joins. [`crate::workload`] keeps them up to date.
+//! The per-container series of sampled workloads: CPU and off-CPU seconds from samples, and
+//! `ember_container_info` for joins. [`crate::workload`] keeps them up to date. The cgroup's
+//! own CPU counter of every container is a reading (`ember_container_cpu_usage_seconds_total`,
+//! [`crate::readings`]) under the same labels.
 
 use std::sync::atomic::AtomicU64;
 
@@ -56,19 +58,13 @@ pub struct ContainerOffCpuLabels {
 }
 
 metric_table! {
-    /// Per-container CPU series: seconds from samples beside seconds from the cgroup itself.
+    /// Per-container series of the sampled workloads: CPU and off-CPU seconds from samples,
+    /// and the info series.
     #[derive(Clone)]
     pub struct ContainerMetrics {
         /// CPU time of each container estimated from samples (samples / frequency).
         pub sampled: Family<ContainerLabels, Counter<f64, AtomicU64>> = metric(
             "container_cpu",
-            unit Seconds,
-            labels ["namespace", "pod", "container", "container_id"]
-        ),
-        /// CPU time of each container as its cgroup counts it (cpuacct.usage or cpu.stat
-        /// usage_usec).
-        pub cgroup: Family<ContainerLabels, Counter<f64, AtomicU64>> = metric(
-            "container_cgroup_cpu",
             unit Seconds,
             labels ["namespace", "pod", "container", "container_id"]
         ),

@@ -20,7 +20,6 @@ pub(super) fn touch_every_family(m: &Metrics) {
         container_id: "a".repeat(64),
     };
     m.containers.sampled.get_or_create(&c).inc_by(1.5);
-    m.containers.cgroup.get_or_create(&c).inc_by(2.5);
     m.containers
         .info
         .get_or_create(&ContainerInfoLabels {
