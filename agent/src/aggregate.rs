@@ -80,8 +80,8 @@ struct DeniedCgroup {
     cgroup: Arc<Cgroup>,
 }
 
-/// A process the filter let through: its labels and cgroup for this window.
-type Judged = (Arc<Labels>, Arc<Cgroup>);
+/// A process the filter let through: its labels for this window.
+type Judged = Arc<Labels>;
 
 /// Per-window sample counts plus the process table they are normalized against.
 pub struct Aggregator {
@@ -214,7 +214,7 @@ impl Aggregator {
                 self.deny(pid, &cg, whole);
                 out.insert(pid, None);
             } else {
-                out.insert(pid, Some((Arc::new(labels), cg)));
+                out.insert(pid, Some(Arc::new(labels)));
             }
         }
         out
@@ -319,7 +319,7 @@ impl Aggregator {
         let mut off_stacks = Vec::new();
         for (key, tally) in counts {
             let count = tally.count;
-            let Some(Some((labels, cg))) = verdicts.get(&key.pid) else {
+            let Some(Some(labels)) = verdicts.get(&key.pid) else {
                 self.metrics.samples_filtered.inc_by(count);
                 continue;
             };
@@ -330,7 +330,7 @@ impl Aggregator {
             match off_cpu {
                 None => {
                     if let Some(acc) = &mut self.workloads.accounting {
-                        acc.add(labels, cg, (count * self.period_ns) as f64 / 1e9);
+                        acc.add(labels, (count * self.period_ns) as f64 / 1e9);
                     }
                     let workload = self
                         .metrics
@@ -339,7 +339,7 @@ impl Aggregator {
                 }
                 Some(o) => {
                     if let Some(acc) = &mut self.workloads.accounting {
-                        acc.add_offcpu(labels, cg, o.state, o.ns as f64 / 1e9);
+                        acc.add_offcpu(labels, o.state, o.ns as f64 / 1e9);
                     }
                 }
             }

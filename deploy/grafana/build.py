@@ -115,7 +115,9 @@ def profiling_dashboard():
     d = d.with_row(dashboard.Row("Workloads"))
     d = d.with_panel(ts("Per-container CPU: samples vs cgroup", "short", [
         (f"rate(ember_container_cpu_seconds_total{{{SEL}}}[{RATE}])", "sampled {{namespace}}/{{pod}}/{{container}} {{container_id}}"),
-        (f"rate(ember_container_cgroup_cpu_seconds_total{{{SEL}}}[{RATE}])", "cgroup {{namespace}}/{{pod}}/{{container}} {{container_id}}")],
+        # The cgroup's counter is read for every container: show the sampled ones.
+        (f"rate(ember_container_cpu_usage_seconds_total{{{SEL}}}[{RATE}]) and on (instance, container_id) ember_container_info{{{SEL}}}",
+         "cgroup {{namespace}}/{{pod}}/{{container}} {{container_id}}")],
         BY_CONTAINER, "CPU seconds per second seen by sampling (samples / Hz) next to the cgroup's own counter"))
     d = d.with_panel(ts("Run-queue latency p99", "s", [
         (f"histogram_quantile(0.99, sum by (le, instance) (rate(ember_runqueue_latency_seconds_bucket{{{SEL}}}[{RATE}])))",

@@ -1,7 +1,8 @@
 //! Container attribution with real cgroups: fixtures are moved into cgroups shaped like a
 //! kubelet's (systemd driver on cgroup v2, cgroupfs driver on a v1 controller), and every
-//! sample ember takes of them must carry that container id and pod uid. The two
-//! per-container CPU series (from samples, from the cgroup) must agree on a steady hog.
+//! sample ember takes of them must carry that container id and pod uid. The per-container
+//! CPU from samples must agree with the cgroup's own counter (the USE readings'
+//! `ember_container_cpu_usage_seconds_total`) on a steady hog.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -146,7 +147,16 @@ fn container_cpu_from_samples_matches_the_cgroup() {
     }
     let _lock = sampling_lock();
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = host_config(dir.path());
+    // The cgroup's counter is a reading: read it every 100 ms (containers only), so that
+    // between two scrapes it covers the same ~8 s as the windows closed meanwhile, give or
+    // take 100 ms.
+    let cfg = dir.path().join("ember.yaml");
+    fs::write(
+        &cfg,
+        "kubernetes:\n  enabled: false\nreadings:\n  interval: 100ms\n  host: false\n\
+         counters:\n  perf: false\n  runqueue_latency: false\n",
+    )
+    .expect("writing config");
 
     // Hybrid hosts account container CPU in v1's cpuacct (v2's usage_usec stays 0 there);
     // pure v2 hosts in cpu.stat.
@@ -190,11 +200,12 @@ fn container_cpu_from_samples_matches_the_cgroup() {
         assert_eq!(code, 200);
         Some((
             series(&text, "ember_container_cpu_seconds_total")?,
-            series(&text, "ember_container_cgroup_cpu_seconds_total")?,
+            series(&text, "ember_container_cpu_usage_seconds_total")?,
         ))
     };
     // Wait for the first window with the container to close, then measure over about four
-    // more. Both series move only when a window closes, so two scrapes cover the same windows.
+    // more. The sampled series moves when a window closes, the cgroup's every 100 ms, so two
+    // scrapes 8 s apart cover four windows and 8 s (± 0.1 s) of the cgroup's counter.
     let mut first = None;
     for _ in 0..30 {
         std::thread::sleep(Duration::from_millis(500));

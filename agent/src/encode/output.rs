@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crate::aggregate::Window;
 use crate::encode::Encoded;
-use crate::metrics::{Cache, FrameResult, Metrics, Stage};
+use crate::metrics::{FrameResult, Metrics, Stage, WindowFailure};
 use crate::symbolize::Symbolizer;
 
 /// The output thread: symbolizes and encodes each window from `rx` and hands it to
@@ -28,7 +28,7 @@ pub fn run<F: FnMut(Encoded)>(
             Ok(encoded) => encoded,
             Err(e) => {
                 tracing::error!("could not compress a window, dropped: {e}");
-                metrics.dropped(Cache::WindowEncode, 1);
+                metrics.window_failed(WindowFailure::Encode);
                 metrics.progress.end(Stage::Output);
                 continue;
             }

@@ -40,7 +40,7 @@ use anyhow::{Context, Result};
 
 use crate::config;
 use crate::encode::Encoded;
-use crate::metrics::{Cache, ExportDrop, Metrics, SinkName, WindowWriteError};
+use crate::metrics::{ExportDrop, Metrics, SinkName, WindowFailure, WindowWriteError};
 use crate::model::Symbolized;
 use delivery::{Queue, Transport};
 use files::WindowDir;
@@ -91,7 +91,7 @@ impl Sink for Files {
         }
         if let Err(e) = result {
             tracing::error!("could not write a window: {e}");
-            self.metrics.dropped(Cache::WindowWrite, 1);
+            self.metrics.window_failed(WindowFailure::Write);
             let reason = match e.write_failure() {
                 Some(files::WriteFailure::NoSpace) => WindowWriteError::NoSpace,
                 Some(files::WriteFailure::ReadOnly) => WindowWriteError::ReadOnly,

@@ -1,5 +1,7 @@
-//! The per-container CPU series: seconds from samples beside seconds from the cgroup, and
-//! `ember_container_info` for joins. [`crate::workload`] keeps them up to date.
+//! The per-container series of sampled workloads: CPU and off-CPU seconds from samples, and
+//! `ember_container_info` for joins. [`crate::workload`] keeps them up to date. The cgroup's
+//! own CPU counter of every container is a reading (`ember_container_cpu_usage_seconds_total`,
+//! [`crate::readings`]) under the same labels.
 
 use std::sync::atomic::AtomicU64;
 
@@ -7,6 +9,8 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+
+use super::table::metric_table;
 
 /// Label set of the per-container CPU series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -53,16 +57,28 @@ pub struct ContainerOffCpuLabels {
     pub state: crate::model::OffState,
 }
 
-/// Per-container CPU series: seconds from samples beside seconds from the cgroup itself.
-#[derive(Clone, Default)]
-pub struct ContainerMetrics {
-    /// `ember_container_cpu_seconds_total`: samples / Hz.
-    pub sampled: Family<ContainerLabels, Counter<f64, AtomicU64>>,
-    /// `ember_container_cgroup_cpu_seconds_total`: the cgroup's own usage counter.
-    pub cgroup: Family<ContainerLabels, Counter<f64, AtomicU64>>,
-    /// `ember_container_info`: 1 per container, for joins.
-    pub info: Family<ContainerInfoLabels, Gauge>,
-    /// `ember_container_offcpu_seconds_total{state}`: time its threads were off CPU
-    /// (`offcpu.enabled`), summed over threads.
-    pub offcpu: Family<ContainerOffCpuLabels, Counter<f64, AtomicU64>>,
+metric_table! {
+    /// Per-container series of the sampled workloads: CPU and off-CPU seconds from samples,
+    /// and the info series.
+    #[derive(Clone)]
+    pub struct ContainerMetrics {
+        /// CPU time of each container estimated from samples (samples / frequency).
+        pub sampled: Family<ContainerLabels, Counter<f64, AtomicU64>> = metric(
+            "container_cpu",
+            unit Seconds,
+            labels ["namespace", "pod", "container", "container_id"]
+        ),
+        /// Time the threads of each container were off CPU, by why (sleep, disk, runnable;
+        /// offcpu.enabled).
+        pub offcpu: Family<ContainerOffCpuLabels, Counter<f64, AtomicU64>> = metric(
+            "container_offcpu",
+            unit Seconds,
+            labels ["namespace", "pod", "container", "container_id", "state"]
+        ),
+        /// Container identity and placement, for joins (always 1).
+        pub info: Family<ContainerInfoLabels, Gauge> = metric(
+            "container_info",
+            labels ["namespace", "pod", "container", "container_id", "pod_uid", "node"]
+        ),
+    }
 }

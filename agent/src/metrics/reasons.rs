@@ -114,10 +114,6 @@ label_enum! {
         Accounting => "accounting",
         /// A closed window waiting for encoding.
         WindowQueue => "window_queue",
-        /// A window that could not be compressed.
-        WindowEncode => "window_encode",
-        /// A window that could not be written to the window directory.
-        WindowWrite => "window_write",
         /// JVM perf map refresh requests to the attach thread.
         JvmRequests => "jvm_requests",
         /// Finished JVM perf map refreshes coming back from the attach thread.
@@ -361,6 +357,18 @@ label_enum! {
 }
 
 label_enum! {
+    /// A window that failed on its way out and was dropped. Not a full cache, but counted in
+    /// `ember_cache_dropped_total{cache}` beside them, under the values it always had there
+    /// ([`super::DropCause`]).
+    pub enum WindowFailure {
+        /// It could not be compressed.
+        Encode => "window_encode",
+        /// It could not be written to the window directory.
+        Write => "window_write",
+    }
+}
+
+label_enum! {
     /// `ember_jvm_perfmap_refreshes_total{result}`: how asking a JVM to rewrite its perf map
     /// over the attach protocol ended.
     pub enum JvmRefresh {
@@ -593,6 +601,14 @@ mod tests {
         }
         check(&Loss::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>());
         check(&Cache::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>());
+        // Both share the `cache` label of `ember_cache_dropped_total`.
+        check(
+            &Cache::ALL
+                .iter()
+                .map(|r| r.as_str())
+                .chain(WindowFailure::ALL.iter().map(|f| f.as_str()))
+                .collect::<Vec<_>>(),
+        );
         check(&ProcRead::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>());
         check(
             &HttpRefusal::ALL

@@ -1,15 +1,16 @@
-//! Per-container CPU series from the workload side: seconds sampled
-//! (`ember_container_cpu_seconds_total`), the cgroup's own CPU time
-//! (`ember_container_cgroup_cpu_seconds_total`) and the info series.
+//! Per-container series from the workload side: seconds sampled
+//! (`ember_container_cpu_seconds_total`), seconds off CPU and the info series. The cgroup's
+//! own CPU counter of the same containers is the USE readings' (one reader of it:
+//! `ember_container_cpu_usage_seconds_total`, [`crate::readings`]), which names a container
+//! by the same labels.
 //!
 //! In: each window's samples per container ([`Accounting::add`]: labels, cgroup, seconds)
-//! and the window's close ([`Accounting::end_window`], which reads each container's cgroup
-//! CPU usage file). Out: the series in [`ContainerMetrics`], bounded in number and in bytes
+//! and the window's close ([`Accounting::end_window`]). Out: the series in
+//! [`ContainerMetrics`], bounded in number and in bytes
 //! ([`MAX_BYTES`]; containers beyond either cap are counted in
 //! `ember_cache_dropped_total{cache="accounting"}`) and forgotten when a container stays idle.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use crate::metrics::containers::{
     ContainerInfoLabels, ContainerLabels, ContainerMetrics, ContainerOffCpuLabels,
@@ -17,13 +18,9 @@ use crate::metrics::containers::{
 use crate::metrics::{Cache, Metrics};
 use crate::model::{Labels, OffState};
 
-use super::cgroup::{read_cpu_seconds, Cgroup};
-
 struct Tracked {
     labels: ContainerLabels,
     info: ContainerInfoLabels,
-    usage_file: Option<PathBuf>,
-    last_usage: Option<f64>,
     last_window: u64,
     /// What the entry and its series are charged against [`MAX_BYTES`].
     bytes: usize,
@@ -49,8 +46,8 @@ pub const FORGET_AFTER_WINDOWS: u64 = 30;
 
 /// Bytes the tracked containers and their series may hold: label strings come from cgroup
 /// paths and pod metadata, so the entry cap alone does not bound them. A container costs
-/// about 3 KiB (6 KiB with the longest names Kubernetes allows), so 8 MiB holds some 1,400
-/// to 2,800 containers seen within [`FORGET_AFTER_WINDOWS`] windows; it is part of the
+/// about 2 KiB (5 KiB with the longest names Kubernetes allows), so 8 MiB holds some 1,700
+/// to 4,000 containers seen within [`FORGET_AFTER_WINDOWS`] windows; it is part of the
 /// memory limit's baseline (deploy/README.md).
 pub const MAX_BYTES: usize = 8 << 20;
 
@@ -76,16 +73,16 @@ impl Accounting {
     }
 
     /// Adds one window's samples of a container (`seconds` = samples × period).
-    pub fn add(&mut self, labels: &Labels, cg: &Cgroup, seconds: f64) {
-        if let Some(t) = self.track(labels, cg) {
+    pub fn add(&mut self, labels: &Labels, seconds: f64) {
+        if let Some(t) = self.track(labels) {
             let key = t.labels.clone();
             self.metrics.sampled.get_or_create(&key).inc_by(seconds);
         }
     }
 
     /// Adds time a container's threads were off CPU, in `state`.
-    pub fn add_offcpu(&mut self, labels: &Labels, cg: &Cgroup, state: OffState, seconds: f64) {
-        if let Some(t) = self.track(labels, cg) {
+    pub fn add_offcpu(&mut self, labels: &Labels, state: OffState, seconds: f64) {
+        if let Some(t) = self.track(labels) {
             let key = offcpu_labels(&t.labels, state);
             self.metrics.offcpu.get_or_create(&key).inc_by(seconds);
         }
@@ -94,11 +91,11 @@ impl Accounting {
     /// The container's entry, made (within the caps) or refreshed for this window. A
     /// container that does not fit is counted and left out; one whose labels grew past
     /// the byte cap (its pod arrived) loses its series.
-    fn track(&mut self, labels: &Labels, cg: &Cgroup) -> Option<&Tracked> {
+    fn track(&mut self, labels: &Labels) -> Option<&Tracked> {
         if labels.container_id.is_empty() {
             return None;
         }
-        let need = entry_bytes(labels, cg, &self.node);
+        let need = entry_bytes(labels, &self.node);
         let held = self.tracked.get(&labels.container_id).map(|t| t.bytes);
         let fits = self.bytes - held.unwrap_or(0) + need <= self.max_bytes;
         match held {
@@ -136,8 +133,6 @@ impl Accounting {
                     pod_uid: String::new(),
                     node: String::new(),
                 },
-                usage_file: cg.cpu_usage_file.clone(),
-                last_usage: None,
                 last_window: window,
                 bytes: 0,
             });
@@ -148,7 +143,6 @@ impl Accounting {
             t.labels.namespace = labels.namespace.clone();
             t.labels.pod = labels.pod.clone();
             t.labels.container = labels.container.clone();
-            t.last_usage = None;
         }
         t.info = ContainerInfoLabels {
             namespace: t.labels.namespace.clone(),
@@ -162,8 +156,7 @@ impl Accounting {
         Some(t)
     }
 
-    /// Closes a window: reads each container's cgroup usage, sets the info series and
-    /// forgets containers idle for too long.
+    /// Closes a window: sets the info series and forgets containers idle for too long.
     pub fn end_window(&mut self) {
         let (m, now, bytes) = (&self.metrics, self.window, &mut self.bytes);
         self.tracked.retain(|_, t| {
@@ -173,28 +166,6 @@ impl Accounting {
                 return false;
             }
             m.info.get_or_create(&t.info).set(1);
-            // A reading of 0 means "not accounted here" (cgroup v2 on hybrid hosts), not idle.
-            let usage = t
-                .usage_file
-                .as_deref()
-                .and_then(read_cpu_seconds)
-                .filter(|u| *u > 0.0);
-            if let Some(usage) = usage {
-                let counter = m.cgroup.get_or_create(&t.labels);
-                match t.last_usage {
-                    // The first reading carries the cgroup's whole history, as cAdvisor reports it.
-                    None => {
-                        counter.inc_by(usage);
-                    }
-                    Some(prev) if usage >= prev => {
-                        counter.inc_by(usage - prev);
-                    }
-                    Some(_) => {} // a recreated cgroup: wait for it to pass the old total
-                }
-                if t.last_usage.is_none_or(|prev| usage >= prev) {
-                    t.last_usage = Some(usage);
-                }
-            }
             true
         });
         self.window += 1;
@@ -202,10 +173,9 @@ impl Accounting {
 }
 
 /// What a container's entry and its series hold, estimated from its strings: the entry
-/// (key, series labels, info labels, usage file path) and one label set per series
-/// (CPU from samples, CPU from the cgroup, info, off-CPU per state), each with its
-/// counter and hash table share.
-fn entry_bytes(labels: &Labels, cg: &Cgroup, node: &str) -> usize {
+/// (key, series labels, info labels) and one label set per series (CPU from samples,
+/// info, off-CPU per state), each with its counter and hash table share.
+fn entry_bytes(labels: &Labels, node: &str) -> usize {
     const STRING: usize = std::mem::size_of::<String>();
     const SERIES: usize = 64;
     let names = labels.namespace.len()
@@ -214,16 +184,11 @@ fn entry_bytes(labels: &Labels, cg: &Cgroup, node: &str) -> usize {
         + labels.container_id.len();
     let series_labels = 4 * STRING + names;
     let info_labels = 6 * STRING + names + labels.pod_uid.len() + node.len();
-    let path = cg
-        .cpu_usage_file
-        .as_ref()
-        .map_or(0, |p| p.as_os_str().len());
     let entry = std::mem::size_of::<(String, Tracked)>()
         + labels.container_id.len()
         + names
-        + (names + labels.pod_uid.len() + node.len())
-        + path;
-    let series = 2 * (series_labels + SERIES)
+        + (names + labels.pod_uid.len() + node.len());
+    let series = (series_labels + SERIES)
         + (info_labels + SERIES)
         + OffState::ALL.len() * (series_labels + SERIES);
     entry + series
@@ -243,7 +208,6 @@ fn offcpu_labels(l: &ContainerLabels, state: OffState) -> ContainerOffCpuLabels 
 /// Removes every series of a container (it moved to its pod's labels, or went idle).
 fn remove_series(m: &ContainerMetrics, t: &Tracked) {
     m.sampled.remove(&t.labels);
-    m.cgroup.remove(&t.labels);
     m.info.remove(&t.info);
     for &state in OffState::ALL {
         m.offcpu.remove(&offcpu_labels(&t.labels, state));
@@ -262,7 +226,7 @@ mod tests {
         let mut acc = Accounting::new(&all, "node-1".into(), 10, MAX_BYTES);
         let cg = cg_in_pod();
         let bare = Labels::new(&cg, None);
-        acc.add(&bare, &cg, 1.0);
+        acc.add(&bare, 1.0);
         acc.end_window();
         let key = |l: &Labels| ContainerLabels {
             namespace: l.namespace.clone(),
@@ -272,7 +236,7 @@ mod tests {
         };
         assert_eq!(metrics.sampled.get_or_create(&key(&bare)).get(), 1.0);
         let named = pod_labels("prod", "web", "web");
-        acc.add(&named, &cg, 2.0);
+        acc.add(&named, 2.0);
         acc.end_window();
         assert_eq!(metrics.sampled.get_or_create(&key(&named)).get(), 2.0);
         for _ in 0..=FORGET_AFTER_WINDOWS + 1 {
@@ -281,7 +245,7 @@ mod tests {
         assert!(acc.tracked.is_empty());
         assert_eq!(acc.bytes(), 0, "forgotten containers give their bytes back");
         // Host processes are not containers.
-        acc.add(&Labels::default(), &Cgroup::default(), 1.0);
+        acc.add(&Labels::default(), 1.0);
         assert!(acc.tracked.is_empty());
     }
 
@@ -301,9 +265,8 @@ mod tests {
         let cap = 256 << 10;
         // The entry cap alone would let 100,000 containers in.
         let mut acc = Accounting::new(&all, "n".repeat(253), 100_000, cap);
-        let cg = cg_in_pod();
         for i in 0..1000 {
-            acc.add(&long_labels(i), &cg, 1.0);
+            acc.add(&long_labels(i), 1.0);
         }
         let kept = acc.tracked.len();
         println!("{kept} containers in {} bytes", acc.bytes());
@@ -328,7 +291,7 @@ mod tests {
             acc.end_window();
         }
         assert_eq!(acc.bytes(), 0);
-        acc.add(&long_labels(5000), &cg, 1.0);
+        acc.add(&long_labels(5000), 1.0);
         assert_eq!(acc.tracked.len(), 1);
     }
 
@@ -337,13 +300,13 @@ mod tests {
         let all = Metrics::new();
         let cg = cg_in_pod();
         let bare = Labels::new(&cg, None);
-        let small = entry_bytes(&bare, &cg, "node");
+        let small = entry_bytes(&bare, "node");
         let mut acc = Accounting::new(&all, "node".into(), 10, small + 100);
-        acc.add(&bare, &cg, 1.0);
+        acc.add(&bare, 1.0);
         assert_eq!(acc.tracked.len(), 1);
         let mut named = long_labels(0);
         named.container_id = bare.container_id.clone();
-        acc.add(&named, &cg, 1.0);
+        acc.add(&named, 1.0);
         assert!(acc.tracked.is_empty());
         assert_eq!(acc.bytes(), 0);
         let text = all.encode();

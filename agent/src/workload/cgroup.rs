@@ -198,7 +198,9 @@ pub struct Cgroup {
     /// Container, pod and unit parsed from the cgroup paths.
     pub info: CgroupInfo,
     /// The cgroup file that counts this process's cgroup's CPU time: v1 `cpuacct.usage`
-    /// (nanoseconds) or v2 `cpu.stat` (`usage_usec`).
+    /// (nanoseconds) or v2 `cpu.stat` (`usage_usec`). Its directory is the process's own
+    /// cgroup, which the filter watches to allow a denied container again once it is gone
+    /// (a container's CPU is read by the USE readings, at the container's directory).
     pub cpu_usage_file: Option<PathBuf>,
     /// The v2 cgroup id as BPF sees it (0 when unknown); non-root ids can be filtered in BPF.
     /// The file does not say it: the process table sets it from the sample that made it
@@ -280,18 +282,6 @@ fn cpu_usage_file(lines: &[RawLine<'_>], root: &Path, chosen: &str) -> Option<Pa
         }
     }
     best.map(|(_, f)| f)
-}
-
-/// Reads a cgroup CPU usage file ([`Cgroup::cpu_usage_file`]) as seconds.
-pub fn read_cpu_seconds(file: &Path) -> Option<f64> {
-    let text = crate::os::procfs::read_capped(file, 4096).ok()?;
-    if file.file_name()? == "cpuacct.usage" {
-        return text.trim().parse::<u64>().ok().map(|ns| ns as f64 / 1e9);
-    }
-    text.lines()
-        .find_map(|l| l.strip_prefix("usage_usec "))
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(|us| us as f64 / 1e6)
 }
 
 /// Rank of the v2 line: it wins ties, since it is the hierarchy BPF's cgroup id refers to.
@@ -1007,10 +997,10 @@ kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{UID_}.slice/cr
         std::fs::write(root.path().join("cpuacct/cpuacct.usage"), "9\n").expect("write");
         let text = "2:cpuacct:/kubepods/pod1/abc\n0::/\n";
         let f = usage(text, root.path(), "/kubepods/pod1/abc");
-        assert_eq!(read_cpu_seconds(&f.expect("v1 file")), Some(2.5));
+        assert_eq!(f, Some(v1.join("cpuacct.usage")));
         // The root's cpuacct.usage is the whole host's: never a container's.
         let f = usage("2:cpuacct:/\n0::/a.slice\n", root.path(), "/a.slice");
-        assert_eq!(read_cpu_seconds(&f.expect("v2 file")), Some(1.5));
+        assert_eq!(f, Some(unified.join("a.slice/cpu.stat")));
         assert_eq!(usage("2:cpuacct:/\n0::/\n", root.path(), "/"), None);
         assert_eq!(usage("2:cpuacct:/../../etc\n", root.path(), ""), None);
         // Read through the one reader, the file is found from the same parse.

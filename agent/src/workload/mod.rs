@@ -9,7 +9,7 @@
 //! - [`kube`]: the pod watch ([`kube::Metadata`]: pods by container id and uid);
 //! - [`labels`]: cgroup + pod → [`Labels`](crate::model::Labels), and the readings' container labels;
 //! - [`filter`]: process name + labels → [`Verdict`];
-//! - [`accounting`]: per-window samples and cgroup usage → per-container CPU series.
+//! - [`accounting`]: per-window samples → per-container CPU and off-CPU series.
 //!
 //! A process's cgroup is read once, when the process table first sees it. Kubernetes
 //! metadata is looked up at every window close instead, because a pod often reaches the
@@ -23,7 +23,7 @@ pub(crate) mod labels;
 pub mod walk;
 
 pub use accounting::{Accounting, FORGET_AFTER_WINDOWS};
-pub use cgroup::{read_cpu_seconds, Cgroup};
+pub use cgroup::Cgroup;
 pub use filter::{Filter, Verdict};
 pub use labels::labels_for;
 

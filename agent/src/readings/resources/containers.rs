@@ -584,6 +584,104 @@ mod tests {
         );
     }
 
+    /// A nested tree on a cgroup v2 host: container A runs its process in a sub-cgroup
+    /// (systemd inside the container), and a kind node O (a container) runs a process of its
+    /// own in `init.scope` and a pod whose container I runs a process directly.
+    fn nested_tree(root: &Path) -> [(&'static str, String); 3] {
+        const O: &str = "0d0d0000000000000000000000000000000000000000000000000000000000e1";
+        const I: &str = "1e1e0000000000000000000000000000000000000000000000000000000000f2";
+        write(root, "cgroup.controllers", "cpu memory\n");
+        let a = format!(
+            "kubepods.slice/kubepods-pod11111111_2222_3333_4444_555555555555.slice/cri-containerd-{A}.scope"
+        );
+        let o = format!("system.slice/docker-{O}.scope");
+        let i = format!(
+            "{o}/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod66666666_7777_8888_9999_aaaaaaaaaaaa.slice/cri-containerd-{I}.scope"
+        );
+        let usage = |dir: &str, us: u64| {
+            write(&root.join(dir), "cpu.stat", &format!("usage_usec {us}\n"));
+        };
+        usage(&a, 3_000_000);
+        usage(&format!("{a}/app.service"), 1_000_000);
+        usage(&o, 50_000_000);
+        usage(&format!("{o}/init.scope"), 1_000_000);
+        usage(&i, 20_000_000);
+        // Where the processes are, as their /proc/PID/cgroup says.
+        [
+            (A, format!("{a}/app.service")),
+            (O, format!("{o}/init.scope")),
+            (I, i),
+        ]
+    }
+
+    /// Series of `name` in `text`, by their label set.
+    fn series(text: &str, name: &str) -> BTreeMap<String, f64> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
+            .filter_map(|l| {
+                let (labels, value) = l.rsplit_once("} ")?;
+                Some((labels.to_owned(), value.parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// The containers the accounting charges samples to (from each process's
+    /// /proc/PID/cgroup) are the containers the USE readings find by walking, under the same
+    /// labels; and the cgroup's CPU counter is one series, read at the container's own
+    /// directory (sub-cgroups and nested containers included), never at the cgroup of the
+    /// process that happened to be sampled.
+    #[test]
+    fn accounting_and_use_see_the_same_containers_in_a_nested_tree() {
+        use crate::model::Labels;
+        use crate::workload::{accounting, Accounting, Cgroup};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let processes = nested_tree(dir.path());
+        let metrics = crate::metrics::Metrics::new();
+        let mut acc = Accounting::new(&metrics, "node-1".into(), 100, accounting::MAX_BYTES);
+        for (id, path) in &processes {
+            let cg = Cgroup::from_text(&format!("0::/{path}\n"), dir.path());
+            let labels = Labels::new(&cg, None);
+            assert_eq!(labels.container_id, *id, "{path}");
+            acc.add(&labels, 1.0);
+        }
+        acc.end_window();
+        let mut out = Vec::new();
+        read_alone(&mut source(dir.path(), 10, &metrics), &mut out).expect("reads");
+        metrics
+            .readings
+            .publish(crate::metrics::snapshot::Snapshot {
+                time: std::time::SystemTime::now(),
+                families: out,
+            });
+        let text = metrics.encode();
+        let sampled = series(&text, "ember_container_cpu_seconds_total");
+        let usage = series(&text, "ember_container_cpu_usage_seconds_total");
+        assert!(
+            !text.contains("ember_container_cgroup_cpu"),
+            "one series of the cgroup's CPU counter:\n{text}"
+        );
+        assert_eq!(sampled.len(), 3, "{text}");
+        assert_eq!(
+            sampled.keys().collect::<Vec<_>>(),
+            usage.keys().collect::<Vec<_>>(),
+            "the same containers under the same labels"
+        );
+        let usage_of = |id: &str| {
+            usage
+                .iter()
+                .find(|(labels, _)| labels.contains(id))
+                .map(|(_, v)| *v)
+        };
+        let [(a, _), (o, _), (i, _)] = &processes;
+        assert_eq!(usage_of(a), Some(3.0), "A's directory, not app.service's");
+        assert_eq!(
+            usage_of(o),
+            Some(50.0),
+            "the node's directory, not init.scope's"
+        );
+        assert_eq!(usage_of(i), Some(20.0));
+    }
+
     #[test]
     fn the_cap_counts_what_it_drops() {
         let dir = tempfile::tempdir().expect("tempdir");
