@@ -213,147 +213,9 @@ impl Source for Containers {
         for (id, f) in found.iter().take(self.max) {
             tracked += 1.0;
             let l = self.labels(id, f);
-            let v2_cpu = read_keyed(&f.v2, "cpu.stat", &mut errors);
-            // v1 cpuacct when the container has it (hybrid hosts leave v2's usage at 0).
-            let usage = match &f.cpuacct {
-                Some(_) => {
-                    read_single(&f.cpuacct, "cpuacct.usage", &mut errors).map(|ns| ns as f64 / 1e9)
-                }
-                None => v2_cpu
-                    .as_deref()
-                    .and_then(|s| get(s, "usage_usec"))
-                    .map(|us| us as f64 / 1e6),
-            };
-            if let Some(u) = usage {
-                fams.push(
-                    "container_cpu_usage",
-                    "Cumulative CPU time of the container (cgroup)",
-                    Some(Unit::Seconds),
-                    Kind::Counter,
-                    &l,
-                    u,
-                );
-            }
-            let v1_cpu = read_keyed(&f.cpu, "cpu.stat", &mut errors);
-            let throttle = v1_cpu
-                .as_deref()
-                .and_then(cgroupfs::throttling)
-                .or_else(|| v2_cpu.as_deref().and_then(cgroupfs::throttling));
-            if let Some(t) = throttle {
-                fams.push(
-                    "container_cpu_cfs_periods",
-                    "CFS enforcement periods that had a quota",
-                    None,
-                    Kind::Counter,
-                    &l,
-                    t.periods as f64,
-                );
-                fams.push(
-                    "container_cpu_cfs_throttled_periods",
-                    "CFS periods in which the container was throttled",
-                    None,
-                    Kind::Counter,
-                    &l,
-                    t.throttled_periods as f64,
-                );
-                fams.push(
-                    "container_cpu_cfs_throttled",
-                    "Time the container was throttled",
-                    Some(Unit::Seconds),
-                    Kind::Counter,
-                    &l,
-                    t.throttled_seconds,
-                );
-            }
-            // Working set = usage − inactive file pages, as cAdvisor computes it.
-            let (usage, stat, inactive) = if f.memory.is_some() {
-                (
-                    read_single(&f.memory, "memory.usage_in_bytes", &mut errors),
-                    read_keyed(&f.memory, "memory.stat", &mut errors),
-                    "total_inactive_file",
-                )
-            } else {
-                (
-                    read_single(&f.v2, "memory.current", &mut errors),
-                    read_keyed(&f.v2, "memory.stat", &mut errors),
-                    "inactive_file",
-                )
-            };
-            if let Some(u) = usage {
-                let inactive = stat.as_deref().and_then(|s| get(s, inactive)).unwrap_or(0);
-                fams.push(
-                    "container_memory_working_set",
-                    "Memory in use that cannot be reclaimed at once (usage − inactive file)",
-                    Some(Unit::Bytes),
-                    Kind::Gauge,
-                    &l,
-                    u.saturating_sub(inactive) as f64,
-                );
-                fams.push(
-                    "container_memory_usage",
-                    "Memory usage of the container, page cache included",
-                    Some(Unit::Bytes),
-                    Kind::Gauge,
-                    &l,
-                    u as f64,
-                );
-            }
-            let ooms = if f.memory.is_some() {
-                read_keyed(&f.memory, "memory.oom_control", &mut errors)
-                    .and_then(|o| get(&o, "oom_kill"))
-            } else {
-                read_keyed(&f.v2, "memory.events", &mut errors).and_then(|e| get(&e, "oom_kill"))
-            };
-            if let Some(n) = ooms {
-                fams.push(
-                    "container_oom_events",
-                    "Processes of the container killed by the OOM killer",
-                    None,
-                    Kind::Counter,
-                    &l,
-                    n as f64,
-                );
-            }
-            for (file, waiting, stalled) in [
-                (
-                    "cpu.pressure",
-                    "container_pressure_cpu_waiting",
-                    "container_pressure_cpu_stalled",
-                ),
-                (
-                    "memory.pressure",
-                    "container_pressure_memory_waiting",
-                    "container_pressure_memory_stalled",
-                ),
-                (
-                    "io.pressure",
-                    "container_pressure_io_waiting",
-                    "container_pressure_io_stalled",
-                ),
-            ] {
-                let Some(text) = read_in(&f.v2, file, &mut errors) else {
-                    continue;
-                };
-                match pressure::parse(&text) {
-                    Ok(p) => {
-                        fams.push(
-                            waiting,
-                            "Time some task of the container stalled on this resource (PSI some)",
-                            Some(Unit::Seconds),
-                            Kind::Counter,
-                            &l,
-                            p.some_us as f64 / 1e6,
-                        );
-                        if let Some(full) = p.full_us {
-                            fams.push(stalled, "Time all tasks of the container stalled on this resource (PSI full)", Some(Unit::Seconds), Kind::Counter, &l, full as f64 / 1e6);
-                        }
-                    }
-                    Err(source) => errors.push(ReadError::Container {
-                        container: id.clone(),
-                        source,
-                    }),
-                }
-            }
+            read_cpu(f, &l, &mut fams, &mut errors);
+            read_memory(f, &l, &mut fams, &mut errors);
+            read_pressure(id, f, &l, &mut fams, &mut errors);
         }
         out.extend(fams.0);
         let mut n = Family::new(
@@ -365,6 +227,172 @@ impl Source for Containers {
         n.push(vec![], tracked);
         out.push(n);
         ReadError::collect(errors)
+    }
+}
+
+/// The labels of one container's points.
+type Labels = [(&'static str, String)];
+
+/// CPU usage (v1 cpuacct, else v2 `cpu.stat`) and CFS throttling of one container.
+fn read_cpu(f: &Found, l: &Labels, fams: &mut Families, errors: &mut Vec<ReadError>) {
+    let v2_cpu = read_keyed(&f.v2, "cpu.stat", errors);
+    // v1 cpuacct when the container has it (hybrid hosts leave v2's usage at 0).
+    let usage = match &f.cpuacct {
+        Some(_) => read_single(&f.cpuacct, "cpuacct.usage", errors).map(|ns| ns as f64 / 1e9),
+        None => v2_cpu
+            .as_deref()
+            .and_then(|s| get(s, "usage_usec"))
+            .map(|us| us as f64 / 1e6),
+    };
+    if let Some(u) = usage {
+        fams.push(
+            "container_cpu_usage",
+            "Cumulative CPU time of the container (cgroup)",
+            Some(Unit::Seconds),
+            Kind::Counter,
+            l,
+            u,
+        );
+    }
+    let v1_cpu = read_keyed(&f.cpu, "cpu.stat", errors);
+    let throttle = v1_cpu
+        .as_deref()
+        .and_then(cgroupfs::throttling)
+        .or_else(|| v2_cpu.as_deref().and_then(cgroupfs::throttling));
+    if let Some(t) = throttle {
+        fams.push(
+            "container_cpu_cfs_periods",
+            "CFS enforcement periods that had a quota",
+            None,
+            Kind::Counter,
+            l,
+            t.periods as f64,
+        );
+        fams.push(
+            "container_cpu_cfs_throttled_periods",
+            "CFS periods in which the container was throttled",
+            None,
+            Kind::Counter,
+            l,
+            t.throttled_periods as f64,
+        );
+        fams.push(
+            "container_cpu_cfs_throttled",
+            "Time the container was throttled",
+            Some(Unit::Seconds),
+            Kind::Counter,
+            l,
+            t.throttled_seconds,
+        );
+    }
+}
+
+/// Working set, usage and OOM kills of one container.
+fn read_memory(f: &Found, l: &Labels, fams: &mut Families, errors: &mut Vec<ReadError>) {
+    // Working set = usage − inactive file pages, as cAdvisor computes it.
+    let (usage, stat, inactive) = if f.memory.is_some() {
+        (
+            read_single(&f.memory, "memory.usage_in_bytes", errors),
+            read_keyed(&f.memory, "memory.stat", errors),
+            "total_inactive_file",
+        )
+    } else {
+        (
+            read_single(&f.v2, "memory.current", errors),
+            read_keyed(&f.v2, "memory.stat", errors),
+            "inactive_file",
+        )
+    };
+    if let Some(u) = usage {
+        let inactive = stat.as_deref().and_then(|s| get(s, inactive)).unwrap_or(0);
+        fams.push(
+            "container_memory_working_set",
+            "Memory in use that cannot be reclaimed at once (usage − inactive file)",
+            Some(Unit::Bytes),
+            Kind::Gauge,
+            l,
+            u.saturating_sub(inactive) as f64,
+        );
+        fams.push(
+            "container_memory_usage",
+            "Memory usage of the container, page cache included",
+            Some(Unit::Bytes),
+            Kind::Gauge,
+            l,
+            u as f64,
+        );
+    }
+    let ooms = if f.memory.is_some() {
+        read_keyed(&f.memory, "memory.oom_control", errors).and_then(|o| get(&o, "oom_kill"))
+    } else {
+        read_keyed(&f.v2, "memory.events", errors).and_then(|e| get(&e, "oom_kill"))
+    };
+    if let Some(n) = ooms {
+        fams.push(
+            "container_oom_events",
+            "Processes of the container killed by the OOM killer",
+            None,
+            Kind::Counter,
+            l,
+            n as f64,
+        );
+    }
+}
+
+/// PSI of one container's CPU, memory and I/O (cgroup v2).
+fn read_pressure(
+    id: &str,
+    f: &Found,
+    l: &Labels,
+    fams: &mut Families,
+    errors: &mut Vec<ReadError>,
+) {
+    for (file, waiting, stalled) in [
+        (
+            "cpu.pressure",
+            "container_pressure_cpu_waiting",
+            "container_pressure_cpu_stalled",
+        ),
+        (
+            "memory.pressure",
+            "container_pressure_memory_waiting",
+            "container_pressure_memory_stalled",
+        ),
+        (
+            "io.pressure",
+            "container_pressure_io_waiting",
+            "container_pressure_io_stalled",
+        ),
+    ] {
+        let Some(text) = read_in(&f.v2, file, errors) else {
+            continue;
+        };
+        match pressure::parse(&text) {
+            Ok(p) => {
+                fams.push(
+                    waiting,
+                    "Time some task of the container stalled on this resource (PSI some)",
+                    Some(Unit::Seconds),
+                    Kind::Counter,
+                    l,
+                    p.some_us as f64 / 1e6,
+                );
+                if let Some(full) = p.full_us {
+                    fams.push(
+                        stalled,
+                        "Time all tasks of the container stalled on this resource (PSI full)",
+                        Some(Unit::Seconds),
+                        Kind::Counter,
+                        l,
+                        full as f64 / 1e6,
+                    );
+                }
+            }
+            Err(source) => errors.push(ReadError::Container {
+                container: id.to_owned(),
+                source,
+            }),
+        }
     }
 }
 
