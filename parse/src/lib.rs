@@ -8,12 +8,14 @@
 //! - [`unwind`]: an object's call frame information compiled into the sampler's rows.
 //! - [`elf_file`]: the capped ELF reader (headers, notes, symbol and string tables).
 //! - [`symbols`]: symbol tables with packed names, and demangling.
+//! - [`python`]: CPython versions, layouts, line tables, strings and code objects.
 //! - [`mountinfo`]: `/proc/PID/mountinfo` and file system kinds.
 
 pub mod elf_file;
 pub mod jit;
 pub mod mountinfo;
 pub mod perf_record;
+pub mod python;
 pub mod symbols;
 pub mod unwind;
 

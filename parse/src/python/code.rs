@@ -1,0 +1,1 @@
+//! TODO(helper): see /work/notes/common27.md
