@@ -144,8 +144,12 @@ static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *pre
 				w->bp_lost = 0;
 				w->exact = 1;
 				w->looked = 0;
+				py_reset(w);
 				c.s = s;
 				c.cache = bpf_map_lookup_elem(&row_cache, &one);
+				/* Interpreter frames off CPU: not yet (their tail is not kept per thread). */
+				c.py = 0;
+				c.buf_key = 1;
 				/* No tail calls from here: one bpf_loop takes the whole stack. */
 				bpf_loop(EMBER_MAX_FRAMES, walk_step, &c, 0);
 				if (w->running)
@@ -209,6 +213,7 @@ static __always_inline void offcpu_out(void *ctx, _Bool preempt, struct task_str
 	s->rec.cpu = bpf_get_smp_processor_id();
 	s->rec.user_result = EMBER_UNWIND_FRAME_POINTER;
 	s->rec.user_flags = 0;
+	s->rec.py_result = EMBER_PY_NONE;
 	bpf_get_current_comm(s->rec.comm, sizeof(s->rec.comm));
 
 	kbytes = bpf_get_stack(ctx, s->ips, STACK_BYTES, 0);

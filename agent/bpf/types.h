@@ -93,6 +93,15 @@ struct vm_area_struct {
 
 #define EMBER_VM_EXEC 0x4UL
 
+/* A task's thread pointer (x86-64: the %fs base), where its TLS is: a flavor of task_struct. */
+struct thread_struct {
+	unsigned long fsbase;
+} __attribute__((preserve_access_index));
+
+struct task_struct___py {
+	struct thread_struct thread;
+} __attribute__((preserve_access_index));
+
 /* The open-coded VMA iterator (kernel 6.7+); its kfuncs are weak, so older kernels load too. */
 struct bpf_iter_task_vma {
 	__u64 __opaque[1];

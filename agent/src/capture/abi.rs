@@ -19,6 +19,9 @@ use super::skel::types::{
     ember_unwind_page, ember_unwind_proc, ember_unwind_range, ember_unwind_result,
     ember_unwind_row, ember_unwind_segment, scratch,
 };
+use super::skel::types::{
+    ember_py_model, ember_py_proc, ember_py_result, ember_py_tail, ember_py_tls,
+};
 use super::unwind::{CHUNK_SLOTS, FILE_SEGMENTS, PROC_BYTES, RANGES};
 use super::MAX_FRAMES;
 
@@ -73,7 +76,8 @@ shared_struct!(ember_record: size 56, align 8 {
     comm @ 32,
     user_result @ 48,
     user_flags @ 49,
-    pad0 @ 50,
+    py_result @ 50,
+    pad0 @ 51,
     pad1 @ 52,
     ips @ 56,
 });
@@ -126,7 +130,10 @@ shared_struct!(ember_offcpu_head: size 24, align 8 {
 // The `#define`s the constants of `capture` and `capture::unwind` state.
 const _: () = {
     // EMBER_MAX_FRAMES: the sampler's scratch holds both sides' frames.
-    assert!(field_size(|s: &scratch| &s.ips) == 2 * MAX_FRAMES * size_of::<u64>());
+    assert!(
+        field_size(|s: &scratch| &s.ips)
+            == 2 * MAX_FRAMES * size_of::<u64>() + size_of::<ember_py_tail>()
+    );
     assert!(MAX_FRAMES < 128, "one bit each in Sample::user_exact");
     assert!(RANGES == 64, "EMBER_UNWIND_RANGES");
     assert!(FILE_SEGMENTS == 4, "EMBER_UNWIND_FILE_SEGMENTS");
@@ -170,7 +177,8 @@ shared_enum!(ember_counter {
     EMBER_CNT_ROW_CACHED = 12,
     EMBER_CNT_ROW_SEARCHED = 13,
     EMBER_CNT_ROW_EVICTED = 14,
-    EMBER_CNT_MAX = 15,
+    EMBER_CNT_PY_FRAMES = 15,
+    EMBER_CNT_MAX = 16,
 });
 
 shared_enum!(ember_cfa_rule {
@@ -207,4 +215,51 @@ shared_enum!(ember_offcpu_counter {
     EMBER_OFFCPU_CNT_NO_SCRATCH = 6,
     EMBER_OFFCPU_CNT_FILTERED = 7,
     EMBER_OFFCPU_CNT_MAX = 8,
+});
+
+shared_struct!(ember_py_proc: size 72, align 8 {
+    eval_start @ 0,
+    eval_end @ 16,
+    tls_offset @ 32,
+    tls_module @ 40,
+    tls_mode @ 48,
+    model @ 49,
+    owner_cstack @ 50,
+    code_tagged @ 51,
+    tstate_frame @ 52,
+    cframe_current @ 54,
+    frame_code @ 56,
+    frame_previous @ 58,
+    frame_instr @ 60,
+    frame_owner @ 62,
+    frame_size @ 64,
+    code_firstlineno @ 66,
+    code_adaptive @ 68,
+    pad @ 70,
+});
+
+shared_struct!(ember_py_tail: size 32, align 8 {
+    py_start @ 0,
+    eval @ 16,
+});
+
+shared_enum!(ember_py_tls {
+    EMBER_PY_TLS_TP = 0,
+    EMBER_PY_TLS_DTV = 1,
+});
+
+shared_enum!(ember_py_model {
+    EMBER_PY_OBJECTS = 0,
+    EMBER_PY_ENTRY = 1,
+    EMBER_PY_CSTACK = 2,
+});
+
+shared_enum!(ember_py_result {
+    EMBER_PY_NONE = 0,
+    EMBER_PY_OK = 1,
+    EMBER_PY_NO_STATE = 2,
+    EMBER_PY_TRUNCATED = 3,
+    EMBER_PY_MISMATCH = 4,
+    EMBER_PY_READ = 5,
+    EMBER_PY_RESULT_MAX = 6,
 });
