@@ -25,6 +25,7 @@ fn aggregator() -> Aggregator {
         limits: limits(),
         jit: Jit::default(),
         offcpu: false,
+        keep_eval_frames: false,
         queue_bytes: None,
         metrics: Metrics::new(),
         workloads: Workloads::default(),
@@ -64,6 +65,9 @@ fn samples() -> Vec<Sample> {
                 kernel: Vec::new(),
                 user: (0..20).map(|f| addrs[(k + f) % addrs.len()]).collect(),
                 user_exact: 0,
+                user_eval: 0,
+                python: Vec::new(),
+                py_result: None,
                 user_end: ember::model::StackEnd::Complete,
                 off_cpu: None,
             }

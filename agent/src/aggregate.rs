@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::capture::{Batch, Control, QueueBytes, CGROUP_DENY_ENTRIES};
 use crate::config::{Jit, Limits};
 use crate::metrics::{Cache, Loss, Metrics};
-use crate::model::{self, Labels, OffCpu, OffState, ProfileKind, Sample, StackEnd};
+use crate::model::{self, Labels, OffCpu, OffState, ProfileKind, PyFrameRef, Sample, StackEnd};
 use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
 
 /// How often the aggregator looks for process snapshots while no samples arrive (it takes
@@ -47,6 +47,10 @@ struct Key {
     user: Box<[u64]>,
     /// [`Sample::user_exact`].
     user_exact: u128,
+    /// [`Sample::user_eval`].
+    user_eval: u128,
+    /// [`Sample::python`].
+    python: Box<[PyFrameRef]>,
     end: StackEnd,
     /// `None` for CPU samples.
     off: Option<OffState>,
@@ -90,6 +94,8 @@ pub struct Aggregator {
     max_stacks: usize,
     /// Off-CPU windows are made (`offcpu.enabled`).
     offcpu: bool,
+    /// See [`Parts::keep_eval_frames`].
+    keep_eval_frames: bool,
     period_ns: u64,
     start: SystemTime,
     started: Instant,
@@ -122,6 +128,9 @@ pub struct Parts {
     pub jit: Jit,
     /// `offcpu.enabled`: an off-CPU window is made beside each CPU window.
     pub offcpu: bool,
+    /// `interpreters.python.keep_eval_frames`: keep the eval loop's own frames beside the
+    /// interpreter frames that stand for them.
+    pub keep_eval_frames: bool,
     /// The sample queue's byte budget, given back as batches arrive (see [`QueueBytes`]).
     pub queue_bytes: Option<QueueBytes>,
     /// Where it counts.
@@ -139,6 +148,7 @@ impl Aggregator {
             limits,
             jit,
             offcpu,
+            keep_eval_frames,
             queue_bytes,
             metrics,
             workloads,
@@ -153,6 +163,7 @@ impl Aggregator {
             max_stack_bytes: limits.max_stack_bytes_per_window,
             queue_bytes,
             offcpu,
+            keep_eval_frames,
             period_ns: 1_000_000_000 / frequency_hz.max(1),
             start: SystemTime::now(),
             started: Instant::now(),
@@ -178,6 +189,8 @@ impl Aggregator {
             kernel: s.kernel.into_boxed_slice(),
             user: s.user.into_boxed_slice(),
             user_exact: s.user_exact,
+            user_eval: s.user_eval,
+            python: s.python.into_boxed_slice(),
             end: s.user_end,
             off: s.off_cpu.map(|o| o.state),
         };
@@ -350,12 +363,7 @@ impl Aggregator {
                     .enumerate()
                     .map(|(i, &a)| Frame::Kernel(caller(i, a, false))),
             );
-            for (i, &a) in key.user.iter().enumerate() {
-                let exact = i < 128 && key.user_exact >> i & 1 == 1;
-                frames.push(Frame::User(
-                    self.table.normalize(key.pid, caller(i, a, exact)),
-                ));
-            }
+            self.user_frames(&key, &mut frames);
             let comm_len = key
                 .comm
                 .iter()
@@ -407,6 +415,31 @@ impl Aggregator {
         self.start = now;
         self.started = Instant::now();
         windows
+    }
+}
+
+impl Aggregator {
+    /// Appends the user side of `key` to `frames`, normalized: each native frame, after the
+    /// interpreter frames placed before it; eval loop frames left out where interpreter
+    /// frames stand for them (unless `keep_eval_frames`).
+    fn user_frames(&mut self, key: &Key, frames: &mut Vec<Frame>) {
+        let hide_eval = !self.keep_eval_frames && !key.python.is_empty();
+        let mut py = key.python.iter().peekable();
+        for i in 0..=key.user.len() {
+            while let Some(f) = py.next_if(|f| usize::from(f.before) <= i) {
+                frames.push(Frame::User(self.table.python(key.pid, f)));
+            }
+            let Some(&a) = key.user.get(i) else {
+                break;
+            };
+            if hide_eval && i < 128 && key.user_eval >> i & 1 == 1 {
+                continue;
+            }
+            let exact = i < 128 && key.user_exact >> i & 1 == 1;
+            frames.push(Frame::User(
+                self.table.normalize(key.pid, caller(i, a, exact)),
+            ));
+        }
     }
 }
 
@@ -474,7 +507,8 @@ impl Aggregator {
 /// The bytes one distinct stack holds in a window's table: the key, its frames and the
 /// hash table's share.
 fn stack_bytes(key: &Key) -> u64 {
-    (std::mem::size_of::<Key>() + 16 + 8 * (key.kernel.len() + key.user.len())) as u64
+    let python = std::mem::size_of::<PyFrameRef>() * key.python.len();
+    (std::mem::size_of::<Key>() + 16 + 8 * (key.kernel.len() + key.user.len()) + python) as u64
 }
 
 /// Time until the next window boundary: a multiple of `window` since the epoch when
@@ -520,6 +554,9 @@ mod tests {
             kernel: vec![0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020],
             user: user.to_vec(),
             user_exact: 0,
+            user_eval: 0,
+            python: Vec::new(),
+            py_result: None,
             user_end: StackEnd::Complete,
             off_cpu: None,
         }
@@ -541,6 +578,7 @@ mod tests {
             limits,
             jit: Jit::default(),
             offcpu: false,
+            keep_eval_frames: false,
             queue_bytes: None,
             metrics: Metrics::new(),
             workloads,

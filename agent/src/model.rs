@@ -81,9 +81,48 @@ pub struct Sample {
     pub user_exact: u128,
     /// How the user stack's walk ended.
     pub user_end: StackEnd,
+    /// Interpreter (Python) frames the walker recorded, innermost first, each placed
+    /// before the user frame its [`PyFrameRef::before`] names.
+    pub python: Vec<PyFrameRef>,
+    /// Bit i set: user frame i is a frame of the interpreter's eval loop.
+    pub user_eval: u128,
+    /// How the interpreter frames came out (`None`: the walk met no eval frame).
+    pub py_result: Option<PyWalk>,
     /// `None` for a CPU sample; for an off-CPU one, why and how long the thread was off CPU
     /// (the stacks are the ones it left the CPU with).
     pub off_cpu: Option<OffCpu>,
+}
+
+/// An interpreter frame as the walker recorded it: named later from the process's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PyFrameRef {
+    /// The user frame (index in [`Sample::user`]) this frame goes before; the frame count
+    /// when it comes after every native frame.
+    pub before: u8,
+    /// The code object's address in the process.
+    pub code: u64,
+    /// The instruction's offset in the bytecode, in 2-byte code units (as recorded: the
+    /// version decides what it counts from).
+    pub unit: u32,
+    /// The code's `co_firstlineno` as the walker read it (0: unknown).
+    pub fingerprint: u32,
+}
+
+named_enum! {
+    /// How a sample's interpreter frames came out (`ember_py_result` in `bpf/ember.h`):
+    /// the `result` label of `ember_python_walks_total`.
+    pub enum PyWalk {
+        /// Every eval frame got its interpreter frames.
+        Ok => "ok",
+        /// An eval frame, but the thread's state or current frame was not found.
+        NoState => "no_state",
+        /// The stack's frame cap ended the walk.
+        Truncated => "truncated",
+        /// An eval frame had no interpreter frame left.
+        Mismatch => "mismatch",
+        /// A frame could not be read: the frames above it are missing.
+        Read => "read_error",
+    }
 }
 
 /// Time a thread was off CPU, and why.
@@ -325,7 +364,7 @@ pub struct FrameCounts {
 }
 
 /// One function of a resolved frame (a frame with inlined calls would have several).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Func {
     /// Demangled name.
     pub name: Arc<str>,
@@ -355,6 +394,11 @@ impl SymFrame {
     pub fn is_jit(&self) -> bool {
         matches!(self.mapping, Mapping::Jit(_))
     }
+
+    /// Whether the frame is interpreted code (a Python function).
+    pub fn is_interpreted(&self) -> bool {
+        matches!(self.mapping, Mapping::Python)
+    }
 }
 
 /// Name of the pseudo-file that kernel frames are attributed to.
@@ -374,7 +418,13 @@ pub enum Mapping {
     Unknown,
     /// JIT code, by the file that named it.
     Jit(JitSource),
+    /// Interpreted code ([`PYTHON_MAPPING`]): the address is the code object's, the
+    /// function, file and line its frame's.
+    Python,
 }
+
+/// Name of the pseudo-file that Python frames are attributed to.
+pub const PYTHON_MAPPING: &str = "[python]";
 
 impl Mapping {
     /// The file name profiles show for this mapping.
@@ -385,6 +435,7 @@ impl Mapping {
             Mapping::Region(label) => label,
             Mapping::Unknown => "[unknown]",
             Mapping::Jit(source) => source.mapping_name(),
+            Mapping::Python => PYTHON_MAPPING,
         }
     }
 

@@ -3,9 +3,10 @@
 //! `EMBER_REC_*` flags by which a record asks the unwind loader for its process.
 
 use super::skel::types::{
-    ember_offcpu_head, ember_offcpu_state, ember_record, ember_unwind_result,
+    ember_offcpu_head, ember_offcpu_state, ember_py_result, ember_py_tail, ember_record,
+    ember_unwind_result,
 };
-use crate::model::{OffCpu, OffState, Sample, StackEnd};
+use crate::model::{OffCpu, OffState, PyFrameRef, PyWalk, Sample, StackEnd};
 
 /// Frames per stack side, as `EMBER_MAX_FRAMES` in `bpf/ember.h` (below 128: one bit
 /// each in [`Sample::user_exact`]).
@@ -16,6 +17,7 @@ const HEADER: usize = std::mem::size_of::<ember_record>();
 // The header is the contract: the ips must start 8-byte aligned right after it.
 const _: () = assert!(HEADER % 8 == 0);
 const OFFCPU_HEAD: usize = std::mem::size_of::<ember_offcpu_head>();
+const PY_TAIL: usize = std::mem::size_of::<ember_py_tail>();
 const _: () = assert!(OFFCPU_HEAD % 8 == 0);
 
 /// Record flags (`EMBER_REC_*` in `bpf/ember.h`).
@@ -31,29 +33,23 @@ pub fn parse_record(data: &[u8]) -> Option<(Sample, u8)> {
     // SAFETY: the slice holds at least HEADER bytes; ember_record is plain old data.
     let hdr: ember_record = unsafe { std::ptr::read_unaligned(data.as_ptr().cast()) };
     let (k, u) = (usize::from(hdr.kern_frames), usize::from(hdr.user_frames));
-    if k > MAX_FRAMES || u > MAX_FRAMES || data.len() < HEADER + 8 * (k + u) {
+    let py_result = py_walk(hdr.py_result);
+    let tail = if hdr.py_result == 0 { 0 } else { PY_TAIL };
+    let ips_end = HEADER + 8 * (k + u);
+    if k > MAX_FRAMES || u > MAX_FRAMES || data.len() < ips_end + tail {
         return None;
     }
-    let mut ips = data[HEADER..HEADER + 8 * (k + u)]
-        .chunks_exact(8)
-        .map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
+    let word = |c: &[u8]| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+    let mut ips = data[HEADER..ips_end].chunks_exact(8).map(word);
     let kernel: Vec<u64> = ips.by_ref().take(k).collect();
-    let walked = hdr.user_result != ember_unwind_result::EMBER_UNWIND_FRAME_POINTER.0 as u8;
-    let mut user_exact = 0u128;
-    let user: Vec<u64> = ips
-        .enumerate()
-        .map(|(i, ip)| {
-            // Only the table walker sets the bit; the kernel's frame-pointer walk copies
-            // whatever the stack holds.
-            if walked && ip & IP_EXACT != 0 {
-                user_exact |= 1 << i;
-                ip & !IP_EXACT
-            } else {
-                ip
-            }
-        })
+    let slots: Vec<u64> = ips.collect();
+    let bits: Vec<u64> = data[ips_end..ips_end + tail]
+        .chunks_exact(8)
+        .map(word)
         .collect();
-    let user_end = stack_end(hdr.user_result, user.is_empty());
+    let walked = hdr.user_result != ember_unwind_result::EMBER_UNWIND_FRAME_POINTER.0 as u8;
+    let user = split_user(&slots, walked, &bits);
+    let user_end = stack_end(hdr.user_result, user.ips.is_empty());
     let sample = Sample {
         time_ns: hdr.time_ns,
         cgroup_id: hdr.cgroup_id,
@@ -62,12 +58,83 @@ pub fn parse_record(data: &[u8]) -> Option<(Sample, u8)> {
         cpu: hdr.cpu,
         comm: hdr.comm.map(|c| c as u8),
         kernel,
-        user,
-        user_exact,
+        user: user.ips,
+        user_exact: user.exact,
         user_end,
+        python: user.python,
+        user_eval: user.eval,
+        py_result,
         off_cpu: None,
     };
     Some((sample, hdr.user_flags))
+}
+
+/// A record's user slots, split into native frames and interpreter frames.
+struct UserSide {
+    ips: Vec<u64>,
+    exact: u128,
+    eval: u128,
+    python: Vec<PyFrameRef>,
+}
+
+/// Bit i of a two-word bitmap of the interpreter tail.
+fn bit(bits: &[u64], i: usize) -> bool {
+    bits.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1)
+}
+
+/// Splits the user slots: a slot the tail's `py_start` marks and the one after it are an
+/// interpreter frame (code address; unit << 32 | fingerprint); the others are native ips,
+/// whose exact and eval bits are renumbered by native frame.
+fn split_user(slots: &[u64], walked: bool, tail: &[u64]) -> UserSide {
+    let (starts, evals) = (tail.get(..2).unwrap_or(&[]), tail.get(2..4).unwrap_or(&[]));
+    let mut side = UserSide {
+        ips: Vec::with_capacity(slots.len()),
+        exact: 0,
+        eval: 0,
+        python: Vec::new(),
+    };
+    let mut i = 0;
+    while let Some(&ip) = slots.get(i) {
+        if bit(starts, i) {
+            if let Some(&data) = slots.get(i + 1) {
+                side.python.push(PyFrameRef {
+                    before: side.ips.len() as u8,
+                    code: ip,
+                    unit: (data >> 32) as u32,
+                    fingerprint: data as u32,
+                });
+            }
+            i += 2;
+            continue;
+        }
+        let n = side.ips.len();
+        // Only the table walker sets the bit; the kernel's frame-pointer walk copies
+        // whatever the stack holds.
+        if walked && ip & IP_EXACT != 0 {
+            side.exact |= 1 << n;
+            side.ips.push(ip & !IP_EXACT);
+        } else {
+            side.ips.push(ip);
+        }
+        if bit(evals, i) {
+            side.eval |= 1 << n;
+        }
+        i += 1;
+    }
+    side
+}
+
+/// The record's `py_result`; `None` for `EMBER_PY_NONE` (and values this build does not know).
+fn py_walk(v: u8) -> Option<PyWalk> {
+    use ember_py_result as R;
+    Some(match u32::from(v) {
+        x if x == R::EMBER_PY_OK.0 => PyWalk::Ok,
+        x if x == R::EMBER_PY_NO_STATE.0 => PyWalk::NoState,
+        x if x == R::EMBER_PY_TRUNCATED.0 => PyWalk::Truncated,
+        x if x == R::EMBER_PY_MISMATCH.0 => PyWalk::Mismatch,
+        x if x == R::EMBER_PY_READ.0 => PyWalk::Read,
+        _ => return None,
+    })
 }
 
 /// `offcpu.sample_rate` as the BPF program's threshold on a random u32 (2^32: every one).

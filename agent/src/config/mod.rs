@@ -91,6 +91,8 @@ pub struct Config {
     pub health: Health,
     /// Off-CPU profiling: where threads wait, how long and why.
     pub offcpu: OffCpu,
+    /// `interpreters:`.
+    pub interpreters: Interpreters,
 }
 
 /// `symbols:` keys: how object files are read for names.
@@ -165,6 +167,41 @@ impl Default for OffCpu {
             sample_rate: 1.0,
             max_threads: 8192,
             ring_buffer_bytes: 1 << 20,
+        }
+    }
+}
+
+/// `interpreters:` keys: frames of interpreted code walked beside the native ones.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Interpreters {
+    /// `interpreters.python:`.
+    pub python: Python,
+}
+
+/// `interpreters.python:` keys: CPython 3.8–3.13 frames (see README "Python").
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Python {
+    /// Walk Python frames in the processes that run a CPython ember knows.
+    pub enabled: bool,
+    /// Keep the eval loop's own native frames (`_PyEval_EvalFrameDefault`) beside the
+    /// Python frames that stand for them.
+    pub keep_eval_frames: bool,
+    /// Bytes of named code objects kept (per-process names, lines and line tables); the
+    /// least recently used go first, counted.
+    pub cache_bytes: u64,
+    /// Python processes the sampler can walk at once (BPF map entries, 72 bytes each).
+    pub max_processes: u32,
+}
+
+impl Default for Python {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            keep_eval_frames: false,
+            cache_bytes: 8 << 20,
+            max_processes: 4096,
         }
     }
 }

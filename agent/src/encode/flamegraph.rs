@@ -10,7 +10,8 @@ use std::io::Read;
 use flate2::read::GzDecoder;
 use prost::Message;
 
-use crate::proto::{Function, Location, Profile, Sample};
+use crate::model::PYTHON_MAPPING;
+use crate::proto::{Function, Line, Location, Profile, Sample};
 
 /// Largest decompressed profile [`decode_gz`] accepts, so that a hostile or
 /// corrupt file cannot make us allocate without bound (a gzip bomb).
@@ -84,9 +85,37 @@ impl<'a> Index<'a> {
             out.push(unnamed_location(location));
             return;
         }
+        let python = self.is_python(location);
         for line in location.line.iter().rev() {
-            out.push(sanitize(self.function_name(line.function_id)));
+            let name = self.function_name(line.function_id);
+            if python {
+                out.push(sanitize(&self.python_name(name, line)));
+            } else {
+                out.push(sanitize(name));
+            }
         }
+    }
+
+    /// Whether a location is a Python frame (in the `[python]` mapping).
+    fn is_python(&self, location: &Location) -> bool {
+        self.profile
+            .mapping
+            .iter()
+            .find(|m| m.id == location.mapping_id)
+            .is_some_and(|m| self.string(m.filename) == PYTHON_MAPPING)
+    }
+
+    /// A Python frame as py-spy names it: `mid (app.py:14)`, the file's base name.
+    fn python_name(&self, name: &str, line: &Line) -> String {
+        let file = self
+            .functions
+            .get(&line.function_id)
+            .map_or("", |f| self.string(f.filename));
+        let base = file.rsplit('/').next().unwrap_or(file);
+        if base.is_empty() {
+            return name.to_string();
+        }
+        format!("{name} ({base}:{})", line.line)
     }
 
     /// The function a sample was in when taken: the innermost line of its

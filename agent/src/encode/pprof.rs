@@ -64,17 +64,18 @@ impl Span {
     }
 }
 
-/// Which frames are one location: same mapping and address and, for JIT code (whose
-/// addresses are per process), the same name. The first frame seen gives the lines.
-pub(crate) type LocationKey<'w> = (&'w SymMapping, u64, Option<&'w str>);
+/// Which frames are one location: same mapping and address and, for JIT code and
+/// interpreted code (whose addresses are per process), the same function, file and line.
+/// The first frame seen gives the lines.
+pub(crate) type LocationKey<'w> = (&'w SymMapping, u64, Option<&'w Func>);
 
 /// The location key of `f`.
 pub(crate) fn location_key(f: &SymFrame) -> LocationKey<'_> {
-    let name = match f.funcs.first() {
-        Some(func) if f.is_jit() => Some(&*func.name),
+    let func = match f.funcs.first() {
+        Some(func) if f.is_jit() || f.is_interpreted() => Some(func),
         _ => None,
     };
-    (&f.mapping, f.address, name)
+    (&f.mapping, f.address, func)
 }
 
 /// What the whole window says of its mappings and locations, for profiles of a part of
@@ -167,7 +168,7 @@ pub(crate) struct Builder<'w> {
     /// What each mapping spans, in this profile.
     spans: Vec<(&'w SymMapping, Span)>,
     /// By mapping, address and (for JIT code, whose addresses are per process) name.
-    locations: HashMap<(u64, u64, i64), u64>,
+    locations: HashMap<(u64, u64, i64, i64, u32), u64>,
     functions: HashMap<(i64, i64), u64>,
 }
 
@@ -273,12 +274,18 @@ impl<'w> Builder<'w> {
     pub(crate) fn frame(&mut self, f: &'w SymFrame) -> u64 {
         let mapping = self.mapping(&f.mapping);
         let mapping_id = mapping as u64 + 1;
-        // The same JIT address in two processes is two different functions.
-        let name = match location_key(f).2 {
-            Some(n) => self.string(n),
-            None => 0,
+        // The same JIT address in two processes is two different functions; the same code
+        // object of an interpreter is one location per line.
+        let (name, file, line) = match location_key(f).2 {
+            Some(func) => (
+                self.string(&func.name),
+                func.file.as_deref().map_or(0, |p| self.string(p)),
+                func.line,
+            ),
+            None => (0, 0, 0),
         };
-        if let Some(&id) = self.locations.get(&(mapping_id, f.address, name)) {
+        let key = (mapping_id, f.address, name, file, line);
+        if let Some(&id) = self.locations.get(&key) {
             return id;
         }
         let f = self
@@ -304,7 +311,7 @@ impl<'w> Builder<'w> {
             line,
             is_folded: false,
         });
-        self.locations.insert((mapping_id, f.address, name), id);
+        self.locations.insert(key, id);
         id
     }
 

@@ -14,5 +14,6 @@ pub mod fs;
 pub(crate) mod jit;
 pub mod object;
 pub(crate) mod process;
+pub mod python;
 pub mod snapshot;
 pub mod unwind;

