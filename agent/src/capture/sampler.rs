@@ -87,6 +87,10 @@ impl<'obj> Sampler<'obj> {
             .set_max_entries(settings.unwind_max_processes)
             .map_err(CaptureError::Load)?;
         open.maps
+            .py_procs
+            .set_max_entries(settings.unwind_max_processes)
+            .map_err(CaptureError::Load)?;
+        open.maps
             .cgroup_deny
             .set_max_entries(CGROUP_DENY_ENTRIES)
             .map_err(CaptureError::Load)?;
@@ -144,6 +148,8 @@ impl<'obj> Sampler<'obj> {
             files: libbpf_rs::MapHandle::try_from(&maps.unwind_files)
                 .map_err(CaptureError::Load)?,
             row_cache: libbpf_rs::MapHandle::try_from(&maps.row_cache)
+                .map_err(CaptureError::Load)?,
+            py_procs: libbpf_rs::MapHandle::try_from(&maps.py_procs)
                 .map_err(CaptureError::Load)?,
             exec_hook: self.exec.is_some(),
         }))

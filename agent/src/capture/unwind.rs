@@ -23,6 +23,7 @@ pub use super::skel::types::{
     ember_unwind_header, ember_unwind_page, ember_unwind_proc, ember_unwind_range,
     ember_unwind_row, ember_unwind_segment,
 };
+pub use super::skel::types::{ember_py_model, ember_py_proc, ember_py_tls};
 
 /// Bits of a table id that are its slot (`EMBER_UNWIND_SLOT_BITS`, a `#define`: absent
 /// from BTF, so stated here and checked against the map at [`MapIo::open`]).
@@ -61,6 +62,8 @@ pub struct UnwindMaps {
     /// `row_cache`: the walker's per-CPU cache of rows, keyed by table id (emptied when a
     /// slot's ids start over).
     pub row_cache: MapHandle,
+    /// `py_procs`: tgid → `ember_py_proc`, the process's Python interpreter.
+    pub py_procs: MapHandle,
     /// The exec hook (`ember_exec`) is attached: it writes a new program's ranges itself,
     /// and the walker adds libraries mapped since, so the loader leaves new processes'
     /// entries to them and only reads processes whole.
@@ -151,6 +154,15 @@ pub trait UnwindIo {
     fn mark_used(&mut self, slot: u32, ns: u64);
     /// Empties the walker's row caches, every CPU's (a slot's ids started over).
     fn clear_row_cache(&mut self);
+    /// Writes `pid`'s Python interpreter entry (`py_procs`).
+    fn write_py(&mut self, pid: u32, value: &ember_py_proc) -> Result<(), MapError> {
+        let _ = (pid, value);
+        Ok(())
+    }
+    /// Removes `pid`'s Python interpreter entry, if any.
+    fn delete_py(&mut self, pid: u32) {
+        let _ = pid;
+    }
 }
 
 /// [`UnwindIo`] on the sampler's maps.
@@ -285,6 +297,17 @@ impl UnwindIo for MapIo {
         self.used.stamp(slot as usize, ns);
     }
 
+    fn write_py(&mut self, pid: u32, value: &ember_py_proc) -> Result<(), MapError> {
+        self.maps
+            .py_procs
+            .update(&pid.to_ne_bytes(), bytes_of(value), MapFlags::ANY)
+            .map_err(MapError::Refused)
+    }
+
+    fn delete_py(&mut self, pid: u32) {
+        let _ = self.maps.py_procs.delete(&pid.to_ne_bytes());
+    }
+
     fn clear_row_cache(&mut self) {
         let Ok(cpus) = libbpf_rs::num_possible_cpus() else {
             return;
@@ -315,6 +338,7 @@ trait SharedValue {}
 impl SharedValue for ember_unwind_proc {}
 impl SharedValue for ember_unwind_file {}
 impl SharedValue for ember_unwind_file_key {}
+impl SharedValue for ember_py_proc {}
 
 /// Creates a table's array at its exact size and fills it through mmap.
 fn fill(t: &TableImage<'_>) -> Result<MapHandle, MapError> {

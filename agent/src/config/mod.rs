@@ -191,8 +191,6 @@ pub struct Python {
     /// Bytes of named code objects kept (per-process names, lines and line tables); the
     /// least recently used go first, counted.
     pub cache_bytes: u64,
-    /// Python processes the sampler can walk at once (BPF map entries, 72 bytes each).
-    pub max_processes: u32,
 }
 
 impl Default for Python {
@@ -201,7 +199,6 @@ impl Default for Python {
             enabled: true,
             keep_eval_frames: false,
             cache_bytes: 8 << 20,
-            max_processes: 4096,
         }
     }
 }

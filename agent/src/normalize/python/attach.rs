@@ -1,0 +1,254 @@
+//! Which processes run a CPython the sampler can walk, and its `py_procs` entry: the
+//! interpreter object among the process's mappings ([`ember_parse::python::detect`], once
+//! per file), its layout, and what only the live process knows (where its objects were
+//! loaded, the pthread key its thread states are kept under).
+//!
+//! The thread state is found in BPF from the thread pointer: `*(tp + 0x310 + 16·key + 8)`,
+//! glibc's `pthread_getspecific` fast path for keys below 32 (`specific_1stblock`, at
+//! 0x310 in `struct pthread` for glibc 2.27 and later): the `autoTSSkey` every CPython
+//! 3.8–3.13 keeps the thread's own state under, shared or static build alike.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+
+use ember_parse::python::detect::{detect, DetectError, Interpreter};
+use ember_parse::python::layout::{layout_for, FrameModel, Layout};
+use ember_parse::python::Version;
+
+use super::memory::ProcMem;
+use crate::capture::unwind::{ember_py_model, ember_py_proc, ember_py_tls};
+use crate::metrics::{Metrics, PyAttach};
+use crate::normalize::elf_file::{ElfReader, Limits};
+use crate::normalize::object::FileAt;
+use crate::normalize::snapshot::{Mapped, Snapshot};
+use crate::os::file_id::FileId;
+use crate::os::procfs::RegionKind;
+
+/// `offsetof(struct pthread, specific_1stblock)` in glibc 2.27+ (x86-64).
+const GLIBC_SPECIFIC: u64 = 0x310;
+/// Keys glibc keeps in the thread's first block (the BPF read needs no second level).
+const FIRST_BLOCK_KEYS: u32 = 32;
+/// Interpreter verdicts kept per file (detection reads the file's symbol tables once).
+const MAX_FILES: usize = 4096;
+/// Caps of the symbol table reads of detection.
+const LIMITS: Limits = Limits {
+    max_read_bytes: 32 << 20,
+    max_section_bytes: 24 << 20,
+};
+
+/// What the names side needs of a process whose interpreter is attached.
+#[derive(Debug)]
+pub struct PyProcess {
+    /// The interpreter's version.
+    pub version: Version,
+    /// Where its objects keep what is read.
+    pub layout: Layout,
+    /// `PyCode_Type`, `PyUnicode_Type` and `PyBytes_Type` in the process.
+    pub code_type: u64,
+    /// See `code_type`.
+    pub unicode_type: u64,
+    /// See `code_type`.
+    pub bytes_type: u64,
+}
+
+/// What came of looking at a process.
+#[derive(Debug)]
+pub enum Attach {
+    /// No interpreter among its mappings.
+    NotPython,
+    /// An interpreter whose runtime is not initialized yet: look again soon.
+    NotReady,
+    /// An interpreter ember cannot walk (counted by reason).
+    Refused(PyAttach),
+    /// The sampler's entry, and the process as the names side sees it.
+    Attached(Box<ember_py_proc>, Arc<PyProcess>),
+}
+
+/// Decides what each process's interpreter is, remembering each file's detection.
+pub struct Attacher {
+    files: HashMap<FileId, Option<Arc<Interpreter>>>,
+    metrics: Metrics,
+}
+
+impl Attacher {
+    /// An attacher counting in `metrics`.
+    pub fn new(metrics: Metrics) -> Self {
+        Self {
+            files: HashMap::new(),
+            metrics,
+        }
+    }
+
+    /// Looks at `snap`'s mappings and, for an interpreter, at the process's memory.
+    pub fn attach(&mut self, snap: &Snapshot) -> Attach {
+        let mut found = None;
+        let mut musl = false;
+        for region in &snap.regions {
+            let e = &region.map;
+            if e.kind != RegionKind::File {
+                continue;
+            }
+            musl |= e.path.contains("ld-musl");
+            let Mapped::Open(file) = &region.file else {
+                continue;
+            };
+            if found.is_some() {
+                continue;
+            }
+            match self.interpreter(file, e.inode, e.path.as_bytes()) {
+                Ok(Some(interp)) => {
+                    if let Some(bias) = load_bias(file, e.start, e.offset) {
+                        found = Some((interp, bias));
+                    }
+                }
+                Ok(None) => {}
+                Err(reason) => return self.refused(reason),
+            }
+        }
+        let Some((interp, bias)) = found else {
+            return Attach::NotPython;
+        };
+        if musl {
+            return self.refused(PyAttach::Musl);
+        }
+        let Some(layout) = layout_for(interp.version) else {
+            return self.refused(PyAttach::UnknownVersion);
+        };
+        let mem = ProcMem::new(snap.pid);
+        match attach_live(&mem, &interp, &layout, bias) {
+            Ok(Some(entry)) => {
+                self.metrics.python_attached(PyAttach::Attached);
+                let process = PyProcess {
+                    version: interp.version,
+                    layout,
+                    code_type: interp.code_type.wrapping_add(bias),
+                    unicode_type: interp.unicode_type.wrapping_add(bias),
+                    bytes_type: interp.bytes_type.wrapping_add(bias),
+                };
+                Attach::Attached(Box::new(entry), Arc::new(process))
+            }
+            Ok(None) => Attach::NotReady,
+            Err(reason) => self.refused(reason),
+        }
+    }
+
+    fn refused(&self, reason: PyAttach) -> Attach {
+        self.metrics.python_attached(reason);
+        Attach::Refused(reason)
+    }
+
+    /// The interpreter `file` holds (detected once per file), or why it is refused.
+    fn interpreter(
+        &mut self,
+        file: &File,
+        inode: u64,
+        name: &[u8],
+    ) -> Result<Option<Arc<Interpreter>>, PyAttach> {
+        let meta = file.metadata().map_err(|_| PyAttach::Unreadable)?;
+        if !meta.is_file() || meta.ino() != inode {
+            return Ok(None);
+        }
+        let id = FileId::of(&meta);
+        if let Some(known) = self.files.get(&id) {
+            return Ok(known.clone());
+        }
+        let src = FileAt::new(file, meta.len());
+        let found = ElfReader::new(&src, LIMITS)
+            .map_err(DetectError::from)
+            .and_then(|mut elf| detect(&mut elf, name));
+        let verdict = match found {
+            Ok(v) => v.map(Arc::new),
+            Err(e) => return Err(refusal(&e)),
+        };
+        if self.files.len() >= MAX_FILES {
+            self.files.clear();
+        }
+        self.files.insert(id, verdict.clone());
+        Ok(verdict)
+    }
+}
+
+/// The metric reason of a detection error.
+fn refusal(e: &DetectError) -> PyAttach {
+    match e {
+        DetectError::Elf(_) => PyAttach::Unreadable,
+        DetectError::NoVersion | DetectError::UnknownVersion(_) => PyAttach::UnknownVersion,
+        DetectError::FreeThreaded(_) => PyAttach::FreeThreaded,
+        DetectError::DebugBuild => PyAttach::DebugBuild,
+        DetectError::MissingSymbol(_) | DetectError::BadSymbol(_) => PyAttach::Symbols,
+    }
+}
+
+/// Process address minus object address for the executable mapping of `file` at `start`
+/// (file offset `offset`), from the object's program headers.
+fn load_bias(file: &File, start: u64, offset: u64) -> Option<u64> {
+    let meta = file.metadata().ok()?;
+    let src = FileAt::new(file, meta.len());
+    let elf = ElfReader::new(&src, LIMITS).ok()?;
+    let seg = elf
+        .segments()
+        .iter()
+        .find(|s| offset >= s.offset && offset < s.offset.saturating_add(s.filesz.max(1)))?;
+    let vaddr = seg.vaddr.checked_add(offset - seg.offset)?;
+    Some(start.wrapping_sub(vaddr))
+}
+
+/// The `py_procs` entry of a live interpreter; `None` while its runtime is not initialized.
+fn attach_live(
+    mem: &ProcMem,
+    interp: &Interpreter,
+    layout: &Layout,
+    bias: u64,
+) -> Result<Option<ember_py_proc>, PyAttach> {
+    // The layout is this binary's if its code type says so (a forged or patched build
+    // whose objects differ is refused, not walked wrong).
+    let code_type = interp.code_type.wrapping_add(bias);
+    let basic = mem.u64_at(code_type + 32).map_err(|_| PyAttach::Memory)?;
+    if basic != u64::from(layout.code_size) {
+        return Err(PyAttach::LayoutMismatch);
+    }
+    let runtime = interp.runtime.wrapping_add(bias);
+    let tss = runtime + u64::from(layout.runtime_autotss);
+    let created = mem.u32_at(tss).map_err(|_| PyAttach::Memory)?;
+    if created == 0 {
+        return Ok(None);
+    }
+    let key = mem.u32_at(tss + 4).map_err(|_| PyAttach::Memory)?;
+    if key >= FIRST_BLOCK_KEYS {
+        return Err(PyAttach::TssKey);
+    }
+    let mut entry = ember_py_proc {
+        tls_offset: (GLIBC_SPECIFIC + 16 * u64::from(key) + 8) as i64,
+        tls_mode: ember_py_tls::EMBER_PY_TLS_TP.0 as u8,
+        ..Default::default()
+    };
+    let ranges = std::iter::once(interp.eval).chain(interp.eval_cold);
+    for (i, (lo, hi)) in ranges.take(2).enumerate() {
+        entry.eval_start[i] = lo.wrapping_add(bias);
+        entry.eval_end[i] = hi.wrapping_add(bias);
+    }
+    fill_layout(&mut entry, layout);
+    Ok(Some(entry))
+}
+
+/// The walker's offsets from `layout`.
+fn fill_layout(e: &mut ember_py_proc, l: &Layout) {
+    e.model = match l.model {
+        FrameModel::Objects => ember_py_model::EMBER_PY_OBJECTS,
+        FrameModel::Entry => ember_py_model::EMBER_PY_ENTRY,
+        FrameModel::CStack => ember_py_model::EMBER_PY_CSTACK,
+    }
+    .0 as u8;
+    e.owner_cstack = l.owner_cstack;
+    e.tstate_frame = l.tstate_frame;
+    e.cframe_current = l.cframe_current.unwrap_or(0xffff);
+    e.frame_code = l.frame_code;
+    e.frame_previous = l.frame_previous;
+    e.frame_instr = l.frame_instr;
+    e.frame_owner = l.frame_owner;
+    e.frame_size = l.frame_size;
+    e.code_firstlineno = l.code_firstlineno;
+    e.code_adaptive = l.code_adaptive.unwrap_or(0);
+}
