@@ -29,8 +29,14 @@ fn version(minor: u8) -> Version {
 
 /// `name value` lines; `none` is `None`.
 fn measure(python: &str) -> (Version, HashMap<String, Option<u32>>) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/src/python/testdata/offsets.py");
-    let out = Command::new(python).arg(script).output().expect("run python");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/python/testdata/offsets.py"
+    );
+    let out = Command::new(python)
+        .arg(script)
+        .output()
+        .expect("run python");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -103,7 +109,9 @@ fn table_matches_the_interpreters() {
         let fields = fields(&layout);
         assert_eq!(measured.len(), fields.len(), "{python}: {measured:?}");
         for (name, want) in fields {
-            let got = measured.get(name).unwrap_or_else(|| panic!("{python}: no {name}"));
+            let got = measured
+                .get(name)
+                .unwrap_or_else(|| panic!("{python}: no {name}"));
             assert_eq!(*got, want, "{python} ({v}): {name}");
         }
         checked += 1;
