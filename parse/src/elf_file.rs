@@ -139,6 +139,22 @@ pub struct FuncSym<'a> {
     pub name_at: u32,
 }
 
+/// Any defined symbol (functions, data, thread-local): what finding an object's named
+/// variables needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Symbol<'a> {
+    /// `st_value` (for `STT_TLS`, the offset in the object's TLS block).
+    pub value: u64,
+    /// `st_size`.
+    pub size: u64,
+    /// `st_info`'s type (`STT_FUNC`, `STT_OBJECT`, `STT_TLS`...).
+    pub kind: u8,
+    /// `STB_GLOBAL`.
+    pub global: bool,
+    /// Name as stored, at most [`MAX_SYMBOL_NAME`] bytes.
+    pub name: &'a [u8],
+}
+
 /// Longest symbol name read, in bytes. A name runs to its NUL, and one without a NUL runs
 /// to the end of the string table: every symbol pointing at it would be megabytes (and
 /// finding its end a scan of the whole table per symbol). Longer names are cut here. 4 KiB:
@@ -180,10 +196,34 @@ impl SymbolData {
         }
     }
 
+    /// Calls `f` for each defined symbol with a name, of any type.
+    pub fn symbols(&self, mut f: impl FnMut(Symbol<'_>)) {
+        if self.is_64 {
+            each_symbol::<elf::Sym64<Endianness>>(&self.syms, &self.strs, self.endian, &mut f)
+        } else {
+            each_symbol::<elf::Sym32<Endianness>>(&self.syms, &self.strs, self.endian, &mut f)
+        }
+    }
+
     /// The name at `at` in the string table ([`symbol_name`]).
     pub fn name(&self, at: u32) -> Option<(&[u8], bool)> {
         symbol_name(&self.strs, at)
     }
+}
+
+/// What the file header and the program headers other than `PT_LOAD` say about the object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ObjectInfo {
+    /// `e_type` (`ET_EXEC`, `ET_DYN`...).
+    pub e_type: u16,
+    /// `e_machine`.
+    pub machine: u16,
+    /// ELFCLASS64, little-endian.
+    pub is_64_le: bool,
+    /// Has a `PT_INTERP` (an executable, or a library that can run as one).
+    pub interp: bool,
+    /// The `PT_TLS` segment's (`p_vaddr`, `p_memsz`, `p_align`).
+    pub tls: Option<(u64, u64, u64)>,
 }
 
 /// Most sections ember looks at; more are malformed for its purposes.
@@ -203,6 +243,7 @@ pub struct ElfReader<'a, R: ReadAt + ?Sized> {
     sections: Vec<Section>,
     segments: Vec<Segment>,
     shstrtab: Vec<u8>,
+    info: ObjectInfo,
 }
 
 impl<'a, R: ReadAt + ?Sized> ElfReader<'a, R> {
@@ -223,6 +264,7 @@ impl<'a, R: ReadAt + ?Sized> ElfReader<'a, R> {
             sections: Vec::new(),
             segments: Vec::new(),
             shstrtab: Vec::new(),
+            info: ObjectInfo::default(),
         };
         match ident[4] {
             elf::ELFCLASS64 => r.headers::<elf::FileHeader64<Endianness>>()?,
@@ -240,6 +282,9 @@ impl<'a, R: ReadAt + ?Sized> ElfReader<'a, R> {
             .map_err(|_| ElfError::Malformed("endianness"))?;
         self.endian = endian;
         self.is_64 = header.is_type_64();
+        self.info.e_type = header.e_type(endian);
+        self.info.machine = header.e_machine(endian);
+        self.info.is_64_le = self.is_64 && endian == Endianness::Little;
         // Section headers (section 0 holds the real count when e_shnum overflows).
         let shoff: u64 = header.e_shoff(endian).into();
         let shsize = std::mem::size_of::<E::SectionHeader>() as u64;
@@ -286,6 +331,14 @@ impl<'a, R: ReadAt + ?Sized> ElfReader<'a, R> {
             let bytes = self.read(phoff, phnum * phsize)?;
             for chunk in bytes.chunks_exact(phsize as usize) {
                 let p = pod::<E::ProgramHeader>(chunk)?;
+                match p.p_type(endian) {
+                    elf::PT_INTERP => self.info.interp = true,
+                    elf::PT_TLS => {
+                        let tls = (p.p_vaddr(endian), p.p_memsz(endian), p.p_align(endian));
+                        self.info.tls = Some((tls.0.into(), tls.1.into(), tls.2.into()));
+                    }
+                    _ => {}
+                }
                 if p.p_type(endian) == elf::PT_LOAD {
                     self.segments.push(Segment {
                         offset: p.p_offset(endian).into(),
@@ -312,6 +365,28 @@ impl<'a, R: ReadAt + ?Sized> ElfReader<'a, R> {
     /// The `PT_LOAD` segments.
     pub fn segments(&self) -> &[Segment] {
         &self.segments
+    }
+
+    /// The file header's kind and the `PT_INTERP` and `PT_TLS` program headers.
+    pub fn info(&self) -> ObjectInfo {
+        self.info
+    }
+
+    /// The `len` bytes the file holds at address `vaddr` (through the `PT_LOAD` segment
+    /// whose file part holds them all), charged to the budget. An address past a
+    /// segment's file part (`.bss`) or in none is [`ElfError::Malformed`].
+    pub fn read_vaddr(&mut self, vaddr: u64, len: u64) -> Result<Vec<u8>, ElfError> {
+        let end = vaddr.checked_add(len).ok_or(ElfError::Malformed("range"))?;
+        let seg = self
+            .segments
+            .iter()
+            .find(|s| vaddr >= s.vaddr && end <= s.vaddr.saturating_add(s.filesz))
+            .copied()
+            .ok_or(ElfError::Malformed("address not in the file"))?;
+        if len > self.limits.max_section_bytes {
+            return Err(ElfError::TooLarge);
+        }
+        self.read(seg.offset.saturating_add(vaddr - seg.vaddr), len)
     }
 
     /// The name of `section` (empty if unnamed or out of `.shstrtab`).
@@ -497,6 +572,32 @@ fn each_func<S: Sym<Endian = Endianness> + Pod>(
             name,
             name_at,
         });
+    }
+}
+
+fn each_symbol<S: Sym<Endian = Endianness> + Pod>(
+    syms: &[u8],
+    strs: &[u8],
+    endian: Endianness,
+    f: &mut impl FnMut(Symbol<'_>),
+) {
+    for chunk in syms.chunks_exact(std::mem::size_of::<S>()) {
+        let Ok(s) = pod::<S>(chunk) else { continue };
+        if s.st_shndx(endian) == elf::SHN_UNDEF {
+            continue;
+        }
+        let Some((name, _)) = symbol_name(strs, s.st_name(endian)) else {
+            continue;
+        };
+        if !name.is_empty() {
+            f(Symbol {
+                value: s.st_value(endian).into(),
+                size: s.st_size(endian).into(),
+                kind: s.st_type(),
+                global: s.st_bind() == elf::STB_GLOBAL,
+                name,
+            });
+        }
     }
 }
 

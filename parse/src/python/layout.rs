@@ -29,6 +29,12 @@ pub struct Layout {
     pub cframe_current: Option<u16>,
     /// `PyThreadState.native_thread_id` (3.11+), the thread's id in its pid namespace.
     pub tstate_native_id: Option<u16>,
+    /// `PyThreadState.thread_id`: the `pthread_self()` of the thread that made the state
+    /// (on x86-64 glibc and musl, its thread pointer, `fsbase`).
+    pub tstate_thread_id: u16,
+    /// ≤3.11: offset in `_PyRuntime` of `gilstate.tstate_current`, the GIL holder's state
+    /// (a fallback when the thread-specific key cannot be read); `None` from 3.12.
+    pub runtime_tstate_current: Option<u32>,
     /// Frame: its code object (`f_code`, 3.13+ `f_executable`).
     pub frame_code: u16,
     /// Frame: the caller's frame (`f_back`, 3.11+ `previous`).
@@ -69,9 +75,139 @@ pub struct Layout {
     pub bytes_data: u16,
 }
 
-/// The layout of a GIL build of `version` from ember's table (3.8–3.12), or `None` for a
-/// minor it does not know (refused, never guessed).
+/// The layout of a GIL build of `version` from ember's table (3.8–3.13), or `None` for a
+/// version it does not know (another major, an unknown minor, any free-threaded build):
+/// refused, never guessed. 3.13 is also read from `_Py_DebugOffsets`; this entry is the
+/// fallback and the cross-check. No micro release is known to move a field, so the table
+/// is per minor (verified on 3.8.18, 3.9.18, 3.10.13, 3.11.2, 3.11.7, 3.12.1, 3.13.0).
 pub fn layout_for(version: Version) -> Option<Layout> {
-    let _ = version;
-    None
+    if version.major != 3 || version.free_threaded {
+        return None;
+    }
+    match version.minor {
+        8 => Some(V3_8),
+        9 => Some(V3_9),
+        10 => Some(V3_10),
+        11 => Some(V3_11),
+        12 => Some(V3_12),
+        13 => Some(V3_13),
+        _ => None,
+    }
 }
+
+// Every value below was read from the version's installed headers and measured inside the
+// real interpreter by `testdata/offsets.py` (see `layout_tests.rs`).
+
+/// 3.8: `PyFrameObject`s; `frame`/`thread_id` in `PyThreadState`; `gilstate` in `_PyRuntime`.
+const V3_8: Layout = Layout {
+    model: FrameModel::Objects,
+    runtime_autotss: 0x570,
+    tstate_frame: 24,
+    cframe_current: None,
+    tstate_native_id: None,
+    tstate_thread_id: 176,
+    runtime_tstate_current: Some(0x558),
+    frame_code: 32,
+    frame_previous: 24,
+    // f_lasti: an int, in bytes of bytecode.
+    frame_instr: 104,
+    frame_owner: 0,
+    owner_cstack: 0,
+    frame_size: 112,
+    code_firstlineno: 40,
+    code_filename: 104,
+    code_name: 112,
+    code_qualname: None,
+    // co_lnotab.
+    code_linetable: 120,
+    code_adaptive: None,
+    code_size: 176,
+    unicode_state: 32,
+    unicode_length: 16,
+    unicode_ascii_data: 48,
+    unicode_compact_data: 72,
+    bytes_size: 16,
+    bytes_data: 32,
+};
+
+/// 3.9: as 3.8 but `_PyRuntime` shrank (`gilstate` moved up).
+const V3_9: Layout = Layout {
+    runtime_autotss: 0x248,
+    runtime_tstate_current: Some(0x238),
+    ..V3_8
+};
+
+/// 3.10: as 3.9 but `f_lasti` counts code units, 8 bytes earlier; `co_linetable` replaces
+/// `co_lnotab` at the same offset.
+const V3_10: Layout = Layout {
+    frame_instr: 96,
+    frame_size: 104,
+    ..V3_9
+};
+
+/// 3.11: `_PyInterpreterFrame`s reached through `cframe`, entry frames flagged.
+const V3_11: Layout = Layout {
+    model: FrameModel::Entry,
+    runtime_autotss: 0x250,
+    tstate_frame: 56,
+    cframe_current: Some(8),
+    tstate_native_id: Some(160),
+    tstate_thread_id: 152,
+    runtime_tstate_current: Some(0x240),
+    frame_code: 32,
+    frame_previous: 48,
+    // prev_instr: a pointer into co_code_adaptive.
+    frame_instr: 56,
+    // is_entry.
+    frame_owner: 68,
+    owner_cstack: 0,
+    frame_size: 72,
+    code_firstlineno: 72,
+    code_filename: 112,
+    code_name: 120,
+    code_qualname: Some(128),
+    code_linetable: 136,
+    code_adaptive: Some(184),
+    code_size: 184,
+    ..V3_10
+};
+
+/// 3.12: frames end at a C-stack-owned shim; `PyASCIIObject` lost `wstr`.
+const V3_12: Layout = Layout {
+    model: FrameModel::CStack,
+    runtime_autotss: 0x608,
+    tstate_frame: 56,
+    cframe_current: Some(0),
+    tstate_native_id: Some(144),
+    tstate_thread_id: 136,
+    runtime_tstate_current: None,
+    frame_code: 0,
+    frame_previous: 8,
+    frame_instr: 56,
+    // owner.
+    frame_owner: 70,
+    owner_cstack: 3,
+    frame_size: 72,
+    code_firstlineno: 68,
+    code_adaptive: Some(192),
+    code_size: 192,
+    unicode_ascii_data: 40,
+    unicode_compact_data: 56,
+    ..V3_11
+};
+
+/// 3.13: no `cframe` (`current_frame` in the thread state); `f_executable`, `instr_ptr`.
+const V3_13: Layout = Layout {
+    runtime_autotss: 0x870,
+    tstate_frame: 72,
+    cframe_current: None,
+    tstate_native_id: Some(160),
+    tstate_thread_id: 152,
+    code_adaptive: Some(200),
+    code_size: 200,
+    ..V3_12
+};
+
+#[cfg(test)]
+#[path = "layout_tests.rs"]
+mod tests;
