@@ -648,6 +648,7 @@ fn start_unwind(
         max_bytes: cfg.sampling.unwind_max_bytes,
         cache_dir: Some(cfg.sampling.unwind_cache_dir.clone())
             .filter(|d| !d.as_os_str().is_empty()),
+        python: cfg.interpreters.python.enabled,
     };
     let mut loader = match unwind::Loader::new(maps, settings, metrics.clone()) {
         Ok(loader) => loader,

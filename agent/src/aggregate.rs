@@ -182,6 +182,9 @@ impl Aggregator {
             return;
         }
         self.table.touch(s.pid, s.tid, &s.comm, s.cgroup_id);
+        if let Some(r) = s.py_result {
+            self.metrics.python_walked(r, 1);
+        }
         let key = Key {
             pid: s.pid,
             tid: s.tid,

@@ -33,11 +33,11 @@ pub use table::Declared;
 pub use reasons::WindowFailure;
 pub use reasons::{
     Cache, ExportDrop, FrameResult, HttpRefusal, JitReject, JvmRefresh, Loss, NameCap,
-    ObjectRefusal, OffCpuEvent, ProcRead, ReadingsSource, RowLookup, SinkName, StackSide, Stage,
-    SymbolMiss, TableBuild, WindowWriteError,
+    ObjectRefusal, OffCpuEvent, ProcRead, PyAttach, PyCodeRead, ReadingsSource, RowLookup,
+    SinkName, StackSide, Stage, SymbolMiss, TableBuild, WindowWriteError,
 };
 
-use crate::model::StackEnd;
+use crate::model::{PyWalk, StackEnd};
 
 /// Label set with a single `reason`, one of the enums of [`reasons`].
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -214,6 +214,25 @@ metric_table! {
         pub jit_bytes: Gauge<i64, AtomicI64> = metric("jit_bytes"),
         /// Bytes read from perf maps and jitdumps.
         pub jit_read_bytes: Counter = metric("jit_read", unit Bytes),
+        /// Processes that map a CPython interpreter, by what came of attaching to it.
+        pub python_attaches: Family<ResultLabel<PyAttach>, Counter> = metric(
+            "python_attaches",
+            labels ["result"]
+        ),
+        /// Samples whose stack met the Python eval loop, by how their Python frames came out.
+        pub python_walks: Family<ResultLabel<PyWalk>, Counter> = metric(
+            "python_walks",
+            labels ["result"]
+        ),
+        /// Python frames named from their code objects, by result.
+        pub python_code_reads: Family<ResultLabel<PyCodeRead>, Counter> = metric(
+            "python_code_reads",
+            labels ["result"]
+        ),
+        /// Bytes of named Python code objects held (`interpreters.python.cache_bytes`).
+        pub python_code_cache_bytes: Gauge<i64, AtomicI64> = metric("python_code_cache", unit Bytes),
+        /// Python processes whose frames the sampler walks.
+        pub python_processes: Gauge<i64, AtomicI64> = metric("python_processes"),
         /// JVMs asked to rewrite their perf map over the attach protocol, by result.
         pub jvm_refreshes: Family<ResultLabel<JvmRefresh>, Counter> = metric(
             "jvm_perfmap_refreshes",
@@ -459,6 +478,27 @@ impl Metrics {
     pub fn jit_rejected(&self, reason: JitReject, n: u64) {
         self.jit_rejects
             .get_or_create(&ReasonLabel { reason })
+            .inc_by(n);
+    }
+
+    /// Counts one look at a Python process that ended with `result`.
+    pub fn python_attached(&self, result: PyAttach) {
+        self.python_attaches
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    /// Counts `n` samples whose Python walk ended with `result`.
+    pub fn python_walked(&self, result: PyWalk, n: u64) {
+        self.python_walks
+            .get_or_create(&ResultLabel { result })
+            .inc_by(n);
+    }
+
+    /// Counts `n` Python frames named (or not) with `result`.
+    pub fn python_code_read(&self, result: PyCodeRead, n: u64) {
+        self.python_code_reads
+            .get_or_create(&ResultLabel { result })
             .inc_by(n);
     }
 

@@ -11,7 +11,7 @@ use std::fmt;
 
 use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 
-use crate::model::{OffState, StackEnd};
+use crate::model::{OffState, PyWalk, StackEnd};
 
 /// Declares a label enum of unit variants: `Variant => "label_value"`, each with its doc (an
 /// enum named as [`crate::model`] names its values), encoded as a label value.
@@ -46,6 +46,7 @@ macro_rules! label_value {
 // Properties of a sample, declared with it: labels here like every other value.
 label_value!(OffState);
 label_value!(StackEnd);
+label_value!(PyWalk);
 
 label_enum! {
     /// `ember_samples_lost_total{reason}`: where along the way a sample was lost. Every value
@@ -148,6 +149,9 @@ label_enum! {
         UnwindRequests => "unwind_requests",
         /// Object identities remembered by the unwind loader (`limits.max_objects`).
         UnwindObjects => "unwind_objects",
+        /// Named Python code objects (`interpreters.python.cache_bytes`): the least recently
+        /// used, read again from the process when next sampled.
+        PythonCode => "python_code",
         /// What the unwind loader read of a process, on its way to the process table.
         ProcessSnapshots => "process_snapshots",
         /// Kernel task records (exec, mmap, exit) lost to a full ring: such a process is
@@ -365,6 +369,57 @@ label_enum! {
         Encode => "window_encode",
         /// It could not be written to the window directory.
         Write => "window_write",
+    }
+}
+
+label_enum! {
+    /// `ember_python_attaches_total{result}`: what came of looking at a process that maps
+    /// a CPython interpreter.
+    pub enum PyAttach {
+        /// Its Python frames are walked from now on.
+        Attached => "attached",
+        /// The interpreter's file could not be read.
+        Unreadable => "unreadable",
+        /// A version ember has no layout for (or none it could tell).
+        UnknownVersion => "unknown_version",
+        /// A free-threaded (`t`) build.
+        FreeThreaded => "free_threaded",
+        /// A debug build (`Py_DEBUG`).
+        DebugBuild => "debug_build",
+        /// A symbol ember needs is missing or malformed.
+        Symbols => "missing_symbols",
+        /// musl libc: its thread keys are elsewhere.
+        Musl => "musl",
+        /// The process's memory could not be read (ptrace access, an exited process).
+        Memory => "memory_unreadable",
+        /// The code type's size is not the layout's: another build than its version says.
+        LayoutMismatch => "layout_mismatch",
+        /// Its thread-state key is past glibc's first block.
+        TssKey => "tss_key",
+        /// The sampler's `py_procs` map refused the entry.
+        MapFull => "map_full",
+        /// Its runtime never finished initializing while the loader kept looking.
+        NeverReady => "never_ready",
+    }
+}
+
+label_enum! {
+    /// `ember_python_code_reads_total{result}`: naming a Python frame from its code object.
+    pub enum PyCodeRead {
+        /// Named from the cache.
+        Hit => "hit",
+        /// Read from the process and named.
+        Read => "read",
+        /// The process is not attached (exited, or never was): left unnamed.
+        NoProcess => "no_process",
+        /// The memory could not be read (freed, unmapped, process gone).
+        Memory => "memory_unreadable",
+        /// Not a code object of the type the walker expects.
+        Type => "type_mismatch",
+        /// A code object, but not the one the walker saw (its first line differs).
+        Fingerprint => "fingerprint_mismatch",
+        /// A name, file or line table refused (too large, wrong kind, malformed).
+        Refused => "refused",
     }
 }
 

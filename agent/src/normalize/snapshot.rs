@@ -41,6 +41,8 @@ pub struct Snapshot {
     pub root: Option<File>,
     /// `(device, inode)` of its executable, when asked for ([`ReadOptions::exe`]).
     pub exe: Option<(u64, u64)>,
+    /// Its CPython interpreter, when the unwind loader attached to it.
+    pub python: Option<std::sync::Arc<crate::normalize::python::attach::PyProcess>>,
 }
 
 /// One executable mapping and, for a file, what came of opening it.
@@ -148,6 +150,7 @@ pub fn read(
         } else {
             None
         },
+        python: None,
     })
 }
 

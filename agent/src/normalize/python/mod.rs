@@ -35,3 +35,6 @@ impl PyFrame {
         }
     }
 }
+
+pub mod attach;
+pub mod memory;

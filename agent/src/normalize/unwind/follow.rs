@@ -76,7 +76,11 @@ impl<M: UnwindIo> Loader<M> {
         while !self.halted() {
             // Asleep until work comes or a sweep is due; never while asks wait.
             let wait = if q.asked.is_empty() {
-                every.saturating_sub(last_sweep.elapsed())
+                let sweep = every.saturating_sub(last_sweep.elapsed());
+                let retry = self.python.as_ref().and_then(|p| p.next_retry());
+                retry.map_or(sweep, |at| {
+                    sweep.min(at.saturating_duration_since(Instant::now()))
+                })
             } else {
                 Duration::ZERO
             };
@@ -121,6 +125,7 @@ impl<M: UnwindIo> Loader<M> {
                 };
                 self.load(pid);
             }
+            self.retry_python();
             if lost(&tasks) || last_sweep.elapsed() >= every {
                 last_sweep = Instant::now();
                 self.sweep();
@@ -165,6 +170,7 @@ impl<M: UnwindIo> Loader<M> {
             TaskEvent::Exit { pid, .. } => {
                 q.dirty.remove(&pid);
                 self.forget(pid);
+                self.drop_python(pid);
                 if self.io.exec_hook() {
                     // The exec hook may have made an entry this loader never read.
                     self.io.delete_proc(pid);
@@ -273,6 +279,7 @@ impl<M: UnwindIo> Loader<M> {
         for pid in self.procs.gone(&root) {
             self.procs.take(pid);
             self.io.delete_proc(pid);
+            self.drop_python(pid);
         }
         if self.io.exec_hook() {
             // Entries the exec hook made for processes that ended before this loader read

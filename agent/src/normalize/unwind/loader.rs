@@ -43,6 +43,7 @@ use super::compile::{compile_with, Limits, UnwindTable, DEFAULT_LIMITS};
 use super::elf::{Bytes, CodeReader};
 use super::error::UnwindError;
 use super::files::{identify, kernel_dev, Files, KernelFile, Published};
+use super::interp::Interp;
 use super::procs::{proc_value, Proc, Procs, Range};
 use super::slots::Slots;
 use super::sparse::{Sparse, SparseError};
@@ -63,6 +64,8 @@ pub struct Settings {
     pub max_bytes: u64,
     /// Where compiled tables are kept; `None`: nowhere.
     pub cache_dir: Option<PathBuf>,
+    /// `interpreters.python.enabled`: Python processes get their `py_procs` entries.
+    pub python: bool,
 }
 
 /// The loader's state; see the module documentation. `M` writes the sampler's maps.
@@ -80,6 +83,8 @@ pub struct Loader<M: UnwindIo = MapIo> {
     /// Where what was read of each process goes, for the symbolizer (the process may be
     /// gone before its samples are handled).
     snapshots: Option<SyncSender<Snapshot>>,
+    /// Python processes and their `py_procs` entries (`None`: Python frames are off).
+    pub(super) python: Option<Interp>,
     /// Set when the agent stops: `run` returns between two pieces of work.
     pub(super) halt: Arc<AtomicBool>,
 }
@@ -107,6 +112,7 @@ impl<M: UnwindIo> Loader<M> {
                     None
                 }
             });
+        let python = settings.python.then(|| Interp::new(metrics.clone()));
         Self {
             io,
             limits: DEFAULT_LIMITS,
@@ -119,6 +125,7 @@ impl<M: UnwindIo> Loader<M> {
             proc_root: PathBuf::from("/proc"),
             vdso: None,
             snapshots: None,
+            python,
             halt: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -149,7 +156,7 @@ impl<M: UnwindIo> Loader<M> {
             unless_started_at: self.procs.known_empty(pid),
         };
         let dir = self.proc_root.join(pid.to_string());
-        let snap = match snapshot::read(&self.proc_root, pid, opts, &self.metrics, |_| true) {
+        let mut snap = match snapshot::read(&self.proc_root, pid, opts, &self.metrics, |_| true) {
             Ok(s) if s.maps_read => s,
             Ok(_) | Err(ReadError::Known) => return,
             Err(ReadError::Stat) => {
@@ -162,6 +169,7 @@ impl<M: UnwindIo> Loader<M> {
         };
         let start_time = snap.start_time;
         let (ranges, files) = self.ranges_of(&snap);
+        snap.python = self.attach_python(&snap);
         if let Some(tx) = &self.snapshots {
             if tx.try_send(snap).is_err() {
                 self.metrics.dropped(Cache::ProcessSnapshots, 1);

@@ -29,6 +29,7 @@ fn fake_loader(max_bytes: u64) -> Loader<FakeMaps> {
     let settings = Settings {
         max_bytes,
         cache_dir: None,
+        python: false,
     };
     Loader::with_io(FakeMaps::default(), settings, Metrics::new())
 }
@@ -422,6 +423,7 @@ fn test_maps() -> UnwindMaps {
     outer.inner_map_fd = inner.as_fd().as_raw_fd() as u32;
     let no_prealloc = libbpf_sys::BPF_F_NO_PREALLOC;
     UnwindMaps {
+        py_procs: create(MapType::Hash, "t_py", 4, 72, 16, opts(no_prealloc)),
         tables: create(MapType::ArrayOfMaps, "t_tables", 4, 4, SLOTS, outer),
         procs: create(
             MapType::Hash,
@@ -517,6 +519,7 @@ fn an_inode_reused_by_another_file_gets_its_own_table() {
         Settings {
             max_bytes: 32 << 20,
             cache_dir: None,
+        python: false,
         },
         metrics.clone(),
     )

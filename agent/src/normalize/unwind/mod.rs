@@ -18,6 +18,7 @@ mod abi;
 mod budget;
 mod files;
 mod follow;
+mod interp;
 mod loader;
 mod procs;
 mod slots;
