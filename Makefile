@@ -34,6 +34,9 @@ PPROFCHECK := $(TARGET_DIR)/pprofcheck
 # A real OTLP/gRPC receiver for the OTLP metrics test: the official protos and grpcio.
 OTLP_VENV := $(TARGET_DIR)/otlp-venv
 OTLP_PIP_PINS := grpcio==1.85.1 opentelemetry-proto==1.45.2
+# py-spy, the reference the Python frame tests compare ember with (its wheel carries the binary).
+PYSPY_VENV := $(TARGET_DIR)/pyspy-venv
+PYSPY_PIP_PINS := py-spy==0.4.3
 
 # Debian/Ubuntu packages: build (clang, llvm, libelf, zlib, pkg-config, make),
 # the Go pprof tools the tests validate profiles with, and perf + bpftool for
@@ -117,7 +120,7 @@ endef
 
 .PHONY: deps bench-deps rust-deps build run test bench clean \
 	fmt-check modgraph clippy pprofcheck test-only bench-only k8s-apiserver deploy-check \
-	otlp-venv fuzz
+	otlp-venv pyspy-venv fuzz
 
 deps: rust-deps
 	$(call ensure_pkgs,$(DEB_PKGS))
@@ -174,10 +177,16 @@ $(OTLP_VENV)/.installed:
 	$(OTLP_VENV)/bin/pip install -q --disable-pip-version-check $(OTLP_PIP_PINS)
 	touch $@
 
+pyspy-venv: $(PYSPY_VENV)/.installed
+$(PYSPY_VENV)/.installed:
+	$(PYTHON) -m venv $(PYSPY_VENV)
+	$(PYSPY_VENV)/bin/pip install -q --disable-pip-version-check $(PYSPY_PIP_PINS)
+	touch $@
+
 # --no-fail-fast: every suite runs and every failure is reported, not just the first.
 test-only:
 	EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) EMBER_OTLP_PYTHON=$(OTLP_VENV)/bin/python \
-		$(CARGO) test --release --workspace --no-fail-fast
+		EMBER_PYSPY=$(PYSPY_VENV)/bin/py-spy $(CARGO) test --release --workspace --no-fail-fast
 
 # A real kube-apiserver (built once from Debian's source, cached outside the tree) for the
 # pod watcher's end-to-end test; needs root for apt, like the BPF tests.
@@ -198,6 +207,7 @@ test: deps
 	$(MAKE) --no-print-directory k8s-apiserver
 	$(MAKE) --no-print-directory deploy-check
 	$(MAKE) --no-print-directory otlp-venv
+	$(MAKE) --no-print-directory pyspy-venv
 	$(MAKE) --no-print-directory test-only
 
 # cargo-fuzz targets of the parsers of container input in parse/ (perf map, jitdump, unwind

@@ -73,6 +73,9 @@ pub enum DetectError {
     /// An interpreter without a symbol ember needs.
     #[error("{0} is not defined")]
     MissingSymbol(&'static str),
+    /// An interpreter for another machine than x86-64 (ember's only layouts).
+    #[error("not an x86-64 object (e_machine {0})")]
+    NotX86_64(u16),
     /// A symbol whose value cannot be right (a zero-sized eval loop, a version past the file).
     #[error("{0} is malformed")]
     BadSymbol(&'static str),
@@ -88,6 +91,7 @@ impl DetectError {
             DetectError::FreeThreaded(_) => "free_threaded",
             DetectError::DebugBuild => "debug_build",
             DetectError::MissingSymbol(_) => "missing_symbol",
+            DetectError::NotX86_64(_) => "not_x86_64",
             DetectError::BadSymbol(_) => "bad_symbol",
         }
     }
@@ -168,7 +172,7 @@ pub fn detect<R: ReadAt + ?Sized>(
     };
     let info = reader.info();
     if !info.is_64_le || info.machine != elf::EM_X86_64 {
-        return Err(ElfError::Malformed("not an x86-64 object").into());
+        return Err(DetectError::NotX86_64(info.machine));
     }
     if eval.1 <= eval.0 {
         return Err(DetectError::BadSymbol("_PyEval_EvalFrameDefault"));

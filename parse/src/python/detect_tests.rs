@@ -326,6 +326,10 @@ fn built_objects_are_detected_or_refused() {
     for (bytes, name, want) in cases {
         assert_eq!(detect_bytes(bytes, name).as_ref(), Err(want), "{name}");
     }
+    let mut arm = fake("", &[], Some(0x030c01f0), &[]);
+    arm[18..20].copy_from_slice(&elf::EM_AARCH64.to_le_bytes());
+    let got = detect_bytes(&arm, "python3.12");
+    assert_eq!(got, Err(DetectError::NotX86_64(elf::EM_AARCH64)));
     // Without either of the two symbols, not an interpreter at all.
     for skip in ["_PyRuntime", "_PyEval_EvalFrameDefault"] {
         assert_eq!(
