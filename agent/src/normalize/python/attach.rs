@@ -173,7 +173,7 @@ impl Attacher {
 /// The metric reason of a detection error.
 fn refusal(e: &DetectError) -> PyAttach {
     match e {
-        DetectError::Elf(_) => PyAttach::Unreadable,
+        DetectError::Elf(_) | DetectError::NotX86_64(_) => PyAttach::Unreadable,
         DetectError::NoVersion | DetectError::UnknownVersion(_) => PyAttach::UnknownVersion,
         DetectError::FreeThreaded(_) => PyAttach::FreeThreaded,
         DetectError::DebugBuild => PyAttach::DebugBuild,
