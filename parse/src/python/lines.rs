@@ -8,7 +8,7 @@
 //! groups, and a malformed table ends the walk (no line) instead of panicking.
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use super::Version;
 
