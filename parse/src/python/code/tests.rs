@@ -180,7 +180,8 @@ fn wrong_types_and_fingerprints() {
     assert_eq!(err.reason(), "type");
     // A file name that is a bytes object; a table that is a str.
     let mut m = honest();
-    m.regions.insert(FILE, bytes_obj(TYPES.bytes, 10, b"abcdefghij"));
+    m.regions
+        .insert(FILE, bytes_obj(TYPES.bytes, 10, b"abcdefghij"));
     assert!(matches!(
         read(&mut m, 10),
         Err(CodeError::TypeMismatch {
@@ -300,7 +301,8 @@ fn hostile_pointers_and_sizes() {
         code_size: u16::MAX,
         ..layout()
     };
-    m.regions.get_mut(&CODE).unwrap().resize(8192, 0);
+    // (The regions are 4 KiB apart.)
+    m.regions.get_mut(&CODE).unwrap().resize(MAX_CODE_READ, 0);
     assert!(read_code(&mut m, &big, V312, &TYPES, CODE, 10).is_ok());
     assert_eq!(m.reads[0], (CODE, MAX_CODE_READ));
     let short = Layout {
@@ -311,4 +313,135 @@ fn hostile_pointers_and_sizes() {
         read_code(&mut honest(), &short, V312, &TYPES, CODE, 10),
         Err(CodeError::Layout("code_qualname"))
     );
+}
+
+/// A live process's memory through `/proc/PID/mem` (the child is ours: ptrace access).
+struct ProcMem(std::fs::File);
+
+impl Memory for ProcMem {
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        use std::os::unix::fs::FileExt;
+        self.0
+            .read_exact_at(buf, addr)
+            .map_err(|_| MemError::Unmapped {
+                addr,
+                len: buf.len(),
+            })
+    }
+}
+
+/// Run by the child: prints `_PyRuntime`'s and the type objects' addresses, then for each
+/// code object its address, first line, qualname, file and `co_lines()`, then waits.
+const CHILD: &str = r#"
+import ctypes, sys
+SRC = """
+def outer(x):
+    def inner(y):
+        return [z * 2
+                for z in range(y)]
+    return inner(x) + [
+        x]
+class K:
+    def méthode(self):
+        try:
+            return 1 / 0
+        except ZeroDivisionError:
+            return 2
+"""
+g = {}
+exec(compile(SRC, sys.argv[1], "exec"), g)
+outer, K = g["outer"], g["K"]
+codes = [outer.__code__, outer.__code__.co_consts[1], K.méthode.__code__, sys._getframe().f_code]
+rt = ctypes.addressof(ctypes.c_char.in_dll(ctypes.pythonapi, "_PyRuntime"))
+print(rt, id(type(outer.__code__)), id(str), id(bytes))
+for c in codes:
+    runs = " ".join("%d-%d:%s" % (s, e, "-" if l is None else l) for s, e, l in c.co_lines())
+    print("%d %d %s %s|%s" % (id(c), c.co_firstlineno, c.co_qualname, c.co_filename, runs))
+sys.stdout.flush()
+sys.stdin.read()
+"#;
+
+#[test]
+fn live_313_code_objects() {
+    use crate::python::debug_offsets;
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let python = "/root/.pyenv/versions/3.13.0/bin/python3";
+    if !std::path::Path::new(python).exists() {
+        eprintln!("SKIP {python}: not installed");
+        return;
+    }
+    let mut child = Command::new(python)
+        .args(["-c", CHILD, "/tmp/fichier-\u{e9}t\u{e9}-\u{1F600}.py"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let head: Vec<u64> = out
+        .next()
+        .unwrap()
+        .unwrap()
+        .split(' ')
+        .map(|w| w.parse().unwrap())
+        .collect();
+    let Ok(file) = std::fs::File::open(format!("/proc/{}/mem", child.id())) else {
+        eprintln!("SKIP live 3.13: /proc/PID/mem not readable");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        return;
+    };
+    let mut mem = ProcMem(file);
+    let mut table = vec![0; debug_offsets::READ_LEN];
+    mem.read(head[0], &mut table).unwrap();
+    let parsed = debug_offsets::parse(&table).unwrap();
+    let types = Types {
+        code: head[1],
+        unicode: head[2],
+        bytes: head[3],
+    };
+    let mut units = 0;
+    for _ in 0..4 {
+        let line = out.next().unwrap().unwrap();
+        let (obj, runs) = line.split_once('|').unwrap();
+        let mut f = obj.splitn(4, ' ');
+        let addr: u64 = f.next().unwrap().parse().unwrap();
+        let first: u32 = f.next().unwrap().parse().unwrap();
+        let (qualname, filename) = (f.next().unwrap(), f.next().unwrap());
+        let code = read_code(
+            &mut mem,
+            &parsed.layout,
+            parsed.version,
+            &types,
+            addr,
+            first,
+        )
+        .unwrap();
+        assert_eq!(
+            (code.qualname.as_str(), code.filename.as_str()),
+            (qualname, filename)
+        );
+        assert_eq!(code.first_line, first);
+        for run in runs.split_whitespace() {
+            let (range, want) = run.split_once(':').unwrap();
+            let (a, b) = range.split_once('-').unwrap();
+            let want = (want != "-").then(|| want.parse::<u32>().unwrap());
+            for u in a.parse::<u32>().unwrap() / 2..b.parse::<u32>().unwrap() / 2 {
+                assert_eq!(code.line(u), want, "{qualname} unit {u}");
+                units += 1;
+            }
+        }
+        let wrong = read_code(
+            &mut mem,
+            &parsed.layout,
+            parsed.version,
+            &types,
+            addr,
+            first + 1,
+        );
+        assert_eq!(wrong.unwrap_err().reason(), "fingerprint");
+    }
+    drop(child.stdin.take());
+    child.wait().unwrap();
+    eprintln!("3.13.0: 4 code objects, {units} code units, read from a live process");
 }
