@@ -73,6 +73,11 @@ pub struct Layout {
     pub bytes_size: u16,
     /// `PyBytesObject`: `ob_sval`.
     pub bytes_data: u16,
+    /// `PyObject`: `ob_type` (8 in GIL builds, 24 in free-threaded ones).
+    pub object_type: u16,
+    /// Whether `frame_code` holds a tagged `_PyStackRef` (3.14+): clear its low bits
+    /// ([`super::debug_offsets::STACKREF_TAG_MASK`]) before using it as an address.
+    pub frame_code_tagged: bool,
 }
 
 /// The layout of a GIL build of `version` from ember's table (3.8–3.13), or `None` for a
