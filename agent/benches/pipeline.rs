@@ -25,7 +25,7 @@ fn aggregator() -> Aggregator {
         limits: limits(),
         jit: Jit::default(),
         offcpu: false,
-        keep_eval_frames: false,
+        python: Default::default(),
         queue_bytes: None,
         metrics: Metrics::new(),
         workloads: Workloads::default(),

@@ -575,7 +575,7 @@ impl Pipeline {
             limits: cfg.limits.clone(),
             jit: cfg.jit.clone(),
             offcpu: cfg.offcpu.enabled,
-            keep_eval_frames: cfg.interpreters.python.keep_eval_frames,
+            python: cfg.interpreters.python.clone(),
             queue_bytes: Some(queue_bytes.clone()),
             metrics: metrics.clone(),
             workloads: Workloads {

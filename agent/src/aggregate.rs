@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::capture::{Batch, Control, QueueBytes, CGROUP_DENY_ENTRIES};
-use crate::config::{Jit, Limits};
+use crate::config::{Jit, Limits, Python};
 use crate::metrics::{Cache, Loss, Metrics};
 use crate::model::{self, Labels, OffCpu, OffState, ProfileKind, PyFrameRef, Sample, StackEnd};
 use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
@@ -128,9 +128,8 @@ pub struct Parts {
     pub jit: Jit,
     /// `offcpu.enabled`: an off-CPU window is made beside each CPU window.
     pub offcpu: bool,
-    /// `interpreters.python.keep_eval_frames`: keep the eval loop's own frames beside the
-    /// interpreter frames that stand for them.
-    pub keep_eval_frames: bool,
+    /// `interpreters.python`: eval loop frames kept or not, the names' cache.
+    pub python: Python,
     /// The sample queue's byte budget, given back as batches arrive (see [`QueueBytes`]).
     pub queue_bytes: Option<QueueBytes>,
     /// Where it counts.
@@ -148,13 +147,14 @@ impl Aggregator {
             limits,
             jit,
             offcpu,
-            keep_eval_frames,
+            python,
             queue_bytes,
             metrics,
             workloads,
         } = parts;
         let mut table = ProcessTable::new(&limits, metrics.clone());
         table.set_jit(jit);
+        table.set_python_cache(python.cache_bytes);
         Self {
             table,
             counts: HashMap::default(),
@@ -163,7 +163,7 @@ impl Aggregator {
             max_stack_bytes: limits.max_stack_bytes_per_window,
             queue_bytes,
             offcpu,
-            keep_eval_frames,
+            keep_eval_frames: python.keep_eval_frames,
             period_ns: 1_000_000_000 / frequency_hz.max(1),
             start: SystemTime::now(),
             started: Instant::now(),
@@ -581,7 +581,7 @@ mod tests {
             limits,
             jit: Jit::default(),
             offcpu: false,
-            keep_eval_frames: false,
+            python: Python::default(),
             queue_bytes: None,
             metrics: Metrics::new(),
             workloads,

@@ -6,6 +6,7 @@
 //! objects are shared by `(device, inode)` across processes. Addresses are turned
 //! into `(object, file offset)` here, while the mapping is known ("normalized").
 
+use crate::normalize::python::names::PyNames;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -78,6 +79,8 @@ pub struct ProcessTable {
     metrics: Metrics,
     /// JIT symbol tables of the processes above, freed with them.
     jit: crate::normalize::jit::JitTables,
+    /// Names of Python frames, per attached process.
+    py_names: PyNames,
     /// Snapshots of processes not sampled yet, by pid with the window they came in: taken
     /// when the process is first sampled, dropped a window later (most are never sampled).
     pending: HashMap<u32, (Snapshot, u64)>,
@@ -109,6 +112,10 @@ impl ProcessTable {
             window: 1,
             jit: crate::normalize::jit::JitTables::new(
                 crate::config::Jit::default(),
+                metrics.clone(),
+            ),
+            py_names: PyNames::new(
+                crate::config::Python::default().cache_bytes,
                 metrics.clone(),
             ),
             metrics,
@@ -268,6 +275,11 @@ impl ProcessTable {
     }
 
     fn take(&mut self, snap: Snapshot) {
+        let has_python = snap.python.is_some();
+        if let Some(py) = &snap.python {
+            // Also from a read that found nothing else new (an interpreter attached late).
+            self.py_names.attach(snap.pid, snap.start_time, py.clone());
+        }
         let known = self
             .procs
             .get(&snap.pid)
@@ -292,6 +304,9 @@ impl ProcessTable {
             // Another process on this pid (or the same one after exec): nothing of the old
             // one's JIT symbols applies.
             self.jit.forget(pid);
+            if !has_python {
+                self.py_names.forget(pid);
+            }
         }
         self.jit.seen(pid, &proc.jit, window);
         self.put(pid, proc);
@@ -341,8 +356,12 @@ impl ProcessTable {
     /// Names the interpreter frame `f` of process `pid` (unnamed when its process or code
     /// object cannot be read).
     pub fn python(&mut self, pid: u32, f: &crate::model::PyFrameRef) -> UserAddr {
-        let _ = pid;
-        UserAddr::Python(Arc::new(crate::normalize::python::PyFrame::unnamed(f.code)))
+        UserAddr::Python(Arc::new(self.py_names.frame(pid, f)))
+    }
+
+    /// Sets how many bytes of Python names are kept (`interpreters.python.cache_bytes`).
+    pub fn set_python_cache(&mut self, bytes: u64) {
+        self.py_names = PyNames::new(bytes, self.metrics.clone());
     }
 
     /// Normalizes a user address of `pid`; rereads the mappings once per window on a miss,
@@ -418,6 +437,7 @@ impl ProcessTable {
         });
         for pid in &evicted {
             self.jit.forget(*pid);
+            self.py_names.forget(*pid);
         }
         self.pending.retain(|_, (_, w)| *w == window);
         if !evicted.is_empty() {

@@ -420,6 +420,8 @@ fn layout(
         tstate_frame: t.offset("thread_state", "current_frame")?,
         cframe_current: None,
         tstate_native_id: Some(t.offset("thread_state", "native_thread_id")?),
+        tstate_thread_id: t.offset("thread_state", "thread_id")?,
+        runtime_tstate_current: None,
         frame_code,
         frame_previous,
         frame_instr,

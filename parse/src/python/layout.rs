@@ -133,6 +133,8 @@ const V3_8: Layout = Layout {
     unicode_compact_data: 72,
     bytes_size: 16,
     bytes_data: 32,
+    object_type: 8,
+    frame_code_tagged: false,
 };
 
 /// 3.9: as 3.8 but `_PyRuntime` shrank (`gilstate` moved up).

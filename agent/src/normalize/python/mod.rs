@@ -38,3 +38,4 @@ impl PyFrame {
 
 pub mod attach;
 pub mod memory;
+pub mod names;
