@@ -1,7 +1,7 @@
 # ember: build, run, test and benchmark.
 #
 #   make run    ARGS="..."   install what is missing, build, run the agent (root)
-#   make test                fmt, module graph, clippy, then unit and end-to-end tests (root for BPF)
+#   make test                fmt, module graph and code shape, clippy, then unit and end-to-end tests (root for BPF)
 #   make bench               criterion benches, then the overhead harness (root)
 #   make deps | build | clean
 #
@@ -157,10 +157,12 @@ $(PPROFCHECK): tests/pprofcheck/main.go
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
-# The module graphs of agent/src and parse/src: no import circles, no import against the data flow.
+# The module graphs of agent/src and parse/src: no import circles, no import against the data flow;
+# and the shape of production code: no file over 800 lines, no function over 120, no Result<_, String>.
 modgraph:
 	$(PYTHON) tests/modgraph.py --self-test
 	$(PYTHON) tests/modgraph.py
+	$(PYTHON) tests/sizes.py --self-test && $(PYTHON) tests/sizes.py
 
 clippy:
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings

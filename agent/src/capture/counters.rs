@@ -1,0 +1,151 @@
+//! The BPF programs' per-CPU counters mirrored into the metrics ([`CounterSync`]), by
+//! difference since the last read.
+
+use libbpf_rs::{MapCore, MapFlags};
+
+use super::sampler::Sampler;
+use super::skel::types::{ember_counter, ember_offcpu_counter};
+use crate::metrics::{Cache, Loss, Metrics, OffCpuEvent, RowLookup, StackSide};
+
+/// Where the increase of one BPF counter is counted.
+#[derive(Clone, Copy)]
+enum Counted {
+    /// Whole samples lost: `ember_samples_lost_total{reason}`.
+    Lost(Loss),
+    /// A stack not walked, the sample kept: `ember_stack_errors_total{side}`.
+    StackError(StackSide),
+    /// Samples a filter excluded in BPF: `ember_samples_filtered_total`.
+    Filtered,
+    /// Entries a map had no room for: `ember_cache_dropped_total{cache}`.
+    Dropped(Cache),
+    /// Frames walked by a table: `ember_unwind_row_lookups_total{result}`.
+    Row(RowLookup),
+}
+
+/// Mirrors the BPF per-CPU counters into the metrics, by difference since the last read.
+#[derive(Default)]
+pub(super) struct CounterSync {
+    last: [u64; ember_counter::EMBER_CNT_MAX.0 as usize],
+    offcpu_last: [u64; ember_offcpu_counter::EMBER_OFFCPU_CNT_MAX.0 as usize],
+}
+
+impl CounterSync {
+    pub(super) fn sync(&mut self, sampler: &Sampler<'_>, metrics: &Metrics) {
+        self.sync_offcpu(sampler, metrics);
+        // Each BPF counter and the series its increase goes to.
+        for (idx, into) in [
+            (
+                ember_counter::EMBER_CNT_LOST_RINGBUF,
+                Counted::Lost(Loss::RingbufFull),
+            ),
+            (
+                ember_counter::EMBER_CNT_NO_SCRATCH,
+                Counted::Lost(Loss::NoScratch),
+            ),
+            (
+                ember_counter::EMBER_CNT_KERN_STACK_ERR,
+                Counted::StackError(StackSide::Kernel),
+            ),
+            (
+                ember_counter::EMBER_CNT_USER_STACK_ERR,
+                Counted::StackError(StackSide::User),
+            ),
+            (ember_counter::EMBER_CNT_FILTERED, Counted::Filtered),
+            (
+                ember_counter::EMBER_CNT_TAIL_CALL,
+                Counted::StackError(StackSide::User),
+            ),
+            (
+                ember_counter::EMBER_CNT_EXEC_FAILED,
+                Counted::Dropped(Cache::UnwindProcesses),
+            ),
+            (
+                ember_counter::EMBER_CNT_ROW_CACHED,
+                Counted::Row(RowLookup::Cached),
+            ),
+            (
+                ember_counter::EMBER_CNT_ROW_SEARCHED,
+                Counted::Row(RowLookup::Searched),
+            ),
+            (
+                ember_counter::EMBER_CNT_ROW_EVICTED,
+                Counted::Dropped(Cache::UnwindRowCache),
+            ),
+        ] {
+            let i = idx.0 as usize;
+            let Some(now) = read_counter(sampler, idx.0) else {
+                continue;
+            };
+            let delta = now.saturating_sub(self.last[i]);
+            self.last[i] = now;
+            if delta == 0 {
+                continue;
+            }
+            match into {
+                Counted::Lost(reason) => metrics.lost(reason, delta),
+                Counted::StackError(side) => metrics.stack_error(side, delta),
+                Counted::Filtered => {
+                    metrics.samples_filtered.inc_by(delta);
+                }
+                Counted::Dropped(cache) => metrics.dropped(cache, delta),
+                Counted::Row(result) => metrics.row_lookups(result, delta),
+            }
+        }
+    }
+}
+
+impl CounterSync {
+    /// The off-CPU counters and the number of threads held, when the programs are attached.
+    fn sync_offcpu(&mut self, sampler: &Sampler<'_>, metrics: &Metrics) {
+        if sampler.offcpu_links.is_empty() {
+            return;
+        }
+        type C = ember_offcpu_counter;
+        for (idx, event) in [
+            (C::EMBER_OFFCPU_CNT_SWITCHES, OffCpuEvent::Switch),
+            (C::EMBER_OFFCPU_CNT_TAKEN, OffCpuEvent::Taken),
+            (C::EMBER_OFFCPU_CNT_MAP_FULL, OffCpuEvent::MapFull),
+            (C::EMBER_OFFCPU_CNT_SHORT, OffCpuEvent::Short),
+            (C::EMBER_OFFCPU_CNT_SENT, OffCpuEvent::Sent),
+            (C::EMBER_OFFCPU_CNT_LOST_RINGBUF, OffCpuEvent::RingbufFull),
+            (C::EMBER_OFFCPU_CNT_NO_SCRATCH, OffCpuEvent::NoScratch),
+            (C::EMBER_OFFCPU_CNT_FILTERED, OffCpuEvent::Filtered),
+        ] {
+            let i = idx.0 as usize;
+            let Some(now) = read_percpu(&sampler.skel.maps.offcpu_counters, idx.0) else {
+                continue;
+            };
+            // Every series exists from the start (at zero), so alerts have one to read.
+            metrics.offcpu(event, now.saturating_sub(self.offcpu_last[i]));
+            self.offcpu_last[i] = now;
+        }
+        if let Some(bss) = sampler.skel.maps.bss_data.as_deref() {
+            // SAFETY: the mmapped .bss is written by BPF atomics; a volatile read sees a whole u64.
+            let live = unsafe { std::ptr::read_volatile(&bss.ember_offcpu_live) };
+            metrics
+                .offcpu_threads
+                .set(i64::try_from(live).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+fn read_counter(sampler: &Sampler<'_>, idx: u32) -> Option<u64> {
+    read_percpu(&sampler.skel.maps.counters, idx)
+}
+
+/// The sum over CPUs of slot `idx` of a per-CPU array of u64 counters.
+fn read_percpu(map: &impl MapCore, idx: u32) -> Option<u64> {
+    let per_cpu = map
+        .lookup_percpu(&idx.to_ne_bytes(), MapFlags::ANY)
+        .ok()??;
+    Some(
+        per_cpu
+            .iter()
+            .filter_map(|v| {
+                v.get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_ne_bytes)
+            })
+            .sum(),
+    )
+}

@@ -1,0 +1,292 @@
+//! The ring buffer's records as samples: the sampler's (`struct ember_record`, then its
+//! ips) and the off-CPU programs' (`struct ember_offcpu_head` before one), with the
+//! `EMBER_REC_*` flags by which a record asks the unwind loader for its process.
+
+use super::skel::types::{
+    ember_offcpu_head, ember_offcpu_state, ember_record, ember_unwind_result,
+};
+use crate::model::{OffCpu, OffState, Sample, StackEnd};
+
+/// Frames per stack side, as `EMBER_MAX_FRAMES` in `bpf/ember.h` (below 128: one bit
+/// each in [`Sample::user_exact`]).
+pub const MAX_FRAMES: usize = 127;
+/// `EMBER_IP_EXACT`: the walker's mark on a user frame to be named at its own address.
+const IP_EXACT: u64 = 1 << 63;
+const HEADER: usize = std::mem::size_of::<ember_record>();
+// The header is the contract: the ips must start 8-byte aligned right after it.
+const _: () = assert!(HEADER % 8 == 0);
+const OFFCPU_HEAD: usize = std::mem::size_of::<ember_offcpu_head>();
+const _: () = assert!(OFFCPU_HEAD % 8 == 0);
+
+/// Record flags (`EMBER_REC_*` in `bpf/ember.h`).
+pub(super) const REC_UNKNOWN_PROCESS: u8 = 1;
+pub(super) const REC_RANGE_MISS: u8 = 2;
+
+/// Turns one ring buffer record into a sample and its `EMBER_REC_*` flags; `None` if it is
+/// shorter than it claims.
+pub fn parse_record(data: &[u8]) -> Option<(Sample, u8)> {
+    if data.len() < HEADER {
+        return None;
+    }
+    // SAFETY: the slice holds at least HEADER bytes; ember_record is plain old data.
+    let hdr: ember_record = unsafe { std::ptr::read_unaligned(data.as_ptr().cast()) };
+    let (k, u) = (usize::from(hdr.kern_frames), usize::from(hdr.user_frames));
+    if k > MAX_FRAMES || u > MAX_FRAMES || data.len() < HEADER + 8 * (k + u) {
+        return None;
+    }
+    let mut ips = data[HEADER..HEADER + 8 * (k + u)]
+        .chunks_exact(8)
+        .map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
+    let kernel: Vec<u64> = ips.by_ref().take(k).collect();
+    let walked = hdr.user_result != ember_unwind_result::EMBER_UNWIND_FRAME_POINTER.0 as u8;
+    let mut user_exact = 0u128;
+    let user: Vec<u64> = ips
+        .enumerate()
+        .map(|(i, ip)| {
+            // Only the table walker sets the bit; the kernel's frame-pointer walk copies
+            // whatever the stack holds.
+            if walked && ip & IP_EXACT != 0 {
+                user_exact |= 1 << i;
+                ip & !IP_EXACT
+            } else {
+                ip
+            }
+        })
+        .collect();
+    let user_end = stack_end(hdr.user_result, user.is_empty());
+    let sample = Sample {
+        time_ns: hdr.time_ns,
+        cgroup_id: hdr.cgroup_id,
+        pid: hdr.pid,
+        tid: hdr.tid,
+        cpu: hdr.cpu,
+        comm: hdr.comm.map(|c| c as u8),
+        kernel,
+        user,
+        user_exact,
+        user_end,
+        off_cpu: None,
+    };
+    Some((sample, hdr.user_flags))
+}
+
+/// `offcpu.sample_rate` as the BPF program's threshold on a random u32 (2^32: every one).
+pub(super) fn sample_threshold(rate: f64) -> u64 {
+    if rate >= 1.0 {
+        1 << 32
+    } else {
+        (rate.max(0.0) * (1u64 << 32) as f64) as u64
+    }
+}
+
+/// Turns one off-CPU record into its samples (the time in its state, then the time
+/// runnable after a wakeup, if any; times scaled by `scale` = 1 / sample rate) and its
+/// `EMBER_REC_*` flags; `None` if it is malformed.
+pub fn parse_offcpu_record(data: &[u8], scale: f64) -> Option<(Vec<Sample>, u8)> {
+    if data.len() < OFFCPU_HEAD {
+        return None;
+    }
+    // SAFETY: the slice holds at least OFFCPU_HEAD bytes; ember_offcpu_head is plain old data.
+    let head: ember_offcpu_head = unsafe { std::ptr::read_unaligned(data.as_ptr().cast()) };
+    let (sample, flags) = parse_record(&data[OFFCPU_HEAD..])?;
+    type S = ember_offcpu_state;
+    let state = match ember_offcpu_state(head.state) {
+        S::EMBER_OFFCPU_SLEEP => OffState::Sleep,
+        S::EMBER_OFFCPU_DISK => OffState::Disk,
+        S::EMBER_OFFCPU_RUNNABLE => OffState::Runnable,
+        _ => return None,
+    };
+    let scaled = |ns: u64| (ns as f64 * scale).round() as u64;
+    let mut out = Vec::with_capacity(2);
+    if head.runnable_ns > 0 && state != OffState::Runnable {
+        let mut woken = sample.clone();
+        woken.off_cpu = Some(OffCpu {
+            state: OffState::Runnable,
+            ns: scaled(head.runnable_ns),
+        });
+        out.push(woken);
+    }
+    out.insert(
+        0,
+        Sample {
+            off_cpu: Some(OffCpu {
+                state,
+                ns: scaled(head.off_ns),
+            }),
+            ..sample
+        },
+    );
+    Some((out, flags))
+}
+
+/// The metric label of a record's `enum ember_unwind_result`.
+fn stack_end(result: u8, empty: bool) -> StackEnd {
+    type R = ember_unwind_result;
+    match ember_unwind_result(u32::from(result)) {
+        R::EMBER_UNWIND_FRAME_POINTER if empty => StackEnd::NoUserStack,
+        R::EMBER_UNWIND_FRAME_POINTER => StackEnd::FramePointer,
+        R::EMBER_UNWIND_COMPLETE => StackEnd::Complete,
+        R::EMBER_UNWIND_TRUNCATED => StackEnd::Truncated,
+        R::EMBER_UNWIND_FP_END => StackEnd::FramePointerEnd,
+        R::EMBER_UNWIND_ERR_UNSUPPORTED => StackEnd::Unsupported,
+        R::EMBER_UNWIND_ERR_READ => StackEnd::ReadFault,
+        R::EMBER_UNWIND_ERR_BAD_FRAME => StackEnd::BadFrame,
+        R::EMBER_UNWIND_ERR_RBP_UNKNOWN => StackEnd::RbpUnknown,
+        R::EMBER_UNWIND_ERR_NO_TABLE => StackEnd::NoTable,
+        _ => StackEnd::TableMissing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(kernel: &[u64], user: &[u64]) -> Vec<u8> {
+        record_ended(
+            ember_unwind_result::EMBER_UNWIND_FRAME_POINTER,
+            kernel,
+            user,
+        )
+    }
+
+    fn record_ended(result: ember_unwind_result, kernel: &[u64], user: &[u64]) -> Vec<u8> {
+        let mut hdr = ember_record {
+            user_result: result.0 as u8,
+            time_ns: 7,
+            cgroup_id: 9,
+            pid: 100,
+            tid: 101,
+            cpu: 1,
+            kern_frames: kernel.len() as u16,
+            user_frames: user.len() as u16,
+            ..Default::default()
+        };
+        hdr.comm[..4].copy_from_slice(&[b'h' as i8, b'o' as i8, b'g' as i8, 0]);
+        // SAFETY: test-only view of a repr(C) POD struct as bytes.
+        let mut out = unsafe {
+            std::slice::from_raw_parts((&hdr as *const ember_record).cast::<u8>(), HEADER)
+        }
+        .to_vec();
+        for ip in kernel.iter().chain(user) {
+            out.extend_from_slice(&ip.to_ne_bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn parses_both_sides() {
+        let (s, flags) = parse_record(&record(
+            &[0xffff_0001, 0xffff_0002],
+            &[0x401000, 0x402000, 0x403000],
+        ))
+        .expect("valid");
+        assert_eq!(flags, 0);
+        assert_eq!(s.user_end, StackEnd::FramePointer);
+        assert_eq!(s.kernel, [0xffff_0001, 0xffff_0002]);
+        assert_eq!(s.user, [0x401000, 0x402000, 0x403000]);
+        assert_eq!(
+            (s.pid, s.tid, s.cpu, s.cgroup_id, s.time_ns),
+            (100, 101, 1, 9, 7)
+        );
+        assert_eq!(&s.comm[..3], b"hog");
+    }
+
+    #[test]
+    fn the_walkers_exact_frames_are_marked_and_their_bit_cleared() {
+        const EXACT: u64 = 1 << 63;
+        // A handler's stack: leaf, the trampoline, the interrupted frame, its caller.
+        let user = [
+            0x401005 | EXACT,
+            0x7f12_3403_c050 | EXACT,
+            0x402000 | EXACT,
+            0x403000,
+        ];
+        let (s, _) = parse_record(&record_ended(
+            ember_unwind_result::EMBER_UNWIND_COMPLETE,
+            &[],
+            &user,
+        ))
+        .expect("valid");
+        assert_eq!(s.user, [0x401005, 0x7f12_3403_c050, 0x402000, 0x403000]);
+        assert_eq!(s.user_exact, 0b0111);
+        // The kernel's frame-pointer walk copies the stack's words: nothing is read into them.
+        let (s, _) = parse_record(&record(&[], &user)).expect("valid");
+        assert_eq!(s.user, user);
+        assert_eq!(s.user_exact, 0);
+    }
+
+    #[test]
+    fn rejects_short_or_lying_records() {
+        let mut r = record(&[1, 2], &[3]);
+        r.truncate(r.len() - 1);
+        assert_eq!(parse_record(&r), None);
+        assert_eq!(parse_record(&[0u8; 10]), None);
+        let mut r = record(&[], &[]);
+        r[28] = 200; // kern_frames > MAX_FRAMES
+        assert_eq!(parse_record(&r), None);
+    }
+
+    fn offcpu_record(state: u32, off_ns: u64, runnable_ns: u64) -> Vec<u8> {
+        let head = ember_offcpu_head {
+            off_ns,
+            runnable_ns,
+            state,
+            pad: 0,
+        };
+        // SAFETY: test-only view of a repr(C) POD struct as bytes.
+        let mut out = unsafe {
+            std::slice::from_raw_parts(
+                (&head as *const ember_offcpu_head).cast::<u8>(),
+                OFFCPU_HEAD,
+            )
+        }
+        .to_vec();
+        out.extend(record(&[0xffff_0001], &[0x401000]));
+        out
+    }
+
+    #[test]
+    fn offcpu_records_split_at_the_wakeup_and_scale() {
+        let (samples, _) = parse_offcpu_record(&offcpu_record(0, 700, 300), 1.0).expect("valid");
+        let got: Vec<_> = samples.iter().map(|s| s.off_cpu).collect();
+        assert_eq!(
+            got,
+            [
+                Some(OffCpu {
+                    state: OffState::Sleep,
+                    ns: 700
+                }),
+                Some(OffCpu {
+                    state: OffState::Runnable,
+                    ns: 300
+                }),
+            ]
+        );
+        assert_eq!(samples[1].user, [0x401000], "both halves keep the stack");
+        let (samples, _) = parse_offcpu_record(&offcpu_record(1, 1000, 0), 2.0).expect("valid");
+        assert_eq!(
+            samples.iter().map(|s| s.off_cpu).collect::<Vec<_>>(),
+            [Some(OffCpu {
+                state: OffState::Disk,
+                ns: 2000
+            })],
+            "no wakeup part; scaled by 1 / sample rate"
+        );
+        assert!(
+            parse_offcpu_record(&offcpu_record(9, 1, 0), 1.0).is_none(),
+            "unknown state"
+        );
+        let mut short = offcpu_record(2, 5, 0);
+        short.truncate(OFFCPU_HEAD + 8);
+        assert!(parse_offcpu_record(&short, 1.0).is_none());
+        assert_eq!(sample_threshold(1.0), 1 << 32);
+        assert_eq!(sample_threshold(0.5), 1 << 31);
+    }
+
+    #[test]
+    fn header_matches_c_layout() {
+        // time_ns, cgroup_id, pid, tid, cpu, kern_frames, user_frames, comm[16],
+        // user_result, user_flags, pad0, pad1
+        assert_eq!(HEADER, 8 + 8 + 4 + 4 + 4 + 2 + 2 + 16 + 1 + 1 + 2 + 4);
+    }
+}

@@ -1,0 +1,259 @@
+//! The loaded BPF object ([`Sampler`]): its maps sized from the settings, the sampling
+//! program attached to each online CPU's perf event (and the exec and off-CPU hooks), and
+//! the aggregator's deny orders written to its maps.
+
+use std::collections::BTreeMap;
+use std::mem::MaybeUninit;
+
+use libbpf_rs::libbpf_sys;
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
+use tracing::{info, warn};
+
+use super::record::sample_threshold;
+use super::skel::{self, EmberSkelBuilder};
+use super::unwind::UnwindMaps;
+use super::{CaptureError, Control, CGROUP_DENY_ENTRIES};
+use crate::config::{OffCpu as OffCpuSettings, SampleEvent, Sampling, UnwindMode};
+use crate::metrics::Metrics;
+
+/// The loaded BPF object and one perf event link per sampled CPU.
+pub(super) struct Sampler<'obj> {
+    pub(super) skel: skel::EmberSkel<'obj>,
+    pub(super) links: BTreeMap<u32, Link>,
+    /// `ember_exec` on sched_process_exec, when unwinding by tables with kernel BTF.
+    exec: Option<Link>,
+    /// The off-CPU programs on sched_switch and sched_wakeup (`offcpu.enabled`).
+    pub(super) offcpu_links: Vec<Link>,
+    event: SampleEvent,
+}
+
+impl<'obj> Sampler<'obj> {
+    pub(super) fn load(
+        settings: &Sampling,
+        offcpu: &OffCpuSettings,
+        object: &'obj mut MaybeUninit<OpenObject>,
+    ) -> Result<Self, CaptureError> {
+        let mut open = EmberSkelBuilder::default()
+            .open(object)
+            .map_err(CaptureError::Load)?;
+        if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
+            rodata.ember_cfg.filter_pids = u32::from(!settings.pids.is_empty());
+            rodata.ember_cfg.include_idle = u32::from(settings.include_idle);
+            rodata.ember_cfg.wakeup_bytes = u64::from(settings.ring_buffer_bytes / 4);
+            rodata.ember_cfg.unwind_mode = match settings.unwind {
+                UnwindMode::FramePointer => 0,
+                UnwindMode::Auto => 1,
+                UnwindMode::Dwarf => 2,
+            };
+            rodata.ember_cfg.task_regs = u32::from(kernel_btf());
+            rodata.ember_offcpu_cfg.min_block_ns =
+                u64::try_from(offcpu.min_block.as_nanos()).unwrap_or(u64::MAX);
+            rodata.ember_offcpu_cfg.sample_threshold = sample_threshold(offcpu.sample_rate);
+        }
+        // The off-CPU programs are BTF tracepoints too; off, their maps are kept minimal.
+        let offcpu_on = offcpu.enabled && kernel_btf();
+        if offcpu.enabled && !offcpu_on {
+            warn!("off-CPU profiling needs the kernel's BTF (/sys/kernel/btf/vmlinux): off");
+        }
+        open.progs.ember_offcpu_switch.set_autoload(offcpu_on);
+        open.progs.ember_offcpu_wakeup.set_autoload(offcpu_on);
+        open.maps
+            .offcpu_threads
+            .set_max_entries(if offcpu_on { offcpu.max_threads } else { 1 })
+            .map_err(CaptureError::Load)?;
+        open.maps
+            .offcpu_samples
+            .set_max_entries(if offcpu_on {
+                offcpu.ring_buffer_bytes
+            } else {
+                4096
+            })
+            .map_err(CaptureError::Load)?;
+        // The walker's row caches, per CPU: the sampler's, and off-CPU's when it is on.
+        open.maps
+            .row_cache
+            .set_max_entries(if offcpu_on { 2 } else { 1 })
+            .map_err(CaptureError::Load)?;
+        // The exec hook is a BTF tracepoint: without kernel BTF it would fail the whole load.
+        let exec_hook = settings.unwind != UnwindMode::FramePointer && kernel_btf();
+        open.progs.ember_exec.set_autoload(exec_hook);
+        open.maps
+            .samples
+            .set_max_entries(settings.ring_buffer_bytes)
+            .map_err(CaptureError::Load)?;
+        open.maps
+            .unwind_procs
+            .set_max_entries(settings.unwind_max_processes)
+            .map_err(CaptureError::Load)?;
+        open.maps
+            .cgroup_deny
+            .set_max_entries(CGROUP_DENY_ENTRIES)
+            .map_err(CaptureError::Load)?;
+        let skel = open.load().map_err(CaptureError::Load)?;
+        for pid in &settings.pids {
+            skel.maps
+                .pid_filter
+                .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+                .map_err(CaptureError::Load)?;
+        }
+        let exec = if exec_hook {
+            match skel.progs.ember_exec.attach() {
+                Ok(link) => Some(link),
+                Err(e) => {
+                    warn!("exec hook not attached ({e}): new processes are unwound once the agent has read them");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut offcpu_links = Vec::new();
+        if offcpu_on {
+            for prog in [
+                &skel.progs.ember_offcpu_switch,
+                &skel.progs.ember_offcpu_wakeup,
+            ] {
+                offcpu_links.push(prog.attach().map_err(CaptureError::Load)?);
+            }
+        }
+        Ok(Self {
+            skel,
+            links: BTreeMap::new(),
+            exec,
+            offcpu_links,
+            event: settings.event,
+        })
+    }
+
+    /// Handles on the unwind maps for the loader (none when only frame pointers are used).
+    pub(super) fn unwind_maps(
+        &self,
+        settings: &Sampling,
+    ) -> Result<Option<UnwindMaps>, CaptureError> {
+        if settings.unwind == UnwindMode::FramePointer {
+            return Ok(None);
+        }
+        let maps = &self.skel.maps;
+        Ok(Some(UnwindMaps {
+            tables: libbpf_rs::MapHandle::try_from(&maps.unwind_tables)
+                .map_err(CaptureError::Load)?,
+            procs: libbpf_rs::MapHandle::try_from(&maps.unwind_procs)
+                .map_err(CaptureError::Load)?,
+            used: libbpf_rs::MapHandle::try_from(&maps.unwind_used).map_err(CaptureError::Load)?,
+            files: libbpf_rs::MapHandle::try_from(&maps.unwind_files)
+                .map_err(CaptureError::Load)?,
+            row_cache: libbpf_rs::MapHandle::try_from(&maps.row_cache)
+                .map_err(CaptureError::Load)?,
+            exec_hook: self.exec.is_some(),
+        }))
+    }
+
+    /// Applies an order to the deny maps. A failed update (a full map) leaves a workload
+    /// sampled and dropped in userspace (never a loss); the caller counts it.
+    pub(super) fn apply(&self, order: Control) -> Result<(), libbpf_rs::Error> {
+        let maps = &self.skel.maps;
+        match order {
+            Control::DenyPid(pid) => maps
+                .pid_deny
+                .update(&pid.to_ne_bytes(), &[1], MapFlags::ANY),
+            Control::AllowPid(pid) => maps.pid_deny.delete(&pid.to_ne_bytes()),
+            Control::DenyCgroup(id) => {
+                maps.cgroup_deny
+                    .update(&id.to_ne_bytes(), &[1], MapFlags::ANY)
+            }
+            Control::AllowCgroup(id) => maps.cgroup_deny.delete(&id.to_ne_bytes()),
+        }
+    }
+
+    /// Attaches to CPUs that came online and lets go of CPUs that went away.
+    pub(super) fn sync_cpus(
+        &mut self,
+        settings: &Sampling,
+        metrics: &Metrics,
+    ) -> Result<(), CaptureError> {
+        let online = crate::os::procfs::online_cpus().ok_or(CaptureError::Cpus)?;
+        self.links.retain(|cpu, _| online.contains(cpu));
+        let mut last_err = None;
+        for cpu in online {
+            if self.links.contains_key(&cpu) {
+                continue;
+            }
+            match self.attach(cpu, settings.frequency_hz) {
+                Ok(link) => {
+                    self.links.insert(cpu, link);
+                }
+                Err(e) => last_err = Some(format!("cpu {cpu}: {e}")),
+            }
+        }
+        metrics.cpus_sampled.set(self.links.len() as i64);
+        match (self.links.is_empty(), last_err) {
+            (true, Some(e)) => Err(CaptureError::Attach(e)),
+            (false, Some(e)) => {
+                warn!("some CPUs are not sampled: {e}");
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn attach(&mut self, cpu: u32, hz: u64) -> std::io::Result<Link> {
+        let fd = match open_perf_event(cpu, self.event, hz) {
+            Ok(fd) => fd,
+            Err(e) if self.event == SampleEvent::Cycles => {
+                info!(
+                    "hardware cycles are not available here ({e}); sampling on cpu-clock instead"
+                );
+                self.event = SampleEvent::CpuClock;
+                open_perf_event(cpu, self.event, hz)?
+            }
+            Err(e) => return Err(e),
+        };
+        match self.skel.progs.ember_sample.attach_perf_event(fd) {
+            Ok(link) => Ok(link), // the link now owns the perf fd
+            Err(e) => {
+                // SAFETY: fd was returned by perf_event_open above and is owned by nobody else.
+                unsafe { libc::close(fd) };
+                Err(std::io::Error::other(e.to_string()))
+            }
+        }
+    }
+}
+
+fn open_perf_event(cpu: u32, event: SampleEvent, hz: u64) -> std::io::Result<i32> {
+    // SAFETY: perf_event_attr is a plain C struct for which all-zero is a valid value.
+    let mut attr: libbpf_sys::perf_event_attr = unsafe { std::mem::zeroed() };
+    attr.size = std::mem::size_of::<libbpf_sys::perf_event_attr>() as u32;
+    (attr.type_, attr.config) = match event {
+        SampleEvent::CpuClock => (
+            libbpf_sys::PERF_TYPE_SOFTWARE,
+            libbpf_sys::PERF_COUNT_SW_CPU_CLOCK as u64,
+        ),
+        SampleEvent::Cycles => (
+            libbpf_sys::PERF_TYPE_HARDWARE,
+            libbpf_sys::PERF_COUNT_HW_CPU_CYCLES as u64,
+        ),
+    };
+    attr.__bindgen_anon_1.sample_freq = hz;
+    attr.set_freq(1);
+    // SAFETY: attr is initialised and outlives the call; pid -1 + cpu = every task on that CPU.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const libbpf_sys::perf_event_attr,
+            -1,
+            cpu as libc::c_int,
+            -1,
+            libbpf_sys::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd as i32)
+}
+
+/// Kernel BTF, which typed tracepoints, `bpf_task_pt_regs` and CO-RE field reads need.
+fn kernel_btf() -> bool {
+    std::path::Path::new("/sys/kernel/btf/vmlinux").exists()
+}
