@@ -92,7 +92,7 @@ pub enum AgentError {
     },
     /// A sink could not start.
     #[error(transparent)]
-    Sinks(anyhow::Error),
+    Sinks(crate::export::SinkSetupError),
     /// A pod selector of `filters:` is invalid.
     #[error(transparent)]
     Filter(#[from] SelectorError),

@@ -17,6 +17,7 @@
 //!    mod.rs       Sink, Dispatcher, start: wires every sink, shuts them down
 //!    delivery.rs  the bounded queue and the send loop (timeouts, retries, drops)
 //!    secrets.rs   secret files, read again when rotated
+//!    setup.rs     why a sink could not start (SinkSetupError)
 //!    files.rs     the local window files
 //!    <sink>/      one network backend, everything of its own in one folder:
 //!      config.rs    its `sinks.<sink>` keys (parsed by the config room: a leaf)
@@ -31,12 +32,11 @@ pub mod files;
 pub mod otlp;
 pub mod pyroscope;
 pub mod secrets;
+pub mod setup;
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
-
-use anyhow::{Context, Result};
 
 use crate::config;
 use crate::encode::Encoded;
@@ -44,6 +44,7 @@ use crate::metrics::{ExportDrop, Metrics, SinkName, WindowFailure, WindowWriteEr
 use crate::model::Symbolized;
 use delivery::{Queue, Transport};
 use files::WindowDir;
+pub use setup::SinkSetupError;
 
 /// A destination for finished windows. `accept` runs on the output thread and
 /// must not wait on the network.
@@ -58,7 +59,15 @@ pub trait Encode: Send + 'static {
     /// One request, as queued.
     type Item: Send + 'static;
     /// The requests for one window, each with its size in bytes (for the queue cap).
-    fn encode(&mut self, window: &Symbolized) -> Result<Vec<(Self::Item, u64)>>;
+    fn encode(&mut self, window: &Symbolized) -> Result<Vec<(Self::Item, u64)>, EncodeError>;
+}
+
+/// Why a window could not be encoded into a sink's requests (counted as dropped).
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    /// A request body could not be compressed.
+    #[error(transparent)]
+    Gzip(#[from] std::io::Error),
 }
 
 /// The local window files.
@@ -184,7 +193,7 @@ pub fn start(
     files: Option<Arc<WindowDir>>,
     host: &str,
     metrics: &Metrics,
-) -> Result<(Dispatcher, Shutdown)> {
+) -> Result<(Dispatcher, Shutdown), SinkSetupError> {
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
     if let Some(dir) = files {
         sinks.push(Box::new(Files::new(dir, metrics.clone())));
@@ -203,7 +212,7 @@ pub fn start(
         .enable_all()
         .thread_name("ember-sinks")
         .build()
-        .context("starting the sinks' runtime")?;
+        .map_err(SinkSetupError::Runtime)?;
     let mut tasks = Vec::new();
     {
         // Clients that connect lazily (tonic) need the runtime they will run on.
@@ -249,7 +258,7 @@ pub fn start(
                 let _ = tokio::time::timeout(grace, futures::future::join_all(tasks)).await;
             });
         })
-        .context("starting the sinks' thread")?;
+        .map_err(SinkSetupError::Thread)?;
     shutdown.stop = Some(tx);
     shutdown.thread = Some(thread);
     Ok((Dispatcher { sinks }, shutdown))

@@ -3,15 +3,22 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use super::setup::SinkSetupError;
 
 /// Reads a secret: the file if one is named (trailing newline removed), else `inline`.
-pub(crate) fn secret(inline: &str, file: &Path, key: &str) -> Result<String> {
+pub(crate) fn secret(
+    inline: &str,
+    file: &Path,
+    key: &'static str,
+) -> Result<String, SinkSetupError> {
     if file.as_os_str().is_empty() {
         return Ok(inline.to_owned());
     }
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("{key}: reading {}", file.display()))?;
+    let text = std::fs::read_to_string(file).map_err(|source| SinkSetupError::Secret {
+        key,
+        path: file.to_owned(),
+        source,
+    })?;
     Ok(text.trim_end_matches(['\r', '\n']).to_owned())
 }
 

@@ -7,11 +7,10 @@ pub mod encode;
 pub mod error;
 pub mod transport;
 
-use anyhow::Result;
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use prost::Message;
 
-use super::Encode;
+use super::{Encode, EncodeError};
 use crate::metrics::SinkName;
 use crate::model::Symbolized;
 use config::{OtlpSink, ResourcePer};
@@ -43,7 +42,7 @@ impl Encoder {
 
 impl Encode for Encoder {
     type Item = ExportProfilesServiceRequest;
-    fn encode(&mut self, w: &Symbolized) -> Result<Vec<(Self::Item, u64)>> {
+    fn encode(&mut self, w: &Symbolized) -> Result<Vec<(Self::Item, u64)>, EncodeError> {
         let r = self.request(w);
         if r.resource_profiles.is_empty() {
             return Ok(Vec::new());

@@ -3,7 +3,6 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
 use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_client::ProfilesServiceClient;
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use prost::Message;
@@ -16,6 +15,7 @@ use super::error::classify;
 use super::NAME;
 use crate::export::delivery::{Outcome, Transport};
 use crate::export::secrets::{secret, SecretFiles};
+use crate::export::setup::{CaReadError, SinkSetupError};
 
 /// Sends export requests to one OTLP endpoint.
 pub struct Grpc {
@@ -29,18 +29,24 @@ pub struct Grpc {
 impl Grpc {
     /// A lazily connecting client for the `sinks.otlp` settings; must be called
     /// inside a Tokio runtime. Reads the CA and token files now.
-    pub fn new(cfg: &OtlpSink, timeout: std::time::Duration) -> Result<Self> {
+    pub fn new(cfg: &OtlpSink, timeout: std::time::Duration) -> Result<Self, SinkSetupError> {
+        let client_error = |what| move |source| SinkSetupError::OtlpClient { what, source };
         let mut endpoint = Endpoint::from_shared(cfg.endpoint.0.clone())
-            .with_context(|| format!("sinks.otlp.endpoint {}", cfg.endpoint))?
+            .map_err(|source| SinkSetupError::OtlpEndpoint {
+                endpoint: cfg.endpoint.to_string(),
+                source,
+            })?
             .connect_timeout(timeout)
             .timeout(timeout)
             .tcp_nodelay(true)
             .user_agent(concat!("ember/", env!("CARGO_PKG_VERSION")))
-            .context("sinks.otlp: user agent")?;
+            .map_err(client_error("user agent"))?;
         if cfg.endpoint.starts_with("https://") {
-            let tls = tls(&cfg.ca_file)
-                .with_context(|| format!("reading CA file {}", cfg.ca_file.display()))?;
-            endpoint = endpoint.tls_config(tls).context("sinks.otlp: TLS")?;
+            let tls = tls(&cfg.ca_file).map_err(|e| SinkSetupError::ReadCa {
+                path: cfg.ca_file.clone(),
+                source: CaReadError::Io(e),
+            })?;
+            endpoint = endpoint.tls_config(tls).map_err(client_error("TLS"))?;
         }
         let channel = endpoint.connect_lazy();
         let mut client = ProfilesServiceClient::new(channel).max_encoding_message_size(64 << 20);
@@ -49,10 +55,19 @@ impl Grpc {
         }
         let mut metadata = MetadataMap::new();
         for (k, v) in &cfg.headers {
-            let key = MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
-                .with_context(|| format!("sinks.otlp.headers: {k:?} is not a header name"))?;
-            let value = MetadataValue::try_from(v.0.as_str())
-                .with_context(|| format!("sinks.otlp.headers: the value of {k} is not valid"))?;
+            let key =
+                MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes()).map_err(|source| {
+                    SinkSetupError::MetadataKey {
+                        name: k.clone(),
+                        source,
+                    }
+                })?;
+            let value = MetadataValue::try_from(v.0.as_str()).map_err(|source| {
+                SinkSetupError::MetadataValue {
+                    name: k.clone(),
+                    source,
+                }
+            })?;
             metadata.insert(key, value);
         }
         let secrets = SecretFiles::new([cfg.bearer_token_file.as_path()]);
@@ -94,11 +109,11 @@ pub fn tls(ca_file: &Path) -> std::io::Result<ClientTlsConfig> {
 }
 
 /// Sets `authorization: Bearer <token>` from `file` (nothing when no file is named).
-fn set_token(metadata: &mut MetadataMap, file: &Path) -> Result<()> {
+fn set_token(metadata: &mut MetadataMap, file: &Path) -> Result<(), SinkSetupError> {
     let token = secret("", file, "sinks.otlp.bearer_token_file")?;
     if !token.is_empty() {
         let mut value = MetadataValue::try_from(format!("Bearer {token}"))
-            .context("sinks.otlp.bearer_token_file: not a valid header value")?;
+            .map_err(SinkSetupError::TokenValue)?;
         value.set_sensitive(true);
         metadata.insert("authorization", value);
     }

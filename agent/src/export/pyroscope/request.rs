@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::Result;
 use bytes::Bytes;
 use flate2::write::GzEncoder;
 use flate2::Compression;
@@ -17,7 +16,7 @@ use super::config::{PyroscopeApi, PyroscopeSink};
 use super::encode::{split, Service, Split};
 use super::PUSH_PATH;
 use crate::export::delivery::random_u128;
-use crate::export::Encode;
+use crate::export::{Encode, EncodeError};
 use crate::model::Symbolized;
 use crate::push_proto::{PushRequest, RawProfileSeries, RawSample};
 
@@ -57,7 +56,7 @@ impl Encoder {
     }
 
     /// The requests for one window: one push, or one ingest per service.
-    pub fn requests(&self, w: &Symbolized) -> Result<Vec<Request>> {
+    pub fn requests(&self, w: &Symbolized) -> Result<Vec<Request>, EncodeError> {
         let Split { services, folded } = split(w, &self.keep, self.max_series);
         self.folded.inc_by(folded as u64);
         let mut out = Vec::new();
@@ -152,7 +151,7 @@ fn ingest_safe(part: &str) -> String {
 
 impl Encode for Encoder {
     type Item = Request;
-    fn encode(&mut self, w: &Symbolized) -> Result<Vec<(Request, u64)>> {
+    fn encode(&mut self, w: &Symbolized) -> Result<Vec<(Request, u64)>, EncodeError> {
         Ok(self
             .requests(w)?
             .into_iter()
@@ -184,10 +183,10 @@ fn uuid() -> String {
     )
 }
 
-fn gzip(bytes: &[u8]) -> Result<Vec<u8>> {
+fn gzip(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
     let mut gz = GzEncoder::new(Vec::with_capacity(bytes.len() / 4), Compression::fast());
     gz.write_all(bytes)?;
-    Ok(gz.finish()?)
+    gz.finish()
 }
 
 /// RFC 3986 percent-encoding of everything but unreserved characters.
@@ -208,7 +207,7 @@ mod tests {
     use super::super::encode::tests::window;
     use super::*;
     use crate::proto::Profile;
-    use anyhow::Context;
+    use anyhow::{Context, Result};
     use std::sync::Arc;
 
     #[test]

@@ -7,7 +7,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use anyhow::{bail, Context, Result};
 use base64::Engine;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -22,20 +21,24 @@ use super::request::Request;
 use super::{NAME, PUSH_PATH};
 use crate::export::delivery::{Outcome, Transient, Transport};
 use crate::export::secrets::{secret, SecretFiles};
+use crate::export::setup::{CaReadError, SinkSetupError};
 use crate::metrics::ExportDrop;
 
 /// Largest error body read from the server (for the log).
 const MAX_ERROR_BODY: usize = 4096;
 
 /// Secrets and headers sent with every request.
-fn headers(cfg: &PyroscopeSink) -> Result<HeaderMap> {
+fn headers(cfg: &PyroscopeSink) -> Result<HeaderMap, SinkSetupError> {
     let mut h = HeaderMap::new();
     let sensitive = |h: &mut HeaderMap, name: HeaderName, value: String, what: &str| {
-        let mut v = HeaderValue::from_str(&value)
-            .with_context(|| format!("sinks.pyroscope: {what} is not a valid header value"))?;
+        let mut v =
+            HeaderValue::from_str(&value).map_err(|source| SinkSetupError::HeaderValue {
+                what: what.to_owned(),
+                source,
+            })?;
         v.set_sensitive(true);
         h.insert(name, v);
-        anyhow::Ok(())
+        Ok::<(), SinkSetupError>(())
     };
     let password = secret(
         &cfg.basic_auth_password.0,
@@ -59,7 +62,7 @@ fn headers(cfg: &PyroscopeSink) -> Result<HeaderMap> {
     )?;
     if !token.is_empty() {
         if !cfg.basic_auth_user.is_empty() {
-            bail!("sinks.pyroscope: set either basic auth or a bearer token, not both");
+            return Err(SinkSetupError::BothAuth);
         }
         sensitive(
             &mut h,
@@ -77,8 +80,11 @@ fn headers(cfg: &PyroscopeSink) -> Result<HeaderMap> {
         )?;
     }
     for (k, v) in &cfg.headers {
-        let name = HeaderName::from_bytes(k.as_bytes())
-            .with_context(|| format!("sinks.pyroscope.headers: {k:?} is not a header name"))?;
+        let name =
+            HeaderName::from_bytes(k.as_bytes()).map_err(|source| SinkSetupError::HeaderName {
+                name: k.clone(),
+                source,
+            })?;
         sensitive(&mut h, name, v.0.clone(), &format!("header {k}"))?;
     }
     h.insert(
@@ -89,7 +95,7 @@ fn headers(cfg: &PyroscopeSink) -> Result<HeaderMap> {
 }
 
 /// rustls with ring: the PEM CAs in `ca_file`, else the system roots.
-pub fn tls_config(ca_file: &Path) -> Result<rustls::ClientConfig> {
+pub fn tls_config(ca_file: &Path) -> Result<rustls::ClientConfig, SinkSetupError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::CertificateDer;
     let mut roots = rustls::RootCertStore::empty();
@@ -103,23 +109,29 @@ pub fn tls_config(ca_file: &Path) -> Result<rustls::ClientConfig> {
             tracing::warn!("no system CA certificates found; https sinks will fail (set ca_file)");
         }
     } else {
-        for cert in CertificateDer::pem_file_iter(ca_file)
-            .with_context(|| format!("reading CA file {}", ca_file.display()))?
-        {
-            let cert = cert.with_context(|| format!("parsing CA file {}", ca_file.display()))?;
-            roots
-                .add(cert)
-                .with_context(|| format!("CA file {}", ca_file.display()))?;
+        let path = || ca_file.to_owned();
+        for cert in CertificateDer::pem_file_iter(ca_file).map_err(|e| SinkSetupError::ReadCa {
+            path: path(),
+            source: CaReadError::Pem(e),
+        })? {
+            let cert = cert.map_err(|source| SinkSetupError::ParseCa {
+                path: path(),
+                source,
+            })?;
+            roots.add(cert).map_err(|source| SinkSetupError::AddCa {
+                path: path(),
+                source,
+            })?;
         }
         if roots.is_empty() {
-            bail!("CA file {} holds no certificate", ca_file.display());
+            return Err(SinkSetupError::NoCa { path: path() });
         }
     }
     Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .context("TLS setup")?
+    .map_err(SinkSetupError::Tls)?
     .with_root_certificates(roots)
     .with_no_client_auth())
 }
@@ -140,7 +152,7 @@ pub struct Http {
 impl Http {
     /// A client for the `sinks.pyroscope` settings; reads the secret files now, and again
     /// whenever they change.
-    pub fn new(cfg: &PyroscopeSink, connect_timeout: Duration) -> Result<Self> {
+    pub fn new(cfg: &PyroscopeSink, connect_timeout: Duration) -> Result<Self, SinkSetupError> {
         let secrets = SecretFiles::new([
             cfg.basic_auth_password_file.as_path(),
             cfg.bearer_token_file.as_path(),
@@ -243,12 +255,12 @@ impl Http {
 }
 
 /// A TLS config trusting nothing, for plain-http servers (the connector needs one).
-fn tls_config_empty() -> Result<rustls::ClientConfig> {
+fn tls_config_empty() -> Result<rustls::ClientConfig, SinkSetupError> {
     Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .context("TLS setup")?
+    .map_err(SinkSetupError::Tls)?
     .with_root_certificates(rustls::RootCertStore::empty())
     .with_no_client_auth())
 }
@@ -265,6 +277,7 @@ impl Transport for Http {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::Result;
 
     #[test]
     fn rotated_token_files_are_read_again() -> Result<()> {
