@@ -11,6 +11,10 @@
 #[cfg(test)]
 mod tests;
 
+// Layouts for tests and fuzz targets.
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+
 use super::lines::{self, TableKind, MAX_TABLE};
 use super::unicode::{self, StrError};
 use super::{Layout, Version};

@@ -14,7 +14,7 @@
 //! `surrogateescape`) become U+FFFD; a UCS-4 value past U+10FFFF is an error.
 
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;
 
 use super::{Layout, Version};
 

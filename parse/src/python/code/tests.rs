@@ -1,7 +1,7 @@
 //! Code objects read from a fake process (a map of regions), honest and hostile.
 
+use super::testing::layout_312 as layout;
 use super::*;
-use crate::python::unicode::tests::gil_layout;
 use std::collections::HashMap;
 
 /// Memory as a set of regions; every read is logged.
@@ -41,19 +41,6 @@ const V312: Version = Version {
     micro: 1,
     free_threaded: false,
 };
-
-/// 3.12's string and bytes offsets, with made-up code offsets.
-fn layout() -> Layout {
-    Layout {
-        code_firstlineno: 48,
-        code_filename: 112,
-        code_name: 120,
-        code_qualname: Some(128),
-        code_linetable: 136,
-        code_size: 200,
-        ..gil_layout(12)
-    }
-}
 
 /// A 3.12 compact `str` object: `state` kind/compact/ascii bits, then its characters.
 fn str_obj(ty: u64, kind: u32, ascii: bool, length: i64, chars: &[u8]) -> Vec<u8> {

@@ -2,45 +2,10 @@
 //! (`testdata/strings-*.txt` from `testdata/dump_strings.py`, and the script run live).
 
 use super::*;
-use crate::python::layout::FrameModel;
+use crate::python::code::testing::gil_layout;
 use crate::python::lines::tests::INTERPRETERS;
 use std::path::Path;
 use std::process::Command;
-
-/// A GIL build's layout with the string fields of 3.8–3.11 (`wstr` in the ASCII head) or
-/// 3.12+; the other fields are zero (unused by the string and code decoders' tests,
-/// except the code fields [`crate::python::code`]'s tests set).
-pub(crate) fn gil_layout(minor: u8) -> Layout {
-    let (ascii, compact) = if minor >= 12 { (40, 56) } else { (48, 72) };
-    Layout {
-        model: FrameModel::CStack,
-        runtime_autotss: 0,
-        tstate_frame: 0,
-        cframe_current: None,
-        tstate_native_id: None,
-        frame_code: 0,
-        frame_previous: 0,
-        frame_instr: 0,
-        frame_owner: 0,
-        owner_cstack: 0,
-        frame_size: 0,
-        code_firstlineno: 0,
-        code_filename: 0,
-        code_name: 0,
-        code_qualname: None,
-        code_linetable: 0,
-        code_adaptive: None,
-        code_size: 0,
-        unicode_state: 32,
-        unicode_length: 16,
-        unicode_ascii_data: ascii,
-        unicode_compact_data: compact,
-        bytes_size: 16,
-        bytes_data: 32,
-        object_type: 8,
-        frame_code_tagged: false,
-    }
-}
 
 fn hex(s: &str) -> Vec<u8> {
     (0..s.len() / 2)
