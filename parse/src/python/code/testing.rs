@@ -14,6 +14,8 @@ pub fn gil_layout(minor: u8) -> Layout {
         tstate_frame: 0,
         cframe_current: None,
         tstate_native_id: None,
+        tstate_thread_id: 0,
+        runtime_tstate_current: None,
         frame_code: 0,
         frame_previous: 0,
         frame_instr: 0,
