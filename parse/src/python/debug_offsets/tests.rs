@@ -224,6 +224,8 @@ fn expect(fields: &[(&str, u64)], minor: u8, ft: bool) -> Layout {
         tstate_frame: v("thread_state.current_frame"),
         cframe_current: None,
         tstate_native_id: Some(v("thread_state.native_thread_id")),
+        tstate_thread_id: v("thread_state.thread_id"),
+        runtime_tstate_current: None,
         frame_code: v("interpreter_frame.executable"),
         frame_previous: v("interpreter_frame.previous"),
         frame_instr: v("interpreter_frame.instr_ptr"),
