@@ -149,8 +149,7 @@ impl<'obj> Sampler<'obj> {
                 .map_err(CaptureError::Load)?,
             row_cache: libbpf_rs::MapHandle::try_from(&maps.row_cache)
                 .map_err(CaptureError::Load)?,
-            py_procs: libbpf_rs::MapHandle::try_from(&maps.py_procs)
-                .map_err(CaptureError::Load)?,
+            py_procs: libbpf_rs::MapHandle::try_from(&maps.py_procs).map_err(CaptureError::Load)?,
             exec_hook: self.exec.is_some(),
         }))
     }

@@ -32,7 +32,8 @@ impl ProcMem {
         };
         // SAFETY: `local` covers exactly `buf`, which the kernel writes at most
         // `buf.len()` bytes into; `remote` is only an address in the other process.
-        let n = unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        let n =
+            unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -65,7 +66,10 @@ mod tests {
     fn reads_its_own_memory_and_refuses_unmapped_pages() {
         let value: u64 = 0x1122_3344_5566_7788;
         let mem = ProcMem::new(std::process::id());
-        assert_eq!(mem.u64_at(&value as *const u64 as u64).expect("read"), value);
+        assert_eq!(
+            mem.u64_at(&value as *const u64 as u64).expect("read"),
+            value
+        );
         assert!(mem.u64_at(8).is_err());
     }
 }

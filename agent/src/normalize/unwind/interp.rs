@@ -82,7 +82,8 @@ impl<M: UnwindIo> Loader<M> {
                     py.pending.remove(&pid);
                     py.metrics.python_attached(PyAttach::NeverReady);
                 } else {
-                    py.pending.insert(pid, (Instant::now() + RETRY_EVERY, tries));
+                    py.pending
+                        .insert(pid, (Instant::now() + RETRY_EVERY, tries));
                 }
                 None
             }

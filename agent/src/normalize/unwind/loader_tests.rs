@@ -519,7 +519,7 @@ fn an_inode_reused_by_another_file_gets_its_own_table() {
         Settings {
             max_bytes: 32 << 20,
             cache_dir: None,
-        python: false,
+            python: false,
         },
         metrics.clone(),
     )
