@@ -381,6 +381,7 @@ impl Aggregator {
                 frames,
                 count,
                 off_cpu,
+                runtime: self.table.runtime(key.pid),
             };
             if off_cpu.is_some() {
                 off_stacks.push(stack);
@@ -652,6 +653,51 @@ mod tests {
             Frame::User(UserAddr::Unknown(0x1f))
         ));
         assert_eq!(a.close().samples(), 0, "the next window starts empty");
+    }
+
+    #[test]
+    fn python_frames_go_before_their_eval_frame_which_is_hidden() {
+        let pid = std::process::id();
+        let py = |before, code| PyFrameRef {
+            before,
+            code,
+            unit: 0,
+            fingerprint: 0,
+        };
+        // Leaf first: native 0x10, eval 0x20 (two Python frames before it), caller 0x30.
+        let s = Sample {
+            user_eval: 0b010,
+            python: vec![py(1, 0xa0), py(1, 0xb0)],
+            ..sample(pid, pid, &[0x10, 0x20, 0x30])
+        };
+        let user = |a: &mut Aggregator, s: Sample| -> Vec<String> {
+            a.add(s);
+            let w = a.close();
+            w.stacks[0].frames[2..]
+                .iter()
+                .map(|f| match f {
+                    Frame::User(UserAddr::Python(p)) => format!("py {:#x}", p.code),
+                    Frame::User(UserAddr::Unknown(x)) => format!("{x:#x}"),
+                    other => format!("{other:?}"),
+                })
+                .collect()
+        };
+        let mut a = agg(100);
+        assert_eq!(
+            user(&mut a, s.clone()),
+            ["0x10", "py 0xa0", "py 0xb0", "0x2f"]
+        );
+        let mut a = Aggregator::new(Parts {
+            python: Python {
+                keep_eval_frames: true,
+                ..Python::default()
+            },
+            ..parts(limits(100), Workloads::default())
+        });
+        assert_eq!(
+            user(&mut a, s),
+            ["0x10", "py 0xa0", "py 0xb0", "0x1f", "0x2f"]
+        );
     }
 
     #[test]

@@ -278,6 +278,17 @@ pub struct Stack<F> {
     pub count: u64,
     /// Off-CPU stacks: why, and the nanoseconds off CPU summed over its blocks.
     pub off_cpu: Option<OffCpu>,
+    /// The interpreter the process runs, when its frames are walked (`python 3.12.1`).
+    pub runtime: Option<Runtime>,
+}
+
+/// An interpreter whose frames a stack holds: the `runtime` and `runtime_version` labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Runtime {
+    /// `python`.
+    pub name: &'static str,
+    /// `3.12.1`.
+    pub version: Arc<str>,
 }
 
 impl<F> Stack<F> {
@@ -292,6 +303,7 @@ impl<F> Stack<F> {
             frames,
             count: self.count,
             off_cpu: self.off_cpu,
+            runtime: self.runtime,
         }
     }
 }
@@ -525,6 +537,7 @@ mod tests {
                 state: OffState::Disk,
                 ns: 7,
             }),
+            runtime: None,
         }
     }
 

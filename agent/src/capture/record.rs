@@ -283,6 +283,45 @@ mod tests {
     }
 
     #[test]
+    fn python_frames_are_split_out_and_native_bits_renumbered() {
+        const EXACT: u64 = 1 << 63;
+        // Leaf first: a native leaf, two Python frames (2 slots each), the eval frame, its
+        // caller. The tail marks slots 1 and 3 as Python frames and slot 5 as eval.
+        let user = [
+            0x401005 | EXACT,
+            0x7f00_1000,
+            (12u64 << 32) | 40,
+            0x7f00_2000,
+            (3u64 << 32) | 7,
+            0x500000,
+            0x403000,
+        ];
+        let mut r = record_ended(ember_unwind_result::EMBER_UNWIND_COMPLETE, &[1], &user);
+        r[50] = ember_py_result::EMBER_PY_OK.0 as u8;
+        for word in [0b1010u64, 0, 1 << 5, 0] {
+            r.extend_from_slice(&word.to_ne_bytes());
+        }
+        let (s, _) = parse_record(&r).expect("valid");
+        assert_eq!(s.user, [0x401005, 0x500000, 0x403000]);
+        assert_eq!(s.user_exact, 0b001);
+        assert_eq!(s.user_eval, 0b010);
+        assert_eq!(s.py_result, Some(PyWalk::Ok));
+        let py = |before, code, unit, fingerprint| PyFrameRef {
+            before,
+            code,
+            unit,
+            fingerprint,
+        };
+        assert_eq!(
+            s.python,
+            [py(1, 0x7f00_1000, 12, 40), py(1, 0x7f00_2000, 3, 7)]
+        );
+        // A tail the record claims but does not carry is a short record.
+        r.truncate(r.len() - 8);
+        assert_eq!(parse_record(&r), None);
+    }
+
+    #[test]
     fn rejects_short_or_lying_records() {
         let mut r = record(&[1, 2], &[3]);
         r.truncate(r.len() - 1);
@@ -353,7 +392,7 @@ mod tests {
     #[test]
     fn header_matches_c_layout() {
         // time_ns, cgroup_id, pid, tid, cpu, kern_frames, user_frames, comm[16],
-        // user_result, user_flags, pad0, pad1
-        assert_eq!(HEADER, 8 + 8 + 4 + 4 + 4 + 2 + 2 + 16 + 1 + 1 + 2 + 4);
+        // user_result, user_flags, py_result, pad0, pad1
+        assert_eq!(HEADER, 8 + 8 + 4 + 4 + 4 + 2 + 2 + 16 + 1 + 1 + 1 + 1 + 4);
     }
 }

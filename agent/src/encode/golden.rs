@@ -87,6 +87,7 @@ fn fixture() -> (Window, HashMap<FrameKey, Resolved>) {
         frames,
         count,
         off_cpu: None,
+        runtime: None,
     };
     let stacks = vec![
         stack(

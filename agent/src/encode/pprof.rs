@@ -137,6 +137,12 @@ pub(crate) fn sample_labels(s: &SymStack) -> impl Iterator<Item = (&'static str,
         s.off_cpu
             .map(|o| ("state", LabelValue::Str(o.state.as_str()))),
     )
+    .chain(s.runtime.iter().flat_map(|r| {
+        [
+            ("runtime", LabelValue::Str(r.name)),
+            ("runtime_version", LabelValue::Str(&r.version)),
+        ]
+    }))
 }
 
 /// The values of a stack's sample: `samples/count` and `cpu/nanoseconds`, or for an
@@ -417,6 +423,7 @@ mod tests {
             frames,
             count,
             off_cpu: None,
+            runtime: None,
         };
         Window {
             start: UNIX_EPOCH + Duration::from_secs(1_700_000_000),

@@ -359,6 +359,11 @@ impl ProcessTable {
         UserAddr::Python(Arc::new(self.py_names.frame(pid, f)))
     }
 
+    /// The interpreter `pid` runs, if its frames are walked.
+    pub fn runtime(&self, pid: u32) -> Option<crate::model::Runtime> {
+        self.py_names.runtime(pid)
+    }
+
     /// Sets how many bytes of Python names are kept (`interpreters.python.cache_bytes`).
     pub fn set_python_cache(&mut self, bytes: u64) {
         self.py_names = PyNames::new(bytes, self.metrics.clone());

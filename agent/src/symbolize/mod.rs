@@ -786,6 +786,7 @@ mod tests {
                 frames,
                 count: 1,
                 off_cpu: None,
+                runtime: None,
             }],
         }
     }

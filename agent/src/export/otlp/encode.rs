@@ -348,6 +348,7 @@ mod tests {
                     frames: vec![work, main.clone()],
                     count: 2,
                     off_cpu: None,
+                    runtime: None,
                 },
                 SymStack {
                     pid: 20,
@@ -358,6 +359,7 @@ mod tests {
                     frames: vec![main],
                     count: 1,
                     off_cpu: None,
+                    runtime: None,
                 },
             ],
         };

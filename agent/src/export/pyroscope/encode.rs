@@ -265,6 +265,7 @@ pub(crate) mod tests {
             frames,
             count,
             off_cpu: None,
+            runtime: None,
         };
         Symbolized {
             start: UNIX_EPOCH + Duration::from_secs(1_800_000_000),

@@ -13,7 +13,7 @@ use super::attach::PyProcess;
 use super::memory::ProcMem;
 use super::PyFrame;
 use crate::metrics::{Cache, Metrics, PyCodeRead};
-use crate::model::PyFrameRef;
+use crate::model::{PyFrameRef, Runtime};
 
 /// Bytes charged per entry beyond its strings and table (key, map slot, Arc headers).
 const ENTRY_OVERHEAD: usize = 96;
@@ -81,6 +81,14 @@ impl PyNames {
             self.forget(pid);
         }
         self.procs.insert(pid, (start_time, process));
+    }
+
+    /// The interpreter `pid` runs, if attached.
+    pub fn runtime(&self, pid: u32) -> Option<Runtime> {
+        self.procs.get(&pid).map(|(_, p)| Runtime {
+            name: "python",
+            version: Arc::from(p.version.to_string()),
+        })
     }
 
     /// Forgets `pid` and its names (it exited, or its pid names another process now).

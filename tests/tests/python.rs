@@ -1,0 +1,617 @@
+//! CPython frames named by ember, checked against py-spy on real interpreters.
+//!
+//! Each test runs `tests/fixtures/py_hot.py` on one interpreter (every pyenv build 3.8 to
+//! 3.13 with its shared libpython, Debian's static `python3.11` without frame pointers, and
+//! one interpreter in its own pid and mount namespace), and records it with
+//! `ember record` and `py-spy record --nonblocking` over the same seconds. Then:
+//! 1. at least 99 % of ember's samples reach `<module>`;
+//! 2. each Python function's inclusive share is within 3 points of py-spy's;
+//! 3. each function's hottest line is py-spy's (where py-spy's is clear, see [`TOP_LINE_CLEAR`]);
+//! 4. the C call shows `deflate` under `leaf_c`, and the callback shows `key_fn` above
+//!    `sorted`'s C frames.
+//!
+//! An interpreter absent from this machine skips its test with a message (interpreters are
+//! not privileges: that holds under EMBER_REQUIRE_PRIVILEGED=1 too). Root is needed (BPF).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ember_tests::*;
+
+/// Seconds each profiler records. At 99 Hz that is ~2,000 samples each: the binomial noise of
+/// a 30 % share is ~1 point per profiler, and the fixture's fixed 100 ms rounds make the
+/// samples step evenly through its phases, which narrows it further.
+const RECORD_SECS: u64 = 20;
+
+/// The fixture outlives both recordings by this much (ember's start-up on a busy machine).
+const SLACK_SECS: u64 = 25;
+
+/// Bar 2: a function's inclusive share, in points, against py-spy's.
+const SHARE_POINTS: f64 = 3.0;
+
+/// Bar 3 applies to a function only when py-spy puts at least this share of the function's
+/// samples on its top line. Below that, the top line is a coin flip between two lines of the
+/// same loop (`leaf_py`'s `for` and its body, `run_for`'s test and its call), and two honest
+/// profilers may disagree.
+const TOP_LINE_CLEAR: f64 = 0.60;
+
+/// The fixture's Python functions, leaf-most last.
+const FUNCTIONS: &[&str] = &[
+    "<module>", "main", "mid", "run_for", "leaf_py", "leaf_c", "leaf_cb", "key_fn",
+];
+
+const PYENV: &str = "/root/.pyenv/versions";
+
+fn pyenv(version: &str) -> String {
+    format!("{PYENV}/{version}/bin/python3")
+}
+
+fn fixture_script() -> PathBuf {
+    workspace_root().join("tests/fixtures/py_hot.py")
+}
+
+/// py-spy from the venv `make pyspy-venv` builds (`$EMBER_PYSPY`), or `None` to skip.
+fn pyspy() -> Option<PathBuf> {
+    let p = std::env::var_os("EMBER_PYSPY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/pyspy-venv/bin/py-spy"));
+    if p.exists() {
+        return Some(p);
+    }
+    if std::env::var("EMBER_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
+        panic!("{} missing: run `make pyspy-venv`", p.display());
+    }
+    println!("skipped: {} missing (make pyspy-venv)", p.display());
+    None
+}
+
+#[test]
+fn python_3_8() {
+    compare(&pyenv("3.8.18"), "3.8.18", false);
+}
+
+#[test]
+fn python_3_9() {
+    compare(&pyenv("3.9.18"), "3.9.18", false);
+}
+
+#[test]
+fn python_3_10() {
+    compare(&pyenv("3.10.13"), "3.10.13", false);
+}
+
+#[test]
+fn python_3_11() {
+    compare(&pyenv("3.11.7"), "3.11.7", false);
+}
+
+#[test]
+fn python_3_12() {
+    compare(&pyenv("3.12.1"), "3.12.1", false);
+}
+
+#[test]
+fn python_3_13() {
+    compare(&pyenv("3.13.0"), "3.13.0", false);
+}
+
+/// Debian's own build: static (no libpython), stripped locals, no frame pointers.
+#[test]
+fn python_debian_3_11() {
+    compare("/usr/bin/python3.11", "Debian 3.11", false);
+}
+
+/// A container's view: own pid and mount namespace, shared libpython read from there.
+#[test]
+fn python_in_pid_and_mount_namespace() {
+    let Some(python) = ["3.12.1", "3.11.7", "3.13.0", "3.10.13", "3.9.18", "3.8.18"]
+        .iter()
+        .map(|v| pyenv(v))
+        .find(|p| Path::new(p).exists())
+    else {
+        if require_privileged() {
+            eprintln!("skipped: no pyenv interpreter under {PYENV} for the namespace run");
+        }
+        return;
+    };
+    let label = format!(
+        "{} in pid+mount ns",
+        python
+            .trim_start_matches(PYENV)
+            .split('/')
+            .nth(1)
+            .unwrap_or("?")
+    );
+    compare(&python, &label, true);
+}
+
+/// Runs the fixture on `python`, records it with both profilers, and checks the bars.
+fn compare(python: &str, label: &str, namespaced: bool) {
+    if !require_privileged() {
+        return;
+    }
+    if !Path::new(python).exists() {
+        eprintln!("skipped: {label}: {python} is not on this machine");
+        return;
+    }
+    let Some(pyspy) = pyspy() else { return };
+    let _lock = sampling_lock();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = record_both(python, namespaced, &pyspy, dir.path());
+    let ember = parse_folded(&run.ember_folded, "ember");
+    let spy = parse_folded(&run.pyspy_raw, "py-spy");
+    let failures = check(label, &ember, &spy);
+    assert!(
+        failures.is_empty(),
+        "{label}: {} bar(s) failed:\n{}\n--- ember's heaviest stacks ---\n{}\n--- py-spy's ---\n{}",
+        failures.len(),
+        failures.join("\n"),
+        heaviest(&ember, 15),
+        heaviest(&spy, 10)
+    );
+    println!("{label}: all bars hold");
+}
+
+/// The two profiles of one run, as text.
+struct Run {
+    ember_folded: String,
+    pyspy_raw: String,
+}
+
+/// The fixture under test. Killed (with its `unshare` parent, if any) on drop.
+struct PyFixture {
+    child: Child,
+    /// The interpreter's pid as the host sees it.
+    host_pid: u32,
+}
+
+impl Drop for PyFixture {
+    fn drop(&mut self) {
+        if self.host_pid != self.child.id() {
+            // SAFETY: kill has no memory-safety preconditions; the pid is our grandchild,
+            // kept from reuse by its parent `unshare`, which we have not reaped yet.
+            unsafe { libc::kill(self.host_pid as libc::pid_t, libc::SIGKILL) };
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts py_hot.py (in new pid and mount namespaces when `namespaced`) and waits for the
+/// pid it prints, which it does once the interpreter runs the script.
+fn start_fixture(python: &str, namespaced: bool) -> PyFixture {
+    let script = fixture_script();
+    let secs = (RECORD_SECS + SLACK_SECS).to_string();
+    let mut cmd = if namespaced {
+        let mut c = Command::new("unshare");
+        c.args(["--pid", "--fork", "--mount", "--mount-proc", python]);
+        c
+    } else {
+        Command::new(python)
+    };
+    let mut child = cmd
+        .arg(&script)
+        .args(["--seconds", secs.as_str()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {python} {}: {e}", script.display()));
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let mut fx = PyFixture {
+        host_pid: child.id(),
+        child,
+    };
+    let line = rx
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{python} printed no pid within 30 s: {e}"));
+    let own_pid: u32 = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{python} printed {line:?}, expected its pid"));
+    if namespaced {
+        fx.host_pid = child_of(fx.child.id()).expect("the interpreter under unshare");
+        // The pid it printed is its own namespace's: if it were the host's, nothing here
+        // would test the namespace translation.
+        assert_ne!(
+            own_pid, fx.host_pid,
+            "the interpreter under unshare sees its host pid: no new pid namespace"
+        );
+        println!(
+            "fixture: host pid {}, pid {own_pid} in its own namespace",
+            fx.host_pid
+        );
+    } else {
+        assert_eq!(own_pid, fx.host_pid, "the pid the fixture printed");
+    }
+    fx
+}
+
+/// The single child of `parent`, from the ppid field of `/proc/*/stat`.
+fn child_of(parent: u32) -> Option<u32> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let found = fs::read_dir("/proc")
+            .ok()?
+            .filter_map(|e| e.ok())
+            .find_map(|e| {
+                let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+                let stat = fs::read_to_string(e.path().join("stat")).ok()?;
+                // Fields after the command name, which is in parentheses and may hold spaces.
+                let ppid: u32 = stat
+                    .rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse()
+                    .ok()?;
+                (ppid == parent).then_some(pid)
+            });
+        if found.is_some() {
+            return found;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Starts the fixture, then ember, then (once ember samples) py-spy, on the same pid for the
+/// same number of seconds; waits for both and returns what they wrote.
+fn record_both(python: &str, namespaced: bool, pyspy: &Path, dir: &Path) -> Run {
+    let fixture = start_fixture(python, namespaced);
+    // The interpreter is up (it printed); let it settle into its rounds.
+    thread::sleep(Duration::from_secs(1));
+    let pid = fixture.host_pid.to_string();
+    let secs = RECORD_SECS.to_string();
+    let ember_out = dir.join("ember.folded");
+    let pyspy_out = dir.join("py.txt");
+    let mut ember = Ember::spawn(
+        &[
+            "record",
+            "--pid",
+            pid.as_str(),
+            "-d",
+            format!("{secs}s").as_str(),
+            "-o",
+            ember_out.to_str().expect("utf-8 path"),
+        ],
+        dir,
+    )
+    .expect("starting ember record");
+    // ember's duration runs from its attachment: starting py-spy then lines the windows up.
+    if ember.wait_attached(Duration::from_secs(30)).is_none() {
+        println!("note: no perf event fds seen on ember after 30 s; starting py-spy anyway");
+    }
+    let mut spy = Command::new(pyspy)
+        .args(["record", "--pid", pid.as_str(), "--duration", secs.as_str()])
+        .args(["--rate", "99", "--nonblocking", "-f", "raw", "-o"])
+        .arg(&pyspy_out)
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(dir.join("py-spy.stdout")).expect("py-spy stdout file"))
+        .stderr(fs::File::create(dir.join("py-spy.stderr")).expect("py-spy stderr file"))
+        .spawn()
+        .expect("starting py-spy");
+    let status = ember.wait(Duration::from_secs(RECORD_SECS + 90));
+    let ember_err = ember.stderr();
+    assert!(
+        status.success(),
+        "ember record exited with {status}\n--- stderr ---\n{ember_err}"
+    );
+    let spy_status =
+        wait_timeout(&mut spy, Duration::from_secs(RECORD_SECS + 60)).expect("waiting for py-spy");
+    let spy_err = fs::read_to_string(dir.join("py-spy.stderr")).unwrap_or_default()
+        + &fs::read_to_string(dir.join("py-spy.stdout")).unwrap_or_default();
+    match spy_status {
+        Some(s) if s.success() => {}
+        Some(s) => panic!("py-spy exited with {s}\n{spy_err}"),
+        None => {
+            let _ = spy.kill();
+            let _ = spy.wait();
+            panic!("py-spy did not finish\n{spy_err}");
+        }
+    }
+    drop(fixture);
+    for line in ember_err.lines().filter(|l| l.starts_with("ember:")) {
+        println!("{line}");
+    }
+    for line in spy_err.lines().filter(|l| l.contains("Samples:")) {
+        println!("{}", line.trim());
+    }
+    let read =
+        |p: &Path| fs::read_to_string(p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
+    Run {
+        ember_folded: read(&ember_out),
+        pyspy_raw: read(&pyspy_out),
+    }
+}
+
+/// A Python frame: `name (file.py:line)`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct PyFrame {
+    name: String,
+    line: u32,
+}
+
+/// One folded stack with its count.
+struct Sample {
+    /// Every frame, root first, as written.
+    frames: Vec<String>,
+    /// For each frame, its Python name and line if it is a Python frame.
+    python: Vec<Option<PyFrame>>,
+    count: u64,
+}
+
+impl Sample {
+    fn python_frames(&self) -> impl Iterator<Item = &PyFrame> {
+        self.python.iter().flatten()
+    }
+
+    fn has_python(&self, name: &str) -> bool {
+        self.python_frames().any(|f| f.name == name)
+    }
+
+    /// The Python frames only, root first, for messages.
+    fn projected(&self) -> String {
+        let v: Vec<String> = self
+            .python_frames()
+            .map(|f| format!("{}:{}", f.name, f.line))
+            .collect();
+        v.join(";")
+    }
+}
+
+/// Parses `name (file:line)` as py-spy and ember write Python frames: the file is a base name
+/// without parentheses or colons, the line a number. Anything else is a native frame.
+fn python_frame(frame: &str) -> Option<PyFrame> {
+    let inner = frame.strip_suffix(')')?;
+    let (name, loc) = inner.rsplit_once(" (")?;
+    let (file, line) = loc.rsplit_once(':')?;
+    let plain = |s: &str| !s.is_empty() && !s.contains(['(', ')', ':']);
+    if name.is_empty()
+        || !plain(file)
+        || line.is_empty()
+        || !line.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    Some(PyFrame {
+        name: name.to_string(),
+        line: line.parse().ok()?,
+    })
+}
+
+/// Parses folded stacks (`a;b;c N` per line, root first).
+fn parse_folded(text: &str, who: &str) -> Vec<Sample> {
+    let samples: Vec<Sample> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let (stack, n) = l
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("{who}: folded line without a count: {l:?}"));
+            let count = n
+                .parse()
+                .unwrap_or_else(|_| panic!("{who}: bad count in {l:?}"));
+            let frames: Vec<String> = stack.split(';').map(str::to_string).collect();
+            let python = frames.iter().map(|f| python_frame(f)).collect();
+            Sample {
+                frames,
+                python,
+                count,
+            }
+        })
+        .collect();
+    assert!(
+        samples.iter().map(|s| s.count).sum::<u64>() > 0,
+        "{who} wrote no samples"
+    );
+    samples
+}
+
+fn total_count(samples: &[Sample]) -> u64 {
+    samples.iter().map(|s| s.count).sum()
+}
+
+fn pct(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        100.0 * part as f64 / whole as f64
+    }
+}
+
+/// Samples (by count) whose stack holds the Python function `name`.
+fn inclusive(samples: &[Sample], name: &str) -> u64 {
+    samples
+        .iter()
+        .filter(|s| s.has_python(name))
+        .map(|s| s.count)
+        .sum()
+}
+
+/// Samples per line of the Python function `name` (a sample counts once per line).
+fn lines_of(samples: &[Sample], name: &str) -> BTreeMap<u32, u64> {
+    let mut by = BTreeMap::new();
+    for s in samples {
+        let lines: BTreeSet<u32> = s
+            .python_frames()
+            .filter(|f| f.name == name)
+            .map(|f| f.line)
+            .collect();
+        for l in lines {
+            *by.entry(l).or_default() += s.count;
+        }
+    }
+    by
+}
+
+/// The line with the most samples, ties to the lowest line.
+fn top_line(lines: &BTreeMap<u32, u64>) -> Option<(u32, u64)> {
+    lines
+        .iter()
+        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+        .map(|(l, n)| (*l, *n))
+}
+
+/// All four bars; prints the table, returns the failures.
+fn check(label: &str, ember: &[Sample], spy: &[Sample]) -> Vec<String> {
+    let mut failures = Vec::new();
+    let (n_e, n_s) = (total_count(ember), total_count(spy));
+
+    // 1. Stacks reach <module>.
+    let rooted: u64 = ember
+        .iter()
+        .filter(|s| s.has_python("<module>"))
+        .map(|s| s.count)
+        .sum();
+    let rooted_pct = pct(rooted, n_e);
+    println!(
+        "{label}: ember {n_e} samples, py-spy {n_s}; {rooted_pct:.2} % of ember's reach <module>"
+    );
+    if rooted_pct < 99.0 {
+        let example = ember
+            .iter()
+            .filter(|s| !s.has_python("<module>"))
+            .max_by_key(|s| s.count)
+            .map(|s| s.frames.join(";"))
+            .unwrap_or_default();
+        failures.push(format!(
+            "bar 1: {rooted} of {n_e} ember samples ({rooted_pct:.2} %) reach <module>, want >= 99 %; \
+             e.g. {example}"
+        ));
+    }
+
+    // 2 and 3: per-function shares and hot lines.
+    let mut table = format!(
+        "{label}: {:<9} {:>8} {:>8} {:>6} {:>6} {:>6}  {:>12} {:>12}\n",
+        "function", "ember %", "py-spy %", "diff", "ember", "py-spy", "ember line", "py-spy line"
+    );
+    for &f in FUNCTIONS {
+        let (ie, is) = (inclusive(ember, f), inclusive(spy, f));
+        let (pe, ps) = (pct(ie, n_e), pct(is, n_s));
+        let (le, ls) = (lines_of(ember, f), lines_of(spy, f));
+        let (te, ts) = (top_line(&le), top_line(&ls));
+        let show = |t: Option<(u32, u64)>, n: u64| match t {
+            Some((l, c)) => format!("{l} ({:.0}%)", pct(c, n)),
+            None => "-".to_string(),
+        };
+        let _ = writeln!(
+            table,
+            "{label}: {f:<9} {pe:>8.2} {ps:>8.2} {:>+6.2} {ie:>6} {is:>6}  {:>12} {:>12}",
+            pe - ps,
+            show(te, ie),
+            show(ts, is)
+        );
+        if (pe - ps).abs() > SHARE_POINTS {
+            failures.push(format!(
+                "bar 2: {f}: ember {pe:.2} % ({ie} of {n_e}), py-spy {ps:.2} % ({is} of {n_s}): \
+                 {:+.2} points, want within {SHARE_POINTS}",
+                pe - ps
+            ));
+        }
+        if let Some((spy_line, spy_n)) = ts {
+            let clear = spy_n as f64 >= TOP_LINE_CLEAR * is as f64;
+            if clear && te.map(|t| t.0) != Some(spy_line) {
+                failures.push(format!(
+                    "bar 3: {f}: ember's hottest line {:?} (lines {le:?}), py-spy's {spy_line} \
+                     (lines {ls:?})",
+                    te.map(|t| t.0)
+                ));
+            }
+        }
+    }
+    print!("{table}");
+    failures.extend(check_interleaving(label, ember));
+    failures
+}
+
+/// 4. Native frames where they belong: `deflate` leaf-ward of `leaf_c`, and `sort`'s C
+/// frames between `leaf_cb` and `key_fn`.
+fn check_interleaving(label: &str, ember: &[Sample]) -> Vec<String> {
+    let mut failures = Vec::new();
+    // Samples whose innermost Python frame is leaf_c, and of them those with deflate after it.
+    let (mut in_c, mut deflate) = (0, 0);
+    let mut c_example = None;
+    for s in ember {
+        let Some(last) = s.python.iter().rposition(Option::is_some) else {
+            continue;
+        };
+        if s.python[last].as_ref().map(|f| f.name.as_str()) != Some("leaf_c") {
+            continue;
+        }
+        in_c += s.count;
+        if s.frames[last + 1..]
+            .iter()
+            .any(|f| f.starts_with("deflate"))
+        {
+            deflate += s.count;
+        } else if c_example.as_ref().is_none_or(|(n, _)| *n < s.count) {
+            c_example = Some((s.count, s.frames.join(";")));
+        }
+    }
+    // Samples holding key_fn, and of them those with a `sort` frame between leaf_cb and key_fn.
+    let (mut in_key, mut sorted) = (0, 0);
+    let mut key_example = None;
+    for s in ember {
+        let pos = |name: &str| {
+            s.python
+                .iter()
+                .position(|f| f.as_ref().is_some_and(|f| f.name == name))
+        };
+        let Some(k) = pos("key_fn") else { continue };
+        in_key += s.count;
+        let between = pos("leaf_cb")
+            .filter(|&cb| cb < k)
+            .is_some_and(|cb| s.frames[cb + 1..k].iter().any(|f| f.contains("sort")));
+        if between {
+            sorted += s.count;
+        } else if key_example.as_ref().is_none_or(|(n, _)| *n < s.count) {
+            key_example = Some((s.count, s.frames.join(";")));
+        }
+    }
+    let (pd, pk) = (pct(deflate, in_c), pct(sorted, in_key));
+    println!(
+        "{label}: interleaving: deflate under leaf_c in {deflate} of {in_c} ({pd:.1} %); \
+         sort's C frames between leaf_cb and key_fn in {sorted} of {in_key} ({pk:.1} %)"
+    );
+    if in_c == 0 || pd < 50.0 {
+        failures.push(format!(
+            "bar 4: {deflate} of {in_c} samples in leaf_c ({pd:.1} %) show deflate after it, \
+             want >= 50 %; e.g. {c_example:?}"
+        ));
+    }
+    if in_key == 0 || pk < 90.0 {
+        failures.push(format!(
+            "bar 4: {sorted} of {in_key} samples in key_fn ({pk:.1} %) have a `sort` frame \
+             between leaf_cb and key_fn, want >= 90 %; e.g. {key_example:?}"
+        ));
+    }
+    failures
+}
+
+/// The heaviest stacks projected on their Python frames, for failure messages.
+fn heaviest(samples: &[Sample], n: usize) -> String {
+    let mut by: BTreeMap<String, u64> = BTreeMap::new();
+    for s in samples {
+        *by.entry(s.projected()).or_default() += s.count;
+    }
+    let mut v: Vec<(String, u64)> = by.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    v.into_iter()
+        .take(n)
+        .map(|(s, c)| format!("  {c:6} {s}\n"))
+        .collect()
+}
