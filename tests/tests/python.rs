@@ -538,7 +538,7 @@ fn check(label: &str, ember: &[Sample], spy: &[Sample]) -> Vec<String> {
     failures
 }
 
-/// 4. Native frames where they belong: `deflate` leaf-ward of `leaf_c`, and `sort`'s C
+/// Bar 4, native frames where they belong: `deflate` leaf-ward of `leaf_c`, and `sort`'s C
 /// frames between `leaf_cb` and `key_fn`.
 fn check_interleaving(label: &str, ember: &[Sample]) -> Vec<String> {
     let mut failures = Vec::new();
