@@ -716,17 +716,19 @@ mod tests {
         // Every key of the schema appears in the documented default file.
         let v: serde_yaml::Value = serde_yaml::from_str(DEFAULT_YAML).expect("yaml");
         let sections = v.as_mapping().expect("mapping");
-        assert_eq!(sections.len(), 16);
+        assert_eq!(sections.len(), 17);
         let count: usize = sections
             .values()
             .map(|s| s.as_mapping().map_or(0, |m| m.len()))
             .sum();
         // sampling, offcpu, window, output, server, limits, kubernetes, filters, log, sinks,
-        // readings, jit, counters, otlp_metrics, symbols, health.
+        // readings, jit, counters, otlp_metrics, symbols, health, interpreters.
         assert_eq!(
             count,
-            9 + 5 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 5 + 1
+            9 + 5 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 5 + 1 + 1
         );
+        let python = &v["interpreters"]["python"];
+        assert_eq!(python.as_mapping().map_or(0, |m| m.len()), 3);
         let sinks = &v["sinks"];
         assert_eq!(sinks["pyroscope"].as_mapping().map_or(0, |m| m.len()), 14);
         assert_eq!(sinks["otlp"].as_mapping().map_or(0, |m| m.len()), 7);

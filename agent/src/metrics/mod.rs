@@ -217,17 +217,20 @@ metric_table! {
         /// Processes that map a CPython interpreter, by what came of attaching to it.
         pub python_attaches: Family<ResultLabel<PyAttach>, Counter> = metric(
             "python_attaches",
-            labels ["result"]
+            labels ["result"],
+            start ResultLabel::every(PyAttach::ALL)
         ),
         /// Samples whose stack met the Python eval loop, by how their Python frames came out.
         pub python_walks: Family<ResultLabel<PyWalk>, Counter> = metric(
             "python_walks",
-            labels ["result"]
+            labels ["result"],
+            start ResultLabel::every(PyWalk::ALL)
         ),
         /// Python frames named from their code objects, by result.
         pub python_code_reads: Family<ResultLabel<PyCodeRead>, Counter> = metric(
             "python_code_reads",
-            labels ["result"]
+            labels ["result"],
+            start ResultLabel::every(PyCodeRead::ALL)
         ),
         /// Bytes of named Python code objects held (`interpreters.python.cache_bytes`).
         pub python_code_cache_bytes: Gauge<i64, AtomicI64> = metric("python_code_cache", unit Bytes),
