@@ -61,6 +61,7 @@ MODES = {
     "unwind": "Whole host: unwind tables on and off (`bench/overhead.py --unwind-compare`)",
     "host": "Whole host (what `make bench` runs)",
     "pids": "Only the workload's processes (`bench/overhead.py --pids-only`)",
+    "python": "Python frames walked and not, on Python processes (`bench/python.py`)",
 }
 
 
@@ -241,19 +242,20 @@ def wait4(proc):
     return proc.returncode, ru
 
 
-def measure_ember(ember, hogs, seconds, hz, workdir, pids_only, unwind=None):
+def measure_ember(ember, hogs, seconds, hz, workdir, pids_only, unwind=None, extra=None):
     data = os.path.join(workdir, "windows")
     shutil.rmtree(data, ignore_errors=True)
     addr = f"127.0.0.1:{free_port()}"
     errf = open(os.path.join(workdir, "ember.stderr"), "w+")
     cmd = [ember, "run", "--window", "10s", "--frequency", str(hz), "--data-dir", data,
            "--listen", addr]
-    if unwind:
+    if unwind or extra:
         # The table cache stays in the work dir: the first auto run compiles, later ones read it.
         config = os.path.join(workdir, f"unwind-{unwind}.yaml")
         with open(config, "w") as f:
-            f.write(f"sampling:\n  unwind: {unwind}\n"
+            f.write(f"sampling:\n  unwind: {unwind or 'auto'}\n"
                     f"  unwind_cache_dir: {os.path.join(workdir, 'unwind-cache')}\n")
+            f.write(extra or "")
         cmd += ["--config", config]
     if pids_only:
         for h in hogs:
@@ -328,6 +330,7 @@ def measure_ember(ember, hogs, seconds, hz, workdir, pids_only, unwind=None):
         "bpf_ns": bpf_ns,
         "bpf_cnt": bpf_cnt,
         "samples": samples,
+        "metrics": m1,
         "lost": lost,
         "lost_by": lost_by,
         "stack_errors": stack_err,
