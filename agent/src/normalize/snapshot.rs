@@ -42,7 +42,7 @@ pub struct Snapshot {
     /// `(device, inode)` of its executable, when asked for ([`ReadOptions::exe`]).
     pub exe: Option<(u64, u64)>,
     /// Its CPython interpreter, when the unwind loader attached to it.
-    pub python: Option<std::sync::Arc<crate::normalize::python::attach::PyProcess>>,
+    pub python: Option<std::sync::Arc<crate::normalize::python::PyProcess>>,
 }
 
 /// One executable mapping and, for a file, what came of opening it.

@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use ember_parse::python::detect::{detect, DetectError, Interpreter};
 use ember_parse::python::layout::{layout_for, FrameModel, Layout};
-use ember_parse::python::Version;
 
 use super::memory::ProcMem;
+pub use super::PyProcess;
 use crate::capture::unwind::{ember_py_model, ember_py_proc, ember_py_tls};
 use crate::metrics::{Metrics, PyAttach};
 use crate::normalize::elf_file::{ElfReader, Limits};
@@ -37,21 +37,6 @@ const LIMITS: Limits = Limits {
     max_read_bytes: 32 << 20,
     max_section_bytes: 24 << 20,
 };
-
-/// What the names side needs of a process whose interpreter is attached.
-#[derive(Debug)]
-pub struct PyProcess {
-    /// The interpreter's version.
-    pub version: Version,
-    /// Where its objects keep what is read.
-    pub layout: Layout,
-    /// `PyCode_Type`, `PyUnicode_Type` and `PyBytes_Type` in the process.
-    pub code_type: u64,
-    /// See `code_type`.
-    pub unicode_type: u64,
-    /// See `code_type`.
-    pub bytes_type: u64,
-}
 
 /// What came of looking at a process.
 #[derive(Debug)]

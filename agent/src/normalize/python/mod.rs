@@ -5,7 +5,15 @@
 //! (ELF symbols, layouts per version, code objects, strings, line tables) is
 //! [`ember_parse::python`]'s; here are the reads, the caches and their counts.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Instant;
+
+use ember_parse::python::layout::Layout;
+use ember_parse::python::Version;
+
+use crate::metrics::Metrics;
+use attach::Attacher;
 
 /// An interpreter frame, named (or not) while its process lived.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -39,3 +47,54 @@ impl PyFrame {
 pub mod attach;
 pub mod memory;
 pub mod names;
+
+/// What the names side needs of a process whose interpreter is attached.
+#[derive(Debug)]
+pub struct PyProcess {
+    /// The interpreter's version.
+    pub version: Version,
+    /// Where its objects keep what is read.
+    pub layout: Layout,
+    /// `PyCode_Type`, `PyUnicode_Type` and `PyBytes_Type` in the process.
+    pub code_type: u64,
+    /// See `code_type`.
+    pub unicode_type: u64,
+    /// See `code_type`.
+    pub bytes_type: u64,
+}
+
+/// The unwind loader's Python state: who is attached, who waits for their runtime.
+pub struct Interp {
+    pub(crate) attacher: Attacher,
+    /// Processes to look at again: when, and how many looks so far.
+    pub(crate) pending: HashMap<u32, (Instant, u32)>,
+    /// Processes with a `py_procs` entry.
+    pub(crate) attached: HashSet<u32>,
+    pub(crate) metrics: Metrics,
+}
+
+impl Interp {
+    /// Python frames walked (`interpreters.python.enabled`), counting in `metrics`.
+    pub fn new(metrics: Metrics) -> Self {
+        Self {
+            attacher: Attacher::new(metrics.clone()),
+            pending: HashMap::new(),
+            attached: HashSet::new(),
+            metrics,
+        }
+    }
+
+    /// The earliest time a pending process is due.
+    pub fn next_retry(&self) -> Option<Instant> {
+        self.pending.values().map(|&(at, _)| at).min()
+    }
+
+    /// Pending processes due at `now`.
+    pub fn due(&self, now: Instant) -> Vec<u32> {
+        self.pending
+            .iter()
+            .filter(|(_, &(at, _))| at <= now)
+            .map(|(&pid, _)| pid)
+            .collect()
+    }
+}

@@ -4,14 +4,13 @@
 //! needs. An interpreter whose runtime is not up yet (a process read at its exec) is
 //! looked at again a little later, a bounded number of times.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::loader::Loader;
 use crate::capture::unwind::UnwindIo;
-use crate::metrics::{Metrics, PyAttach};
-use crate::normalize::python::attach::{Attach, Attacher, PyProcess};
+use crate::metrics::PyAttach;
+use crate::normalize::python::attach::{Attach, PyProcess};
 use crate::normalize::snapshot::Snapshot;
 
 /// How long after a look that found the runtime not initialized the process is read again.
@@ -20,42 +19,6 @@ const RETRY_EVERY: Duration = Duration::from_millis(200);
 const MAX_TRIES: u32 = 50;
 /// Processes waiting for their runtime at once; more are dropped (counted never_ready).
 const MAX_PENDING: usize = 1024;
-
-/// The loader's Python state.
-pub(super) struct Interp {
-    attacher: Attacher,
-    /// Processes to look at again: when, and how many looks so far.
-    pending: HashMap<u32, (Instant, u32)>,
-    /// Processes with a `py_procs` entry.
-    attached: HashSet<u32>,
-    metrics: Metrics,
-}
-
-impl Interp {
-    /// Python frames walked (`interpreters.python.enabled`), counting in `metrics`.
-    pub(super) fn new(metrics: Metrics) -> Self {
-        Self {
-            attacher: Attacher::new(metrics.clone()),
-            pending: HashMap::new(),
-            attached: HashSet::new(),
-            metrics,
-        }
-    }
-
-    /// The earliest time a pending process is due.
-    pub(super) fn next_retry(&self) -> Option<Instant> {
-        self.pending.values().map(|&(at, _)| at).min()
-    }
-
-    /// Pending processes due at `now`.
-    pub(super) fn due(&self, now: Instant) -> Vec<u32> {
-        self.pending
-            .iter()
-            .filter(|(_, &(at, _))| at <= now)
-            .map(|(&pid, _)| pid)
-            .collect()
-    }
-}
 
 impl<M: UnwindIo> Loader<M> {
     /// Attaches to `snap`'s interpreter, if any, writing its `py_procs` entry; what the names

@@ -43,7 +43,6 @@ use super::compile::{compile_with, Limits, UnwindTable, DEFAULT_LIMITS};
 use super::elf::{Bytes, CodeReader};
 use super::error::UnwindError;
 use super::files::{identify, kernel_dev, Files, KernelFile, Published};
-use super::interp::Interp;
 use super::procs::{proc_value, Proc, Procs, Range};
 use super::slots::Slots;
 use super::sparse::{Sparse, SparseError};
@@ -53,6 +52,7 @@ use crate::capture::unwind::{
     UnwindIo, UnwindMaps, RANGES,
 };
 use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
+use crate::normalize::python::Interp;
 use crate::normalize::snapshot::{self, Mapped, ReadError, ReadOptions, Region, Snapshot};
 use crate::os::file_id::FileId;
 use crate::os::procfs::{self, RegionKind};
