@@ -182,10 +182,21 @@ fn compare(fx: &Fixture, spec: &Spec) -> Vec<NStack> {
     let pid = fx.pid;
     let pid_s = pid.to_string();
     let ember_window = format!("{}s", SECONDS + 1);
+    // The native walk against perf's: Python frames (checked against py-spy in
+    // tests/python.rs) would add frames perf does not have and hide the eval loop's.
+    let config = dir.path().join("native.yaml");
+    fs::write(&config, "interpreters:\n  python:\n    enabled: false\n").expect("config");
     let ember = start_ember(
         dir.path(),
         &out,
-        &["--duration", ember_window.as_str(), "--pid", pid_s.as_str()],
+        &[
+            "--duration",
+            ember_window.as_str(),
+            "--pid",
+            pid_s.as_str(),
+            "--config",
+            config.to_str().expect("utf-8"),
+        ],
     );
     let ticks0 = cpu_ticks(pid).expect("cpu ticks");
     let t0 = Instant::now();
