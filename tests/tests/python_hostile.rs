@@ -1,0 +1,117 @@
+//! A Python process whose frame chain is forged: the walker must stay bounded and say so.
+//!
+//! Two CPython 3.12 processes rewrite the `previous` pointer of their running frame (through
+//! ctypes) and then spin in C (`zlib.compress`, the GIL released) forever: one points it at
+//! the frame itself (a cycle), the other at an unmapped address. The sampler walks their
+//! chains at every sample. It must stop at its frame cap on the cycle (`truncated`) and at
+//! the failed read (`read_error`), keep the frame it did read named, and the agent must stay
+//! healthy, small and stoppable.
+
+use std::time::Duration;
+
+use ember_tests::{
+    free_port, http_get, metrics_until, peak_rss, require_privileged, sampling_lock, Ember, Fixture,
+};
+
+const PYTHON: &str = "/root/.pyenv/versions/3.12.1/bin/python3";
+
+/// Forges the running frame's `previous` (3.12: `PyFrameObject.f_frame` at 24,
+/// `_PyInterpreterFrame.previous` at 8), then compresses in a loop.
+const FORGER: &str = r#"
+import ctypes, os, sys, zlib
+print("pid", os.getpid(), flush=True)
+mode = sys.argv[1]
+data = bytes((i * 7919 >> 5) % 23 + 97 for i in range(1 << 20))
+def victim():
+    f = sys._getframe()
+    iframe = ctypes.c_void_p.from_address(id(f) + 24).value
+    prev = ctypes.c_void_p.from_address(iframe + 8)
+    prev.value = iframe if mode == "cycle" else 0xdead0000
+    print("forged", flush=True)
+    while True:
+        zlib.compress(data, 9)
+victim()
+"#;
+
+/// The value of the series `series` (name and labels, as /metrics writes them).
+fn series(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
+    if !require_privileged() {
+        return;
+    }
+    if !std::path::Path::new(PYTHON).exists() {
+        println!("skipped: {PYTHON} is not on this machine (pyenv's CPython 3.12)");
+        return;
+    }
+    let _lock = sampling_lock();
+    let mut cycle = Fixture::spawn(PYTHON, &["-c", FORGER, "cycle"]).expect("cycle forger");
+    let mut unmapped = Fixture::spawn(PYTHON, &["-c", FORGER, "unmapped"]).expect("forger");
+    for f in [&mut cycle, &mut unmapped] {
+        f.wait_for("forged", Duration::from_secs(20))
+            .expect("forged");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let data = dir.path().join("data");
+    let (a, b) = (cycle.pid.to_string(), unmapped.pid.to_string());
+    let mut ember = Ember::spawn(
+        &[
+            "run",
+            "--pid",
+            &a,
+            "--pid",
+            &b,
+            "--window",
+            "2s",
+            "--listen",
+            &addr,
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+        ],
+        dir.path(),
+    )
+    .expect("ember run");
+    let truncated = r#"ember_python_walks_total{result="truncated"}"#;
+    let read_error = r#"ember_python_walks_total{result="read_error"}"#;
+    let named = r#"ember_python_code_reads_total{result="read"}"#;
+    let text = metrics_until(&addr, Duration::from_secs(40), |t| {
+        series(t, truncated) >= 10.0 && series(t, read_error) >= 10.0 && series(t, named) >= 1.0
+    });
+    let (code, _) = http_get(&addr, "/healthz").expect("healthz");
+    let rss = peak_rss(ember.pid());
+    ember.signal(libc::SIGTERM);
+    let status = ember.wait(Duration::from_secs(20));
+    println!(
+        "walks: truncated {}, read_error {}, ok {}; code objects read {}; agent peak RSS {} MiB",
+        series(&text, truncated),
+        series(&text, read_error),
+        series(&text, r#"ember_python_walks_total{result="ok"}"#),
+        series(&text, named),
+        rss >> 20
+    );
+    assert!(
+        series(&text, truncated) >= 10.0,
+        "the cycle's walks should end at the frame cap, counted:\n{text}"
+    );
+    assert!(
+        series(&text, read_error) >= 10.0,
+        "the unmapped frame's walks should end at the read, counted:\n{text}"
+    );
+    assert!(
+        series(&text, named) >= 1.0,
+        "the forged frame itself is a real code object, named:\n{text}"
+    );
+    assert_eq!(code, 200, "/healthz while walking forged chains");
+    assert!(rss < 200 << 20, "agent peak RSS {} MiB", rss >> 20);
+    assert!(
+        status.success(),
+        "ember exited {status}:\n{}",
+        ember.stderr()
+    );
+}
