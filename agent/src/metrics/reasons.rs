@@ -392,7 +392,8 @@ label_enum! {
         Musl => "musl",
         /// The process's memory could not be read (ptrace access, an exited process).
         Memory => "memory_unreadable",
-        /// The code type's size is not the layout's: another build than its version says.
+        /// The code type's size is not the layout's, or (3.13+) the interpreter's own
+        /// `_Py_DebugOffsets` disagree with it: another build than its version says.
         LayoutMismatch => "layout_mismatch",
         /// Its thread-state key is past glibc's first block.
         TssKey => "tss_key",

@@ -13,6 +13,7 @@ use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
+use ember_parse::python::debug_offsets;
 use ember_parse::python::detect::{detect, DetectError, Interpreter};
 use ember_parse::python::layout::{layout_for, FrameModel, Layout};
 
@@ -195,6 +196,9 @@ fn attach_live(
         return Err(PyAttach::LayoutMismatch);
     }
     let runtime = interp.runtime.wrapping_add(bias);
+    if interp.version.minor >= 13 {
+        check_debug_offsets(mem, runtime, layout)?;
+    }
     let tss = runtime + u64::from(layout.runtime_autotss);
     let created = mem.u32_at(tss).map_err(|_| PyAttach::Memory)?;
     if created == 0 {
@@ -221,6 +225,37 @@ fn attach_live(
     }
     fill_layout(&mut entry, layout);
     Ok(Some(entry))
+}
+
+/// 3.13+: CPython publishes the offsets of what the walker reads at the start of
+/// `_PyRuntime` (`_Py_DebugOffsets`); the table's must be the same, or the process is not
+/// walked (counted `layout_mismatch`).
+fn check_debug_offsets(mem: &ProcMem, runtime: u64, layout: &Layout) -> Result<(), PyAttach> {
+    let mut bytes = vec![0u8; debug_offsets::READ_LEN];
+    mem.read(runtime, &mut bytes)
+        .map_err(|_| PyAttach::Memory)?;
+    let published = debug_offsets::parse(&bytes)
+        .map_err(|_| PyAttach::LayoutMismatch)?
+        .layout;
+    let walker = |l: &Layout| {
+        (
+            l.tstate_frame,
+            l.frame_code,
+            l.frame_previous,
+            l.frame_instr,
+            l.frame_owner,
+            l.code_firstlineno,
+            l.code_filename,
+            l.code_name,
+            l.code_qualname,
+            l.code_linetable,
+            l.code_adaptive,
+        )
+    };
+    if walker(&published) != walker(layout) {
+        return Err(PyAttach::LayoutMismatch);
+    }
+    Ok(())
 }
 
 /// 3.12+, when the pthread key is out of the BPF read's reach: the thread's current state
