@@ -694,7 +694,7 @@ static __always_inline long py_step(struct walk_ctx *c)
 	struct walk *w = &s->w;
 	struct ember_py_proc *py = c->py;
 	__u32 key = c->buf_key, i, at, size, unit = 0, fp = 0;
-	__u64 frame = w->py_frame, code, prev, instr;
+	__u64 frame = w->py_frame, code, prev, instr, type;
 	struct py_frame_buf *b;
 	__u8 owner;
 
@@ -730,7 +730,15 @@ static __always_inline long py_step(struct walk_ctx *c)
 		w->py_result = EMBER_PY_TRUNCATED;
 		return stop(w, EMBER_UNWIND_TRUNCATED);
 	}
-	/* The fingerprint: 0 (unknown) if the code object is not resident. */
+	/*
+	 * A frame whose code is not a code object (one being set up at a call's edge, or a
+	 * forged chain): nothing from here on is trusted, so no frame is recorded. A code
+	 * object not resident keeps its address, fingerprint 0 (unknown).
+	 */
+	if (code && !bpf_probe_read_user(&type, sizeof(type), (void *)(code + 8)) && type != py->code_type) {
+		w->py_frame = 0;
+		return py_done(w, EMBER_PY_MISMATCH);
+	}
 	if (code && bpf_probe_read_user(&fp, sizeof(fp), (void *)(code + py->code_firstlineno)))
 		fp = 0;
 	if (py->model == EMBER_PY_OBJECTS) {

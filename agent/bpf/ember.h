@@ -124,6 +124,7 @@ struct ember_py_proc {
 	__u64 eval_end[EMBER_PY_EVAL_RANGES];
 	__s64 tls_offset;
 	__u64 tls_module;
+	__u64 code_type;   /* PyCode_Type: a frame whose code object is not of it ends the walk */
 	__u8 tls_mode;     /* enum ember_py_tls */
 	__u8 model;        /* enum ember_py_model */
 	__u8 owner_cstack; /* EMBER_PY_CSTACK: the owner value of a C stack's frame */
@@ -146,7 +147,8 @@ enum ember_py_result {
 	EMBER_PY_OK = 1,        /* every eval frame got its frames */
 	EMBER_PY_NO_STATE = 2,  /* an eval frame, but the thread's state or frame was not found */
 	EMBER_PY_TRUNCATED = 3, /* the stack's frame cap ended the walk */
-	EMBER_PY_MISMATCH = 4,  /* an eval frame had no interpreter frame left (one surplus is normal) */
+	EMBER_PY_MISMATCH = 4,  /* an eval frame had no interpreter frame left (one surplus is normal), or a
+				 * frame's code was not a code object (a frame being set up): the rest dropped */
 	EMBER_PY_READ = 5,      /* a frame could not be read: the rest are missing */
 	EMBER_PY_RESULT_MAX = 6,
 };

@@ -118,7 +118,8 @@ named_enum! {
         NoState => "no_state",
         /// The stack's frame cap ended the walk.
         Truncated => "truncated",
-        /// An eval frame had no interpreter frame left.
+        /// An eval frame had no interpreter frame left, or a frame's code was not a code
+        /// object (the frames from there on are dropped).
         Mismatch => "mismatch",
         /// A frame could not be read: the frames above it are missing.
         Read => "read_error",

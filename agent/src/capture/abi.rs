@@ -217,25 +217,26 @@ shared_enum!(ember_offcpu_counter {
     EMBER_OFFCPU_CNT_MAX = 8,
 });
 
-shared_struct!(ember_py_proc: size 72, align 8 {
+shared_struct!(ember_py_proc: size 80, align 8 {
     eval_start @ 0,
     eval_end @ 16,
     tls_offset @ 32,
     tls_module @ 40,
-    tls_mode @ 48,
-    model @ 49,
-    owner_cstack @ 50,
-    code_tagged @ 51,
-    tstate_frame @ 52,
-    cframe_current @ 54,
-    frame_code @ 56,
-    frame_previous @ 58,
-    frame_instr @ 60,
-    frame_owner @ 62,
-    frame_size @ 64,
-    code_firstlineno @ 66,
-    code_adaptive @ 68,
-    pad @ 70,
+    code_type @ 48,
+    tls_mode @ 56,
+    model @ 57,
+    owner_cstack @ 58,
+    code_tagged @ 59,
+    tstate_frame @ 60,
+    cframe_current @ 62,
+    frame_code @ 64,
+    frame_previous @ 66,
+    frame_instr @ 68,
+    frame_owner @ 70,
+    frame_size @ 72,
+    code_firstlineno @ 74,
+    code_adaptive @ 76,
+    pad @ 78,
 });
 
 shared_struct!(ember_py_tail: size 32, align 8 {

@@ -224,6 +224,7 @@ fn attach_live(
         entry.eval_end[i] = hi.wrapping_add(bias);
     }
     fill_layout(&mut entry, layout);
+    entry.code_type = code_type;
     Ok(Some(entry))
 }
 

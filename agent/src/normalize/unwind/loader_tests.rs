@@ -423,7 +423,7 @@ fn test_maps() -> UnwindMaps {
     outer.inner_map_fd = inner.as_fd().as_raw_fd() as u32;
     let no_prealloc = libbpf_sys::BPF_F_NO_PREALLOC;
     UnwindMaps {
-        py_procs: create(MapType::Hash, "t_py", 4, 72, 16, opts(no_prealloc)),
+        py_procs: create(MapType::Hash, "t_py", 4, 80, 16, opts(no_prealloc)),
         tables: create(MapType::ArrayOfMaps, "t_tables", 4, 4, SLOTS, outer),
         procs: create(
             MapType::Hash,
