@@ -229,6 +229,7 @@ bench-only:
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py --unwind-compare --seconds 20
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/stacks.py
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/offcpu.py --write
+	EMBER_BIN=$(EMBER) $(PYTHON) bench/python.py
 
 bench: bench-deps
 	$(CARGO_BUILD)
