@@ -132,9 +132,12 @@ pub(crate) const INTERPRETERS: &[&str] = &[
     "/usr/bin/python3.11",
 ];
 
-#[test]
-fn live_interpreters_match_every_unit() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/python/testdata/dump_lines.py");
+/// Runs `testdata/<script>` under each interpreter of [`INTERPRETERS`] present (the others
+/// skipped, said so) and hands `check` its name and output.
+pub(crate) fn each_interpreter(script: &str, check: impl Fn(&str, &str)) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/python/testdata")
+        .join(script);
     for python in INTERPRETERS {
         if !Path::new(python).exists() {
             eprintln!("SKIP {python}: not installed");
@@ -146,9 +149,16 @@ fn live_interpreters_match_every_unit() {
             "{python}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let n = check_dump(&String::from_utf8(out.stdout).unwrap());
-        eprintln!("{python}: {n} code units match");
+        check(python, &String::from_utf8(out.stdout).unwrap());
     }
+}
+
+#[test]
+fn live_interpreters_match_every_unit() {
+    each_interpreter("dump_lines.py", |python, out| {
+        let n = check_dump(out);
+        eprintln!("{python}: {n} code units match");
+    });
 }
 
 #[test]

@@ -3,9 +3,7 @@
 
 use super::*;
 use crate::python::code::testing::gil_layout;
-use crate::python::lines::tests::INTERPRETERS;
-use std::path::Path;
-use std::process::Command;
+use crate::python::lines::tests::each_interpreter;
 
 fn hex(s: &str) -> Vec<u8> {
     (0..s.len() / 2)
@@ -88,21 +86,10 @@ fn committed_dumps_decode() {
 
 #[test]
 fn live_interpreters_decode() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/python/testdata/dump_strings.py");
-    for python in INTERPRETERS {
-        if !Path::new(python).exists() {
-            eprintln!("SKIP {python}: not installed");
-            continue;
-        }
-        let out = Command::new(python).arg(&script).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{python}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let n = check_dump(&String::from_utf8(out.stdout).unwrap());
+    each_interpreter("dump_strings.py", |python, out| {
+        let n = check_dump(out);
         eprintln!("{python}: {n} strings decode");
-    }
+    });
 }
 
 /// A head with `state` and `length` set, 3.12 GIL offsets.
