@@ -12,7 +12,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::capture::{Batch, Control, QueueBytes, CGROUP_DENY_ENTRIES};
 use crate::config::{Jit, Limits, Python};
 use crate::metrics::{Cache, Loss, Metrics};
-use crate::model::{self, Labels, OffCpu, OffState, ProfileKind, PyFrameRef, Sample, StackEnd};
+use crate::model::{
+    self, Labels, OffCpu, OffState, ProfileKind, PyFrameRef, PyWalk, Sample, StackEnd,
+};
 use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
 
 /// How often the aggregator looks for process snapshots while no samples arrive (it takes
@@ -51,6 +53,8 @@ struct Key {
     user_eval: u128,
     /// [`Sample::python`].
     python: Box<[PyFrameRef]>,
+    /// [`Sample::py_result`].
+    py: Option<PyWalk>,
     end: StackEnd,
     /// `None` for CPU samples.
     off: Option<OffState>,
@@ -194,6 +198,7 @@ impl Aggregator {
             user_exact: s.user_exact,
             user_eval: s.user_eval,
             python: s.python.into_boxed_slice(),
+            py: s.py_result,
             end: s.user_end,
             off: s.off_cpu.map(|o| o.state),
         };
@@ -339,6 +344,7 @@ impl Aggregator {
                 self.metrics.samples_filtered.inc_by(count);
                 continue;
             };
+            let runtime = self.table.runtime(key.pid);
             let off_cpu = key.off.map(|state| OffCpu {
                 state,
                 ns: tally.ns,
@@ -352,6 +358,10 @@ impl Aggregator {
                         .metrics
                         .workload_label(labels.workload(&self.table.name(key.pid)));
                     self.metrics.stacks_ended(&workload, key.end, count);
+                    if let (Some(rt), Some(r)) = (&runtime, key.py) {
+                        self.metrics
+                            .interpreter_stacks_ended(&workload, rt.name, r, count);
+                    }
                 }
                 Some(o) => {
                     if let Some(acc) = &mut self.workloads.accounting {
@@ -381,7 +391,7 @@ impl Aggregator {
                 frames,
                 count,
                 off_cpu,
-                runtime: self.table.runtime(key.pid),
+                runtime,
             };
             if off_cpu.is_some() {
                 off_stacks.push(stack);

@@ -5,7 +5,8 @@
 //! the frame itself (a cycle), the other at an unmapped address. The sampler walks their
 //! chains at every sample. It must stop at its frame cap on the cycle (`truncated`) and at
 //! the failed read (`read_error`), keep the frame it did read named, and the agent must stay
-//! healthy, small and stoppable.
+//! healthy, small and stoppable. A third process gives its caller's frame a string for a
+//! code object: the attach check refuses it (`code_check_failed`) and walks nothing of it.
 
 use std::time::Duration;
 
@@ -26,7 +27,12 @@ def victim():
     f = sys._getframe()
     iframe = ctypes.c_void_p.from_address(id(f) + 24).value
     prev = ctypes.c_void_p.from_address(iframe + 8)
-    prev.value = iframe if mode == "cycle" else 0xdead0000
+    if mode == "code":
+        # The caller's frame (never resumed: this one loops forever) gets a string for
+        # its code object: the attach check must refuse the process.
+        ctypes.c_void_p.from_address(prev.value).value = id("not a code object")
+    else:
+        prev.value = iframe if mode == "cycle" else 0xdead0000
     print("forged", flush=True)
     while True:
         zlib.compress(data, 9)
@@ -38,6 +44,15 @@ fn series(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
         .unwrap_or(0.0)
+}
+
+/// The sum of the series of family `name` whose labels contain every one of `labels`.
+fn family_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 #[test]
@@ -52,14 +67,19 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
     let _lock = sampling_lock();
     let mut cycle = Fixture::spawn(PYTHON, &["-c", FORGER, "cycle"]).expect("cycle forger");
     let mut unmapped = Fixture::spawn(PYTHON, &["-c", FORGER, "unmapped"]).expect("forger");
-    for f in [&mut cycle, &mut unmapped] {
+    let mut code = Fixture::spawn(PYTHON, &["-c", FORGER, "code"]).expect("code forger");
+    for f in [&mut cycle, &mut unmapped, &mut code] {
         f.wait_for("forged", Duration::from_secs(20))
             .expect("forged");
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let addr = format!("127.0.0.1:{}", free_port());
     let data = dir.path().join("data");
-    let (a, b) = (cycle.pid.to_string(), unmapped.pid.to_string());
+    let (a, b, c) = (
+        cycle.pid.to_string(),
+        unmapped.pid.to_string(),
+        code.pid.to_string(),
+    );
     let mut ember = Ember::spawn(
         &[
             "run",
@@ -67,6 +87,8 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
             &a,
             "--pid",
             &b,
+            "--pid",
+            &c,
             "--window",
             "2s",
             "--listen",
@@ -80,10 +102,24 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
     let truncated = r#"ember_python_walks_total{result="truncated"}"#;
     let read_error = r#"ember_python_walks_total{result="read_error"}"#;
     let named = r#"ember_python_code_reads_total{result="read"}"#;
+    let refused = r#"ember_python_attaches_total{result="code_check_failed"}"#;
+    let attached = r#"ember_python_attaches_total{result="attached"}"#;
     let text = metrics_until(&addr, Duration::from_secs(40), |t| {
-        series(t, truncated) >= 10.0 && series(t, read_error) >= 10.0 && series(t, named) >= 1.0
+        series(t, truncated) >= 10.0
+            && series(t, read_error) >= 10.0
+            && series(t, named) >= 1.0
+            && series(t, refused) >= 1.0
+            && family_sum(t, "ember_interpreter_frames_total", &[r#"result="named""#]) >= 1.0
     });
-    let (code, _) = http_get(&addr, "/healthz").expect("healthz");
+    // Per workload (a host process's is its name): the walks and the frames written.
+    let stacks = |result: &str| {
+        family_sum(
+            &text,
+            "ember_interpreter_stacks_total",
+            &[r#"workload="python3""#, r#"runtime="python""#, result],
+        )
+    };
+    let (health, _) = http_get(&addr, "/healthz").expect("healthz");
     let rss = peak_rss(ember.pid());
     ember.signal(libc::SIGTERM);
     let status = ember.wait(Duration::from_secs(20));
@@ -107,7 +143,20 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
         series(&text, named) >= 1.0,
         "the forged frame itself is a real code object, named:\n{text}"
     );
-    assert_eq!(code, 200, "/healthz while walking forged chains");
+    assert!(
+        stacks(r#"result="truncated""#) >= 1.0 && stacks(r#"result="read_error""#) >= 1.0,
+        "the walks' results per workload:\n{text}"
+    );
+    assert!(
+        series(&text, refused) >= 1.0,
+        "a caller frame whose code is a string should fail the attach check:\n{text}"
+    );
+    assert!(
+        series(&text, attached) >= 2.0,
+        "the cycle and the unmapped chain pass the check (their code objects are real), \
+         the forged code does not:\n{text}"
+    );
+    assert_eq!(health, 200, "/healthz while walking forged chains");
     assert!(rss < 200 << 20, "agent peak RSS {} MiB", rss >> 20);
     assert!(
         status.success(),

@@ -10,6 +10,7 @@ use std::time::Instant;
 use crate::aggregate::Window;
 use crate::encode::Encoded;
 use crate::metrics::{FrameResult, Metrics, Stage, WindowFailure};
+use crate::model::SymStack;
 use crate::symbolize::Symbolizer;
 
 /// The output thread: symbolizes and encodes each window from `rx` and hands it to
@@ -51,9 +52,30 @@ pub fn run<F: FnMut(Encoded)>(
             if unnamed > 0 {
                 metrics.unnamed_frames(s.labels.workload(&s.process), unnamed as u64);
             }
+            if let Some(rt) = &s.runtime {
+                count_interpreted(&metrics, s, rt.name);
+            }
         }
         on_window(encoded);
         metrics.progress.end(Stage::Output);
+    }
+}
+
+/// Counts `stack`'s interpreter frames, named and not, for its workload.
+fn count_interpreted(metrics: &Metrics, stack: &SymStack, runtime: &'static str) {
+    let (mut named, mut unnamed) = (0, 0);
+    for f in stack.frames.iter().filter(|f| f.is_interpreted()) {
+        if f.named {
+            named += 1;
+        } else {
+            unnamed += 1;
+        }
+    }
+    let workload = stack.labels.workload(&stack.process);
+    for (result, n) in [(FrameResult::Named, named), (FrameResult::Unnamed, unnamed)] {
+        if n > 0 {
+            metrics.interpreter_frames_written(workload.clone(), runtime, result, n);
+        }
     }
 }
 

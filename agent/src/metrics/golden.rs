@@ -58,6 +58,12 @@ pub(super) fn touch_every_family(m: &Metrics) {
         .iter()
         .for_each(|&e| m.stacks_ended("shop/cart", e, 1));
     m.unnamed_frames("shop/cart".into(), 1);
+    PyWalk::ALL
+        .iter()
+        .for_each(|&r| m.interpreter_stacks_ended("shop/cart", "python", r, 1));
+    for r in [FrameResult::Named, FrameResult::Unnamed] {
+        m.interpreter_frames_written("shop/cart".into(), "python", r, 1);
+    }
     OffCpuEvent::ALL.iter().for_each(|&e| m.offcpu(e, 1));
     m.export.announce(SinkName::Pyroscope);
     m.export.drop(SinkName::Pyroscope, ExportDrop::Http(400), 1);

@@ -273,6 +273,18 @@ metric_table! {
             "unnamed_frames",
             labels ["workload"]
         ),
+        /// CPU stacks of interpreted processes, by workload, runtime and how the
+        /// interpreter walk came out (`result` as in `python_walks_total`).
+        pub interpreter_stacks: Family<InterpreterWalkLabels, Counter> = metric(
+            "interpreter_stacks",
+            labels ["workload", "runtime", "result"]
+        ),
+        /// Interpreter frames of written stacks, by workload, runtime and whether they
+        /// were named (`named`, `unnamed`).
+        pub interpreter_frames: Family<InterpreterFrameLabels, Counter> = metric(
+            "interpreter_frames",
+            labels ["workload", "runtime", "result"]
+        ),
         /// Objects the sampler needed an unwind table for, by what came of them.
         pub unwind_tables_built: Family<ResultLabel<TableBuild>, Counter> = metric(
             "unwind_tables_built",
@@ -325,6 +337,28 @@ pub struct WorkloadResultLabels {
     pub workload: String,
     /// How the stack ended.
     pub result: StackEnd,
+}
+
+/// Label set of `ember_interpreter_stacks_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InterpreterWalkLabels {
+    /// As in [`WorkloadResultLabels`].
+    pub workload: String,
+    /// The interpreter (`python`).
+    pub runtime: &'static str,
+    /// How its frames came out.
+    pub result: PyWalk,
+}
+
+/// Label set of `ember_interpreter_frames_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InterpreterFrameLabels {
+    /// As in [`WorkloadResultLabels`].
+    pub workload: String,
+    /// The interpreter (`python`).
+    pub runtime: &'static str,
+    /// `named` or `unnamed`.
+    pub result: FrameResult,
 }
 
 /// Workloads `ember_stacks_total` keeps apart (families only grow); later ones share
@@ -387,6 +421,39 @@ impl Metrics {
         self.unnamed_frames
             .get_or_create(&WorkloadLabel { workload })
             .inc_by(n);
+    }
+
+    /// Counts `n` CPU stacks of `workload` whose `runtime` walk ended with `result`.
+    pub fn interpreter_stacks_ended(
+        &self,
+        workload: &str,
+        runtime: &'static str,
+        result: PyWalk,
+        n: u64,
+    ) {
+        let labels = InterpreterWalkLabels {
+            workload: workload.to_owned(),
+            runtime,
+            result,
+        };
+        self.interpreter_stacks.get_or_create(&labels).inc_by(n);
+    }
+
+    /// Counts `n` interpreter frames of `workload` written with `result`.
+    pub fn interpreter_frames_written(
+        &self,
+        workload: String,
+        runtime: &'static str,
+        result: FrameResult,
+        n: u64,
+    ) {
+        let workload = self.workload_label(workload);
+        let labels = InterpreterFrameLabels {
+            workload,
+            runtime,
+            result,
+        };
+        self.interpreter_frames.get_or_create(&labels).inc_by(n);
     }
 
     /// Counts `n` user stacks of `workload` that ended with `result`.

@@ -395,6 +395,9 @@ label_enum! {
         /// The code type's size is not the layout's, or (3.13+) the interpreter's own
         /// `_Py_DebugOffsets` disagree with it: another build than its version says.
         LayoutMismatch => "layout_mismatch",
+        /// A code object on the main thread's frame chain is not of the code type, in
+        /// three looks: the layout reads the wrong words.
+        CodeCheck => "code_check_failed",
         /// Its thread-state key is past glibc's first block.
         TssKey => "tss_key",
         /// The sampler's `py_procs` map refused the entry.

@@ -305,6 +305,22 @@ impl Table {
 
     /// `group.field` as a layout offset: present and small enough for a u16 (a field
     /// of a struct ember reads in one go, at most [`MAX_READ`] bytes in).
+    fn far_offset(
+        &self,
+        group: &'static str,
+        field: &'static str,
+    ) -> Result<u32, DebugOffsetsError> {
+        let offset = self.get(group, field).unwrap_or(u64::MAX);
+        match u32::try_from(offset) {
+            Ok(o) if u64::from(o) < MAX_POINTER_AT => Ok(o),
+            _ => Err(DebugOffsetsError::TooFar {
+                group,
+                field,
+                offset,
+            }),
+        }
+    }
+
     fn offset(&self, group: &'static str, field: &'static str) -> Result<u16, DebugOffsetsError> {
         let offset = self.get(group, field).unwrap_or(u64::MAX);
         match u16::try_from(offset) {
@@ -317,6 +333,10 @@ impl Table {
         }
     }
 }
+
+/// The farthest into a struct ember follows a pointer it reads alone (the attach check's
+/// `threads_head`: 7,344 bytes into 3.13's interpreter state).
+const MAX_POINTER_AT: u64 = 1 << 20;
 
 /// The farthest into a struct ember reads a field (its code-object read is capped at
 /// 4 KiB as well).
@@ -455,5 +475,8 @@ fn layout(
         bytes_data: t.offset("bytes_object", "ob_sval")?,
         object_type: t.offset("pyobject", "ob_type")?,
         frame_code_tagged: tagged,
+        runtime_interp_head: t.far_offset("runtime_state", "interpreters_head")?,
+        interp_threads_head: t.far_offset("interpreter_state", "threads_head")?,
+        tstate_next: t.offset("thread_state", "next")?,
     })
 }

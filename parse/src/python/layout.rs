@@ -78,6 +78,14 @@ pub struct Layout {
     /// Whether `frame_code` holds a tagged `_PyStackRef` (3.14+): clear its low bits
     /// ([`super::debug_offsets::STACKREF_TAG_MASK`]) before using it as an address.
     pub frame_code_tagged: bool,
+    /// Offset in `_PyRuntime` of `interpreters.head`, the newest interpreter (the main
+    /// one in a process without subinterpreters): where the attach check starts.
+    pub runtime_interp_head: u32,
+    /// `PyInterpreterState`: `tstate_head` (≤3.10), `threads.head` (3.11+), the newest
+    /// thread's state; the main thread's is the last of the `next` chain.
+    pub interp_threads_head: u32,
+    /// `PyThreadState.next`, the next older thread's state.
+    pub tstate_next: u16,
 }
 
 /// The layout of a GIL build of `version` from ember's table (3.8–3.13), or `None` for a
@@ -135,6 +143,9 @@ const V3_8: Layout = Layout {
     bytes_data: 32,
     object_type: 8,
     frame_code_tagged: false,
+    runtime_interp_head: 32,
+    interp_threads_head: 8,
+    tstate_next: 8,
 };
 
 /// 3.9: as 3.8 but `_PyRuntime` shrank (`gilstate` moved up).
@@ -176,6 +187,8 @@ const V3_11: Layout = Layout {
     code_linetable: 136,
     code_adaptive: Some(184),
     code_size: 184,
+    runtime_interp_head: 40,
+    interp_threads_head: 16,
     ..V3_10
 };
 
@@ -200,6 +213,7 @@ const V3_12: Layout = Layout {
     code_size: 192,
     unicode_ascii_data: 40,
     unicode_compact_data: 56,
+    interp_threads_head: 72,
     ..V3_11
 };
 
@@ -212,6 +226,8 @@ const V3_13: Layout = Layout {
     tstate_thread_id: 152,
     code_adaptive: Some(200),
     code_size: 200,
+    runtime_interp_head: 632,
+    interp_threads_head: 7344,
     ..V3_12
 };
 

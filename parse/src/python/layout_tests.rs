@@ -109,6 +109,9 @@ fn fields(l: &Layout) -> Vec<(&'static str, Option<u32>)> {
         ("unicode_compact_data", s(l.unicode_compact_data)),
         ("bytes_size", s(l.bytes_size)),
         ("bytes_data", s(l.bytes_data)),
+        ("runtime_interp_head", Some(l.runtime_interp_head)),
+        ("interp_threads_head", Some(l.interp_threads_head)),
+        ("tstate_next", s(l.tstate_next)),
     ]
 }
 

@@ -17,6 +17,7 @@ use ember_parse::python::debug_offsets;
 use ember_parse::python::detect::{detect, DetectError, Interpreter};
 use ember_parse::python::layout::{layout_for, FrameModel, Layout};
 
+use super::check::{check_main_chain, Chain};
 use super::memory::ProcMem;
 pub use super::PyProcess;
 use crate::capture::unwind::{ember_py_model, ember_py_proc, ember_py_tls};
@@ -204,6 +205,11 @@ fn attach_live(
     if created == 0 {
         return Ok(None);
     }
+    match check_main_chain(mem, runtime, layout, code_type) {
+        Chain::Checked(_) => {}
+        Chain::NotCode => return Err(PyAttach::CodeCheck),
+        Chain::Unreadable => return Err(PyAttach::Memory),
+    }
     // The pthread key first: it holds the thread's state also while the thread has
     // released the GIL (in a C call such as zlib's), where 3.12+ clears `_Py_tss_tstate`
     // (measured: 77 % of a zlib-heavy 3.13 fixture's samples kept their Python frames
@@ -251,6 +257,7 @@ fn check_debug_offsets(mem: &ProcMem, runtime: u64, layout: &Layout) -> Result<(
             l.code_qualname,
             l.code_linetable,
             l.code_adaptive,
+            (l.runtime_interp_head, l.interp_threads_head, l.tstate_next),
         )
     };
     if walker(&published) != walker(layout) {

@@ -45,6 +45,7 @@ impl PyFrame {
 }
 
 pub mod attach;
+pub mod check;
 pub mod memory;
 pub mod names;
 

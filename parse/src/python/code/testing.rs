@@ -37,6 +37,9 @@ pub fn gil_layout(minor: u8) -> Layout {
         bytes_data: 32,
         object_type: 8,
         frame_code_tagged: false,
+        runtime_interp_head: 0,
+        interp_threads_head: 0,
+        tstate_next: 8,
     }
 }
 

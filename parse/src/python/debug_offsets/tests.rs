@@ -247,6 +247,9 @@ fn expect(fields: &[(&str, u64)], minor: u8, ft: bool) -> Layout {
         bytes_data: v("bytes_object.ob_sval"),
         object_type: v("pyobject.ob_type"),
         frame_code_tagged: minor >= 14,
+        runtime_interp_head: u32::from(v("runtime_state.interpreters_head")),
+        interp_threads_head: u32::from(v("interpreter_state.threads_head")),
+        tstate_next: v("thread_state.next"),
     }
 }
 

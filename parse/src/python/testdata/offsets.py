@@ -325,6 +325,47 @@ def measure_runtime():
     emit("runtime_tstate_current", autotss - 64 + near[0] if len(near) == 1 else None)
 
 
+def measure_chain():
+    """Where the attach check finds the main thread's state: `_PyRuntime` -> newest
+    interpreter -> newest thread state -> `next` ... -> the main thread's (the oldest).
+    Measured with a second thread alive, so the newest state is not the main one."""
+    rt = ctypes.addressof(ctypes.c_void_p.in_dll(ctypes.pythonapi, "_PyRuntime"))
+    head = ctypes.pythonapi.PyInterpreterState_Head
+    head.restype = ctypes.c_void_p
+    interp = head()
+    # interpreters.head, then interpreters.main: the same interpreter here.
+    hits = words_equal(rt, 0x1000, interp)
+    pairs = [i for i in hits if i + 8 in hits]
+    if not pairs:
+        fail("interpreters.head/main in _PyRuntime: %r" % hits)
+    main_ts = tstate()
+    ready, done, other = threading.Event(), threading.Event(), []
+
+    def run():
+        other.append(tstate())
+        ready.set()
+        done.wait()
+
+    t = threading.Thread(target=run)
+    t.start()
+    ready.wait()
+    newest = other[0]
+    try:
+        thread_head = ctypes.pythonapi.PyInterpreterState_ThreadHead
+        thread_head.restype = ctypes.c_void_p
+        thread_head.argtypes = [ctypes.c_void_p]
+        if thread_head(interp) != newest:
+            fail("the newest thread state is not the list's head")
+        threads = words_equal(interp, 0x4000, newest)
+        nxt = [i for i in words_equal(newest, 256, main_ts) if word(main_ts + i) == 0]
+    finally:
+        done.set()
+        t.join()
+    emit("runtime_interp_head", pairs[0])
+    emit("interp_threads_head", threads[0] if threads else None)
+    emit("tstate_next", only("tstate next", nxt))
+
+
 def main():
     print("version %d.%d.%d" % sys.version_info[:3])
     measure_code()
@@ -332,6 +373,7 @@ def main():
     measure_frames()
     measure_threads()
     measure_runtime()
+    measure_chain()
 
 
 if __name__ == "__main__":
