@@ -58,7 +58,8 @@ BENCH_PKGS := python3
 # (Prometheus scrapes ember, node_exporter is the cross-check; promtool comes with
 # prometheus). Installed with a policy-rc.d that forbids starting services, so
 # the packages leave nothing listening on :9090/:9100, with or without systemd.
-DAEMON_PKGS := prometheus prometheus-node-exporter
+# debuginfod: the symbols tests serve debug files from a directory with it.
+DAEMON_PKGS := prometheus prometheus-node-exporter debuginfod
 
 # Ubuntu ships perf and bpftool in linux-tools-* instead.
 OS_ID := $(shell . /etc/os-release 2>/dev/null && echo $$ID)

@@ -45,6 +45,7 @@ use crate::os::privileges;
 use crate::readings::otlp::OtlpError;
 use crate::readings::{self, Readings};
 use crate::server::{self, Health};
+use crate::symbolize::debuginfod::Debuginfod;
 use crate::symbolize::Symbolizer;
 use crate::workload::kube::{self, Metadata};
 use crate::workload::{Accounting, Filter};
@@ -592,8 +593,11 @@ impl Pipeline {
 
         let (m, cache) = (metrics.clone(), cfg.limits.symbol_cache_entries);
         let symbols = cfg.symbols.clone();
+        let data_dir = cfg.output.data_dir.clone();
         let output = spawn("ember-output", move || {
-            let symbolizer = Symbolizer::with_settings(cache, symbols, m.clone());
+            let fetcher = Debuginfod::start(&symbols, &data_dir, m.clone());
+            let symbolizer =
+                Symbolizer::with_settings(cache, symbols, m.clone()).with_debuginfod(fetcher);
             encode::output::run(window_rx, symbolizer, m, on_window)
         })?;
 

@@ -111,6 +111,18 @@ pub struct Symbols {
     /// The same search inside the root of the process that maps the object (a container's
     /// image), after the host's: confined to that root, symlinks refused.
     pub root_debug_dirs: Vec<PathBuf>,
+    /// debuginfod servers asked for the debug file of a stripped object no debug directory
+    /// has (`http://` or `https://`); empty: `DEBUGINFOD_URLS` (space-separated) if set,
+    /// else none (nothing leaves the host unless asked).
+    pub debuginfod_urls: Vec<String>,
+    /// Time allowed for one request to one server, body included.
+    #[serde(deserialize_with = "duration")]
+    pub debuginfod_timeout: Duration,
+    /// Bytes of fetched debug files kept on disk (under `output.data_dir`/debuginfod);
+    /// the oldest go first.
+    pub debuginfod_cache_bytes: u64,
+    /// Bytes of one fetched debug file: a larger answer is cut off and refused.
+    pub debuginfod_max_file_bytes: u64,
 }
 
 impl Default for Symbols {
@@ -121,6 +133,10 @@ impl Default for Symbols {
             max_section_bytes: 48 << 20,
             debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
             root_debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
+            debuginfod_urls: Vec::new(),
+            debuginfod_timeout: Duration::from_secs(30),
+            debuginfod_cache_bytes: 1 << 30,
+            debuginfod_max_file_bytes: 256 << 20,
         }
     }
 }
@@ -725,7 +741,7 @@ mod tests {
         // readings, jit, counters, otlp_metrics, symbols, health, interpreters.
         assert_eq!(
             count,
-            9 + 5 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 5 + 1 + 1
+            9 + 5 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 9 + 1 + 1
         );
         let python = &v["interpreters"]["python"];
         assert_eq!(python.as_mapping().map_or(0, |m| m.len()), 3);

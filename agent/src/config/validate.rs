@@ -140,6 +140,24 @@ fn symbols(y: &Symbols) -> Result<(), Invalid> {
         y.max_section_bytes < 4096 || y.max_read_bytes < y.max_section_bytes,
         "symbols.max_read_bytes",
         "max_section_bytes must be at least 4096 and max_read_bytes at least that",
+    )?;
+    refuse(
+        y.debuginfod_urls
+            .iter()
+            .any(|u| !(u.starts_with("http://") || u.starts_with("https://"))),
+        "symbols.debuginfod_urls",
+        "each must start with http:// or https://",
+    )?;
+    refuse(
+        y.debuginfod_timeout.is_zero(),
+        "symbols.debuginfod_timeout",
+        "must be more than 0",
+    )?;
+    refuse(
+        y.debuginfod_max_file_bytes < 4096
+            || y.debuginfod_cache_bytes < y.debuginfod_max_file_bytes,
+        "symbols.debuginfod_cache_bytes",
+        "debuginfod_max_file_bytes must be at least 4096 and debuginfod_cache_bytes at least that",
     )
 }
 

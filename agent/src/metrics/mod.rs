@@ -32,8 +32,8 @@ pub use table::Declared;
 
 pub use reasons::WindowFailure;
 pub use reasons::{
-    Cache, ExportDrop, FrameResult, HttpRefusal, JitReject, JvmRefresh, Loss, NameCap,
-    ObjectRefusal, OffCpuEvent, ProcRead, PyAttach, PyCodeRead, ReadingsSource, RowLookup,
+    Cache, DebuginfodResult, ExportDrop, FrameResult, HttpRefusal, JitReject, JvmRefresh, Loss,
+    NameCap, ObjectRefusal, OffCpuEvent, ProcRead, PyAttach, PyCodeRead, ReadingsSource, RowLookup,
     SinkName, StackSide, Stage, SymbolMiss, TableBuild, WindowWriteError,
 };
 
@@ -234,6 +234,14 @@ metric_table! {
         ),
         /// Bytes of named Python code objects held (`interpreters.python.cache_bytes`).
         pub python_code_cache_bytes: Gauge<i64, AtomicI64> = metric("python_code_cache", unit Bytes),
+        /// Debug files asked of the debuginfod servers, by result.
+        pub debuginfod_requests: Family<ResultLabel<DebuginfodResult>, Counter> = metric(
+            "debuginfod_requests",
+            labels ["result"],
+            start ResultLabel::every(DebuginfodResult::ALL)
+        ),
+        /// Bytes of debug files in the debuginfod disk cache (`symbols.debuginfod_cache_bytes`).
+        pub debuginfod_cache_bytes: Gauge<i64, AtomicI64> = metric("debuginfod_cache", unit Bytes),
         /// Python processes whose frames the sampler walks.
         pub python_processes: Gauge<i64, AtomicI64> = metric("python_processes"),
         /// JVMs asked to rewrite their perf map over the attach protocol, by result.
@@ -549,6 +557,13 @@ impl Metrics {
         self.jit_rejects
             .get_or_create(&ReasonLabel { reason })
             .inc_by(n);
+    }
+
+    /// Counts one debuginfod request that ended with `result`.
+    pub fn debuginfod_request(&self, result: DebuginfodResult) {
+        self.debuginfod_requests
+            .get_or_create(&ResultLabel { result })
+            .inc();
     }
 
     /// Counts one look at a Python process that ended with `result`.

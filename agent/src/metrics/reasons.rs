@@ -152,6 +152,10 @@ label_enum! {
         /// Named Python code objects (`interpreters.python.cache_bytes`): the least recently
         /// used, read again from the process when next sampled.
         PythonCode => "python_code",
+        /// Debug files fetched from debuginfod, evicted (oldest first) to stay under
+        /// `symbols.debuginfod_cache_bytes`, and build ids asked for dropped on a full queue
+        /// or a full table of outstanding requests.
+        Debuginfod => "debuginfod",
         /// What the unwind loader read of a process, on its way to the process table.
         ProcessSnapshots => "process_snapshots",
         /// Kernel task records (exec, mmap, exit) lost to a full ring: such a process is
@@ -404,6 +408,32 @@ label_enum! {
         MapFull => "map_full",
         /// Its runtime never finished initializing while the loader kept looking.
         NeverReady => "never_ready",
+    }
+}
+
+label_enum! {
+    /// `ember_debuginfod_requests_total{result}`: what came of asking the debuginfod servers
+    /// for a debug file by build id.
+    pub enum DebuginfodResult {
+        /// Fetched, its build id checked, stored in the disk cache.
+        Fetched => "fetched",
+        /// Every server answered 404.
+        NotFound => "not_found",
+        /// No answer within `symbols.debuginfod_timeout` (connect, headers and body).
+        Timeout => "timeout",
+        /// The connection failed or broke.
+        Connect => "connect_error",
+        /// Another HTTP status than 200 or 404.
+        Http => "http_error",
+        /// Over `symbols.debuginfod_max_file_bytes` (declared or streamed), or over the
+        /// disk cache's budget.
+        TooLarge => "too_large",
+        /// An ELF file with another build id than the one asked for.
+        WrongBuildId => "wrong_build_id",
+        /// Not an ELF file ember can read.
+        Malformed => "malformed",
+        /// The disk cache could not be written.
+        Io => "io_error",
     }
 }
 

@@ -74,7 +74,7 @@ fn base(name: &str) -> &str {
 
 fn compare(path: &Path) -> Outcome {
     let obj = Object::open_local(path).expect("open");
-    let table = build_table(&obj, &Symbols::default(), &Metrics::new()).expect("table");
+    let (table, _) = build_table(&obj, &Symbols::default(), None, &Metrics::new()).expect("table");
     // Code offsets: the executable segments, evenly.
     let src = obj.reader();
     let elf = ElfReader::new(&src, DEFAULT_LIMITS).expect("elf");

@@ -25,6 +25,7 @@
 //! `ember_symbol_misses_total{reason}`; objects refused (unreadable, malformed, over a cap,
 //! a parser panic, not the mapped inode) count in `ember_object_refusals_total{reason}`.
 
+pub mod debuginfod;
 #[cfg(test)]
 mod golden_names;
 mod kallsyms;
@@ -48,6 +49,7 @@ use crate::normalize::object::{debug_file_path, open_host, open_in_root, refusal
 use crate::normalize::process::UserAddr;
 use crate::normalize::python::PyFrame;
 use crate::os::file_id::FileTime;
+use crate::symbolize::debuginfod::Debuginfod;
 use crate::symbolize::demangle::Outcome;
 use crate::symbolize::kallsyms::Kallsyms;
 use crate::symbolize::table::{Miss, SymTable};
@@ -140,6 +142,8 @@ pub struct Symbolizer {
     live: HashMap<FileKey, Live>,
     /// The serial number the next file gets.
     serial: u64,
+    /// The debuginfod client, when servers are configured.
+    debuginfod: Option<Debuginfod>,
 }
 
 impl Symbolizer {
@@ -163,6 +167,25 @@ impl Symbolizer {
             cap: cache_entries.max(1),
             window: 0,
             metrics,
+            debuginfod: None,
+        }
+    }
+
+    /// Names stripped objects also from debug files fetched by `client`.
+    pub fn with_debuginfod(mut self, client: Option<Debuginfod>) -> Self {
+        self.debuginfod = client;
+        self
+    }
+
+    /// Forgets what was cached of files whose debug file arrived since the last window.
+    fn take_arrivals(&mut self) {
+        let files = self.debuginfod.as_mut().map(|d| d.arrived());
+        for file in files.unwrap_or_default() {
+            self.tables.remove(&file);
+            if let Some(serial) = self.live.get(&FileKey(file)).map(|l| l.serial) {
+                self.cache
+                    .retain(|k, _| !matches!(k, CacheKey::Object(s, _) if *s == serial));
+            }
         }
     }
 
@@ -182,6 +205,7 @@ impl Symbolizer {
     fn resolve(&mut self, window: &Window) -> HashMap<FrameKey, Resolved> {
         self.window += 1;
         self.refresh_kernel();
+        self.take_arrivals();
         let mut kernel: Vec<u64> = Vec::new();
         let mut vdso: Vec<u64> = Vec::new();
         let mut by_object: HashMap<FileId, (Arc<Object>, Vec<u64>)> = HashMap::new();
@@ -363,12 +387,20 @@ impl Symbolizer {
             return None;
         }
         let (settings, metrics) = (&self.settings, &self.metrics);
+        let fetched = self.debuginfod.as_ref().map(|d| d.dir());
         // A parser bug on a hostile file costs that file's names, not the agent.
         let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            build_table(obj, settings, metrics)
+            build_table(obj, settings, fetched, metrics)
         }));
         let table = match built {
-            Ok(Ok(t)) => Some(Arc::new(t)),
+            Ok(Ok((t, lacks_debug))) => {
+                if let (true, Some(d), Some(id)) =
+                    (lacks_debug, self.debuginfod.as_mut(), obj.build_id.as_ref())
+                {
+                    d.ask(id, obj.id);
+                }
+                Some(Arc::new(t))
+            }
             Ok(Err(e)) => {
                 tracing::debug!("cannot read the symbols of {}: {e}", obj.path);
                 self.metrics.object_refused(refusal(&e));
@@ -472,8 +504,15 @@ impl Symbolizer {
 /// Reads the symbol table of `obj` within the `symbols:` caps: its own `.symtab` and
 /// `.dynsym`, and, when it has no `.symtab`, that of the debug file with its build id in a
 /// directory of `symbols.debug_dirs` on the host, else of `symbols.root_debug_dirs` inside the
-/// root of the process the object came from (a container's own debug packages).
-fn build_table(obj: &Object, settings: &Symbols, metrics: &Metrics) -> Result<SymTable, ElfError> {
+/// root of the process the object came from (a container's own debug packages), else of
+/// the debuginfod cache `fetched`. Says too whether the object is stripped with a build id
+/// and no debug file was found (one to ask debuginfod for).
+fn build_table(
+    obj: &Object,
+    settings: &Symbols,
+    fetched: Option<&std::path::Path>,
+    metrics: &Metrics,
+) -> Result<(SymTable, bool), ElfError> {
     let limits = Limits {
         max_read_bytes: settings.max_read_bytes,
         max_section_bytes: settings.max_section_bytes,
@@ -497,9 +536,11 @@ fn build_table(obj: &Object, settings: &Symbols, metrics: &Metrics) -> Result<Sy
                         .into_iter()
                         .find_map(|p| open_in_root(root, &p, metrics))
                 })
+                .or_else(|| open_host(&debug_file_path(fetched?, id)?, metrics))
         }
         _ => None,
     };
+    let lacks_debug = stripped && obj.build_id.is_some() && debug_file.is_none();
     let debug_src = debug_file
         .as_ref()
         .and_then(|f| Some(FileAt::new(f, FileId::of_file(f).ok()?.size)));
@@ -521,7 +562,7 @@ fn build_table(obj: &Object, settings: &Symbols, metrics: &Metrics) -> Result<Sy
     if built.names_cut > 0 {
         metrics.name_capped(NameCap::NameLength, built.names_cut);
     }
-    Ok(table)
+    Ok((table, lacks_debug))
 }
 
 /// A frame named `name`.

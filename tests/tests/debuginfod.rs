@@ -1,0 +1,317 @@
+//! debuginfod (issue 29): a stripped program's frames are named from its debug file, served
+//! by a real `debuginfod` (Debian's package) over a directory, within a few windows; the
+//! servers asked before it are hostile: one accepts and never answers, one returns another
+//! program's debug file (a wrong build id), one streams zeros without end, one port has
+//! nothing listening (a stopped server). Windows keep closing on time, every hostile answer
+//! is counted, nothing is named from the wrong file, and the disk cache stays under its
+//! cap. The real server is then stopped: names stay, windows go on.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ember_tests::*;
+
+/// Loops in a `static` function, named only in `.symtab` (gone once stripped).
+const PROGRAM: &str = r#"
+#include <stdio.h>
+#include <unistd.h>
+static unsigned long __attribute__((noinline)) NAME(unsigned long n) {
+  volatile unsigned long x = 0;
+  for (unsigned long i = 0; i < n; i++) x += i * 7;
+  return x;
+}
+int main(void) {
+  printf("pid %d\nready\n", (int)getpid());
+  fflush(stdout);
+  for (;;) NAME(1000000);
+}
+"#;
+
+/// The hostile servers: `hang` accepts and never answers; `wrong` answers every request
+/// with the file given; `zeros` streams zeros (1 GiB, no length) to whoever asks.
+const SERVER: &str = r#"
+import http.server, socket, sys, time
+mode, port = sys.argv[1], int(sys.argv[2])
+if mode == "hang":
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(64)
+    print("ready", flush=True)
+    held = []
+    while True:
+        c, _ = s.accept()
+        held.append(c)
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        try:
+            if mode == "wrong":
+                self.wfile.write(open(sys.argv[3], "rb").read())
+            else:
+                block = bytes(1 << 20)
+                for _ in range(1024):
+                    self.wfile.write(block)
+        except OSError:
+            pass
+http.server.ThreadingHTTPServer.allow_reuse_address = True
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), H)
+print("ready", flush=True)
+srv.serve_forever()
+"#;
+
+/// Builds the program with `NAME` as its hot function; the stripped binary and its debug
+/// file (`objcopy --only-keep-debug`).
+fn build(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let src = dir.join(format!("{name}.c"));
+    fs::write(&src, PROGRAM).expect("write source");
+    let bin = dir.join(name);
+    let debug = dir.join(format!("{name}.debug"));
+    let run = |cmd: &mut Command| {
+        let out = cmd.output().expect("run a build tool");
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(Command::new("gcc")
+        .args([
+            "-O1",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-Wl,--build-id=sha1",
+        ])
+        .arg(format!("-DNAME={name}"))
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src));
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&bin)
+        .arg(&debug));
+    run(Command::new("strip").arg("--strip-all").arg(&bin));
+    (bin, debug)
+}
+
+/// The build id of `path` in hex, as `readelf -n` prints it.
+fn build_id(path: &Path) -> String {
+    let out = Command::new("readelf")
+        .arg("-n")
+        .arg(path)
+        .output()
+        .expect("readelf");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| Some(l.split("Build ID:").nth(1)?.trim().to_owned()))
+        .expect("a build id")
+}
+
+/// A child that is killed when dropped.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a hostile server; returns once it listens.
+fn hostile(mode: &str, port: u16, file: &Path) -> Server {
+    let mut child = Command::new("python3")
+        .args(["-c", SERVER, mode, &port.to_string()])
+        .arg(file)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    let out = child.stdout.take().expect("stdout");
+    BufReader::new(out)
+        .read_line(&mut line)
+        .expect("ready line");
+    assert_eq!(line.trim(), "ready", "{mode} server");
+    Server(child)
+}
+
+/// The value of the series `series` (name and labels, as /metrics writes them).
+fn series(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The window files of `dir` that name `function` in the stacks of `pid`, and all of them.
+fn windows_naming(dir: &Path, pid: u32, function: &str) -> (usize, usize) {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    files.retain(|p| {
+        p.to_string_lossy().ends_with(".pb.gz") && !p.to_string_lossy().contains("offcpu")
+    });
+    let naming = files
+        .iter()
+        .filter_map(|p| read_profile(p).ok())
+        .filter(|p| stacks_of(p, pid).iter().any(|s| s.has(function)))
+        .count();
+    (naming, files.len())
+}
+
+#[test]
+fn stripped_frames_are_named_from_debuginfod_past_hostile_servers() {
+    if !require_privileged() {
+        return;
+    }
+    if Command::new("debuginfod")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var("EMBER_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+            "debuginfod is not installed (make deps installs it)"
+        );
+        println!("skipped: debuginfod is not installed");
+        return;
+    }
+    let _lock = sampling_lock();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let serve = dir.path().join("serve");
+    fs::create_dir_all(&serve).expect("serve dir");
+    let (bin, debug) = build(dir.path(), "debuginfod_hot_a");
+    let (_, other_debug) = build(dir.path(), "wrongly_named_b");
+    fs::rename(&debug, serve.join("a.debug")).expect("move the debug file");
+    let id = build_id(&bin);
+
+    // The real server, over the directory with the right debug file.
+    let port = free_port();
+    let real = Server(
+        Command::new("debuginfod")
+            .args(["-F", "-p", &port.to_string(), "--disable-source-scan", "-d"])
+            .arg(dir.path().join("db.sqlite"))
+            .arg(&serve)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("debuginfod"),
+    );
+    let real_addr = format!("127.0.0.1:{port}");
+    let path = format!("/buildid/{id}/debuginfo");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !matches!(http_get(&real_addr, &path), Ok((200, _))) {
+        assert!(Instant::now() < deadline, "debuginfod never served {path}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let _hang = hostile("hang", ports[0], &other_debug);
+    let _wrong = hostile("wrong", ports[1], &other_debug);
+    let _zeros = hostile("zeros", ports[2], &other_debug);
+    // ports[3]: nothing listens (a stopped server).
+
+    let data = dir.path().join("data");
+    let cap: u64 = 32 << 20;
+    let config = dir.path().join("ember.yaml");
+    let urls: Vec<String> = ports
+        .iter()
+        .chain([&port])
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
+    fs::write(
+        &config,
+        format!(
+            "symbols:\n  debuginfod_urls: {urls:?}\n  debuginfod_timeout: 2s\n  \
+             debuginfod_max_file_bytes: 8388608\n  debuginfod_cache_bytes: {cap}\n"
+        ),
+    )
+    .expect("config");
+    let mut program = Fixture::spawn(bin.to_str().expect("utf-8"), &[]).expect("program");
+    program
+        .wait_for("ready", Duration::from_secs(10))
+        .expect("ready");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let started = Instant::now();
+    let pid = program.pid.to_string();
+    let mut ember = Ember::spawn(
+        &[
+            "run",
+            "-c",
+            config.to_str().expect("utf-8"),
+            "--pid",
+            &pid,
+            "--window",
+            "2s",
+            "--listen",
+            &addr,
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+        ],
+        dir.path(),
+    )
+    .expect("ember run");
+    let fetched = r#"ember_debuginfod_requests_total{result="fetched"}"#;
+    let text = metrics_until(&addr, Duration::from_secs(60), |t| {
+        series(t, fetched) >= 1.0
+    });
+    // Named from the next window on: wait for two windows that name the function.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut naming, mut total) = (0, 0);
+    while naming < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        (naming, total) = windows_naming(&data, program.pid, "debuginfod_hot_a");
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "fetched after the hostile servers; {naming} of {total} windows in {elapsed:.1} s name the function"
+    );
+    for result in ["timeout", "wrong_build_id", "too_large", "connect_error"] {
+        let s = format!("ember_debuginfod_requests_total{{result=\"{result}\"}}");
+        println!("{result}: {}", series(&text, &s));
+        assert!(series(&text, &s) >= 1.0, "no {result} counted:\n{text}");
+    }
+    assert!(
+        naming >= 2,
+        "the function is not named in two windows ({naming} of {total})"
+    );
+    // Windows kept closing while the worker waited on the silent server (2 s windows).
+    assert!(
+        total as f64 >= elapsed / 2.0 - 3.0,
+        "{total} windows in {elapsed:.1} s: a window waited for the network"
+    );
+    let (wrong, _) = windows_naming(&data, program.pid, "wrongly_named_b");
+    assert_eq!(
+        wrong, 0,
+        "a name came from the file with the wrong build id"
+    );
+    let held = series(&text, "ember_debuginfod_cache_bytes");
+    assert!(
+        held > 0.0 && held <= cap as f64,
+        "disk cache holds {held} bytes (cap {cap})"
+    );
+
+    // The real server stops: windows go on, the names stay (from the disk cache).
+    drop(real);
+    let before = windows_naming(&data, program.pid, "debuginfod_hot_a");
+    std::thread::sleep(Duration::from_secs(5));
+    let after = windows_naming(&data, program.pid, "debuginfod_hot_a");
+    assert!(
+        after.1 > before.1,
+        "no window closed after the server stopped"
+    );
+    assert!(after.0 > before.0, "the names went with the server");
+    let (code, _) = http_get(&addr, "/healthz").expect("healthz");
+    assert_eq!(code, 200);
+    ember.signal(libc::SIGTERM);
+    let status = ember.wait(Duration::from_secs(20));
+    assert!(
+        status.success(),
+        "ember exited {status}:\n{}",
+        ember.stderr()
+    );
+}
