@@ -115,7 +115,7 @@ enum ember_py_tls {
 enum ember_py_model {
 	EMBER_PY_OBJECTS = 0, /* <= 3.10: one frame per eval call */
 	EMBER_PY_ENTRY = 1,   /* 3.11: frames up to the one whose `frame_owner` byte (is_entry) is set */
-	EMBER_PY_CSTACK = 2,  /* 3.12+: frames up to one owned by the C stack (not recorded) */
+	EMBER_PY_CSTACK = 2,  /* 3.12+: frames up to an eval call's entry frame (owner >= owner_cstack, not recorded) */
 };
 
 /* Value of the `py_procs` hash (key: tgid), written whole by the agent. */
@@ -127,7 +127,7 @@ struct ember_py_proc {
 	__u64 code_type;   /* PyCode_Type: a frame whose code object is not of it ends the walk */
 	__u8 tls_mode;     /* enum ember_py_tls */
 	__u8 model;        /* enum ember_py_model */
-	__u8 owner_cstack; /* EMBER_PY_CSTACK: the owner value of a C stack's frame */
+	__u8 owner_cstack; /* EMBER_PY_CSTACK: owner values from this one up mark an eval call's entry frame */
 	__u8 code_tagged;  /* the frame's code pointer carries tag bits (3.14 _PyStackRef): mask 7 */
 	__u16 tstate_frame;   /* PyThreadState: frame, cframe or current_frame */
 	__u16 cframe_current; /* _PyCFrame.current_frame, or EMBER_PY_NO_FIELD */

@@ -112,8 +112,11 @@ static __always_inline long py_step(struct walk_ctx *c)
 	code = buf_word(b, py->frame_code);
 	prev = buf_word(b, py->frame_previous);
 	owner = buf_u8(b, py->frame_owner);
-	if (py->model == EMBER_PY_CSTACK && owner == py->owner_cstack) {
-		/* The eval call's entry frame: its run of frames ends here. */
+	if (py->model == EMBER_PY_CSTACK && owner >= py->owner_cstack) {
+		/*
+		 * The eval call's entry frame: its run of frames ends here. At or above: 3.14
+		 * gives it FRAME_OWNED_BY_INTERPRETER (3), below FRAME_OWNED_BY_CSTACK (4).
+		 */
 		w->interp.frame = prev;
 		return py_done(w, EMBER_PY_OK);
 	}
