@@ -98,6 +98,7 @@ struct interp_walk {
 	__u8 emitting;  /* enum interp_runtime: whose frames of the loop frame at ip are being recorded */
 	__u8 loop_done; /* ... done: record the loop frame itself */
 	__u8 result;    /* enum ember_py_result */
+	__u8 appending; /* the native walk stopped early: the rest of the frames go after it */
 	__u64 frame;    /* the next interpreter frame (0: none left) */
 	struct ember_py_tail tail; /* which user slots are interpreter frames, which loop frames */
 };
@@ -841,6 +842,7 @@ int ember_walk(struct ember_perf_ctx *ctx)
 		s->w.running = 0;
 		s->w.result = EMBER_UNWIND_TRUNCATED;
 	}
+	interp_append(&c);
 	finish(s);
 	return 0;
 }

@@ -150,7 +150,9 @@ enum ember_py_result {
 	EMBER_PY_MISMATCH = 4,  /* an eval frame had no interpreter frame left (one surplus is normal), or a
 				 * frame's code was not a code object (a frame being set up): the rest dropped */
 	EMBER_PY_READ = 5,      /* a frame could not be read: the rest are missing */
-	EMBER_PY_RESULT_MAX = 6,
+	EMBER_PY_APPENDED = 6,  /* the native walk stopped early (an unwind error) with interpreter frames
+				 * left: they follow its last native frame, not interleaved (up to the frame cap) */
+	EMBER_PY_RESULT_MAX = 7,
 };
 
 /* After the ips of a record whose py_result is not EMBER_PY_NONE. Bit i: user slot i. */

@@ -4,7 +4,7 @@
  * interp_at_pc at each native frame whether it is an interpreter loop's frame,
  * and then calls interp_step, a frame a step, until that runtime's frames of the
  * loop frame are recorded; the loop frame itself follows. Each runtime is one
- * header (python.bpf.h) that provides <rt>_begin, <rt>_at_pc and <rt>_step; a
+ * header (python.bpf.h) that provides <rt>_begin, <rt>_at_pc, <rt>_step and <rt>_append; a
  * new runtime adds its header, its value of enum interp_runtime and one line in
  * each function below, and the walker's core stays as it is.
  *
@@ -62,6 +62,20 @@ static __always_inline long interp_step(struct walk_ctx *c)
 	}
 }
 
+/*
+ * After the native walk: where it stopped early (an unwind error: not an end it reached, nor
+ * the frame cap), the thread's interpreter frames it did not reach follow its last native
+ * frame.
+ */
+static __always_inline void interp_append(struct walk_ctx *c)
+{
+	struct walk *w = &c->s->w;
+
+	if (w->running || w->result < EMBER_UNWIND_ERR_UNSUPPORTED)
+		return;
+	py_append(c);
+}
+
 /* Resets the walk's interpreter state; interp_finish's record says EMBER_PY_NONE until a loop frame. */
 static __always_inline void interp_reset(struct walk *w)
 {
@@ -69,6 +83,7 @@ static __always_inline void interp_reset(struct walk *w)
 	w->interp.emitting = INTERP_NONE;
 	w->interp.loop_done = 0;
 	w->interp.result = EMBER_PY_NONE;
+	w->interp.appending = 0;
 	w->interp.frame = 0;
 	__builtin_memset(&w->interp.tail, 0, sizeof(w->interp.tail));
 }

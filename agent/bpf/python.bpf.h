@@ -74,11 +74,14 @@ static __always_inline __u8 buf_u8(struct py_frame_buf *b, __u16 off)
 	return buf_word(b, off) >> ((off & 7) * 8);
 }
 
-/* Ends the current eval frame's interpreter frames: its own frame is recorded next. */
+/*
+ * Ends the current eval frame's interpreter frames: its own frame is recorded next. An
+ * append keeps its result: EMBER_PY_APPENDED says where its frames stand.
+ */
 static __always_inline long py_done(struct walk *w, __u8 result)
 {
 	w->interp.emitting = INTERP_NONE;
-	if (result != EMBER_PY_OK)
+	if (result != EMBER_PY_OK && !w->interp.appending)
 		w->interp.result = result;
 	return 0;
 }
@@ -114,21 +117,23 @@ static __always_inline long py_step(struct walk_ctx *c)
 	owner = buf_u8(b, py->frame_owner);
 	if (py->model == EMBER_PY_CSTACK && owner >= py->owner_cstack) {
 		/*
-		 * The eval call's entry frame: its run of frames ends here. At or above: 3.14
-		 * gives it FRAME_OWNED_BY_INTERPRETER (3), below FRAME_OWNED_BY_CSTACK (4).
+		 * The eval call's entry frame: its run of frames ends here (an append goes on
+		 * past it). At or above: 3.14 gives it FRAME_OWNED_BY_INTERPRETER (3), below
+		 * FRAME_OWNED_BY_CSTACK (4).
 		 */
 		w->interp.frame = prev;
+		if (w->interp.appending && prev)
+			return 0;
 		return py_done(w, EMBER_PY_OK);
 	}
 	if (py->code_tagged)
 		code &= ~7ULL;
 	i = w->uframes;
-	if (i + 2 > EMBER_MAX_FRAMES) {
-		w->interp.result = EMBER_PY_TRUNCATED;
-		return stop(w, EMBER_UNWIND_TRUNCATED);
-	}
 	at = w->kframes + i;
-	if (at + 2 > 2 * EMBER_MAX_FRAMES) {
+	if (i + 2 > EMBER_MAX_FRAMES || at + 2 > 2 * EMBER_MAX_FRAMES) {
+		/* An append ends at the cap; the native walk's own end stays as it was. */
+		if (w->interp.appending)
+			return py_done(w, EMBER_PY_TRUNCATED);
 		w->interp.result = EMBER_PY_TRUNCATED;
 		return stop(w, EMBER_UNWIND_TRUNCATED);
 	}
@@ -158,7 +163,11 @@ static __always_inline long py_step(struct walk_ctx *c)
 	w->uframes = i + 2;
 	w->interp.frame = prev;
 	count(EMBER_CNT_PY_FRAMES);
-	if (py->model == EMBER_PY_OBJECTS || (py->model == EMBER_PY_ENTRY && owner) || !prev)
+	if (!prev)
+		return py_done(w, EMBER_PY_OK);
+	if (w->interp.appending)
+		return 0;
+	if (py->model == EMBER_PY_OBJECTS || (py->model == EMBER_PY_ENTRY && owner))
 		return py_done(w, EMBER_PY_OK);
 	return 0;
 }
@@ -192,6 +201,50 @@ static __always_inline int py_at_eval(struct walk_ctx *c, __u64 pc)
 	w->interp.emitting = INTERP_PYTHON;
 	w->interp.loop_done = 1;
 	return 1;
+}
+
+/* bpf_loop callback of py_append: one frame a step until the chain ends. */
+static long py_append_step(__u32 index, void *arg)
+{
+	struct walk_ctx *c = arg;
+
+	if (!c->s->w.interp.emitting)
+		return 1;
+	return py_step(c);
+}
+
+/*
+ * The native walk stopped early: records the interpreter frames it did not reach (all of
+ * the thread's if it met no eval frame), past entry frames, after its last native frame.
+ */
+static __always_inline void py_append(struct walk_ctx *c)
+{
+	struct walk *w = &c->s->w;
+	__u32 before = w->uframes;
+	__u8 started = w->interp.started, result = w->interp.result;
+
+	if (!c->py)
+		return;
+	if (!started) {
+		w->interp.frame = py_cursor(c->py);
+		w->interp.result = EMBER_PY_OK;
+		w->interp.started = 1;
+	}
+	if (!w->interp.frame)
+		goto none;
+	w->interp.result = EMBER_PY_APPENDED;
+	w->interp.appending = 1;
+	w->interp.emitting = INTERP_PYTHON;
+	/* Each step records a frame or passes an entry frame; the frame cap ends it sooner. */
+	bpf_loop(2 * EMBER_MAX_FRAMES, py_append_step, c, 0);
+	w->interp.emitting = INTERP_NONE;
+	w->interp.appending = 0;
+	if (w->uframes != before)
+		return;
+none:
+	/* Nothing appended (no Python on this thread, or only entry frames left): as it was. */
+	w->interp.started = started;
+	w->interp.result = result;
 }
 
 /* The process's interpreter entry for this run of the walker, or 0. */
