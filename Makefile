@@ -37,6 +37,9 @@ OTLP_PIP_PINS := grpcio==1.85.1 opentelemetry-proto==1.45.2
 # py-spy, the reference the Python frame tests compare ember with (its wheel carries the binary).
 PYSPY_VENV := $(TARGET_DIR)/pyspy-venv
 PYSPY_PIP_PINS := py-spy==0.4.3
+# Debian sid's python3.14 with sid's libc6 and what else it needs, unpacked into a root the
+# Python tests chroot into (bookworm's glibc is too old for it); see tests/python314/build-root.sh.
+PYTHON314_DIR := $(TARGET_DIR)/python314
 
 # Debian/Ubuntu packages: build (clang, llvm, libelf, zlib, pkg-config, make),
 # the Go pprof tools the tests validate profiles with, and perf + bpftool for
@@ -121,7 +124,7 @@ endef
 
 .PHONY: deps bench-deps rust-deps build run test bench clean \
 	fmt-check modgraph clippy pprofcheck test-only bench-only k8s-apiserver deploy-check \
-	otlp-venv pyspy-venv fuzz
+	otlp-venv pyspy-venv python314-root fuzz
 
 deps: rust-deps
 	$(call ensure_pkgs,$(DEB_PKGS))
@@ -184,10 +187,17 @@ $(PYSPY_VENV)/.installed:
 	$(PYSPY_VENV)/bin/pip install -q --disable-pip-version-check $(PYSPY_PIP_PINS)
 	touch $@
 
+# Made once (root, network to deb.debian.org); remove the directory to rebuild it.
+python314-root: $(PYTHON314_DIR)/root/.complete
+$(PYTHON314_DIR)/root/.complete: tests/python314/build-root.sh
+	@if [ "$$(id -u)" = 0 ]; then tests/python314/build-root.sh $(PYTHON314_DIR); \
+	else echo "skipping the python3.14 root (needs root: apt-get, dpkg-deb, chroot)"; fi
+
 # --no-fail-fast: every suite runs and every failure is reported, not just the first.
 test-only:
 	EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) EMBER_OTLP_PYTHON=$(OTLP_VENV)/bin/python \
-		EMBER_PYSPY=$(PYSPY_VENV)/bin/py-spy $(CARGO) test --release --workspace --no-fail-fast
+		EMBER_PYSPY=$(PYSPY_VENV)/bin/py-spy EMBER_PYTHON314_ROOT=$(PYTHON314_DIR)/root \
+		$(CARGO) test --release --workspace --no-fail-fast
 
 # A real kube-apiserver (built once from Debian's source, cached outside the tree) for the
 # pod watcher's end-to-end test; needs root for apt, like the BPF tests.
@@ -209,6 +219,7 @@ test: deps
 	$(MAKE) --no-print-directory deploy-check
 	$(MAKE) --no-print-directory otlp-venv
 	$(MAKE) --no-print-directory pyspy-venv
+	$(MAKE) --no-print-directory python314-root
 	$(MAKE) --no-print-directory test-only
 
 # cargo-fuzz targets of the parsers of container input in parse/ (perf map, jitdump, unwind

@@ -24,6 +24,8 @@ fn main() {
         "bpf/runqlat.bpf.c",
         "bpf/ember.h",
         "bpf/offcpu.bpf.h",
+        "bpf/interp.bpf.h",
+        "bpf/python.bpf.h",
         "bpf/types.h",
     ] {
         println!("cargo:rerun-if-changed={f}");

@@ -89,6 +89,20 @@ struct {
 	__type(value, __u8);
 } cgroup_deny SEC(".maps");
 
+/*
+ * A walk's interpreter frames in progress, whichever the runtime (interp.bpf.h): a native
+ * frame of an interpreter's loop first records the interpreter frames that loop runs.
+ */
+struct interp_walk {
+	__u8 started;   /* the thread's interpreter state was looked for (at the first loop frame) */
+	__u8 emitting;  /* enum interp_runtime: whose frames of the loop frame at ip are being recorded */
+	__u8 loop_done; /* ... done: record the loop frame itself */
+	__u8 result;    /* enum ember_py_result */
+	__u8 appending; /* the native walk stopped early: the rest of the frames go after it */
+	__u64 frame;    /* the next interpreter frame (0: none left) */
+	struct ember_py_tail tail; /* which user slots are interpreter frames, which loop frames */
+};
+
 /* The table walker's registers and progress, kept across its tail calls. */
 struct walk {
 	__u64 ip, sp, bp;
@@ -99,12 +113,7 @@ struct walk {
 	__u8 bp_lost;   /* a frame's rbp rule was "unknown": rbp no longer holds the caller's */
 	__u8 exact;     /* ip is where the code was interrupted, not a return address */
 	__u8 looked;    /* bpf_find_vma was used (once a sample: it defers its unlock to irq_work) */
-	__u8 py_started;  /* the thread's interpreter state was looked for (at the first eval frame) */
-	__u8 py_emitting; /* recording the interpreter frames of the eval frame at ip */
-	__u8 py_eval_done; /* ... done: record the eval frame itself */
-	__u8 py_result;   /* enum ember_py_result */
-	__u64 py_frame;   /* the next interpreter frame (0: none left) */
-	struct ember_py_tail py_tail;
+	struct interp_walk interp; /* interpreter frames (interp.bpf.h) */
 };
 
 /* Words of a struct ember_py_tail. */
@@ -591,206 +600,13 @@ struct walk_ctx {
 	struct scratch *s;
 	struct ember_unwind_proc *proc;
 	struct row_cache *cache; /* this CPU's, or 0: every row is searched */
-	struct ember_py_proc *py; /* the process's interpreter, or 0 */
-	__u32 buf_key;            /* its `py_buf` entry: 0 the sampler, 1 off-CPU */
+	/* Each runtime's entry for the process, or 0 (interp_begin); off-CPU sets them itself. */
+	struct ember_py_proc *py;
+	__u32 buf_key; /* the runtimes' per-CPU read buffers: 0 the sampler, 1 off-CPU */
 };
 
-/* Per process (tgid): where its interpreter's eval loop is and how to walk its frames. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 4096); /* resized from the config before load */
-	__type(key, __u32);
-	__type(value, struct ember_py_proc);
-} py_procs SEC(".maps");
-
-/* One interpreter frame's bytes, read at once (per CPU; off-CPU has its own, key 1). */
-struct py_frame_buf {
-	__u64 w[EMBER_PY_FRAME_BYTES / 8];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2);
-	__type(key, __u32);
-	__type(value, struct py_frame_buf);
-} py_buf SEC(".maps");
-
-/* The thread's %fs base: where its TLS and its pthread's key slots are (x86-64). */
-static __always_inline __u64 thread_pointer(void)
-{
-	struct task_struct___py *t = (void *)bpf_get_current_task_btf();
-
-	return BPF_CORE_READ(t, thread.fsbase);
-}
-
-/* The thread's innermost interpreter frame, from its PyThreadState; 0 if there is none. */
-static __always_inline __u64 py_cursor(struct ember_py_proc *py)
-{
-	__u64 tp = thread_pointer(), base = tp, ts, f;
-
-	if (!tp)
-		return 0;
-	if (py->tls_mode == EMBER_PY_TLS_DTV) {
-		/* glibc's dtv_t is 16 bytes; an unallocated block is -1 (dlopen'ed, not touched yet). */
-		if (read_u64(&base, tp + 8) || read_u64(&base, base + 16 * py->tls_module))
-			return 0;
-		if (base == 0 || base == (__u64)-1)
-			return 0;
-	}
-	if (read_u64(&ts, base + py->tls_offset) || ts == 0 || (ts & 7))
-		return 0;
-	if (read_u64(&f, ts + py->tstate_frame))
-		return 0;
-	if (py->cframe_current != EMBER_PY_NO_FIELD && (f == 0 || read_u64(&f, f + py->cframe_current)))
-		return 0;
-	return f;
-}
-
-/* Whether pc is in the interpreter's eval loop. */
-static __always_inline int in_eval(struct ember_py_proc *py, __u64 pc)
-{
-	return (pc >= py->eval_start[0] && pc < py->eval_end[0]) ||
-	       (pc >= py->eval_start[1] && pc < py->eval_end[1]);
-}
-
-static __always_inline __u64 buf_word(struct py_frame_buf *b, __u16 off)
-{
-	return b->w[(off >> 3) & (EMBER_PY_FRAME_BYTES / 8 - 1)];
-}
-
-/* The 4-byte or 1-byte field at off (little-endian) of a frame's bytes. */
-static __always_inline __u32 buf_u32(struct py_frame_buf *b, __u16 off)
-{
-	return buf_word(b, off) >> ((off & 4) * 8);
-}
-
-static __always_inline __u8 buf_u8(struct py_frame_buf *b, __u16 off)
-{
-	return buf_word(b, off) >> ((off & 7) * 8);
-}
-
-static __always_inline void set_bit(__u64 *bits, __u32 i)
-{
-	bits[(i >> 6) & 1] |= 1ULL << (i & 63);
-}
-
-/* Ends the current eval frame's interpreter frames: its own frame is recorded next. */
-static __always_inline long py_done(struct walk *w, __u8 result)
-{
-	w->py_emitting = 0;
-	if (result != EMBER_PY_OK)
-		w->py_result = result;
-	return 0;
-}
-
-/*
- * One step of an eval frame's interpreter frames: records the frame at the cursor
- * (two slots) and moves to its caller, or ends the eval frame's run by its model.
- */
-static __always_inline long py_step(struct walk_ctx *c)
-{
-	struct scratch *s = c->s;
-	struct walk *w = &s->w;
-	struct ember_py_proc *py = c->py;
-	__u32 key = c->buf_key, i, at, size, unit = 0, fp = 0;
-	__u64 frame = w->py_frame, code, prev, instr, type;
-	struct py_frame_buf *b;
-	__u8 owner;
-
-	if (!py || !frame)
-		return py_done(w, EMBER_PY_MISMATCH);
-	b = bpf_map_lookup_elem(&py_buf, &key);
-	if (!b)
-		return py_done(w, EMBER_PY_READ);
-	size = py->frame_size;
-	if (size > EMBER_PY_FRAME_BYTES)
-		size = EMBER_PY_FRAME_BYTES;
-	if (bpf_probe_read_user(b, size, (void *)frame)) {
-		w->py_frame = 0;
-		return py_done(w, EMBER_PY_READ);
-	}
-	code = buf_word(b, py->frame_code);
-	prev = buf_word(b, py->frame_previous);
-	owner = buf_u8(b, py->frame_owner);
-	if (py->model == EMBER_PY_CSTACK && owner == py->owner_cstack) {
-		/* The eval call's entry frame: its run of frames ends here. */
-		w->py_frame = prev;
-		return py_done(w, EMBER_PY_OK);
-	}
-	if (py->code_tagged)
-		code &= ~7ULL;
-	i = w->uframes;
-	if (i + 2 > EMBER_MAX_FRAMES) {
-		w->py_result = EMBER_PY_TRUNCATED;
-		return stop(w, EMBER_UNWIND_TRUNCATED);
-	}
-	at = w->kframes + i;
-	if (at + 2 > 2 * EMBER_MAX_FRAMES) {
-		w->py_result = EMBER_PY_TRUNCATED;
-		return stop(w, EMBER_UNWIND_TRUNCATED);
-	}
-	/*
-	 * A frame whose code is not a code object (one being set up at a call's edge, or a
-	 * forged chain): nothing from here on is trusted, so no frame is recorded. A code
-	 * object not resident keeps its address, fingerprint 0 (unknown).
-	 */
-	if (code && !bpf_probe_read_user(&type, sizeof(type), (void *)(code + 8)) && type != py->code_type) {
-		w->py_frame = 0;
-		return py_done(w, EMBER_PY_MISMATCH);
-	}
-	if (code && bpf_probe_read_user(&fp, sizeof(fp), (void *)(code + py->code_firstlineno)))
-		fp = 0;
-	if (py->model == EMBER_PY_OBJECTS) {
-		unit = buf_u32(b, py->frame_instr);
-		if ((__s32)unit < 0)
-			unit = 0; /* -1: not started */
-	} else {
-		instr = buf_word(b, py->frame_instr) - code - py->code_adaptive;
-		unit = instr < (1ULL << 32) ? instr / 2 : 0;
-	}
-	barrier_var(at);
-	s->ips[at & 0xff] = code;
-	s->ips[(at + 1) & 0xff] = ((__u64)unit << 32) | fp;
-	set_bit(w->py_tail.py_start, i);
-	w->uframes = i + 2;
-	w->py_frame = prev;
-	count(EMBER_CNT_PY_FRAMES);
-	if (py->model == EMBER_PY_OBJECTS || (py->model == EMBER_PY_ENTRY && owner) || !prev)
-		return py_done(w, EMBER_PY_OK);
-	return 0;
-}
-
-/*
- * At a frame about to be recorded whose pc is in the eval loop: 1 if its interpreter
- * frames are to be recorded first (the walk's next steps), 0 to record the frame itself.
- */
-static __always_inline int py_at_eval(struct walk_ctx *c, __u64 pc)
-{
-	struct walk *w = &c->s->w;
-
-	if (!c->py || !in_eval(c->py, pc))
-		return 0;
-	if (w->py_eval_done) {
-		w->py_eval_done = 0;
-		set_bit(w->py_tail.eval, w->uframes);
-		return 0;
-	}
-	if (!w->py_started) {
-		w->py_started = 1;
-		w->py_frame = py_cursor(c->py);
-		w->py_result = w->py_frame ? EMBER_PY_OK : EMBER_PY_NO_STATE;
-	} else if (!w->py_frame && w->py_result == EMBER_PY_OK) {
-		w->py_result = EMBER_PY_MISMATCH;
-	}
-	if (!w->py_frame) {
-		set_bit(w->py_tail.eval, w->uframes);
-		return 0;
-	}
-	w->py_emitting = 1;
-	w->py_eval_done = 1;
-	return 1;
-}
+/* Interpreter frames: the walker asks interp.bpf.h at each frame, which asks each runtime. */
+#include "interp.bpf.h"
 
 /*
  * A table is stamped in `unwind_used` at most this often: eviction needs no finer
@@ -852,8 +668,8 @@ static long walk_step(__u32 index, void *arg)
 
 	if (!w->running)
 		return 1;
-	if (w->py_emitting)
-		return py_step(c);
+	if (w->interp.emitting)
+		return interp_step(c);
 	if (w->uframes >= EMBER_MAX_FRAMES)
 		return stop(w, EMBER_UNWIND_TRUNCATED);
 	at = w->kframes + w->uframes;
@@ -861,8 +677,8 @@ static long walk_step(__u32 index, void *arg)
 		return stop(w, EMBER_UNWIND_TRUNCATED);
 	/* A return address is the instruction after the call: look up the call itself. */
 	pc = w->exact ? w->ip : w->ip - 1;
-	/* An eval loop frame: the interpreter frames it runs go first (innermost first). */
-	if (py_at_eval(c, pc))
+	/* An interpreter loop's frame: the interpreter frames it runs go first (innermost first). */
+	if (interp_at_pc(c, pc))
 		return 0;
 	/*
 	 * The mask is for the verifier: clang indexes with a copy of `at` the check did not
@@ -982,36 +798,6 @@ stepped:
 	return 0;
 }
 
-/*
- * Writes the interpreter tail after the k + u ips of a walk that met an eval frame, and
- * says so in the record; returns its bytes.
- */
-static __always_inline __u64 py_finish(struct scratch *s, __u32 k, __u32 u)
-{
-	__u32 n = k + u, j;
-
-	s->rec.py_result = s->w.py_started ? s->w.py_result : EMBER_PY_NONE;
-	if (s->rec.py_result == EMBER_PY_NONE || n > 2 * EMBER_MAX_FRAMES) {
-		s->rec.py_result = EMBER_PY_NONE;
-		return 0;
-	}
-	barrier_var(n);
-	for (j = 0; j < PY_TAIL_WORDS; j++)
-		s->ips[(n & 0xff) + j] = ((__u64 *)&s->w.py_tail)[j];
-	return sizeof(struct ember_py_tail);
-}
-
-/* Resets the walk's interpreter state; py_finish's record says EMBER_PY_NONE until an eval frame. */
-static __always_inline void py_reset(struct walk *w)
-{
-	w->py_started = 0;
-	w->py_emitting = 0;
-	w->py_eval_done = 0;
-	w->py_result = EMBER_PY_NONE;
-	w->py_frame = 0;
-	__builtin_memset(&w->py_tail, 0, sizeof(w->py_tail));
-}
-
 /* Ends a walk: the record carries its user frames and how the walk ended. */
 static __always_inline void finish(struct scratch *s)
 {
@@ -1024,7 +810,7 @@ static __always_inline void finish(struct scratch *s)
 		u = EMBER_MAX_FRAMES;
 	s->rec.user_frames = u;
 	s->rec.user_result = s->w.result;
-	tail = py_finish(s, k, u);
+	tail = interp_finish(s, k, u);
 	emit(s, k * sizeof(__u64), u * sizeof(__u64) + tail);
 }
 
@@ -1042,8 +828,7 @@ int ember_walk(struct ember_perf_ctx *ctx)
 	c.s = s;
 	c.cache = bpf_map_lookup_elem(&row_cache, &zero);
 	c.proc = bpf_map_lookup_elem(&unwind_procs, &pid);
-	c.py = bpf_map_lookup_elem(&py_procs, &pid);
-	c.buf_key = 0;
+	interp_begin(&c, pid, 0);
 	if (!c.proc) {
 		/* The agent dropped the process between two runs. */
 		s->w.running = 0;
@@ -1057,6 +842,7 @@ int ember_walk(struct ember_perf_ctx *ctx)
 		s->w.running = 0;
 		s->w.result = EMBER_UNWIND_TRUNCATED;
 	}
+	interp_append(&c);
 	finish(s);
 	return 0;
 }
@@ -1126,7 +912,7 @@ int ember_sample(struct ember_perf_ctx *ctx)
 				s->w.bp_lost = 0;
 				s->w.exact = 1;
 				s->w.looked = !ember_cfg.task_regs;
-				py_reset(&s->w);
+				interp_reset(&s->w);
 				bpf_tail_call(ctx, &walk_progs, 0);
 				count(EMBER_CNT_TAIL_CALL);
 			}

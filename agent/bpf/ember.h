@@ -115,7 +115,7 @@ enum ember_py_tls {
 enum ember_py_model {
 	EMBER_PY_OBJECTS = 0, /* <= 3.10: one frame per eval call */
 	EMBER_PY_ENTRY = 1,   /* 3.11: frames up to the one whose `frame_owner` byte (is_entry) is set */
-	EMBER_PY_CSTACK = 2,  /* 3.12+: frames up to one owned by the C stack (not recorded) */
+	EMBER_PY_CSTACK = 2,  /* 3.12+: frames up to an eval call's entry frame (owner >= owner_cstack, not recorded) */
 };
 
 /* Value of the `py_procs` hash (key: tgid), written whole by the agent. */
@@ -127,7 +127,7 @@ struct ember_py_proc {
 	__u64 code_type;   /* PyCode_Type: a frame whose code object is not of it ends the walk */
 	__u8 tls_mode;     /* enum ember_py_tls */
 	__u8 model;        /* enum ember_py_model */
-	__u8 owner_cstack; /* EMBER_PY_CSTACK: the owner value of a C stack's frame */
+	__u8 owner_cstack; /* EMBER_PY_CSTACK: owner values from this one up mark an eval call's entry frame */
 	__u8 code_tagged;  /* the frame's code pointer carries tag bits (3.14 _PyStackRef): mask 7 */
 	__u16 tstate_frame;   /* PyThreadState: frame, cframe or current_frame */
 	__u16 cframe_current; /* _PyCFrame.current_frame, or EMBER_PY_NO_FIELD */
@@ -150,7 +150,9 @@ enum ember_py_result {
 	EMBER_PY_MISMATCH = 4,  /* an eval frame had no interpreter frame left (one surplus is normal), or a
 				 * frame's code was not a code object (a frame being set up): the rest dropped */
 	EMBER_PY_READ = 5,      /* a frame could not be read: the rest are missing */
-	EMBER_PY_RESULT_MAX = 6,
+	EMBER_PY_APPENDED = 6,  /* the native walk stopped early (an unwind error) with interpreter frames
+				 * left: they follow its last native frame, not interleaved (up to the frame cap) */
+	EMBER_PY_RESULT_MAX = 7,
 };
 
 /* After the ips of a record whose py_result is not EMBER_PY_NONE. Bit i: user slot i. */

@@ -144,7 +144,7 @@ static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *pre
 				w->bp_lost = 0;
 				w->exact = 1;
 				w->looked = 0;
-				py_reset(w);
+				interp_reset(w);
 				c.s = s;
 				c.cache = bpf_map_lookup_elem(&row_cache, &one);
 				/* Interpreter frames off CPU: not yet (their tail is not kept per thread). */

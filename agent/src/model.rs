@@ -123,6 +123,9 @@ named_enum! {
         Mismatch => "mismatch",
         /// A frame could not be read: the frames above it are missing.
         Read => "read_error",
+        /// The native walk stopped early (an unwind error) with interpreter frames left:
+        /// they follow its last native frame, not interleaved with the frames it missed.
+        Appended => "appended",
     }
 }
 

@@ -1,8 +1,9 @@
 //! CPython frames named by ember, checked against py-spy on real interpreters.
 //!
 //! Each test runs `tests/fixtures/py_hot.py` on one interpreter (every pyenv build 3.8 to
-//! 3.13 with its shared libpython, Debian's static `python3.11` without frame pointers, and
-//! one interpreter in its own pid and mount namespace), and records it with
+//! 3.13 with its shared libpython, Debian's static `python3.11` without frame pointers, one
+//! interpreter in its own pid and mount namespace, and Debian sid's static `python3.14` in
+//! its own root, pid and mount namespace), and records it with
 //! `ember record` and `py-spy record` over the same seconds (py-spy pausing the process for
 //! each sample, see [`record_both`]). Then:
 //! 1. at least 99 % of ember's samples reach their thread's root (`<module>` in the main
@@ -81,38 +82,38 @@ fn pyspy() -> Option<PathBuf> {
 
 #[test]
 fn python_3_8() {
-    compare(&pyenv("3.8.18"), "3.8.18", false, true);
+    compare(&pyenv("3.8.18"), "3.8.18", Launch::Plain, true);
 }
 
 #[test]
 fn python_3_9() {
-    compare(&pyenv("3.9.18"), "3.9.18", false, true);
+    compare(&pyenv("3.9.18"), "3.9.18", Launch::Plain, true);
 }
 
 #[test]
 fn python_3_10() {
-    compare(&pyenv("3.10.13"), "3.10.13", false, true);
+    compare(&pyenv("3.10.13"), "3.10.13", Launch::Plain, true);
 }
 
 #[test]
 fn python_3_11() {
-    compare(&pyenv("3.11.7"), "3.11.7", false, true);
+    compare(&pyenv("3.11.7"), "3.11.7", Launch::Plain, true);
 }
 
 #[test]
 fn python_3_12() {
-    compare(&pyenv("3.12.1"), "3.12.1", false, true);
+    compare(&pyenv("3.12.1"), "3.12.1", Launch::Plain, true);
 }
 
 #[test]
 fn python_3_13() {
-    compare(&pyenv("3.13.0"), "3.13.0", false, true);
+    compare(&pyenv("3.13.0"), "3.13.0", Launch::Plain, true);
 }
 
 /// Debian's own build: static (no libpython), stripped locals, no frame pointers.
 #[test]
 fn python_debian_3_11() {
-    compare("/usr/bin/python3.11", "Debian 3.11", false, false);
+    compare("/usr/bin/python3.11", "Debian 3.11", Launch::Plain, false);
 }
 
 /// A container's view: own pid and mount namespace, shared libpython read from there.
@@ -136,24 +137,64 @@ fn python_in_pid_and_mount_namespace() {
             .nth(1)
             .unwrap_or("?")
     );
-    compare(&python, &label, true, true);
+    compare(&python, &label, Launch::Namespaced, true);
+}
+
+/// Debian sid's python3.14 (static, stripped, no frame pointers, sid's own glibc) in its own
+/// root, pid and mount namespace: everything ember reads of it comes from the process's root.
+/// The root is `make python314-root`'s (`$EMBER_PYTHON314_ROOT`).
+#[test]
+fn python_3_14_debian_in_chroot() {
+    let root = std::env::var_os("EMBER_PYTHON314_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/python314/root"));
+    if !root.join(".complete").exists() {
+        if require_privileged() {
+            eprintln!(
+                "skipped: {} not built (make python314-root)",
+                root.display()
+            );
+        }
+        return;
+    }
+    compare(
+        "/usr/bin/python3.14",
+        "Debian 3.14 in chroot+pid+mount ns",
+        Launch::Chroot(&root),
+        false,
+    );
+}
+
+/// How the fixture's interpreter is started.
+#[derive(Clone, Copy)]
+enum Launch<'a> {
+    /// As a child of the test.
+    Plain,
+    /// Under `unshare`, in new pid and mount namespaces.
+    Namespaced,
+    /// As `Namespaced`, chrooted into this root (the interpreter's path is inside it).
+    Chroot(&'a Path),
 }
 
 /// Runs the fixture on `python`, records it with both profilers, and checks the bars.
 /// `local_symbols`: whether the interpreter's binary keeps its local function symbols
 /// (`sorted`'s C functions are local: see [`check_interleaving`]).
-fn compare(python: &str, label: &str, namespaced: bool, local_symbols: bool) {
+fn compare(python: &str, label: &str, how: Launch, local_symbols: bool) {
     if !require_privileged() {
         return;
     }
-    if !Path::new(python).exists() {
+    let on_host = match how {
+        Launch::Chroot(root) => root.join(python.trim_start_matches('/')),
+        _ => PathBuf::from(python),
+    };
+    if !on_host.exists() {
         eprintln!("skipped: {label}: {python} is not on this machine");
         return;
     }
     let Some(pyspy) = pyspy() else { return };
     let _lock = sampling_lock();
     let dir = tempfile::tempdir().expect("tempdir");
-    let run = record_both(python, namespaced, &pyspy, dir.path());
+    let run = record_both(python, how, &pyspy, dir.path());
     let ember = parse_folded(&run.ember_folded, "ember");
     let spy = parse_folded(&run.pyspy_raw, "py-spy");
     let failures = check(label, &ember, &spy, local_symbols);
@@ -193,18 +234,34 @@ impl Drop for PyFixture {
     }
 }
 
-/// Starts py_hot.py (in new pid and mount namespaces when `namespaced`) and waits for the
-/// pid it prints, which it does once the interpreter runs the script.
-fn start_fixture(python: &str, namespaced: bool) -> PyFixture {
-    let script = fixture_script();
+/// Starts py_hot.py as `how` says and waits for the pid it prints, which it does once the
+/// interpreter runs the script.
+fn start_fixture(python: &str, how: Launch) -> PyFixture {
+    let mut script = fixture_script();
     let secs = (RECORD_SECS + SLACK_SECS).to_string();
-    let mut cmd = if namespaced {
-        let mut c = Command::new("unshare");
-        c.args(["--pid", "--fork", "--mount", "--mount-proc", python]);
-        c
-    } else {
-        Command::new(python)
+    let unshare = ["--pid", "--fork", "--mount", "--mount-proc"];
+    let mut cmd = match how {
+        Launch::Plain => Command::new(python),
+        Launch::Namespaced => {
+            let mut c = Command::new("unshare");
+            c.args(unshare).arg(python);
+            c
+        }
+        Launch::Chroot(root) => {
+            // The script must be inside the root: copied to its /tmp.
+            let inside = Path::new("/tmp/ember-py_hot.py");
+            fs::copy(
+                &script,
+                root.join(inside.strip_prefix("/").expect("absolute")),
+            )
+            .expect("copying the fixture into the root");
+            script = inside.to_path_buf();
+            let mut c = Command::new("unshare");
+            c.args(unshare).arg("--root").arg(root).arg(python);
+            c
+        }
     };
+    let namespaced = !matches!(how, Launch::Plain);
     let mut child = cmd
         .arg(&script)
         .args(["--seconds", secs.as_str()])
@@ -279,8 +336,8 @@ fn child_of(parent: u32) -> Option<u32> {
 
 /// Starts the fixture, then ember, then (once ember samples) py-spy, on the same pid for the
 /// same number of seconds; waits for both and returns what they wrote.
-fn record_both(python: &str, namespaced: bool, pyspy: &Path, dir: &Path) -> Run {
-    let fixture = start_fixture(python, namespaced);
+fn record_both(python: &str, how: Launch, pyspy: &Path, dir: &Path) -> Run {
+    let fixture = start_fixture(python, how);
     // The interpreter is up (it printed); let it settle into its rounds.
     thread::sleep(Duration::from_secs(1));
     let pid = fixture.host_pid.to_string();

@@ -164,3 +164,121 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
         ember.stderr()
     );
 }
+
+/// The append: a Python process whose leaf is machine code in anonymous memory
+/// (`tests/fixtures/py_anon_leaf.py`), recorded with `sampling.unwind: dwarf`, where the native
+/// walk stops at that leaf (no table). Without the append those samples would carry no Python
+/// frame at all; with it they carry the fixture's fixed chain `<module> -> main -> outer ->
+/// spin` (each at its call line, read from the script's `# at:` markers), after the native
+/// frames, and `ember_python_walks_total{result="appended"}` counts them.
+#[test]
+fn python_frames_are_appended_where_the_native_walk_stops() {
+    const DEBIAN: &str = "/usr/bin/python3.11";
+    if !require_privileged() {
+        return;
+    }
+    if !std::path::Path::new(DEBIAN).exists() {
+        println!("skipped: {DEBIAN} is not on this machine");
+        return;
+    }
+    let _lock = sampling_lock();
+    let script = ember_tests::workspace_root().join("tests/fixtures/py_anon_leaf.py");
+    let source = std::fs::read_to_string(&script).expect("fixture");
+    let line_of = |f: &str| {
+        let marker = format!("# at: {f}");
+        let i = source.lines().position(|l| l.ends_with(&marker));
+        i.map(|i| i + 1).expect("marker")
+    };
+    // Root first, as folded stacks are written.
+    let want = ["<module>", "main", "outer", "spin"];
+    for f in want {
+        // pprof carries the lines in `Line` entries; the names are checked here, and that
+        // each function is the one the script defines.
+        assert!(line_of(f) > 0);
+    }
+    let fx = Fixture::spawn(
+        DEBIAN,
+        &[script.to_str().expect("utf-8"), "--seconds", "40"],
+    )
+    .expect("fixture");
+    let pid = fx.pid.to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("dwarf.yaml");
+    std::fs::write(&config, "sampling:\n  unwind: dwarf\n").expect("config");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let data = dir.path().join("data");
+    let mut ember = Ember::spawn(
+        &[
+            "run",
+            "--config",
+            config.to_str().expect("utf-8"),
+            "--pid",
+            &pid,
+            "--window",
+            "5s",
+            "--listen",
+            &addr,
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+        ],
+        dir.path(),
+    )
+    .expect("ember run");
+    let appended = r#"ember_python_walks_total{result="appended"}"#;
+    let text = metrics_until(&addr, Duration::from_secs(40), |t| {
+        series(t, appended) >= 200.0
+    });
+    ember.signal(libc::SIGTERM);
+    let status = ember.wait(Duration::from_secs(20));
+    drop(fx);
+    assert!(
+        status.success(),
+        "ember exited {status}:\n{}",
+        ember.stderr()
+    );
+    let mut files = Vec::new();
+    let mut dirs = vec![data.clone()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.to_string_lossy().ends_with(".pb.gz") {
+                files.push(p);
+            }
+        }
+    }
+    let pid: i64 = pid.parse().expect("pid");
+    let (mut total, mut chained) = (0, 0);
+    for f in &files {
+        let profile = ember_tests::read_profile(f).expect("window profile");
+        for s in ember_tests::stacks(&profile)
+            .iter()
+            .filter(|s| s.pid == Some(pid))
+        {
+            total += s.count();
+            let root_first: Vec<&str> = s.frames.iter().rev().map(|f| f.name.as_str()).collect();
+            if root_first.starts_with(&want) {
+                chained += s.count();
+            }
+        }
+    }
+    let share = chained as f64 / total.max(1) as f64;
+    println!(
+        "walks: appended {}, ok {}, no_state {}; {chained} of {total} samples ({:.1} %) \
+         start with {want:?}",
+        series(&text, appended),
+        series(&text, r#"ember_python_walks_total{result="ok"}"#),
+        series(&text, r#"ember_python_walks_total{result="no_state"}"#),
+        100.0 * share
+    );
+    assert!(
+        series(&text, appended) >= 200.0,
+        "samples stopped at the anonymous leaf should get their Python frames appended:\n{text}"
+    );
+    // The counting loop takes milliseconds a call, Python microseconds around it.
+    assert!(
+        total >= 200 && share >= 0.8,
+        "{chained} of {total} samples start with {want:?} (want >= 80 %)"
+    );
+}

@@ -262,5 +262,6 @@ shared_enum!(ember_py_result {
     EMBER_PY_TRUNCATED = 3,
     EMBER_PY_MISMATCH = 4,
     EMBER_PY_READ = 5,
-    EMBER_PY_RESULT_MAX = 6,
+    EMBER_PY_APPENDED = 6,
+    EMBER_PY_RESULT_MAX = 7,
 });

@@ -133,6 +133,7 @@ fn py_walk(v: u8) -> Option<PyWalk> {
         x if x == R::EMBER_PY_TRUNCATED.0 => PyWalk::Truncated,
         x if x == R::EMBER_PY_MISMATCH.0 => PyWalk::Mismatch,
         x if x == R::EMBER_PY_READ.0 => PyWalk::Read,
+        x if x == R::EMBER_PY_APPENDED.0 => PyWalk::Appended,
         _ => return None,
     })
 }

@@ -163,6 +163,12 @@ impl View {
         self.refresh()?;
         self.mounts.get(&id).copied()
     }
+
+    /// A mount of the file system whose device is `dev` (see [`Mounts::look_up`]).
+    fn by_dev(&mut self, dev: (u32, u32)) -> Option<Known> {
+        self.refresh()?;
+        self.mounts.values().find(|k| k.dev == dev).copied()
+    }
 }
 
 /// What every thread shares: kinds by never-reused mount id, and the host's mountinfo
@@ -247,12 +253,12 @@ impl Mounts {
                         .ok()
                         .and_then(|m| m.mount_id)
                         .ok_or(Refusal::Stat)?;
-                    let k = self.look_up(id)?;
+                    let k = self.look_up(id, first.dev)?;
                     self.remember(u, k);
                     k
                 }
             },
-            None => self.look_up(first.mount_id.ok_or(Refusal::Stat)?)?,
+            None => self.look_up(first.mount_id.ok_or(Refusal::Stat)?, first.dev)?,
         };
         let mount = first
             .mount_unique
@@ -298,8 +304,15 @@ impl Mounts {
     }
 
     /// The mount `id` (pinned by a handle the caller holds), in the process's mountinfo,
-    /// else the host's.
-    fn look_up(&mut self, id: u32) -> Result<Known, Refusal> {
+    /// else the host's; else, by `dev`, a mount of the same file system in either.
+    ///
+    /// The last is for a chrooted process in a mount namespace of its own: its mountinfo
+    /// leaves out the mounts above its root, the mount its files are on among them, and the
+    /// host's has that mount under another id (a namespace's copy of a mount gets a new one).
+    /// A device number names one live file system, and the handle keeps this one alive, so a
+    /// mount with the same device in a table read after the pin is on the same file system:
+    /// the same kind (a FUSE file system is refused whatever mount it is seen through).
+    fn look_up(&mut self, id: u32, dev: (u32, u32)) -> Result<Known, Refusal> {
         if !self.own_tried {
             self.own_tried = true;
             self.own = View::open(&self.dir.join("mountinfo"));
@@ -312,9 +325,11 @@ impl Mounts {
             s.host_tried = true;
             s.host = View::open(Path::new("/proc/1/mountinfo"));
         }
-        s.host
-            .as_mut()
-            .and_then(|v| v.get(id))
+        if let Some(k) = s.host.as_mut().and_then(|v| v.get(id)) {
+            return Ok(k);
+        }
+        let own = self.own.as_mut().and_then(|v| v.by_dev(dev));
+        own.or_else(|| s.host.as_mut().and_then(|v| v.by_dev(dev)))
             .ok_or(Refusal::Unknown)
     }
 }
@@ -384,6 +399,19 @@ mod tests {
         assert_eq!(fuse.check(h.as_fd()), Err(Refusal::Fuse));
         let mut nfs = Mounts::new(&fake_proc(dir.path(), Some("nfs4")), &m);
         assert_eq!(nfs.check(h.as_fd()), Err(Refusal::Network));
+    }
+
+    #[test]
+    fn a_file_system_is_found_by_its_device_under_another_mount() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("mountinfo");
+        let text = "40 1 0:4242 / /srv rw - fuse.x x rw\n41 1 8:1 / / rw - ext4 /dev/sda1 rw\n";
+        std::fs::write(&path, text).expect("write");
+        let mut v = View::open(&path).expect("view");
+        let fuse = v.by_dev((0, 4242)).expect("the fuse mount");
+        assert_eq!(fuse.kind, FsKind::Fuse);
+        assert_eq!(v.by_dev((8, 1)).map(|k| k.kind), Some(FsKind::Local));
+        assert_eq!(v.by_dev((8, 2)), None);
     }
 
     #[test]

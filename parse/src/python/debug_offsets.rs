@@ -11,8 +11,8 @@
 //!
 //! What the table does not carry comes from constants per minor, checked against real
 //! builds where this machine has one: the `autoTSSkey` offset in `_PyRuntime`, the owner
-//! value of C-stack frames (`pycore_frame.h`), and whether `f_executable` is a tagged
-//! `_PyStackRef` (3.14).
+//! value of an eval call's entry frame (`pycore_frame.h`, `ceval.c`), and whether
+//! `f_executable` is a tagged `_PyStackRef` (3.14).
 
 #[cfg(test)]
 mod tests;
@@ -195,25 +195,36 @@ const CODE_314: &[&str] = &[
 
 const UNICODE: &[&str] = &["state", "length", "asciiobject_size"];
 
-/// Per minor: its groups, the `owner` of a C-stack frame (`FRAME_OWNED_BY_CSTACK`), and
-/// whether `f_executable` is a tagged `_PyStackRef`.
+/// Per minor: its groups, the `owner` value from which a frame marks an eval call's entry
+/// (see [`Layout::owner_cstack`]), and whether `f_executable` is a tagged `_PyStackRef`.
 fn minor_spec(minor: u8) -> Option<(&'static [Group], u8, bool)> {
     match minor {
+        // FRAME_OWNED_BY_CSTACK = 3: `_PyEval_EvalFrameDefault`'s entry frame.
         13 => Some((GROUPS_313, 3, false)),
-        // 3.14 adds FRAME_OWNED_BY_INTERPRETER = 3 before the C stack's value.
-        14 => Some((GROUPS_314, 4, true)),
+        // 3.14 inserts FRAME_OWNED_BY_INTERPRETER = 3 before FRAME_OWNED_BY_CSTACK = 4 and
+        // gives the eval call's entry frame the new value (`entry.frame.owner` in ceval.c);
+        // 4 is assigned nowhere. Both mark the end of an eval call's run.
+        14 => Some((GROUPS_314, 3, true)),
         _ => None,
     }
 }
 
 /// `_PyRuntime`'s `autoTSSkey` offset (not in the table), where verified: 0x870 in 3.13.0
-/// (its `PyGILState_GetThisThreadState` does `lea 0x870(%rax)` on `_PyRuntime`). 0 where
-/// unknown (3.13t, 3.14): 3.12+ threads are found through `_Py_tss_tstate` instead.
+/// (its `PyGILState_GetThisThreadState` does `lea 0x870(%rax)` on `_PyRuntime`), 0x920 in
+/// Debian's 3.14.10 (`cmpl $0, _PyRuntime+0x920` then `PyThread_tss_get` of it; 3.14 still
+/// keeps the thread's own state under the key, set while the GIL is released). 0 where
+/// unknown (3.13t, 3.14t): 3.12+ threads are then found through `_Py_tss_tstate`.
 fn autotss(v: Version) -> u32 {
     match (v.minor, v.free_threaded) {
         (13, false) => 0x870,
+        (14, false) => 0x920,
         _ => 0,
     }
+}
+
+/// Whether [`parse`] reads the tables of `version`'s minor (3.13, 3.14).
+pub fn parses(version: Version) -> bool {
+    version.major == 3 && minor_spec(version.minor).is_some()
 }
 
 /// What a table gave: the interpreter's version and build, and its layout.

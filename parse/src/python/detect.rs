@@ -10,8 +10,9 @@
 
 use object::elf;
 
-use super::layout::layout_for;
+use super::layout::{layout_for, Layout};
 use super::Version;
+use super::{cold, debug_offsets};
 use crate::elf_file::{ElfError, ElfReader, ReadAt, Symbol, SymbolData};
 
 /// A CPython interpreter found in an object file.
@@ -23,8 +24,8 @@ pub struct Interpreter {
     pub runtime: u64,
     /// `[start, end)` of `_PyEval_EvalFrameDefault` (its `st_size`).
     pub eval: (u64, u64),
-    /// `[start, end)` of `_PyEval_EvalFrameDefault.cold`, the part GCC moved out of line,
-    /// when `.symtab` has it with a size.
+    /// `[start, end)` of `_PyEval_EvalFrameDefault.cold`, the part GCC moved out of line:
+    /// from `.symtab`, or in a stripped object from its jumps and `.eh_frame` ([`cold`]).
     pub eval_cold: Option<(u64, u64)>,
     /// Address of `PyCode_Type`.
     pub code_type: u64,
@@ -43,9 +44,18 @@ pub struct Interpreter {
     /// Executable with a `PT_TLS` segment and a known `_Py_tss_tstate`: its offset from the
     /// thread pointer (`%fs`), negative (x86-64 puts the executable's block just below).
     pub tls_static: Option<i64>,
+    /// The layout the file's own `_Py_DebugOffsets` gives, for a version ember's table does
+    /// not hold (3.14): the agent checks it against the table in process memory.
+    pub published: Option<Layout>,
 }
 
 impl Interpreter {
+    /// Where this interpreter keeps what ember reads: its file's `_Py_DebugOffsets` for
+    /// a version past ember's table, else the table's entry for its version.
+    pub fn layout(&self) -> Option<Layout> {
+        self.published.or_else(|| layout_for(self.version))
+    }
+
     /// The code ranges of the eval loop (main part, then the cold part if known).
     pub fn eval_ranges(&self) -> impl Iterator<Item = (u64, u64)> {
         std::iter::once(self.eval).chain(self.eval_cold)
@@ -161,9 +171,11 @@ pub fn detect<R: ReadAt + ?Sized>(
     if let Some(d) = &dynsym {
         found.scan(d);
     }
+    let mut stripped = true;
     if dynsym.is_none() || found.runtime.is_some() || found.eval.is_some() {
         drop(dynsym);
         if let Some(s) = reader.symbol_data(elf::SHT_SYMTAB)? {
+            stripped = false;
             found.scan(&s);
         }
     }
@@ -178,6 +190,10 @@ pub fn detect<R: ReadAt + ?Sized>(
         return Err(DetectError::BadSymbol("_PyEval_EvalFrameDefault"));
     }
     let version = version(reader, &found, file_name)?;
+    let published = match layout_for(version) {
+        Some(_) => None,
+        None => Some(published_layout(reader, runtime, version)?),
+    };
     let exe = info.e_type == elf::ET_EXEC || (info.e_type == elf::ET_DYN && info.interp);
     let tls_static = match (exe, info.tls, found.tss_tstate) {
         (true, Some((_, memsz, align)), Some(off)) => static_tls_offset(off, memsz, align),
@@ -192,7 +208,11 @@ pub fn detect<R: ReadAt + ?Sized>(
         version,
         runtime,
         eval,
-        eval_cold: found.eval_cold,
+        // Without `.symtab`, from the function's jumps and `.eh_frame` (see `cold`).
+        eval_cold: match found.eval_cold {
+            None if stripped => cold::find_cold(reader, eval),
+            known => known,
+        },
         code_type: found
             .code_type
             .ok_or(DetectError::MissingSymbol("PyCode_Type"))?,
@@ -206,11 +226,35 @@ pub fn detect<R: ReadAt + ?Sized>(
         tss_tstate: found.tss_tstate,
         tls_got,
         tls_static,
+        published,
     }))
 }
 
-/// The version from `Py_Version` (3.11+, read from the file) or else the name; refused
-/// unless [`layout_for`] knows it.
+/// The layout of `_Py_DebugOffsets` at `_PyRuntime` in the file, for a version ember's
+/// table does not hold: refused as unknown unless its minor has a table parser, and as
+/// malformed unless the table parses, validates and names the same version and build.
+fn published_layout<R: ReadAt + ?Sized>(
+    reader: &mut ElfReader<'_, R>,
+    runtime: u64,
+    version: Version,
+) -> Result<Layout, DetectError> {
+    if !debug_offsets::parses(version) {
+        return Err(DetectError::UnknownVersion(version));
+    }
+    let bad = DetectError::BadSymbol("_Py_DebugOffsets");
+    let bytes = reader
+        .read_vaddr(runtime, debug_offsets::READ_LEN as u64)
+        .map_err(|_| bad.clone())?;
+    let table = debug_offsets::parse(&bytes).map_err(|_| bad.clone())?;
+    let same = |v: Version| (v.major, v.minor, v.free_threaded);
+    if same(table.version) != same(version) {
+        return Err(bad);
+    }
+    Ok(table.layout)
+}
+
+/// The version from `Py_Version` (3.11+, read from the file) or else the name; free-threaded
+/// and debug builds refused (a version without a layout is refused by the caller).
 fn version<R: ReadAt + ?Sized>(
     reader: &mut ElfReader<'_, R>,
     found: &Found,
@@ -237,10 +281,7 @@ fn version<R: ReadAt + ?Sized>(
     if v.free_threaded {
         return Err(DetectError::FreeThreaded(v));
     }
-    match layout_for(v) {
-        Some(_) => Ok(v),
-        None => Err(DetectError::UnknownVersion(v)),
-    }
+    Ok(v)
 }
 
 /// A version read from a file name, and whether the name marks a debug build.

@@ -115,7 +115,9 @@ fn reals() -> Vec<Real> {
             v(11, 2),
             0xa5b740,
             (0x52b0f0, 55644),
-            None,
+            // Stripped: from `.eh_frame` (`objdump -d`: 378 of the function's jumps land
+            // in this FDE, whose CFA is rsp + 352, no function entry).
+            Some((0x430f05, 0x43455e - 0x430f05)),
             [0x959440, 0x958980, 0x958b20, 0x959cc0],
             None,
             None,
@@ -146,6 +148,7 @@ fn real_interpreters_are_detected() {
             tss_tstate: r.tss,
             tls_got: r.tls_got,
             tls_static: None,
+            published: None,
         };
         assert_eq!(got, want, "{}", r.path);
         assert!(layout_for(got.version).is_some());
@@ -275,10 +278,16 @@ fn built_objects_are_detected_or_refused() {
     let got = detect_bytes(&named, "/usr/lib/libpython3.9.so.1.0");
     assert_eq!(got.expect("ok").expect("some").version, v(9, 0));
     let cases: &[(Vec<u8>, &str, DetectError)] = &[
+        // 3.14 is read from its own `_Py_DebugOffsets`: none here.
         (
             fake("", &[], Some(0x030e00f0), &[]),
             "python3.14",
-            DetectError::UnknownVersion(v(14, 0)),
+            DetectError::BadSymbol("_Py_DebugOffsets"),
+        ),
+        (
+            fake("", &[], Some(0x030f00f0), &[]),
+            "python3.15",
+            DetectError::UnknownVersion(v(15, 0)),
         ),
         (
             fake("", &[], Some(0x030700f0), &[]),
@@ -504,4 +513,37 @@ fn gcc_built_interpreters_give_their_tls() {
     assert_eq!(got.tls_static, None);
     let slot = got.tls_got.expect("GOT slot");
     check_tls_slot_with_objdump(&lib, slot);
+}
+
+/// Debian sid's python3.14 as `make python314-root` unpacks it: static, stripped (no
+/// `.symtab`, so no `.cold` symbol), non-PIE; addresses from `nm -DS` and `.eh_frame`.
+#[test]
+fn debian_314_is_detected() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/python314/root/usr/bin/python3.14"
+    );
+    let Ok(bytes) = std::fs::read(path) else {
+        eprintln!("SKIP {path}: not built (make python314-root)");
+        return;
+    };
+    let got = detect_bytes(&bytes, path).expect("ok").expect("detected");
+    assert_eq!((got.version.minor, got.runtime), (14, 0xba07c0));
+    assert_eq!(got.eval, (0x598b80, 0x598b80 + 0x4a0));
+    // The 84 KB FDE holding the opcode handlers (`objdump -d`: 251 `jmp *%rax`).
+    assert_eq!(got.eval_cold, Some((0x43fb58, 0x45451f)));
+    assert_eq!(
+        [got.code_type, got.unicode_type, got.bytes_type],
+        [0xb62360, 0xb647c0, 0xb64960]
+    );
+    assert_eq!(
+        (got.tss_tstate, got.tls_got, got.tls_static),
+        (None, None, None)
+    );
+    let layout = got
+        .published
+        .expect("3.14's layout from its _Py_DebugOffsets");
+    assert_eq!(got.layout(), Some(layout));
+    assert_eq!((layout.frame_owner, layout.owner_cstack), (74, 3));
+    assert_eq!(layout.runtime_autotss, 0x920);
 }

@@ -43,7 +43,9 @@ pub struct Layout {
     pub frame_instr: u16,
     /// Frame: 3.11 `is_entry`, 3.12+ `owner` (one byte); 0 for ≤3.10.
     pub frame_owner: u16,
-    /// The `owner` value of a frame owned by the C stack (3.12/3.13: 3, 3.14: 4).
+    /// 3.12+: an `owner` at or above this value marks the entry frame of an eval call,
+    /// which ends that call's run of frames: 3.12/3.13 `FRAME_OWNED_BY_CSTACK` (3); 3.14
+    /// `FRAME_OWNED_BY_INTERPRETER` (3, the entry frame's) and `FRAME_OWNED_BY_CSTACK` (4).
     pub owner_cstack: u8,
     /// Bytes of a frame the walker reads at once (covers the fields above).
     pub frame_size: u16,

@@ -5,6 +5,7 @@
 //! hostile: a process can forge any byte the sampler or the agent reads.
 
 pub mod code;
+pub mod cold;
 pub mod debug_offsets;
 pub mod detect;
 pub mod layout;

@@ -6,7 +6,7 @@
 //! The thread state is found in BPF from the thread pointer: `*(tp + 0x310 + 16·key + 8)`,
 //! glibc's `pthread_getspecific` fast path for keys below 32 (`specific_1stblock`, at
 //! 0x310 in `struct pthread` for glibc 2.27 and later): the `autoTSSkey` every CPython
-//! 3.8–3.13 keeps the thread's own state under, shared or static build alike.
+//! 3.8–3.14 keeps the thread's own state under, shared or static build alike.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use ember_parse::python::debug_offsets;
 use ember_parse::python::detect::{detect, DetectError, Interpreter};
-use ember_parse::python::layout::{layout_for, FrameModel, Layout};
+use ember_parse::python::layout::{FrameModel, Layout};
 
 use super::check::{check_main_chain, Chain};
 use super::memory::ProcMem;
@@ -100,7 +100,7 @@ impl Attacher {
         if musl {
             return self.refused(PyAttach::Musl);
         }
-        let Some(layout) = layout_for(interp.version) else {
+        let Some(layout) = interp.layout() else {
             return self.refused(PyAttach::UnknownVersion);
         };
         let mem = ProcMem::new(snap.pid);
@@ -193,7 +193,14 @@ fn attach_live(
     // whose objects differ is refused, not walked wrong).
     let code_type = interp.code_type.wrapping_add(bias);
     let basic = mem.u64_at(code_type + 32).map_err(|_| PyAttach::Memory)?;
-    if basic != u64::from(layout.code_size) {
+    // A layout from the file's `_Py_DebugOffsets` (3.14) reads only the code fields it
+    // names; its code object ends where the bytecode starts (`tp_basicsize` is
+    // `co_code_adaptive`'s offset: 208 in 3.14.10, as 200 in 3.13.0).
+    let size = match interp.published {
+        Some(_) => layout.code_adaptive.unwrap_or(0),
+        None => layout.code_size,
+    };
+    if basic != u64::from(size) {
         return Err(PyAttach::LayoutMismatch);
     }
     let runtime = interp.runtime.wrapping_add(bias);
@@ -306,6 +313,7 @@ fn fill_layout(e: &mut ember_py_proc, l: &Layout) {
     }
     .0 as u8;
     e.owner_cstack = l.owner_cstack;
+    e.code_tagged = u8::from(l.frame_code_tagged);
     e.tstate_frame = l.tstate_frame;
     e.cframe_current = l.cframe_current.unwrap_or(0xffff);
     e.frame_code = l.frame_code;

@@ -100,7 +100,7 @@ fn code_at(
     if l.model == FrameModel::CStack {
         let mut owner = [0u8];
         mem.read(frame + u64::from(l.frame_owner), &mut owner)?;
-        if owner[0] == l.owner_cstack {
+        if owner[0] >= l.owner_cstack {
             return Ok((None, previous));
         }
     }

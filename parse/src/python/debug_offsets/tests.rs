@@ -220,7 +220,11 @@ fn expect(fields: &[(&str, u64)], minor: u8, ft: bool) -> Layout {
     let code_end = v("code_object.linetable").max(v("code_object.qualname")) + 8;
     Layout {
         model: FrameModel::CStack,
-        runtime_autotss: if (minor, ft) == (13, false) { 0x870 } else { 0 },
+        runtime_autotss: match (minor, ft) {
+            (13, false) => 0x870,
+            (14, false) => 0x920,
+            _ => 0,
+        },
         tstate_frame: v("thread_state.current_frame"),
         cframe_current: None,
         tstate_native_id: Some(v("thread_state.native_thread_id")),
@@ -230,7 +234,7 @@ fn expect(fields: &[(&str, u64)], minor: u8, ft: bool) -> Layout {
         frame_previous: v("interpreter_frame.previous"),
         frame_instr: v("interpreter_frame.instr_ptr"),
         frame_owner: v("interpreter_frame.owner"),
-        owner_cstack: if minor == 13 { 3 } else { 4 },
+        owner_cstack: 3,
         frame_size: (v("interpreter_frame.owner") + 1).div_ceil(8) * 8,
         code_firstlineno: v("code_object.firstlineno"),
         code_filename: v("code_object.filename"),
@@ -419,4 +423,65 @@ fn real_libpython_313() {
     let code = symbol_bytes(&file, "PyGILState_GetThisThreadState", 16);
     let lea = [&[0x48, 0x8d, 0x98][..], &l.runtime_autotss.to_le_bytes()].concat();
     assert!(code.windows(lea.len()).any(|w| w == lea), "{code:02x?}");
+}
+
+/// Debian sid's python3.14 as `make python314-root` unpacks it (static, stripped, non-PIE).
+const DEBIAN_314: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../target/python314/root/usr/bin/python3.14"
+);
+
+#[test]
+fn real_debian_314() {
+    let Ok(data) = std::fs::read(DEBIAN_314) else {
+        eprintln!("SKIP {DEBIAN_314}: not built (make python314-root)");
+        return;
+    };
+    let file = object::File::parse(&*data).unwrap();
+    let got = parse(symbol_bytes(&file, "_PyRuntime", READ_LEN)).unwrap();
+    assert_eq!((got.version.minor, got.version.free_threaded), (14, false));
+    let l = got.layout;
+    // Read from 3.14.10's table and checked in the running interpreter (PyCode_Type's
+    // tp_basicsize is 208, co_code_adaptive's offset).
+    assert_eq!((l.tstate_frame, l.frame_previous, l.frame_code), (72, 8, 0));
+    assert_eq!((l.frame_instr, l.frame_owner, l.owner_cstack), (56, 74, 3));
+    assert_eq!(
+        (l.code_filename, l.code_qualname, l.code_linetable),
+        (112, Some(128), 136)
+    );
+    assert_eq!(
+        (l.code_firstlineno, l.code_adaptive, l.code_name),
+        (68, Some(208), 120)
+    );
+    assert_eq!(
+        (
+            l.unicode_state,
+            l.unicode_ascii_data,
+            l.unicode_compact_data
+        ),
+        (32, 40, 56)
+    );
+    assert_eq!(
+        (l.frame_size, l.code_size, l.frame_code_tagged),
+        (80, 144, true)
+    );
+    assert_eq!((l.tstate_thread_id, l.tstate_native_id), (152, Some(160)));
+    // autoTSSkey: PyGILState_GetThisThreadState is `endbr64; cmpl $0, rel32(%rip)` on
+    // `_PyRuntime + 0x920` (the key's `_is_initialized`), then `PyThread_tss_get` of it.
+    let code = symbol_bytes(&file, "PyGILState_GetThisThreadState", 11);
+    assert_eq!(
+        code[..6],
+        [0xf3, 0x0f, 0x1e, 0xfa, 0x83, 0x3d],
+        "{code:02x?}"
+    );
+    let rel = i32::from_le_bytes(code[6..10].try_into().unwrap());
+    let sym = |n: &str| {
+        file.dynamic_symbols()
+            .find(|s| s.name() == Ok(n))
+            .unwrap()
+            .address()
+    };
+    let target = sym("PyGILState_GetThisThreadState") + 11;
+    let target = target.wrapping_add_signed(i64::from(rel));
+    assert_eq!(target - sym("_PyRuntime"), u64::from(l.runtime_autotss));
 }
