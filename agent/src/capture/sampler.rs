@@ -23,7 +23,7 @@ pub(super) struct Sampler<'obj> {
     pub(super) links: BTreeMap<u32, Link>,
     /// `ember_exec` on sched_process_exec, when unwinding by tables with kernel BTF.
     exec: Option<Link>,
-    /// The off-CPU programs on sched_switch and sched_wakeup (`offcpu.enabled`).
+    /// The off-CPU programs on sched_switch, sched_wakeup and sys_exit (`offcpu.enabled`).
     pub(super) offcpu_links: Vec<Link>,
     event: SampleEvent,
 }
@@ -50,6 +50,9 @@ impl<'obj> Sampler<'obj> {
             rodata.ember_offcpu_cfg.min_block_ns =
                 u64::try_from(offcpu.min_block.as_nanos()).unwrap_or(u64::MAX);
             rodata.ember_offcpu_cfg.sample_threshold = sample_threshold(offcpu.sample_rate);
+            rodata.ember_offcpu_cfg.fallback_threshold = sample_threshold(offcpu.fallback_rate);
+            rodata.ember_offcpu_cfg.syscall_exit = u32::from(offcpu.syscall_exit);
+            rodata.ember_offcpu_cfg.max_tasks = offcpu.max_tasks;
         }
         // The off-CPU programs are BTF tracepoints too; off, their maps are kept minimal.
         let offcpu_on = offcpu.enabled && kernel_btf();
@@ -58,6 +61,9 @@ impl<'obj> Sampler<'obj> {
         }
         open.progs.ember_offcpu_switch.set_autoload(offcpu_on);
         open.progs.ember_offcpu_wakeup.set_autoload(offcpu_on);
+        // Without it, blocks inside syscalls take the fallback (syscall_exit is 0 in rodata).
+        let exit_hook = offcpu_on && offcpu.syscall_exit;
+        open.progs.ember_offcpu_exit.set_autoload(exit_hook);
         open.maps
             .offcpu_threads
             .set_max_entries(if offcpu_on { offcpu.max_threads } else { 1 })
@@ -114,6 +120,15 @@ impl<'obj> Sampler<'obj> {
         };
         let mut offcpu_links = Vec::new();
         if offcpu_on {
+            // The exit hook first: a record waiting for a syscall's exit always finds it.
+            if exit_hook {
+                offcpu_links.push(
+                    skel.progs
+                        .ember_offcpu_exit
+                        .attach()
+                        .map_err(CaptureError::Load)?,
+                );
+            }
             for prog in [
                 &skel.progs.ember_offcpu_switch,
                 &skel.progs.ember_offcpu_wakeup,

@@ -149,12 +149,22 @@ pub struct OffCpu {
     /// Blocks shorter than this are not reported (counted as short).
     #[serde(deserialize_with = "duration")]
     pub min_block: Duration,
-    /// Fraction of switch-outs whose stacks are taken (0 < rate <= 1); reported times are
+    /// Fraction of switch-outs considered at all (0 < rate <= 1); reported times are
     /// scaled by its inverse.
     pub sample_rate: f64,
-    /// Threads off CPU whose stacks are held at once (BPF map entries, ~2.2 KiB each
-    /// while used); more are counted as dropped.
+    /// Fraction of the switch-outs outside a syscall (page faults, preemption in user
+    /// mode) whose stacks are walked at switch-out, the only place they can be (0 < rate
+    /// <= 1); their times are scaled by its inverse.
+    pub fallback_rate: f64,
+    /// Walk the user stack of a block inside a syscall at the syscall's exit, only when it
+    /// lasted `min_block` (tp_btf/sys_exit); false: such blocks take the fallback too.
+    pub syscall_exit: bool,
+    /// Long blocks whose stacks are held at once (BPF map entries, ~2.2 KiB each while
+    /// used); more are counted as dropped.
     pub max_threads: u32,
+    /// Threads with an off-CPU record at once (task storage, ~300 bytes of kernel memory
+    /// each); threads past it are not profiled, and counted.
+    pub max_tasks: u32,
     /// The off-CPU ring buffer, in bytes (power of two).
     pub ring_buffer_bytes: u32,
 }
@@ -165,7 +175,10 @@ impl Default for OffCpu {
             enabled: false,
             min_block: Duration::from_micros(1000),
             sample_rate: 1.0,
+            fallback_rate: 0.1,
+            syscall_exit: true,
             max_threads: 8192,
+            max_tasks: 65536,
             ring_buffer_bytes: 1 << 20,
         }
     }
