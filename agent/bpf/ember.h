@@ -364,9 +364,11 @@ struct ember_unwind_file {
  * stacks are taken only for blocks that last at least min_block, once the thread
  * runs again: a block inside a syscall has its kernel stack taken at switch-in
  * and its user stack walked at the syscall's exit, in the thread itself; a
- * kernel thread's block is taken whole at switch-in; other blocks (page faults,
- * preemption in user mode) fall back to a walk at switch-out under
- * fallback_threshold. Records go out on the `offcpu_samples` ring.
+ * thread with rseq registered (glibc 2.35+ registers it for every thread) has any
+ * block's user stack walked on its return to user mode (rseq_update), in a syscall
+ * or not; a kernel thread's block is taken whole at switch-in; other blocks (page
+ * faults, preemption in user mode of threads without rseq) fall back to a walk at
+ * switch-out under fallback_threshold. Records go out on the `offcpu_samples` ring.
  */
 struct ember_offcpu_config {
 	/* Blocks shorter than this (switch-out to switch-in) are not reported. */
@@ -379,6 +381,9 @@ struct ember_offcpu_config {
 	__u32 syscall_exit;
 	/* Per-task records at most (`offcpu_tasks`); threads past it are counted, not profiled. */
 	__u32 max_tasks;
+	/* Non-zero: every block of a thread with rseq registered is walked on its return to user mode. */
+	__u32 rseq;
+	__u32 pad;
 };
 
 /* Why a thread was off CPU, from its state at switch-out. */
@@ -390,7 +395,7 @@ enum ember_offcpu_state {
 
 /* Where a block's stacks were taken: the weight of its record follows from it. */
 enum ember_offcpu_path {
-	EMBER_OFFCPU_PATH_EXIT = 0,    /* inside a syscall: kernel stack at switch-in, user at its exit */
+	EMBER_OFFCPU_PATH_EXIT = 0,    /* kernel stack at switch-in, user when back (syscall exit, rseq) */
 	EMBER_OFFCPU_PATH_SWITCH = 1,  /* the fallback: both at switch-out, sampled by fallback_threshold */
 	EMBER_OFFCPU_PATH_KTHREAD = 2, /* a kernel thread: its kernel stack at switch-in */
 };
@@ -419,11 +424,12 @@ enum ember_offcpu_counter {
 	EMBER_OFFCPU_CNT_SYSCALL = 8,   /* switch-outs inside a syscall: nothing walked yet */
 	EMBER_OFFCPU_CNT_KTHREAD = 9,   /* switch-outs of kernel threads: nothing walked yet */
 	EMBER_OFFCPU_CNT_SKIPPED = 10,  /* outside a syscall, not drawn by fallback_threshold */
-	EMBER_OFFCPU_CNT_EXIT_WALK = 11, /* user stacks walked at a syscall's exit (long blocks) */
+	EMBER_OFFCPU_CNT_EXIT_WALK = 11, /* user stacks walked when back: syscall exit or rseq (long blocks) */
 	EMBER_OFFCPU_CNT_MERGED = 12,   /* a long block added to one of the same syscall waiting for its exit */
 	EMBER_OFFCPU_CNT_TASK_FULL = 13, /* no per-task record (max_tasks, or no memory): not profiled */
-	EMBER_OFFCPU_CNT_EXITED = 14,   /* a long block whose thread exited inside the syscall: lost */
-	EMBER_OFFCPU_CNT_MAX = 15,
+	EMBER_OFFCPU_CNT_EXITED = 14,   /* a long block whose thread exited before it was back: lost */
+	EMBER_OFFCPU_CNT_RSEQ = 15,     /* switch-outs of threads with rseq: nothing walked yet */
+	EMBER_OFFCPU_CNT_MAX = 16,
 };
 
 #endif /* EMBER_H */

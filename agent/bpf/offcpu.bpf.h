@@ -67,6 +67,13 @@ enum ember_offcpu_path ember_offcpu_path_layout = EMBER_OFFCPU_PATH_EXIT;
 __u64 ember_offcpu_live = 0;
 /* Per-task records (`offcpu_tasks`) right now: the cap's count. */
 __u64 ember_offcpu_tasks = 0;
+/*
+ * Entries waiting for their syscall's exit right now. Zero nearly all the time (an entry
+ * lives from a long block's switch-in to its syscall's exit, microseconds), so the
+ * sys_exit program of every other syscall on the host ends on this one read; it is
+ * written twice per long block.
+ */
+__u64 ember_offcpu_exits = 0;
 
 /* The fields read of a task, as a CO-RE flavor of the kernel's task_struct. */
 struct task_struct___offcpu {
@@ -75,6 +82,21 @@ struct task_struct___offcpu {
 	unsigned int __state;
 	char comm[EMBER_COMM_LEN];
 } __attribute__((preserve_access_index));
+
+/* The thread's registered rseq area (4.18 to 6.18): non-zero, the kernel calls rseq_update on its way back. */
+struct task_struct___rseq {
+	void *rseq;
+} __attribute__((preserve_access_index));
+
+/* Whether `task` has rseq registered, so every return to user mode after a switch runs rseq_update. */
+static __always_inline int offcpu_has_rseq(struct task_struct *task)
+{
+	struct task_struct___rseq *t = (void *)task;
+
+	if (!bpf_core_field_exists(t->rseq))
+		return 0;
+	return BPF_CORE_READ(t, rseq) != 0;
+}
 
 /* A flavor of the kernel's pt_regs: the two words that say whether a syscall runs. */
 struct pt_regs___offcpu {
@@ -88,6 +110,12 @@ enum offcpu_held {
 	HELD_SWITCH = 1, /* the fallback's stacks, from switch-out to switch-in */
 	HELD_EXIT = 2,   /* a long block's kernel stack, from switch-in to the syscall's exit */
 };
+
+/*
+ * A thread of the kernel's on behalf of a process (io_uring's io-wq, vhost; 6.4+): it never
+ * returns to user mode, and its saved registers are its creator's, inside a syscall.
+ */
+#define EMBER_PF_USER_WORKER 0x00004000
 
 /* Not taken at switch-out: a block outside a syscall the fallback did not draw. */
 #define OFFCPU_PATH_SKIP 3
@@ -187,12 +215,22 @@ static __always_inline int offcpu_syscall(struct task_struct *task)
 	return r->orig_ax;
 }
 
+/* Marks what a task's record holds, keeping the count of entries waiting for an exit. */
+static __always_inline void offcpu_set_held(struct offcpu_task *r, __u8 held)
+{
+	if (r->held == HELD_EXIT)
+		__sync_fetch_and_add(&ember_offcpu_exits, -1);
+	if (held == HELD_EXIT)
+		__sync_fetch_and_add(&ember_offcpu_exits, 1);
+	r->held = held;
+}
+
 /* Lets go of what a task's record holds in `offcpu_threads`. */
 static __always_inline void offcpu_release(struct offcpu_task *r, __u32 tid)
 {
 	if (r->held == HELD_NONE)
 		return;
-	r->held = HELD_NONE;
+	offcpu_set_held(r, HELD_NONE);
 	if (!bpf_map_delete_elem(&offcpu_threads, &tid))
 		__sync_fetch_and_add(&ember_offcpu_live, -1);
 }
@@ -339,7 +377,7 @@ static __always_inline void offcpu_walk_out(void *ctx, struct task_struct *prev,
 	if (!ubytes)
 		s->rec.py_result = EMBER_PY_NONE;
 	if (offcpu_hold(tid, t))
-		r->held = HELD_SWITCH;
+		offcpu_set_held(r, HELD_SWITCH);
 }
 
 /* The current task's record, made if it has none and the cap allows; 0 if it cannot have one. */
@@ -412,7 +450,7 @@ static __always_inline void offcpu_out(void *ctx, _Bool preempt, struct task_str
 	r->wake_ns = 0;
 	r->cgroup_id = cgroup_id;
 	r->state = state;
-	if (!pid || kernel_thread(prev)) {
+	if (!pid || kernel_thread(prev) || (prev->flags & EMBER_PF_USER_WORKER)) {
 		r->syscall = -1;
 		r->path = EMBER_OFFCPU_PATH_KTHREAD;
 		offcpu_count(EMBER_OFFCPU_CNT_KTHREAD);
@@ -421,6 +459,12 @@ static __always_inline void offcpu_out(void *ctx, _Bool preempt, struct task_str
 	/* A record waiting for its syscall's exit: the thread is still inside that syscall. */
 	nr = r->held == HELD_EXIT ? r->syscall : offcpu_syscall(prev);
 	r->syscall = nr;
+	/* Any block of a thread with rseq: rseq_update runs in it before it is back in user mode. */
+	if (ember_offcpu_cfg.rseq && offcpu_has_rseq(prev)) {
+		r->path = EMBER_OFFCPU_PATH_EXIT;
+		offcpu_count(EMBER_OFFCPU_CNT_RSEQ);
+		return;
+	}
 	if (nr >= 0 && ember_offcpu_cfg.syscall_exit) {
 		r->path = EMBER_OFFCPU_PATH_EXIT;
 		offcpu_count(EMBER_OFFCPU_CNT_SYSCALL);
@@ -474,7 +518,7 @@ static __always_inline void offcpu_in_syscall(struct task_struct *next, struct o
 			offcpu_count(EMBER_OFFCPU_CNT_MERGED);
 			return;
 		}
-		r->held = HELD_NONE;
+		offcpu_set_held(r, HELD_NONE);
 	}
 	t = bpf_map_lookup_elem(&offcpu_scratch, &zero);
 	if (!t) {
@@ -492,7 +536,7 @@ static __always_inline void offcpu_in_syscall(struct task_struct *next, struct o
 	t->s.rec.kern_frames = kbytes / sizeof(__u64);
 	t->s.rec.user_frames = 0;
 	if (offcpu_hold(tid, t))
-		r->held = HELD_EXIT;
+		offcpu_set_held(r, HELD_EXIT);
 }
 
 /* A kernel thread's long block: its kernel stack, sent now. */
@@ -597,22 +641,26 @@ int BPF_PROG(ember_offcpu_wakeup, struct task_struct *p)
 }
 
 /*
- * A syscall returns: if the thread came back from a long block inside it, its user
- * stack is walked now, in the thread, and the block is sent. Every other syscall
- * of the host costs the record's lookup.
+ * The current thread is back from a block, in its own context with its user registers
+ * and stack as it blocked with: if the block was long, its user stack is walked now and
+ * the block is sent. Any other call costs one read of ember_offcpu_exits, or the record's
+ * lookup while some thread's entry waits.
  */
-SEC("tp_btf/sys_exit")
-int BPF_PROG(ember_offcpu_exit, struct pt_regs *regs, long ret)
+static __always_inline void offcpu_resume(void *ctx)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct offcpu_task *r = bpf_task_storage_get(&offcpu_tasks, task, 0, 0);
+	struct task_struct *task;
+	struct offcpu_task *r;
 	struct offcpu_thread *t;
 	long kbytes, ubytes;
 	__u64 start;
 	__u32 tid;
 
+	if (!ember_offcpu_exits)
+		return;
+	task = bpf_get_current_task_btf();
+	r = bpf_task_storage_get(&offcpu_tasks, task, 0, 0);
 	if (!r || r->held != HELD_EXIT)
-		return 0;
+		return;
 	tid = (__u32)bpf_get_current_pid_tgid();
 	t = bpf_map_lookup_elem(&offcpu_threads, &tid);
 	if (t) {
@@ -633,5 +681,24 @@ int BPF_PROG(ember_offcpu_exit, struct pt_regs *regs, long ret)
 		offcpu_send(t);
 	}
 	offcpu_release(r, tid);
+}
+
+/* A syscall returns: the thread is back from any block inside it. */
+SEC("tp_btf/sys_exit")
+int BPF_PROG(ember_offcpu_exit, struct pt_regs *regs, long ret)
+{
+	offcpu_resume(ctx);
+	return 0;
+}
+
+/*
+ * A thread with rseq registered returns to user mode after a context switch (the
+ * scheduler sets TIF_NOTIFY_RESUME at every switch-out of such a thread): it is back
+ * from a block of any kind, in a syscall or not. Runs once per switch, not per syscall.
+ */
+SEC("tp_btf/rseq_update")
+int BPF_PROG(ember_offcpu_rseq, struct task_struct *t)
+{
+	offcpu_resume(ctx);
 	return 0;
 }

@@ -105,6 +105,7 @@ impl CounterSync {
             (C::EMBER_OFFCPU_CNT_SWITCHES, OffCpuEvent::Switch),
             (C::EMBER_OFFCPU_CNT_TAKEN, OffCpuEvent::Fallback),
             (C::EMBER_OFFCPU_CNT_SYSCALL, OffCpuEvent::Syscall),
+            (C::EMBER_OFFCPU_CNT_RSEQ, OffCpuEvent::Rseq),
             (C::EMBER_OFFCPU_CNT_KTHREAD, OffCpuEvent::KernelThread),
             (C::EMBER_OFFCPU_CNT_SKIPPED, OffCpuEvent::FallbackSkipped),
             (C::EMBER_OFFCPU_CNT_EXIT_WALK, OffCpuEvent::ExitWalk),

@@ -3,8 +3,8 @@
 //! `EMBER_REC_*` flags by which a record asks the unwind loader for its process.
 
 use super::skel::types::{
-    ember_offcpu_head, ember_offcpu_path, ember_offcpu_state, ember_py_result, ember_py_tail, ember_record,
-    ember_unwind_result,
+    ember_offcpu_head, ember_offcpu_path, ember_offcpu_state, ember_py_result, ember_py_tail,
+    ember_record, ember_unwind_result,
 };
 use crate::model::{OffCpu, OffState, PyFrameRef, PyWalk, Sample, StackEnd};
 
@@ -404,7 +404,11 @@ mod tests {
                 ns,
             })]
         };
-        assert_eq!(ns(0), disk(2000), "no wakeup part; scaled by 1 / sample rate");
+        assert_eq!(
+            ns(0),
+            disk(2000),
+            "no wakeup part; scaled by 1 / sample rate"
+        );
         assert_eq!(ns(2), disk(2000), "a kernel thread's block is taken whole");
         assert_eq!(ns(1), disk(20000), "the fallback's blocks: by its rate too");
         assert!(

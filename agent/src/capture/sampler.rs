@@ -53,6 +53,7 @@ impl<'obj> Sampler<'obj> {
             rodata.ember_offcpu_cfg.fallback_threshold = sample_threshold(offcpu.fallback_rate);
             rodata.ember_offcpu_cfg.syscall_exit = u32::from(offcpu.syscall_exit);
             rodata.ember_offcpu_cfg.max_tasks = offcpu.max_tasks;
+            rodata.ember_offcpu_cfg.rseq = u32::from(offcpu.rseq);
         }
         // The off-CPU programs are BTF tracepoints too; off, their maps are kept minimal.
         let offcpu_on = offcpu.enabled && kernel_btf();
@@ -64,6 +65,8 @@ impl<'obj> Sampler<'obj> {
         // Without it, blocks inside syscalls take the fallback (syscall_exit is 0 in rodata).
         let exit_hook = offcpu_on && offcpu.syscall_exit;
         open.progs.ember_offcpu_exit.set_autoload(exit_hook);
+        let rseq_hook = offcpu_on && offcpu.rseq;
+        open.progs.ember_offcpu_rseq.set_autoload(rseq_hook);
         open.maps
             .offcpu_threads
             .set_max_entries(if offcpu_on { offcpu.max_threads } else { 1 })
@@ -120,11 +123,19 @@ impl<'obj> Sampler<'obj> {
         };
         let mut offcpu_links = Vec::new();
         if offcpu_on {
-            // The exit hook first: a record waiting for a syscall's exit always finds it.
+            // The hooks of a thread's return first: a record waiting for one always finds it.
             if exit_hook {
                 offcpu_links.push(
                     skel.progs
                         .ember_offcpu_exit
+                        .attach()
+                        .map_err(CaptureError::Load)?,
+                );
+            }
+            if rseq_hook {
+                offcpu_links.push(
+                    skel.progs
+                        .ember_offcpu_rseq
                         .attach()
                         .map_err(CaptureError::Load)?,
                 );

@@ -152,13 +152,19 @@ pub struct OffCpu {
     /// Fraction of switch-outs considered at all (0 < rate <= 1); reported times are
     /// scaled by its inverse.
     pub sample_rate: f64,
-    /// Fraction of the switch-outs outside a syscall (page faults, preemption in user
-    /// mode) whose stacks are walked at switch-out, the only place they can be (0 < rate
-    /// <= 1); their times are scaled by its inverse.
+    /// Fraction of the switch-outs neither `rseq` nor `syscall_exit` covers (page faults,
+    /// preemption in user mode of threads without rseq) whose stacks are walked at
+    /// switch-out, the only place they can be (0 < rate <= 1); their times are scaled by
+    /// its inverse.
     pub fallback_rate: f64,
-    /// Walk the user stack of a block inside a syscall at the syscall's exit, only when it
-    /// lasted `min_block` (tp_btf/sys_exit); false: such blocks take the fallback too.
+    /// Walk the user stack of a long block inside a syscall of a thread without rseq at the
+    /// syscall's exit (tp_btf/sys_exit: a program run per syscall on the host); false:
+    /// such blocks take the fallback.
     pub syscall_exit: bool,
+    /// Walk the user stack of a long block of a thread with rseq registered (glibc 2.35+
+    /// registers it for every thread) on its return to user mode (tp_btf/rseq_update),
+    /// whether it blocked in a syscall or not: one program run per context switch.
+    pub rseq: bool,
     /// Long blocks whose stacks are held at once (BPF map entries, ~2.2 KiB each while
     /// used); more are counted as dropped.
     pub max_threads: u32,
@@ -176,7 +182,8 @@ impl Default for OffCpu {
             min_block: Duration::from_micros(1000),
             sample_rate: 1.0,
             fallback_rate: 0.1,
-            syscall_exit: true,
+            syscall_exit: false,
+            rseq: true,
             max_threads: 8192,
             max_tasks: 65536,
             ring_buffer_bytes: 1 << 20,

@@ -171,6 +171,9 @@ label_enum! {
         Switch => "switch",
         /// ... inside a syscall: nothing walked until it runs again after `offcpu.min_block`.
         Syscall => "syscall",
+        /// ... of a thread with rseq registered (`offcpu.rseq`): nothing walked until it is
+        /// back, after `offcpu.min_block`, on its way to user mode.
+        Rseq => "rseq",
         /// ... a kernel thread: nothing walked until it runs again after `offcpu.min_block`.
         KernelThread => "kernel_thread",
         /// ... elsewhere (page fault, preemption in user mode), and walked at switch-out (the
@@ -180,7 +183,8 @@ label_enum! {
         FallbackSkipped => "fallback_skipped",
         /// It ran again sooner than `offcpu.min_block` (not reported; not a loss).
         Short => "short",
-        /// A long block inside a syscall had its user stack walked at the syscall's exit.
+        /// A long block had its user stack walked in its thread once back (the syscall's exit,
+        /// or rseq on the way to user mode).
         ExitWalk => "exit_walk",
         /// A long block added to the one of the same syscall still waiting for its exit.
         Merged => "merged",
@@ -196,7 +200,7 @@ label_enum! {
         Malformed => "malformed",
         /// Not profiled: a thread had no per-task record (`offcpu.max_tasks`, or no memory).
         TaskFull => "task_full",
-        /// Lost: a long block whose thread exited before its syscall returned.
+        /// Lost: a long block whose thread exited before it was back in user mode.
         Exited => "exited",
         /// Excluded by `--pid` or the filters (not a loss).
         Filtered => "filtered",
