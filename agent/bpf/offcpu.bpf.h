@@ -95,7 +95,8 @@ static __always_inline int offcpu_has_rseq(struct task_struct *task)
 
 	if (!bpf_core_field_exists(t->rseq))
 		return 0;
-	return BPF_CORE_READ(t, rseq) != 0;
+	/* A direct load: `task` is the tracepoint's own (BTF-typed) pointer. */
+	return t->rseq != 0;
 }
 
 /* A flavor of the kernel's pt_regs: the two words that say whether a syscall runs. */

@@ -745,7 +745,7 @@ mod tests {
         // readings, jit, counters, otlp_metrics, symbols, health, interpreters.
         assert_eq!(
             count,
-            9 + 5 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 5 + 1 + 1
+            9 + 9 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 5 + 1 + 1
         );
         let python = &v["interpreters"]["python"];
         assert_eq!(python.as_mapping().map_or(0, |m| m.len()), 3);

@@ -298,7 +298,7 @@ metric_table! {
             "offcpu_events",
             labels ["result"]
         ),
-        /// Threads off CPU whose stacks the off-CPU program holds now (at most
+        /// Long blocks whose stacks the off-CPU programs hold now (at most
         /// offcpu.max_threads).
         pub offcpu_threads: Gauge<i64, AtomicI64> = metric("offcpu_threads"),
         /// Threads with an off-CPU record (task storage) now (at most offcpu.max_tasks).
