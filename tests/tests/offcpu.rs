@@ -110,8 +110,13 @@ fn sleep_pipe_and_runnable_threads_with_why() {
 #[test]
 fn the_same_with_the_syscall_exit_path() {
     // Blocks inside syscalls walked at the syscall's exit; the hogs' preemptions by the
-    // fallback (a tenth of them, scaled).
-    sleep_pipe_and_runnable(&["  rseq: false", "  syscall_exit: true"]);
+    // fallback, every one (a tenth, scaled, put hog0 at 0.86-1.17x its run-queue wait in
+    // three runs: the scaling itself is tested in capture::record).
+    sleep_pipe_and_runnable(&[
+        "  rseq: false",
+        "  syscall_exit: true",
+        "  fallback_rate: 1.0",
+    ]);
 }
 
 fn sleep_pipe_and_runnable(offcpu_keys: &[&str]) {
@@ -630,68 +635,5 @@ fn a_short_block_storm_walks_no_stack() {
         walks <= 10.0,
         "{walks} stack walks for {} short blocks",
         e("short")
-    );
-}
-
-/// A Python thread sleeping 7 ms in one function, then 3 ms in another, after "go".
-const PY_SLEEPER: &str = r#"
-import os, sys, time
-def waiter_long():
-    time.sleep(0.007)
-def waiter_short():
-    time.sleep(0.003)
-print(f"pid {os.getpid()}", flush=True)
-sys.stdin.readline()
-end = time.monotonic() + 5
-while time.monotonic() < end:
-    waiter_long()
-    waiter_short()
-print("ready", flush=True)
-"#;
-
-#[test]
-fn python_frames_of_off_cpu_time() {
-    if !require_privileged() {
-        return;
-    }
-    let _lock = sampling_lock();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let script = dir.path().join("sleeper.py");
-    fs::write(&script, PY_SLEEPER).expect("script");
-    // Debian's python3 (3.11, static, no frame pointers): walked by tables, with its
-    // interpreter frames, in the thread on its way back from each sleep (rseq).
-    let mut f =
-        Fixture::spawn("/usr/bin/python3", &[script.to_str().expect("utf-8")]).expect("python3");
-    let p = record_offcpu(
-        dir.path(),
-        &mut f,
-        "offcpu:\n  min_block: 1ms\nkubernetes:\n  enabled: false\n",
-        "7s",
-    );
-    let samples = off_samples(&p);
-    let ns = |name: &str| -> i64 {
-        samples
-            .iter()
-            .filter(|s| s.state == "sleep" && s.stack.has(name))
-            .map(|s| s.ns)
-            .sum()
-    };
-    let (long, short) = (ns("waiter_long"), ns("waiter_short"));
-    let all: i64 = samples
-        .iter()
-        .filter(|s| s.state == "sleep")
-        .map(|s| s.ns)
-        .sum();
-    println!("waiter_long {long} ns, waiter_short {short} ns, asleep {all} ns");
-    assert!(long + short > 0, "no Python frames in off-CPU stacks");
-    let share = 100.0 * long as f64 / (long + short) as f64;
-    assert!(
-        (share - 70.0).abs() <= 5.0,
-        "waiter_long has {share:.1} % of the Python sleep (want 70 ± 5)"
-    );
-    assert!(
-        (long + short) as f64 >= 0.9 * all as f64,
-        "sleeps with Python frames: {} of {all} ns",
-        long + short
     );
 }
