@@ -1,29 +1,44 @@
 #!/usr/bin/env python3
-"""Cost of off-CPU profiling (offcpu.enabled) per context switch, and at a pipe ping-pong.
+"""Cost of off-CPU profiling (offcpu.enabled) per context switch and per syscall.
 
 Run by `make bench` (as root). Python 3 stdlib only.
 
-For offcpu.enabled false, then true (defaults otherwise: min_block 1ms, sample_rate 1):
-  1. starts `ember run` (whole host, 10 s windows) and waits for its perf events;
-  2. enables kernel.bpf_stats_enabled (the old value is restored on exit);
-  3. runs `perf bench sched pipe -l LOOPS` (two threads ping-ponging over pipes: two
-     context switches per loop) and takes its context switches per second;
-  4. takes ember's CPU time during the run (/proc/PID/stat utime+stime) and the BPF
-     run time of its sched_switch programs (`bpftool prog show -j`: run_time_ns /
-     run_cnt of ember_offcpu_switch, and of ember_rq_switch, the run-queue latency
-     program that is always on, for scale).
-Prints a markdown table; --write puts it into BENCHMARKS.md between the offcpu markers.
+Four agent settings, interleaved run by run (--runs of each; medians reported):
+  off        offcpu.enabled false
+  on         offcpu.enabled true with the defaults (stacks only for blocks of min_block
+             or more; threads with rseq walked on their way back to user mode, others
+             by the fallback at fallback_rate)
+  sysexit    on, but rseq false and syscall_exit true: blocks inside a syscall walked at
+             its exit (a program on every syscall of the host), the rest by the fallback
+  every      offcpu.enabled true, rseq and syscall_exit false, fallback_rate 1: every
+             switch-out walks both stacks (what off-CPU did before; for scale)
+For each run: starts `ember run` (whole host), waits for its perf events and 3 s more, then
+  1. ping-pong: `taskset -c 0 perf bench sched pipe -T` (two threads of one process pass a
+     token over two pipes, both on CPU 0: every hand-off is a context switch, every block
+     a few microseconds, far under min_block), switches/s = 2 / (usecs per op);
+  2. syscalls: `perf bench syscall basic` (getppid in a loop), ns per call;
+  3. ember's CPU (/proc/PID/stat utime+stime) during the ping-pong, and over --steady
+     seconds of the host as it is (steady state);
+  4. then again with kernel.bpf_stats_enabled (its clock reads add to every program run,
+     so rates and syscall times above are taken without it; restored on exit): BPF time,
+     run_time_ns / run_cnt, of ember_offcpu_switch (sched_switch), of all three off-CPU
+     programs (switch, wakeup, sys_exit) per sched_switch run, during a ping-pong, and of
+     the sys_exit program per syscall; ember_rq_switch (run-queue latency, always on) for
+     scale.
+`perf sched record -a` on the same ping-pong, once, for scale. Prints a markdown table;
+--write puts it into BENCHMARKS.md between the offcpu markers.
 
 bcc's offcputime (kprobe on finish_task_switch) cannot run here: this kernel has no
-kprobes. `perf sched record` needs the sched tracepoints through perf; it is run on the
-same ping-pong for comparison when `perf` is installed (its CPU time and data rate).
+kprobes (and refuses fentry).
 """
 
 import argparse
 import json
 import os
+import platform
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +47,20 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EMBER = os.environ.get("EMBER_BIN", os.path.join(ROOT, "target/release/ember"))
 TICK = os.sysconf("SC_CLK_TCK")
+# bpftool shows the first 15 characters of a program's name.
+PROGS = {
+    "ember_offcpu_sw": "switch",
+    "ember_offcpu_wa": "wakeup",
+    "ember_offcpu_ex": "exit",
+    "ember_offcpu_rs": "rseq",
+    "ember_rq_switch": "rq",
+}
+MODES = {
+    "off": "offcpu:\n  enabled: false\n",
+    "on": "offcpu:\n  enabled: true\n",
+    "sysexit": "offcpu:\n  enabled: true\n  rseq: false\n  syscall_exit: true\n",
+    "every": "offcpu:\n  enabled: true\n  rseq: false\n  syscall_exit: false\n  fallback_rate: 1.0\n",
+}
 
 
 def cpu_seconds(pid):
@@ -40,14 +69,23 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def stats(on):
+    with open("/proc/sys/kernel/bpf_stats_enabled", "w") as f:
+        f.write("1" if on else "0")
+
+
 def prog_stats():
     out = subprocess.run(["bpftool", "prog", "show", "-j"], capture_output=True, text=True)
     stats = {}
     for p in json.loads(out.stdout or "[]"):
-        name = p.get("name", "")
-        if name.startswith(("ember_offcpu_sw", "ember_rq_switch")):
-            stats[name] = (p.get("run_time_ns", 0), p.get("run_cnt", 0))
+        key = PROGS.get(p.get("name", "")[:15])
+        if key:
+            stats[key] = (p.get("run_time_ns", 0), p.get("run_cnt", 0))
     return stats
+
+
+def delta(s0, s1):
+    return {k: (t - s0.get(k, (0, 0))[0], n - s0.get(k, (0, 0))[1]) for k, (t, n) in s1.items()}
 
 
 def attached(pid, timeout=60):
@@ -55,8 +93,7 @@ def attached(pid, timeout=60):
     while time.time() < end:
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
-            n = sum(1 for fd in fds if "perf_event" in os.readlink(f"/proc/{pid}/fd/{fd}"))
-            if n:
+            if any("perf_event" in os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds):
                 return True
         except OSError:
             pass
@@ -64,37 +101,65 @@ def attached(pid, timeout=60):
     return False
 
 
-def pingpong(loops):
-    t0 = time.time()
-    out = subprocess.run(
-        ["perf", "bench", "sched", "pipe", "-l", str(loops)], capture_output=True, text=True
-    )
-    wall = time.time() - t0
+def usecs_per_op(cmd):
+    out = subprocess.run(cmd, capture_output=True, text=True)
     m = re.search(r"([\d.]+) usecs/op", out.stdout)
-    usecs = float(m.group(1)) if m else wall * 1e6 / loops
-    return wall, 2 * 1e6 / usecs  # two switches per loop
+    if not m:
+        sys.exit(f"{' '.join(cmd)}: no usecs/op in\n{out.stdout}{out.stderr}")
+    return float(m.group(1))
 
 
-def run(enabled, loops, tmp):
-    cfg = os.path.join(tmp, f"ember-{enabled}.yaml")
+def pingpong(loops):
+    """Context switches per second of a ping-pong pair on CPU 0."""
+    us = usecs_per_op(["taskset", "-c", "0", "perf", "bench", "sched", "pipe", "-T", "-l", str(loops)])
+    return 2 * 1e6 / us
+
+
+def syscall_ns(loops):
+    return 1000 * usecs_per_op(["perf", "bench", "syscall", "basic", "-l", str(loops)])
+
+
+def run(mode, args, tmp):
+    cfg = os.path.join(tmp, f"ember-{mode}.yaml")
     with open(cfg, "w") as f:
-        f.write(f"offcpu:\n  enabled: {str(enabled).lower()}\nkubernetes:\n  enabled: false\n"
-                "server:\n  enabled: false\n")
-    data = os.path.join(tmp, f"w-{enabled}")
+        f.write(MODES[mode] + "kubernetes:\n  enabled: false\nserver:\n  enabled: false\n")
+    data = os.path.join(tmp, f"w-{mode}")
     ember = subprocess.Popen([EMBER, "run", "--config", cfg, "--data-dir", data],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         if not attached(ember.pid):
             sys.exit("ember did not attach")
         time.sleep(3)
-        s0, c0 = prog_stats(), cpu_seconds(ember.pid)
-        wall, rate = pingpong(loops)
-        s1, c1 = prog_stats(), cpu_seconds(ember.pid)
-        ns = {}
-        for name, (t, n) in s1.items():
-            t0, n0 = s0.get(name, (0, 0))
-            ns[name] = (t - t0) / max(n - n0, 1)
-        return {"wall": wall, "rate": rate, "ember_cpu": (c1 - c0) / wall, "ns": ns}
+        stats(False)
+        c0, t0 = cpu_seconds(ember.pid), time.time()
+        rate = pingpong(args.loops)
+        c1, t1 = cpu_seconds(ember.pid), time.time()
+        sc = syscall_ns(args.syscalls)
+        c2 = cpu_seconds(ember.pid)
+        time.sleep(args.steady)
+        c3 = cpu_seconds(ember.pid)
+        stats(True)
+        s0 = prog_stats()
+        pingpong(args.loops // 2)
+        s1 = prog_stats()
+        syscall_ns(args.syscalls // 2)
+        s2 = prog_stats()
+        pp, sys_d = delta(s0, s1), delta(s1, s2)
+        per = lambda k, d: d[k][0] / d[k][1] if d.get(k, (0, 0))[1] else None
+        sw_runs = pp.get("switch", (0, 0))[1]
+        all_ns = (sum(pp.get(k, (0, 0))[0] for k in ("switch", "wakeup", "exit", "rseq")) / sw_runs
+                  if sw_runs else None)
+        return {
+            "rate": rate,
+            "switch_ns": per("switch", pp),
+            "all_ns": all_ns,
+            "rq_ns": per("rq", pp),
+            "syscall_ns": sc,
+            "exit_ns": per("exit", sys_d),
+            "rseq_ns": per("rseq", pp),
+            "cpu_pp": (c1 - c0) / (t1 - t0),
+            "cpu_steady": (c3 - c2) / args.steady,
+        }
     finally:
         ember.send_signal(signal.SIGINT)
         try:
@@ -108,54 +173,108 @@ def perf_sched(loops, tmp):
     rec = subprocess.Popen(["perf", "sched", "record", "-a", "-o", data],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(2)
-    c0 = cpu_seconds(rec.pid)
-    wall, rate = pingpong(loops)
-    c1 = cpu_seconds(rec.pid)
+    c0, t0 = cpu_seconds(rec.pid), time.time()
+    rate = pingpong(loops)
+    c1, t1 = cpu_seconds(rec.pid), time.time()
     rec.send_signal(signal.SIGINT)
     rec.wait(30)
     size = os.path.getsize(data) if os.path.exists(data) else 0
-    return {"wall": wall, "rate": rate, "cpu": (c1 - c0) / wall, "mb_s": size / wall / 1e6}
+    return {"rate": rate, "cpu": (c1 - c0) / (t1 - t0), "mb_s": size / (t1 - t0) / 1e6}
+
+
+def median(runs, key):
+    vals = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def fmt(v, spec, unit=""):
+    return "-" if v is None else f"{v:{spec}}{unit}"
+
+
+def table(res, perf, args):
+    m = {mode: {k: median(runs, k) for k in runs[0]} for mode, runs in res.items()}
+    off = m["off"]
+    cols = ["off", "on", "sysexit", "every"]
+    load = open("/proc/loadavg").read().split()[:3]
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True).stdout.strip()
+
+    def row(label, key, spec, scale=1.0, ratio=False, perf_cell=""):
+        cells = []
+        for c in cols:
+            v = m[c].get(key)
+            cell = fmt(None if v is None else v * scale, spec)
+            if ratio and c != "off" and v is not None and off.get(key):
+                cell += f" ({v / off[key]:.2f}×)"
+            cells.append(cell)
+        return f"| {label} | " + " | ".join(cells) + f" | {perf_cell} |"
+
+    rows = [
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (`bench/offcpu.py`) on kernel "
+        f"{platform.release()}, {os.cpu_count()} CPUs, ember {rev}; load average after the runs "
+        f"{' '.join(load)} (other builds share the host). Medians of {args.runs} runs per setting, "
+        f"interleaved. Ping-pong: `taskset -c 0 perf bench sched pipe -T -l {args.loops}` (two threads "
+        "on one CPU, blocks of a few µs, all under `min_block`). Rates, syscall times and CPU with "
+        "`kernel.bpf_stats_enabled` off; BPF times in a second pass with it on.",
+        "",
+        "| | offcpu off | on (defaults: rseq) | sys_exit instead of rseq | walk at every switch-out (before) "
+        "| perf sched record |",
+        "|---|---|---|---|---|---|",
+        row("ping-pong context switches/s (× off)", "rate", ",.0f", ratio=True,
+            perf_cell=f"{perf['rate']:,.0f}"),
+        row("BPF ns per sched_switch, ember_offcpu_switch", "switch_ns", ",.0f"),
+        row("BPF ns per sched_switch, all off-CPU programs (switch, wakeup, sys_exit, rseq)", "all_ns",
+            ",.0f"),
+        row("BPF ns per run, ember_offcpu_rseq (once per switch of a thread with rseq)", "rseq_ns", ",.0f"),
+        row("BPF ns per sched_switch, ember_rq_switch (run-queue latency, for scale)", "rq_ns", ",.0f"),
+        row("getppid() ns per call, `perf bench syscall basic` (× off)", "syscall_ns", ".0f", ratio=True),
+        row("BPF ns per syscall, ember_offcpu_exit (sys_exit)", "exit_ns", ".0f"),
+        row("ember (or perf) CPU during the ping-pong, % of one core (× off)", "cpu_pp", ".2f", 100,
+            ratio=True, perf_cell=f"{100 * perf['cpu']:.1f} ({perf['mb_s']:.1f} MB/s written)"),
+        row(f"ember CPU, steady host ({args.steady:.0f} s), % of one core (× off)", "cpu_steady", ".2f",
+            100, ratio=True),
+    ]
+    return "\n".join(rows)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--loops", type=int, default=1_000_000)
+    ap.add_argument("--loops", type=int, default=300_000)
+    ap.add_argument("--syscalls", type=int, default=3_000_000)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--steady", type=float, default=10.0)
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/offcpu.py needs root")
     with open("/proc/sys/kernel/bpf_stats_enabled") as f:
         old = f.read().strip()
-    with open("/proc/sys/kernel/bpf_stats_enabled", "w") as f:
-        f.write("1")
+    res = {mode: [] for mode in MODES}
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            off = run(False, args.loops, tmp)
-            on = run(True, args.loops, tmp)
+            for i in range(args.runs):
+                for mode in MODES:
+                    r = run(mode, args, tmp)
+                    res[mode].append(r)
+                    print(f"run {i + 1} {mode}: " + ", ".join(
+                        f"{k} {v:.4g}" for k, v in r.items() if v is not None), flush=True)
+            stats(False)
             perf = perf_sched(args.loops, tmp)
     finally:
         with open("/proc/sys/kernel/bpf_stats_enabled", "w") as f:
             f.write(old)
-    rows = [
-        "| | offcpu off | offcpu on (defaults) | perf sched record |",
-        "|---|---|---|---|",
-        f"| ping-pong context switches/s | {off['rate']:,.0f} | {on['rate']:,.0f} | {perf['rate']:,.0f} |",
-        f"| ember (or perf) CPU, % of one core | {100 * off['ember_cpu']:.1f} | {100 * on['ember_cpu']:.1f} | {100 * perf['cpu']:.1f} ({perf['mb_s']:.1f} MB/s written) |",
-        f"| BPF ns per sched_switch, ember_offcpu_switch | - | {on['ns'].get('ember_offcpu_switch', 0):,.0f} | |",
-        f"| BPF ns per sched_switch, ember_rq_switch (run-queue latency, for scale) | {off['ns'].get('ember_rq_switch', 0):,.0f} | {on['ns'].get('ember_rq_switch', 0):,.0f} | |",
-    ]
-    table = "\n".join(rows)
-    print(table)
+    text = table(res, perf, args)
+    print(text)
     if args.write:
         path = os.path.join(ROOT, "BENCHMARKS.md")
-        text = open(path).read()
+        doc = open(path).read()
         begin, end = "<!-- offcpu:begin -->", "<!-- offcpu:end -->"
-        block = f"{begin}\n{table}\n{end}"
-        if begin in text:
-            text = re.sub(re.escape(begin) + ".*?" + re.escape(end), block, text, flags=re.S)
+        block = f"{begin}\n{text}\n{end}"
+        if begin in doc:
+            doc = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, doc, flags=re.S)
         else:
-            text += f"\n## Off-CPU profiling (bench/offcpu.py)\n\n{block}\n"
-        open(path, "w").write(text)
+            doc += f"\n## Off-CPU profiling (bench/offcpu.py)\n\n{block}\n"
+        open(path, "w").write(doc)
 
 
 if __name__ == "__main__":

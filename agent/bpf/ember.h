@@ -361,15 +361,31 @@ struct ember_unwind_file {
 
 /*
  * Off-CPU (offcpu.bpf.h, part of the sampler's object so it shares the unwind
- * tables and the walker): at sched_switch the thread switched out (`prev`) has
- * its kernel and user stacks taken and kept per thread in `offcpu_threads`; when
- * it next runs, the time it was off CPU goes out on the `offcpu_samples` ring.
+ * tables and the walker). At sched_switch the thread switched out (`prev`) gets
+ * a small per-task record (time, state, whether it blocked inside a syscall);
+ * stacks are taken only for blocks that last at least min_block, once the thread
+ * runs again: a block inside a syscall has its kernel stack taken at switch-in
+ * and its user stack walked at the syscall's exit, in the thread itself; a
+ * thread with rseq registered (glibc 2.35+ registers it for every thread) has any
+ * block's user stack walked on its return to user mode (rseq_update), in a syscall
+ * or not; a kernel thread's block is taken whole at switch-in; other blocks (page
+ * faults, preemption in user mode of threads without rseq) fall back to a walk at
+ * switch-out under fallback_threshold. Records go out on the `offcpu_samples` ring.
  */
 struct ember_offcpu_config {
 	/* Blocks shorter than this (switch-out to switch-in) are not reported. */
 	__u64 min_block_ns;
-	/* A switch-out is taken when bpf_get_prandom_u32() < this (2^32 = every one). */
+	/* A switch-out is considered when bpf_get_prandom_u32() < this (2^32 = every one). */
 	__u64 sample_threshold;
+	/* ... and, outside a syscall, walked at switch-out when another draw is < this. */
+	__u64 fallback_threshold;
+	/* Non-zero: blocks inside a syscall are walked at its exit; zero: at switch-out, as the fallback. */
+	__u32 syscall_exit;
+	/* Per-task records at most (`offcpu_tasks`); threads past it are counted, not profiled. */
+	__u32 max_tasks;
+	/* Non-zero: every block of a thread with rseq registered is walked on its return to user mode. */
+	__u32 rseq;
+	__u32 pad;
 };
 
 /* Why a thread was off CPU, from its state at switch-out. */
@@ -377,6 +393,13 @@ enum ember_offcpu_state {
 	EMBER_OFFCPU_SLEEP = 0,    /* interruptible sleep (and TASK_IDLE, stopped, traced) */
 	EMBER_OFFCPU_DISK = 1,     /* uninterruptible (D state), not TASK_NOLOAD */
 	EMBER_OFFCPU_RUNNABLE = 2, /* preempted or woken: waiting for a CPU */
+};
+
+/* Where a block's stacks were taken: the weight of its record follows from it. */
+enum ember_offcpu_path {
+	EMBER_OFFCPU_PATH_EXIT = 0,    /* kernel stack at switch-in, user when back (syscall exit, rseq) */
+	EMBER_OFFCPU_PATH_SWITCH = 1,  /* the fallback: both at switch-out, sampled by fallback_threshold */
+	EMBER_OFFCPU_PATH_KTHREAD = 2, /* a kernel thread: its kernel stack at switch-in */
 };
 
 /*
@@ -387,20 +410,28 @@ struct ember_offcpu_head {
 	__u64 off_ns;      /* time off CPU in `state`: switch-out to wakeup (or to switch-in) */
 	__u64 runnable_ns; /* then runnable: wakeup to switch-in (0 when `state` is runnable) */
 	__u32 state;       /* enum ember_offcpu_state */
-	__u32 pad;
+	__u32 path;        /* enum ember_offcpu_path */
 };
 
 /* Indexes of the per-CPU `offcpu_counters` map. */
 enum ember_offcpu_counter {
 	EMBER_OFFCPU_CNT_SWITCHES = 0,  /* switch-outs of threads that were not filtered out */
-	EMBER_OFFCPU_CNT_TAKEN = 1,     /* ... whose stacks were taken (sampled) */
-	EMBER_OFFCPU_CNT_MAP_FULL = 2,  /* ... and lost: `offcpu_threads` full */
+	EMBER_OFFCPU_CNT_TAKEN = 1,     /* ... walked at switch-out (the fallback path) */
+	EMBER_OFFCPU_CNT_MAP_FULL = 2,  /* a long block lost: `offcpu_threads` full */
 	EMBER_OFFCPU_CNT_SHORT = 3,     /* blocks under min_block (not a loss) */
 	EMBER_OFFCPU_CNT_SENT = 4,      /* records handed to the ring buffer */
 	EMBER_OFFCPU_CNT_LOST_RINGBUF = 5, /* ring buffer full: the block is lost */
 	EMBER_OFFCPU_CNT_NO_SCRATCH = 6, /* per-CPU scratch missing: lost */
 	EMBER_OFFCPU_CNT_FILTERED = 7,  /* excluded by --pid or the filters (not a loss) */
-	EMBER_OFFCPU_CNT_MAX = 8,
+	EMBER_OFFCPU_CNT_SYSCALL = 8,   /* switch-outs inside a syscall: nothing walked yet */
+	EMBER_OFFCPU_CNT_KTHREAD = 9,   /* switch-outs of kernel threads: nothing walked yet */
+	EMBER_OFFCPU_CNT_SKIPPED = 10,  /* outside a syscall, not drawn by fallback_threshold */
+	EMBER_OFFCPU_CNT_EXIT_WALK = 11, /* user stacks walked when back: syscall exit or rseq (long blocks) */
+	EMBER_OFFCPU_CNT_MERGED = 12,   /* a long block added to one of the same syscall waiting for its exit */
+	EMBER_OFFCPU_CNT_TASK_FULL = 13, /* no per-task record (max_tasks, or no memory): not profiled */
+	EMBER_OFFCPU_CNT_EXITED = 14,   /* a long block whose thread exited before it was back: lost */
+	EMBER_OFFCPU_CNT_RSEQ = 15,     /* switch-outs of threads with rseq: nothing walked yet */
+	EMBER_OFFCPU_CNT_MAX = 16,
 };
 
 #endif /* EMBER_H */

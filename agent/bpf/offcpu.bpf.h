@@ -7,22 +7,36 @@
  * (walk_step), and sends what the walker asks for (ranges of a process) through
  * the same record flags. Loaded only with `offcpu.enabled`.
  *
- * tp_btf/sched_switch (no kprobes here) sees both tasks of a switch:
- * - `prev` (the current task) is switched out: its kernel stack
- *   (bpf_get_stack), its user stack (the table walker from its saved user
- *   registers, bpf_task_pt_regs) and its state are kept in `offcpu_threads`,
- *   keyed by thread id. One map for all CPUs: a thread that wakes up on another
- *   CPU finds its entry (per-CPU storage would miss it or pair it with an older
- *   switch-out and inflate the time).
- * - `next` runs again: its entry (if any) becomes one record on
- *   `offcpu_samples` with the time it was off CPU, then is deleted.
+ * A switch-out cannot know how long the thread will be away, so it takes no
+ * stack: tp_btf/sched_switch writes the time, the state and whether the thread
+ * blocked inside a syscall into the thread's own record (`offcpu_tasks`, task
+ * storage). When the thread runs again (it is `next` of a switch, on any CPU),
+ * a block under min_block costs nothing more. A longer one is taken by where the
+ * thread was:
+ * - inside a syscall (futex, epoll, read, nanosleep: most off-CPU time): its
+ *   kernel stack now, from the sleeping task (bpf_get_task_stack), into
+ *   `offcpu_threads`; its user stack at the syscall's exit (tp_btf/sys_exit), in
+ *   the thread itself, whose user registers and stack are still those it blocked
+ *   with. There the thread's memory is the current one, so the table walker and
+ *   the interpreter walk run as in a CPU sample.
+ * - a kernel thread: its kernel stack now, sent at once (it has no user side).
+ * - anywhere else (a page fault's I/O, preemption in user mode), no hook runs in
+ *   the thread before it is back in user mode: the fallback walks both stacks at
+ *   switch-out, as before, for a fraction of such switch-outs (fallback_threshold;
+ *   their times are scaled by its inverse), and holds them in `offcpu_threads`
+ *   until the thread runs again.
  * tp_btf/sched_wakeup stamps the wakeup of a sleeping thread, so the time from
  * its wakeup to running is reported as `runnable` (waiting for a CPU) apart
  * from its sleep.
  *
- * A thread's final switch-out (TASK_DEAD) keeps nothing, so exited threads
- * never hold an entry; the map's size is the cap on threads off CPU with a
- * stack held, and a full map is counted.
+ * Per-task records are task storage, not a hash keyed by tid: the sys_exit
+ * program runs at every syscall of the host, and finding the record is a pointer
+ * chase from the task (no hashing, no bucket lock); a record is freed with its
+ * task even where the final switch-out was missed, so none can leak. The number
+ * of records is capped (max_tasks, counted in ember_offcpu_tasks), and a
+ * thread's final switch-out (TASK_DEAD) deletes its record and anything it held.
+ * A block is named by (tid, the record's start_ns), which is also the record's
+ * time_ns: what a waker's sample can join on.
  */
 
 /* The kernel's task states (include/linux/sched.h), stable since 4.14. */
@@ -34,6 +48,12 @@
 #ifndef BPF_EXIST
 #define BPF_EXIST 2
 #endif
+#define EMBER_MAP_TYPE_TASK_STORAGE 29
+#define EMBER_STORAGE_CREATE 1 /* BPF_LOCAL_STORAGE_GET_F_CREATE */
+/* pt_regs.ax while a syscall runs: the entry code stores -ENOSYS there until it returns. */
+#define EMBER_ENOSYS_AX ((__u64)-38)
+/* Above any syscall number: orig_ax of an interrupt or exception is -1, a vector or an error code. */
+#define EMBER_MAX_SYSCALL 1024
 
 const volatile struct ember_offcpu_config ember_offcpu_cfg = {};
 
@@ -41,26 +61,90 @@ const volatile struct ember_offcpu_config ember_offcpu_cfg = {};
 struct ember_offcpu_head ember_offcpu_head_layout = {};
 enum ember_offcpu_counter ember_offcpu_counter_layout = EMBER_OFFCPU_CNT_MAX;
 enum ember_offcpu_state ember_offcpu_state_layout = EMBER_OFFCPU_SLEEP;
+enum ember_offcpu_path ember_offcpu_path_layout = EMBER_OFFCPU_PATH_EXIT;
 
-/* Threads off CPU with their stacks held right now (entries of `offcpu_threads`). */
+/* Entries of `offcpu_threads` (stacks held) right now. */
 __u64 ember_offcpu_live = 0;
+/* Per-task records (`offcpu_tasks`) right now: the cap's count. */
+__u64 ember_offcpu_tasks = 0;
+/*
+ * Entries waiting for their syscall's exit right now. Zero nearly all the time (an entry
+ * lives from a long block's switch-in to its syscall's exit, microseconds), so the
+ * sys_exit program of every other syscall on the host ends on this one read; it is
+ * written twice per long block.
+ */
+__u64 ember_offcpu_exits = 0;
 
 /* The fields read of a task, as a CO-RE flavor of the kernel's task_struct. */
 struct task_struct___offcpu {
 	int pid;
+	int tgid;
 	unsigned int __state;
+	char comm[EMBER_COMM_LEN];
 } __attribute__((preserve_access_index));
 
+/* The thread's registered rseq area (4.18 to 6.18): non-zero, the kernel calls rseq_update on its way back. */
+struct task_struct___rseq {
+	void *rseq;
+} __attribute__((preserve_access_index));
+
+/* Whether `task` has rseq registered, so every return to user mode after a switch runs rseq_update. */
+static __always_inline int offcpu_has_rseq(struct task_struct *task)
+{
+	struct task_struct___rseq *t = (void *)task;
+
+	if (!bpf_core_field_exists(t->rseq))
+		return 0;
+	/* A direct load: `task` is the tracepoint's own (BTF-typed) pointer. */
+	return t->rseq != 0;
+}
+
+/* A flavor of the kernel's pt_regs: the two words that say whether a syscall runs. */
+struct pt_regs___offcpu {
+	unsigned long ax;
+	unsigned long orig_ax;
+} __attribute__((preserve_access_index));
+
+/* What a task's record holds in `offcpu_threads`. */
+enum offcpu_held {
+	HELD_NONE = 0,
+	HELD_SWITCH = 1, /* the fallback's stacks, from switch-out to switch-in */
+	HELD_EXIT = 2,   /* a long block's kernel stack, from switch-in to the syscall's exit */
+};
+
 /*
- * A switched-out thread: when and in what state, then the record as it will be
- * sent: `head` is filled when the thread runs again and sent with the record
- * and its ips that follow it (struct scratch: rec, ips, then the walker's state).
+ * A thread of the kernel's on behalf of a process (io_uring's io-wq, vhost; 6.4+): it never
+ * returns to user mode, and its saved registers are its creator's, inside a syscall.
+ */
+#define EMBER_PF_USER_WORKER 0x00004000
+
+/* Not taken at switch-out: a block outside a syscall the fallback did not draw. */
+#define OFFCPU_PATH_SKIP 3
+
+/* A thread's own record: 40 bytes, plus the kernel's task storage overhead. */
+struct offcpu_task {
+	__u64 start_ns;  /* switch-out of the block under way; 0: on CPU */
+	__u64 wake_ns;   /* first wakeup since start_ns, 0 if none yet */
+	__u64 cgroup_id; /* at switch-out (the filters' key) */
+	__s32 syscall;   /* the syscall it blocked in, -1 outside one */
+	__u8 state;      /* enum ember_offcpu_state */
+	__u8 path;       /* enum ember_offcpu_path, or OFFCPU_PATH_SKIP */
+	__u8 held;       /* enum offcpu_held */
+	__u8 pad;
+};
+
+struct {
+	__uint(type, EMBER_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct offcpu_task);
+} offcpu_tasks SEC(".maps");
+
+/*
+ * A long block's record as it will be sent: `head`, then the record and its ips
+ * that follow it (struct scratch: rec, ips, then the walker's state).
  */
 struct offcpu_thread {
-	__u64 start_ns;
-	__u64 wake_ns; /* first wakeup since start_ns, 0 if none yet */
-	__u32 state;   /* enum ember_offcpu_state */
-	__u32 pad;
 	struct ember_offcpu_head head;
 	struct scratch s;
 };
@@ -117,8 +201,48 @@ static __always_inline int offcpu_state(_Bool preempt, struct task_struct___offc
 	return EMBER_OFFCPU_SLEEP;
 }
 
-/* prev's user stack: the table walker when its process is loaded, else frame pointers. */
-static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *prev, struct scratch *s,
+/*
+ * The syscall `task` runs, or -1: its saved user registers say -ENOSYS in ax and a
+ * syscall number in orig_ax from the entry until the syscall returns. A page fault
+ * whose user ax happens to hold -38 passes for one (its record then waits for the
+ * next syscall's exit, and takes that stack).
+ */
+static __always_inline int offcpu_syscall(struct task_struct *task)
+{
+	struct pt_regs___offcpu *r = (void *)bpf_task_pt_regs(task);
+
+	if (!r || r->ax != EMBER_ENOSYS_AX || r->orig_ax >= EMBER_MAX_SYSCALL)
+		return -1;
+	return r->orig_ax;
+}
+
+/* Marks what a task's record holds, keeping the count of entries waiting for an exit. */
+static __always_inline void offcpu_set_held(struct offcpu_task *r, __u8 held)
+{
+	if (r->held == HELD_EXIT)
+		__sync_fetch_and_add(&ember_offcpu_exits, -1);
+	if (held == HELD_EXIT)
+		__sync_fetch_and_add(&ember_offcpu_exits, 1);
+	r->held = held;
+}
+
+/* Lets go of what a task's record holds in `offcpu_threads`. */
+static __always_inline void offcpu_release(struct offcpu_task *r, __u32 tid)
+{
+	if (r->held == HELD_NONE)
+		return;
+	offcpu_set_held(r, HELD_NONE);
+	if (!bpf_map_delete_elem(&offcpu_threads, &tid))
+		__sync_fetch_and_add(&ember_offcpu_live, -1);
+}
+
+/*
+ * The current task's user stack, walked into s after its kbytes of kernel ips: the
+ * table walker when its process is loaded (with its interpreter frames), else frame
+ * pointers (no interpreter frames: rec.py_result stays EMBER_PY_NONE). Returns the
+ * user bytes; an interpreter tail, if any, is written after them (py_finish).
+ */
+static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *task, struct scratch *s,
 					      long kbytes)
 {
 	__u32 pid = s->rec.pid, one = 1;
@@ -133,11 +257,13 @@ static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *pre
 		} else {
 			struct walk *w = &s->w;
 
-			u = (struct ember_pt_regs *)bpf_task_pt_regs(prev);
+			u = (struct ember_pt_regs *)bpf_task_pt_regs(task);
 			if (u && !bpf_probe_read_kernel(&w->ip, 8, &u->ip) &&
 			    !bpf_probe_read_kernel(&w->sp, 8, &u->sp) &&
 			    !bpf_probe_read_kernel(&w->bp, 8, &u->bp)) {
-				w->kframes = kbytes / sizeof(__u64);
+				__u32 k = kbytes / sizeof(__u64), n;
+
+				w->kframes = k;
 				w->uframes = 0;
 				w->running = 1;
 				w->result = EMBER_UNWIND_COMPLETE;
@@ -147,15 +273,19 @@ static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *pre
 				interp_reset(w);
 				c.s = s;
 				c.cache = bpf_map_lookup_elem(&row_cache, &one);
-				/* Interpreter frames off CPU: not yet (their tail is not kept per thread). */
-				c.py = 0;
+				/* The walk runs in the thread (or as it leaves the CPU): its TLS is current. */
+				c.py = bpf_map_lookup_elem(&py_procs, &pid);
 				c.buf_key = 1;
 				/* No tail calls from here: one bpf_loop takes the whole stack. */
 				bpf_loop(EMBER_MAX_FRAMES, walk_step, &c, 0);
 				if (w->running)
 					w->result = EMBER_UNWIND_TRUNCATED;
 				s->rec.user_result = w->result;
-				return w->uframes > EMBER_MAX_FRAMES ? STACK_BYTES : w->uframes * sizeof(__u64);
+				n = w->uframes > EMBER_MAX_FRAMES ? EMBER_MAX_FRAMES : w->uframes;
+				if (k > EMBER_MAX_FRAMES)
+					k = EMBER_MAX_FRAMES;
+				py_finish(s, k, n);
+				return n * sizeof(__u64);
 			}
 		}
 	}
@@ -167,22 +297,140 @@ static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *pre
 	return ubytes & ~7L;
 }
 
-/* `prev` leaves the CPU: keep its stacks, state and time. */
+/* Fills the record's fields that name the current task. */
+static __always_inline void offcpu_current(struct scratch *s, __u64 cgroup_id)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+
+	s->rec.cgroup_id = cgroup_id;
+	s->rec.pid = id >> 32;
+	s->rec.tid = (__u32)id;
+	s->rec.cpu = bpf_get_smp_processor_id();
+	s->rec.user_result = EMBER_UNWIND_FRAME_POINTER;
+	s->rec.user_flags = 0;
+	s->rec.py_result = EMBER_PY_NONE;
+	bpf_get_current_comm(s->rec.comm, sizeof(s->rec.comm));
+}
+
+/* Sends a long block's record: head, record, k + u ips and the interpreter tail if any. */
+static __always_inline void offcpu_send(struct offcpu_thread *t)
+{
+	__u32 k = t->s.rec.kern_frames, u = t->s.rec.user_frames;
+	__u64 size, tail = t->s.rec.py_result != EMBER_PY_NONE ? sizeof(struct ember_py_tail) : 0;
+
+	if (k > EMBER_MAX_FRAMES)
+		k = EMBER_MAX_FRAMES;
+	if (u > EMBER_MAX_FRAMES)
+		u = EMBER_MAX_FRAMES;
+	size = sizeof(struct ember_offcpu_head) + sizeof(struct ember_record) + (k + u) * sizeof(__u64) + tail;
+	if (bpf_ringbuf_output(&offcpu_samples, &t->head, size,
+			       t->s.rec.user_flags ||
+					       bpf_ringbuf_query(&offcpu_samples, BPF_RB_AVAIL_DATA) >=
+						       ember_cfg.wakeup_bytes ?
+				       BPF_RB_FORCE_WAKEUP :
+				       BPF_RB_NO_WAKEUP))
+		offcpu_count(EMBER_OFFCPU_CNT_LOST_RINGBUF);
+	else
+		offcpu_count(EMBER_OFFCPU_CNT_SENT);
+}
+
+/* Puts t under tid in `offcpu_threads`; 0 if there was no room. */
+static __always_inline int offcpu_hold(__u32 tid, struct offcpu_thread *t)
+{
+	if (!bpf_map_update_elem(&offcpu_threads, &tid, t, BPF_NOEXIST)) {
+		__sync_fetch_and_add(&ember_offcpu_live, 1);
+		return 1;
+	}
+	/* An entry left by a switch-in this program missed (attached mid-switch): replace it. */
+	if (!bpf_map_update_elem(&offcpu_threads, &tid, t, BPF_EXIST))
+		return 1;
+	offcpu_count(EMBER_OFFCPU_CNT_MAP_FULL);
+	return 0;
+}
+
+/* The fallback: `prev`'s stacks now, held until it runs again. */
+static __always_inline void offcpu_walk_out(void *ctx, struct task_struct *prev, struct offcpu_task *r,
+					    __u32 tid, __u64 now)
+{
+	struct offcpu_thread *t;
+	struct scratch *s;
+	long kbytes, ubytes;
+	__u32 zero = 0;
+
+	t = bpf_map_lookup_elem(&offcpu_scratch, &zero);
+	if (!t) {
+		offcpu_count(EMBER_OFFCPU_CNT_NO_SCRATCH);
+		return;
+	}
+	offcpu_count(EMBER_OFFCPU_CNT_TAKEN);
+	s = &t->s;
+	s->rec.time_ns = now;
+	offcpu_current(s, r->cgroup_id);
+	kbytes = bpf_get_stack(ctx, s->ips, STACK_BYTES, 0);
+	if (kbytes < 0)
+		kbytes = 0;
+	if (kbytes > STACK_BYTES)
+		kbytes = STACK_BYTES;
+	kbytes &= ~7L;
+	s->rec.kern_frames = kbytes / sizeof(__u64);
+	ubytes = s->rec.pid && !kernel_thread(prev) ? offcpu_user_stack(ctx, prev, s, kbytes) : 0;
+	s->rec.user_frames = ubytes / sizeof(__u64);
+	if (!ubytes)
+		s->rec.py_result = EMBER_PY_NONE;
+	if (offcpu_hold(tid, t))
+		offcpu_set_held(r, HELD_SWITCH);
+}
+
+/* The current task's record, made if it has none and the cap allows; 0 if it cannot have one. */
+static __always_inline struct offcpu_task *offcpu_record(struct task_struct *task)
+{
+	struct offcpu_task *r = bpf_task_storage_get(&offcpu_tasks, task, 0, 0);
+
+	if (r)
+		return r;
+	if (ember_offcpu_tasks >= ember_offcpu_cfg.max_tasks) {
+		offcpu_count(EMBER_OFFCPU_CNT_TASK_FULL);
+		return 0;
+	}
+	r = bpf_task_storage_get(&offcpu_tasks, task, 0, EMBER_STORAGE_CREATE);
+	if (!r) {
+		offcpu_count(EMBER_OFFCPU_CNT_TASK_FULL);
+		return 0;
+	}
+	__sync_fetch_and_add(&ember_offcpu_tasks, 1);
+	return r;
+}
+
+/* A thread's final switch-out: its record and what it holds go. */
+static __always_inline void offcpu_dead(struct task_struct *prev, __u32 tid)
+{
+	struct offcpu_task *r = bpf_task_storage_get(&offcpu_tasks, prev, 0, 0);
+
+	if (!r)
+		return;
+	if (r->held == HELD_EXIT)
+		offcpu_count(EMBER_OFFCPU_CNT_EXITED);
+	offcpu_release(r, tid);
+	if (!bpf_task_storage_delete(&offcpu_tasks, prev))
+		__sync_fetch_and_add(&ember_offcpu_tasks, -1);
+}
+
+/* `prev` leaves the CPU: its record says when, why and where; stacks only for the fallback. */
 static __always_inline void offcpu_out(void *ctx, _Bool preempt, struct task_struct *prev, __u64 now)
 {
 	struct task_struct___offcpu *p = (void *)prev;
 	__u64 id = bpf_get_current_pid_tgid(), cgroup_id;
-	__u32 pid = id >> 32, tid = (__u32)id, zero = 0;
-	struct offcpu_thread *t;
-	struct scratch *s;
-	long kbytes, ubytes, err;
-	int state;
+	__u32 pid = id >> 32, tid = (__u32)id;
+	struct offcpu_task *r;
+	int state, nr;
 
 	if (tid == 0) /* the idle task */
 		return;
 	state = offcpu_state(preempt, p);
-	if (state < 0)
+	if (state < 0) {
+		offcpu_dead(prev, tid);
 		return;
+	}
 	if (ember_cfg.filter_pids && !bpf_map_lookup_elem(&pid_filter, &pid)) {
 		offcpu_count(EMBER_OFFCPU_CNT_FILTERED);
 		return;
@@ -196,93 +444,180 @@ static __always_inline void offcpu_out(void *ctx, _Bool preempt, struct task_str
 	if (ember_offcpu_cfg.sample_threshold <= 0xffffffffULL &&
 	    (__u64)bpf_get_prandom_u32() >= ember_offcpu_cfg.sample_threshold)
 		return;
+	r = offcpu_record(prev);
+	if (!r)
+		return;
+	r->start_ns = now;
+	r->wake_ns = 0;
+	r->cgroup_id = cgroup_id;
+	r->state = state;
+	if (!pid || kernel_thread(prev) || (prev->flags & EMBER_PF_USER_WORKER)) {
+		r->syscall = -1;
+		r->path = EMBER_OFFCPU_PATH_KTHREAD;
+		offcpu_count(EMBER_OFFCPU_CNT_KTHREAD);
+		return;
+	}
+	/* A record waiting for its syscall's exit: the thread is still inside that syscall. */
+	nr = r->held == HELD_EXIT ? r->syscall : offcpu_syscall(prev);
+	r->syscall = nr;
+	/* Any block of a thread with rseq: rseq_update runs in it before it is back in user mode. */
+	if (ember_offcpu_cfg.rseq && offcpu_has_rseq(prev)) {
+		r->path = EMBER_OFFCPU_PATH_EXIT;
+		offcpu_count(EMBER_OFFCPU_CNT_RSEQ);
+		return;
+	}
+	if (nr >= 0 && ember_offcpu_cfg.syscall_exit) {
+		r->path = EMBER_OFFCPU_PATH_EXIT;
+		offcpu_count(EMBER_OFFCPU_CNT_SYSCALL);
+		return;
+	}
+	if (ember_offcpu_cfg.fallback_threshold <= 0xffffffffULL &&
+	    (__u64)bpf_get_prandom_u32() >= ember_offcpu_cfg.fallback_threshold) {
+		r->path = OFFCPU_PATH_SKIP;
+		offcpu_count(EMBER_OFFCPU_CNT_SKIPPED);
+		return;
+	}
+	r->path = EMBER_OFFCPU_PATH_SWITCH;
+	offcpu_walk_out(ctx, prev, r, tid, now);
+}
+
+/* The head of a block that ended now: its time in its state, then runnable after a wakeup. */
+static __always_inline void offcpu_times(struct ember_offcpu_head *h, struct offcpu_task *r, __u64 start,
+					 __u64 now)
+{
+	h->state = r->state;
+	h->path = r->path;
+	if (r->state != EMBER_OFFCPU_RUNNABLE && r->wake_ns > start && r->wake_ns <= now) {
+		h->off_ns = r->wake_ns - start;
+		h->runnable_ns = now - r->wake_ns;
+	} else {
+		h->off_ns = now - start;
+		h->runnable_ns = 0;
+	}
+}
+
+/* A long block inside a syscall ended: its kernel stack now, held for the syscall's exit. */
+static __always_inline void offcpu_in_syscall(struct task_struct *next, struct offcpu_task *r, __u32 tid,
+					      __u64 start, __u64 now)
+{
+	struct offcpu_thread *t;
+	__u32 zero = 0;
+	long kbytes;
+
+	if (r->held == HELD_EXIT) {
+		/* Blocked again in the same syscall before its exit: one record, one stack. */
+		t = bpf_map_lookup_elem(&offcpu_threads, &tid);
+		if (t) {
+			struct ember_offcpu_head h;
+
+			offcpu_times(&h, r, start, now);
+			if (h.state == EMBER_OFFCPU_RUNNABLE)
+				t->head.runnable_ns += h.off_ns;
+			else
+				t->head.off_ns += h.off_ns;
+			t->head.runnable_ns += h.runnable_ns;
+			offcpu_count(EMBER_OFFCPU_CNT_MERGED);
+			return;
+		}
+		offcpu_set_held(r, HELD_NONE);
+	}
 	t = bpf_map_lookup_elem(&offcpu_scratch, &zero);
 	if (!t) {
 		offcpu_count(EMBER_OFFCPU_CNT_NO_SCRATCH);
 		return;
 	}
-	offcpu_count(EMBER_OFFCPU_CNT_TAKEN);
-	t->start_ns = now;
-	t->wake_ns = 0;
-	t->state = state;
-	s = &t->s;
-	s->rec.time_ns = now;
-	s->rec.cgroup_id = cgroup_id;
-	s->rec.pid = pid;
-	s->rec.tid = tid;
-	s->rec.cpu = bpf_get_smp_processor_id();
-	s->rec.user_result = EMBER_UNWIND_FRAME_POINTER;
-	s->rec.user_flags = 0;
-	s->rec.py_result = EMBER_PY_NONE;
-	bpf_get_current_comm(s->rec.comm, sizeof(s->rec.comm));
-
-	kbytes = bpf_get_stack(ctx, s->ips, STACK_BYTES, 0);
+	offcpu_times(&t->head, r, start, now);
+	t->s.rec.time_ns = start;
+	t->s.rec.cgroup_id = r->cgroup_id;
+	kbytes = bpf_get_task_stack(next, t->s.ips, STACK_BYTES, 0);
 	if (kbytes < 0)
 		kbytes = 0;
 	if (kbytes > STACK_BYTES)
 		kbytes = STACK_BYTES;
-	kbytes &= ~7L;
-	s->rec.kern_frames = kbytes / sizeof(__u64);
-	ubytes = pid && !kernel_thread(prev) ? offcpu_user_stack(ctx, prev, s, kbytes) : 0;
-	s->rec.user_frames = ubytes / sizeof(__u64);
-
-	err = bpf_map_update_elem(&offcpu_threads, &tid, t, BPF_NOEXIST);
-	if (!err) {
-		__sync_fetch_and_add(&ember_offcpu_live, 1);
-		return;
-	}
-	/* An entry left by a switch-in this program missed (attached mid-switch): replace it. */
-	if (bpf_map_update_elem(&offcpu_threads, &tid, t, BPF_EXIST))
-		offcpu_count(EMBER_OFFCPU_CNT_MAP_FULL);
+	t->s.rec.kern_frames = kbytes / sizeof(__u64);
+	t->s.rec.user_frames = 0;
+	if (offcpu_hold(tid, t))
+		offcpu_set_held(r, HELD_EXIT);
 }
 
-/* `next` runs again: report the time it was off CPU, from its switch-out. */
+/* A kernel thread's long block: its kernel stack, sent now. */
+static __always_inline void offcpu_in_kthread(struct task_struct *next, struct offcpu_task *r, __u64 start,
+					      __u64 now)
+{
+	struct task_struct___offcpu *n = (void *)next;
+	struct offcpu_thread *t;
+	struct scratch *s;
+	__u32 zero = 0;
+	long kbytes;
+
+	t = bpf_map_lookup_elem(&offcpu_scratch, &zero);
+	if (!t) {
+		offcpu_count(EMBER_OFFCPU_CNT_NO_SCRATCH);
+		return;
+	}
+	s = &t->s;
+	offcpu_times(&t->head, r, start, now);
+	s->rec.time_ns = start;
+	s->rec.cgroup_id = r->cgroup_id;
+	s->rec.pid = n->tgid;
+	s->rec.tid = n->pid;
+	s->rec.cpu = bpf_get_smp_processor_id();
+	s->rec.user_result = EMBER_UNWIND_FRAME_POINTER;
+	s->rec.user_flags = 0;
+	s->rec.py_result = EMBER_PY_NONE;
+	bpf_probe_read_kernel(s->rec.comm, sizeof(s->rec.comm), n->comm);
+	kbytes = bpf_get_task_stack(next, s->ips, STACK_BYTES, 0);
+	if (kbytes < 0)
+		kbytes = 0;
+	if (kbytes > STACK_BYTES)
+		kbytes = STACK_BYTES;
+	s->rec.kern_frames = kbytes / sizeof(__u64);
+	s->rec.user_frames = 0;
+	offcpu_send(t);
+}
+
+/* `next` runs again: a short block is forgotten; a long one is taken by its path. */
 static __always_inline void offcpu_in(struct task_struct *next, __u64 now)
 {
 	struct task_struct___offcpu *n = (void *)next;
 	__u32 tid = n->pid;
+	struct offcpu_task *r;
 	struct offcpu_thread *t;
-	__u64 total, size;
-	__u32 k, u;
+	__u64 start;
 
 	if (!tid)
 		return;
-	t = bpf_map_lookup_elem(&offcpu_threads, &tid);
-	if (!t)
+	r = bpf_task_storage_get(&offcpu_tasks, next, 0, 0);
+	if (!r || !r->start_ns)
 		return;
-	total = now - t->start_ns;
-	if ((__s64)total < 0 || total < ember_offcpu_cfg.min_block_ns) {
+	start = r->start_ns;
+	r->start_ns = 0;
+	if ((__s64)(now - start) < 0 || now - start < ember_offcpu_cfg.min_block_ns) {
 		offcpu_count(EMBER_OFFCPU_CNT_SHORT);
-		goto done;
+		if (r->held == HELD_SWITCH)
+			offcpu_release(r, tid);
+		return;
 	}
-	t->head.state = t->state;
-	t->head.pad = 0;
-	if (t->state != EMBER_OFFCPU_RUNNABLE && t->wake_ns > t->start_ns && t->wake_ns <= now) {
-		t->head.off_ns = t->wake_ns - t->start_ns;
-		t->head.runnable_ns = now - t->wake_ns;
-	} else {
-		t->head.off_ns = total;
-		t->head.runnable_ns = 0;
+	switch (r->path) {
+	case EMBER_OFFCPU_PATH_EXIT:
+		offcpu_in_syscall(next, r, tid, start, now);
+		return;
+	case EMBER_OFFCPU_PATH_KTHREAD:
+		offcpu_in_kthread(next, r, start, now);
+		return;
+	case EMBER_OFFCPU_PATH_SWITCH:
+		if (r->held != HELD_SWITCH)
+			return;
+		t = bpf_map_lookup_elem(&offcpu_threads, &tid);
+		if (t) {
+			offcpu_times(&t->head, r, start, now);
+			offcpu_send(t);
+		}
+		offcpu_release(r, tid);
+		return;
+	default: /* OFFCPU_PATH_SKIP: its share is in the fallback's scaled records */
+		return;
 	}
-	k = t->s.rec.kern_frames;
-	u = t->s.rec.user_frames;
-	if (k > EMBER_MAX_FRAMES)
-		k = EMBER_MAX_FRAMES;
-	if (u > EMBER_MAX_FRAMES)
-		u = EMBER_MAX_FRAMES;
-	size = sizeof(struct ember_offcpu_head) + sizeof(struct ember_record) + (k + u) * sizeof(__u64);
-	if (bpf_ringbuf_output(&offcpu_samples, &t->head, size,
-			       t->s.rec.user_flags ||
-					       bpf_ringbuf_query(&offcpu_samples, BPF_RB_AVAIL_DATA) >=
-						       ember_cfg.wakeup_bytes ?
-				       BPF_RB_FORCE_WAKEUP :
-				       BPF_RB_NO_WAKEUP))
-		offcpu_count(EMBER_OFFCPU_CNT_LOST_RINGBUF);
-	else
-		offcpu_count(EMBER_OFFCPU_CNT_SENT);
-done:
-	if (!bpf_map_delete_elem(&offcpu_threads, &tid))
-		__sync_fetch_and_add(&ember_offcpu_live, -1);
 }
 
 SEC("tp_btf/sched_switch")
@@ -299,11 +634,72 @@ int BPF_PROG(ember_offcpu_switch, _Bool preempt, struct task_struct *prev, struc
 SEC("tp_btf/sched_wakeup")
 int BPF_PROG(ember_offcpu_wakeup, struct task_struct *p)
 {
-	struct task_struct___offcpu *q = (void *)p;
-	__u32 tid = q->pid;
-	struct offcpu_thread *t = bpf_map_lookup_elem(&offcpu_threads, &tid);
+	struct offcpu_task *r = bpf_task_storage_get(&offcpu_tasks, p, 0, 0);
 
-	if (t && !t->wake_ns)
-		t->wake_ns = bpf_ktime_get_ns();
+	if (r && r->start_ns && !r->wake_ns)
+		r->wake_ns = bpf_ktime_get_ns();
+	return 0;
+}
+
+/*
+ * The current thread is back from a block, in its own context with its user registers
+ * and stack as it blocked with: if the block was long, its user stack is walked now and
+ * the block is sent. Any other call costs one read of ember_offcpu_exits, or the record's
+ * lookup while some thread's entry waits.
+ */
+static __always_inline void offcpu_resume(void *ctx)
+{
+	struct task_struct *task;
+	struct offcpu_task *r;
+	struct offcpu_thread *t;
+	long kbytes, ubytes;
+	__u64 start;
+	__u32 tid;
+
+	if (!ember_offcpu_exits)
+		return;
+	task = bpf_get_current_task_btf();
+	r = bpf_task_storage_get(&offcpu_tasks, task, 0, 0);
+	if (!r || r->held != HELD_EXIT)
+		return;
+	tid = (__u32)bpf_get_current_pid_tgid();
+	t = bpf_map_lookup_elem(&offcpu_threads, &tid);
+	if (t) {
+		offcpu_count(EMBER_OFFCPU_CNT_EXIT_WALK);
+		offcpu_current(&t->s, t->s.rec.cgroup_id);
+		kbytes = t->s.rec.kern_frames;
+		if (kbytes > EMBER_MAX_FRAMES)
+			kbytes = EMBER_MAX_FRAMES;
+		kbytes *= sizeof(__u64);
+		/* The walker's clock (asks, table stamps) is now; the record keeps the block's start. */
+		start = t->s.rec.time_ns;
+		t->s.rec.time_ns = bpf_ktime_get_ns();
+		ubytes = offcpu_user_stack(ctx, task, &t->s, kbytes);
+		t->s.rec.time_ns = start;
+		t->s.rec.user_frames = ubytes / sizeof(__u64);
+		if (!ubytes)
+			t->s.rec.py_result = EMBER_PY_NONE;
+		offcpu_send(t);
+	}
+	offcpu_release(r, tid);
+}
+
+/* A syscall returns: the thread is back from any block inside it. */
+SEC("tp_btf/sys_exit")
+int BPF_PROG(ember_offcpu_exit, struct pt_regs *regs, long ret)
+{
+	offcpu_resume(ctx);
+	return 0;
+}
+
+/*
+ * A thread with rseq registered returns to user mode after a context switch (the
+ * scheduler sets TIF_NOTIFY_RESUME at every switch-out of such a thread): it is back
+ * from a block of any kind, in a syscall or not. Runs once per switch, not per syscall.
+ */
+SEC("tp_btf/rseq_update")
+int BPF_PROG(ember_offcpu_rseq, struct task_struct *t)
+{
+	offcpu_resume(ctx);
 	return 0;
 }

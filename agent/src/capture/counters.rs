@@ -103,7 +103,15 @@ impl CounterSync {
         type C = ember_offcpu_counter;
         for (idx, event) in [
             (C::EMBER_OFFCPU_CNT_SWITCHES, OffCpuEvent::Switch),
-            (C::EMBER_OFFCPU_CNT_TAKEN, OffCpuEvent::Taken),
+            (C::EMBER_OFFCPU_CNT_TAKEN, OffCpuEvent::Fallback),
+            (C::EMBER_OFFCPU_CNT_SYSCALL, OffCpuEvent::Syscall),
+            (C::EMBER_OFFCPU_CNT_RSEQ, OffCpuEvent::Rseq),
+            (C::EMBER_OFFCPU_CNT_KTHREAD, OffCpuEvent::KernelThread),
+            (C::EMBER_OFFCPU_CNT_SKIPPED, OffCpuEvent::FallbackSkipped),
+            (C::EMBER_OFFCPU_CNT_EXIT_WALK, OffCpuEvent::ExitWalk),
+            (C::EMBER_OFFCPU_CNT_MERGED, OffCpuEvent::Merged),
+            (C::EMBER_OFFCPU_CNT_TASK_FULL, OffCpuEvent::TaskFull),
+            (C::EMBER_OFFCPU_CNT_EXITED, OffCpuEvent::Exited),
             (C::EMBER_OFFCPU_CNT_MAP_FULL, OffCpuEvent::MapFull),
             (C::EMBER_OFFCPU_CNT_SHORT, OffCpuEvent::Short),
             (C::EMBER_OFFCPU_CNT_SENT, OffCpuEvent::Sent),
@@ -125,6 +133,11 @@ impl CounterSync {
             metrics
                 .offcpu_threads
                 .set(i64::try_from(live).unwrap_or(i64::MAX));
+            // SAFETY: as above.
+            let tasks = unsafe { std::ptr::read_volatile(&bss.ember_offcpu_tasks) };
+            metrics
+                .offcpu_tasks
+                .set(i64::try_from(tasks).unwrap_or(i64::MAX));
         }
     }
 }

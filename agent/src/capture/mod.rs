@@ -38,7 +38,7 @@ pub mod unwind;
 pub use queue::{
     batch_bytes, work_queue, Ask, Batch, QueueBytes, Work, WorkReceiver, WorkSender, WORK_QUEUE,
 };
-pub use record::{parse_offcpu_record, parse_record, MAX_FRAMES};
+pub use record::{parse_offcpu_record, parse_record, OffCpuScale, MAX_FRAMES};
 pub use tasks::{Drained, Mmap, TaskError, TaskEvent, TaskWatch};
 pub use unwind::UnwindMaps;
 
@@ -329,7 +329,10 @@ fn ring_buffer(
         .map(|_| ());
     if !sampler.offcpu_links.is_empty() {
         let (cb_batch, cb_metrics) = (batch.clone(), metrics.clone());
-        let scale = 1.0 / offcpu.sample_rate;
+        let scale = OffCpuScale {
+            exact: 1.0 / offcpu.sample_rate,
+            fallback: 1.0 / (offcpu.sample_rate * offcpu.fallback_rate),
+        };
         added = added.and_then(|()| {
             builder
                 .add(&sampler.skel.maps.offcpu_samples, move |data: &[u8]| {

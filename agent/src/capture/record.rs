@@ -3,8 +3,8 @@
 //! `EMBER_REC_*` flags by which a record asks the unwind loader for its process.
 
 use super::skel::types::{
-    ember_offcpu_head, ember_offcpu_state, ember_py_result, ember_py_tail, ember_record,
-    ember_unwind_result,
+    ember_offcpu_head, ember_offcpu_path, ember_offcpu_state, ember_py_result, ember_py_tail,
+    ember_record, ember_unwind_result,
 };
 use crate::model::{OffCpu, OffState, PyFrameRef, PyWalk, Sample, StackEnd};
 
@@ -147,10 +147,20 @@ pub(super) fn sample_threshold(rate: f64) -> u64 {
     }
 }
 
+/// What an off-CPU record's times are multiplied by, by where its stacks were taken: the
+/// inverse of the fractions of switch-outs that could have produced it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OffCpuScale {
+    /// Blocks taken at switch-in or at a syscall's exit: 1 / `offcpu.sample_rate`.
+    pub exact: f64,
+    /// Blocks the fallback walked at switch-out: 1 / (`sample_rate` × `fallback_rate`).
+    pub fallback: f64,
+}
+
 /// Turns one off-CPU record into its samples (the time in its state, then the time
-/// runnable after a wakeup, if any; times scaled by `scale` = 1 / sample rate) and its
+/// runnable after a wakeup, if any; times scaled by `scale` for the record's path) and its
 /// `EMBER_REC_*` flags; `None` if it is malformed.
-pub fn parse_offcpu_record(data: &[u8], scale: f64) -> Option<(Vec<Sample>, u8)> {
+pub fn parse_offcpu_record(data: &[u8], scale: OffCpuScale) -> Option<(Vec<Sample>, u8)> {
     if data.len() < OFFCPU_HEAD {
         return None;
     }
@@ -162,6 +172,12 @@ pub fn parse_offcpu_record(data: &[u8], scale: f64) -> Option<(Vec<Sample>, u8)>
         S::EMBER_OFFCPU_SLEEP => OffState::Sleep,
         S::EMBER_OFFCPU_DISK => OffState::Disk,
         S::EMBER_OFFCPU_RUNNABLE => OffState::Runnable,
+        _ => return None,
+    };
+    type P = ember_offcpu_path;
+    let scale = match ember_offcpu_path(head.path) {
+        P::EMBER_OFFCPU_PATH_EXIT | P::EMBER_OFFCPU_PATH_KTHREAD => scale.exact,
+        P::EMBER_OFFCPU_PATH_SWITCH => scale.fallback,
         _ => return None,
     };
     let scaled = |ns: u64| (ns as f64 * scale).round() as u64;
@@ -333,12 +349,12 @@ mod tests {
         assert_eq!(parse_record(&r), None);
     }
 
-    fn offcpu_record(state: u32, off_ns: u64, runnable_ns: u64) -> Vec<u8> {
+    fn offcpu_record(state: u32, path: u32, off_ns: u64, runnable_ns: u64) -> Vec<u8> {
         let head = ember_offcpu_head {
             off_ns,
             runnable_ns,
             state,
-            pad: 0,
+            path,
         };
         // SAFETY: test-only view of a repr(C) POD struct as bytes.
         let mut out = unsafe {
@@ -354,7 +370,11 @@ mod tests {
 
     #[test]
     fn offcpu_records_split_at_the_wakeup_and_scale() {
-        let (samples, _) = parse_offcpu_record(&offcpu_record(0, 700, 300), 1.0).expect("valid");
+        let one = OffCpuScale {
+            exact: 1.0,
+            fallback: 1.0,
+        };
+        let (samples, _) = parse_offcpu_record(&offcpu_record(0, 0, 700, 300), one).expect("valid");
         let got: Vec<_> = samples.iter().map(|s| s.off_cpu).collect();
         assert_eq!(
             got,
@@ -370,22 +390,39 @@ mod tests {
             ]
         );
         assert_eq!(samples[1].user, [0x401000], "both halves keep the stack");
-        let (samples, _) = parse_offcpu_record(&offcpu_record(1, 1000, 0), 2.0).expect("valid");
-        assert_eq!(
-            samples.iter().map(|s| s.off_cpu).collect::<Vec<_>>(),
-            [Some(OffCpu {
+        let scale = OffCpuScale {
+            exact: 2.0,
+            fallback: 20.0,
+        };
+        let ns = |path| {
+            let (samples, _) =
+                parse_offcpu_record(&offcpu_record(1, path, 1000, 0), scale).expect("valid");
+            samples.iter().map(|s| s.off_cpu).collect::<Vec<_>>()
+        };
+        let disk = |ns| {
+            vec![Some(OffCpu {
                 state: OffState::Disk,
-                ns: 2000
-            })],
+                ns,
+            })]
+        };
+        assert_eq!(
+            ns(0),
+            disk(2000),
             "no wakeup part; scaled by 1 / sample rate"
         );
+        assert_eq!(ns(2), disk(2000), "a kernel thread's block is taken whole");
+        assert_eq!(ns(1), disk(20000), "the fallback's blocks: by its rate too");
         assert!(
-            parse_offcpu_record(&offcpu_record(9, 1, 0), 1.0).is_none(),
+            parse_offcpu_record(&offcpu_record(1, 3, 1000, 0), scale).is_none(),
+            "unknown path"
+        );
+        assert!(
+            parse_offcpu_record(&offcpu_record(9, 0, 1, 0), one).is_none(),
             "unknown state"
         );
-        let mut short = offcpu_record(2, 5, 0);
+        let mut short = offcpu_record(2, 0, 5, 0);
         short.truncate(OFFCPU_HEAD + 8);
-        assert!(parse_offcpu_record(&short, 1.0).is_none());
+        assert!(parse_offcpu_record(&short, one).is_none());
         assert_eq!(sample_threshold(1.0), 1 << 32);
         assert_eq!(sample_threshold(0.5), 1 << 31);
     }

@@ -23,7 +23,7 @@ pub(super) struct Sampler<'obj> {
     pub(super) links: BTreeMap<u32, Link>,
     /// `ember_exec` on sched_process_exec, when unwinding by tables with kernel BTF.
     exec: Option<Link>,
-    /// The off-CPU programs on sched_switch and sched_wakeup (`offcpu.enabled`).
+    /// The off-CPU programs on sched_switch, sched_wakeup and sys_exit (`offcpu.enabled`).
     pub(super) offcpu_links: Vec<Link>,
     event: SampleEvent,
 }
@@ -47,34 +47,8 @@ impl<'obj> Sampler<'obj> {
                 UnwindMode::Dwarf => 2,
             };
             rodata.ember_cfg.task_regs = u32::from(kernel_btf());
-            rodata.ember_offcpu_cfg.min_block_ns =
-                u64::try_from(offcpu.min_block.as_nanos()).unwrap_or(u64::MAX);
-            rodata.ember_offcpu_cfg.sample_threshold = sample_threshold(offcpu.sample_rate);
         }
-        // The off-CPU programs are BTF tracepoints too; off, their maps are kept minimal.
-        let offcpu_on = offcpu.enabled && kernel_btf();
-        if offcpu.enabled && !offcpu_on {
-            warn!("off-CPU profiling needs the kernel's BTF (/sys/kernel/btf/vmlinux): off");
-        }
-        open.progs.ember_offcpu_switch.set_autoload(offcpu_on);
-        open.progs.ember_offcpu_wakeup.set_autoload(offcpu_on);
-        open.maps
-            .offcpu_threads
-            .set_max_entries(if offcpu_on { offcpu.max_threads } else { 1 })
-            .map_err(CaptureError::Load)?;
-        open.maps
-            .offcpu_samples
-            .set_max_entries(if offcpu_on {
-                offcpu.ring_buffer_bytes
-            } else {
-                4096
-            })
-            .map_err(CaptureError::Load)?;
-        // The walker's row caches, per CPU: the sampler's, and off-CPU's when it is on.
-        open.maps
-            .row_cache
-            .set_max_entries(if offcpu_on { 2 } else { 1 })
-            .map_err(CaptureError::Load)?;
+        let offcpu_on = prepare_offcpu(&mut open, offcpu)?;
         // The exec hook is a BTF tracepoint: without kernel BTF it would fail the whole load.
         let exec_hook = settings.unwind != UnwindMode::FramePointer && kernel_btf();
         open.progs.ember_exec.set_autoload(exec_hook);
@@ -114,11 +88,16 @@ impl<'obj> Sampler<'obj> {
         };
         let mut offcpu_links = Vec::new();
         if offcpu_on {
-            for prog in [
-                &skel.progs.ember_offcpu_switch,
-                &skel.progs.ember_offcpu_wakeup,
+            // The hooks of a thread's return first: a record waiting for one always finds it.
+            for (prog, on) in [
+                (&skel.progs.ember_offcpu_exit, offcpu.syscall_exit),
+                (&skel.progs.ember_offcpu_rseq, offcpu.rseq),
+                (&skel.progs.ember_offcpu_switch, true),
+                (&skel.progs.ember_offcpu_wakeup, true),
             ] {
-                offcpu_links.push(prog.attach().map_err(CaptureError::Load)?);
+                if on {
+                    offcpu_links.push(prog.attach().map_err(CaptureError::Load)?);
+                }
             }
         }
         Ok(Self {
@@ -223,6 +202,49 @@ impl<'obj> Sampler<'obj> {
             }
         }
     }
+}
+
+/// The off-CPU settings written into the object before load: its rodata, which programs
+/// load, and its maps' sizes (minimal when off). Whether off-CPU profiling is on.
+fn prepare_offcpu(
+    open: &mut skel::OpenEmberSkel<'_>,
+    offcpu: &OffCpuSettings,
+) -> Result<bool, CaptureError> {
+    if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
+        let cfg = &mut rodata.ember_offcpu_cfg;
+        cfg.min_block_ns = u64::try_from(offcpu.min_block.as_nanos()).unwrap_or(u64::MAX);
+        cfg.sample_threshold = sample_threshold(offcpu.sample_rate);
+        cfg.fallback_threshold = sample_threshold(offcpu.fallback_rate);
+        cfg.syscall_exit = u32::from(offcpu.syscall_exit);
+        cfg.max_tasks = offcpu.max_tasks;
+        cfg.rseq = u32::from(offcpu.rseq);
+    }
+    // The off-CPU programs are BTF tracepoints too; off, their maps are kept minimal.
+    let on = offcpu.enabled && kernel_btf();
+    if offcpu.enabled && !on {
+        warn!("off-CPU profiling needs the kernel's BTF (/sys/kernel/btf/vmlinux): off");
+    }
+    open.progs.ember_offcpu_switch.set_autoload(on);
+    open.progs.ember_offcpu_wakeup.set_autoload(on);
+    // Without them, blocks take the fallback (their rodata switches are 0 too).
+    open.progs
+        .ember_offcpu_exit
+        .set_autoload(on && offcpu.syscall_exit);
+    open.progs.ember_offcpu_rseq.set_autoload(on && offcpu.rseq);
+    open.maps
+        .offcpu_threads
+        .set_max_entries(if on { offcpu.max_threads } else { 1 })
+        .map_err(CaptureError::Load)?;
+    open.maps
+        .offcpu_samples
+        .set_max_entries(if on { offcpu.ring_buffer_bytes } else { 4096 })
+        .map_err(CaptureError::Load)?;
+    // The walker's row caches, per CPU: the sampler's, and off-CPU's when it is on.
+    open.maps
+        .row_cache
+        .set_max_entries(if on { 2 } else { 1 })
+        .map_err(CaptureError::Load)?;
+    Ok(on)
 }
 
 fn open_perf_event(cpu: u32, event: SampleEvent, hz: u64) -> std::io::Result<i32> {

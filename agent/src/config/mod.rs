@@ -165,12 +165,28 @@ pub struct OffCpu {
     /// Blocks shorter than this are not reported (counted as short).
     #[serde(deserialize_with = "duration")]
     pub min_block: Duration,
-    /// Fraction of switch-outs whose stacks are taken (0 < rate <= 1); reported times are
+    /// Fraction of switch-outs considered at all (0 < rate <= 1); reported times are
     /// scaled by its inverse.
     pub sample_rate: f64,
-    /// Threads off CPU whose stacks are held at once (BPF map entries, ~2.2 KiB each
-    /// while used); more are counted as dropped.
+    /// Fraction of the switch-outs neither `rseq` nor `syscall_exit` covers (page faults,
+    /// preemption in user mode of threads without rseq) whose stacks are walked at
+    /// switch-out, the only place they can be (0 < rate <= 1); their times are scaled by
+    /// its inverse.
+    pub fallback_rate: f64,
+    /// Walk the user stack of a long block inside a syscall of a thread without rseq at the
+    /// syscall's exit (tp_btf/sys_exit: a program run per syscall on the host); false:
+    /// such blocks take the fallback.
+    pub syscall_exit: bool,
+    /// Walk the user stack of a long block of a thread with rseq registered (glibc 2.35+
+    /// registers it for every thread) on its return to user mode (tp_btf/rseq_update),
+    /// whether it blocked in a syscall or not: one program run per context switch.
+    pub rseq: bool,
+    /// Long blocks whose stacks are held at once (BPF map entries, ~2.2 KiB each while
+    /// used); more are counted as dropped.
     pub max_threads: u32,
+    /// Threads with an off-CPU record at once (task storage, ~300 bytes of kernel memory
+    /// each); threads past it are not profiled, and counted.
+    pub max_tasks: u32,
     /// The off-CPU ring buffer, in bytes (power of two).
     pub ring_buffer_bytes: u32,
 }
@@ -181,7 +197,11 @@ impl Default for OffCpu {
             enabled: false,
             min_block: Duration::from_micros(1000),
             sample_rate: 1.0,
+            fallback_rate: 0.1,
+            syscall_exit: false,
+            rseq: true,
             max_threads: 8192,
+            max_tasks: 65536,
             ring_buffer_bytes: 1 << 20,
         }
     }
@@ -741,7 +761,7 @@ mod tests {
         // readings, jit, counters, otlp_metrics, symbols, health, interpreters.
         assert_eq!(
             count,
-            9 + 5 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 9 + 1 + 1
+            9 + 9 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 9 + 1 + 1
         );
         let python = &v["interpreters"]["python"];
         assert_eq!(python.as_mapping().map_or(0, |m| m.len()), 3);

@@ -87,6 +87,16 @@ fn offcpu(o: &OffCpu) -> Result<(), Invalid> {
         "must be above 0 and at most 1",
     )?;
     refuse(
+        !(o.fallback_rate > 0.0 && o.fallback_rate <= 1.0),
+        "offcpu.fallback_rate",
+        "must be above 0 and at most 1",
+    )?;
+    refuse(
+        !(1..=1 << 22).contains(&o.max_tasks),
+        "offcpu.max_tasks",
+        "must be between 1 and 4194304",
+    )?;
+    refuse(
         !(1..=1 << 20).contains(&o.max_threads),
         "offcpu.max_threads",
         "must be between 1 and 1048576",

@@ -313,14 +313,16 @@ metric_table! {
         /// Kernel memory of unwind tables and ranges (counts against the agent's cgroup).
         pub unwind_map_bytes: Gauge<i64, AtomicI64> = metric("unwind_map", unit Bytes),
         /// Off-CPU switch-outs and blocks, by what became of them (losses: map_full,
-        /// ringbuf_full, no_scratch, malformed).
+        /// ringbuf_full, no_scratch, malformed, task_full, exited).
         pub offcpu_events: Family<ResultLabel<OffCpuEvent>, Counter> = metric(
             "offcpu_events",
             labels ["result"]
         ),
-        /// Threads off CPU whose stacks the off-CPU program holds now (at most
+        /// Long blocks whose stacks the off-CPU programs hold now (at most
         /// offcpu.max_threads).
         pub offcpu_threads: Gauge<i64, AtomicI64> = metric("offcpu_threads"),
+        /// Threads with an off-CPU record (task storage) now (at most offcpu.max_tasks).
+        pub offcpu_tasks: Gauge<i64, AtomicI64> = metric("offcpu_tasks"),
         /// Signs of life of the pipeline stages, for `/healthz`.
         pub progress: Arc<progress::Progress> = plain(Arc::default()),
         lost_sum: Arc<AtomicU64> = plain(Arc::default()),

@@ -173,10 +173,25 @@ label_enum! {
     pub enum OffCpuEvent {
         /// A thread left a CPU (not filtered out).
         Switch => "switch",
-        /// Its stacks were taken (`offcpu.sample_rate` chose it).
-        Taken => "taken",
+        /// ... inside a syscall: nothing walked until it runs again after `offcpu.min_block`.
+        Syscall => "syscall",
+        /// ... of a thread with rseq registered (`offcpu.rseq`): nothing walked until it is
+        /// back, after `offcpu.min_block`, on its way to user mode.
+        Rseq => "rseq",
+        /// ... a kernel thread: nothing walked until it runs again after `offcpu.min_block`.
+        KernelThread => "kernel_thread",
+        /// ... elsewhere (page fault, preemption in user mode), and walked at switch-out (the
+        /// fallback; `offcpu.fallback_rate` drew it).
+        Fallback => "fallback",
+        /// ... elsewhere, and not drawn by `offcpu.fallback_rate` (not walked; not a loss).
+        FallbackSkipped => "fallback_skipped",
         /// It ran again sooner than `offcpu.min_block` (not reported; not a loss).
         Short => "short",
+        /// A long block had its user stack walked in its thread once back (the syscall's exit,
+        /// or rseq on the way to user mode).
+        ExitWalk => "exit_walk",
+        /// A long block added to the one of the same syscall still waiting for its exit.
+        Merged => "merged",
         /// Reported: a record went to userspace.
         Sent => "sent",
         /// Lost: `offcpu.max_threads` threads were already held.
@@ -187,6 +202,10 @@ label_enum! {
         NoScratch => "no_scratch",
         /// Lost: a record shorter than its header says.
         Malformed => "malformed",
+        /// Not profiled: a thread had no per-task record (`offcpu.max_tasks`, or no memory).
+        TaskFull => "task_full",
+        /// Lost: a long block whose thread exited before it was back in user mode.
+        Exited => "exited",
         /// Excluded by `--pid` or the filters (not a loss).
         Filtered => "filtered",
     }
