@@ -111,6 +111,11 @@ pub struct Symbols {
     /// The same search inside the root of the process that maps the object (a container's
     /// image), after the host's: confined to that root, symlinks refused.
     pub root_debug_dirs: Vec<PathBuf>,
+    /// Read DWARF (in the object or its debug file) for inlined frames and source lines.
+    pub dwarf: bool,
+    /// DWARF section bytes read out of one object (inflated sections included), held only
+    /// while that object's new addresses are looked up; an object over it keeps names only.
+    pub dwarf_bytes: u64,
 }
 
 impl Default for Symbols {
@@ -121,6 +126,8 @@ impl Default for Symbols {
             max_section_bytes: 48 << 20,
             debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
             root_debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
+            dwarf: true,
+            dwarf_bytes: 32 << 20,
         }
     }
 }
@@ -725,7 +732,7 @@ mod tests {
         // readings, jit, counters, otlp_metrics, symbols, health, interpreters.
         assert_eq!(
             count,
-            9 + 5 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 5 + 1 + 1
+            9 + 5 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 7 + 1 + 1
         );
         let python = &v["interpreters"]["python"];
         assert_eq!(python.as_mapping().map_or(0, |m| m.len()), 3);

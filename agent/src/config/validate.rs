@@ -140,6 +140,11 @@ fn symbols(y: &Symbols) -> Result<(), Invalid> {
         y.max_section_bytes < 4096 || y.max_read_bytes < y.max_section_bytes,
         "symbols.max_read_bytes",
         "max_section_bytes must be at least 4096 and max_read_bytes at least that",
+    )?;
+    refuse(
+        y.dwarf_bytes < 4096,
+        "symbols.dwarf_bytes",
+        "must be at least 4096",
     )
 }
 

@@ -14,6 +14,7 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer as Blaze};
 
 use super::*;
 use crate::normalize::elf_file::{ReadAt, DEFAULT_LIMITS};
+use crate::normalize::object::debug_file_path;
 
 /// Offsets compared per binary.
 const SAMPLES: u64 = 4000;

@@ -98,7 +98,10 @@ fn names_and_lines_of_our_own_code() {
     let name = String::from_utf8_lossy(outer.name.as_deref().unwrap_or_default()).into_owned();
     assert!(name.contains("a_distinct_outer_function"), "{got:?}");
     assert!(
-        outer.file.as_deref().is_some_and(|f| f.ends_with("dwarf/tests.rs")),
+        outer
+            .file
+            .as_deref()
+            .is_some_and(|f| f.ends_with("dwarf/tests.rs")),
         "{got:?}"
     );
     assert!(outer.line > 0, "{got:?}");
@@ -138,7 +141,10 @@ fn missing_compressed_and_oversized_dwarf_are_refused() {
     let none = object_with(&[(".text", 0, &[0xc3])]);
     assert_eq!(read(&none, DEFAULT_LIMITS).err(), Some(DwarfError::NoDwarf));
     let gnu = object_with(&[(".zdebug_info", 0, b"ZLIB\0\0\0\0\0\0\x10\0junk")]);
-    assert_eq!(read(&gnu, DEFAULT_LIMITS).err(), Some(DwarfError::Compressed));
+    assert_eq!(
+        read(&gnu, DEFAULT_LIMITS).err(),
+        Some(DwarfError::Compressed)
+    );
     // SHF_COMPRESSED with zstd (ch_type 2): refused by the reader.
     let mut zstd = 2u32.to_le_bytes().to_vec();
     zstd.extend_from_slice(&[0; 4]);
