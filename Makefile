@@ -49,6 +49,8 @@ DEB_PKGS += nodejs openjdk-17-jdk-headless
 DEB_PKGS += python3-venv
 # The stack tests profile Debian's own python3 and the stripped xz against perf dwarf.
 DEB_PKGS += python3 xz-utils
+# The DWARF test builds its inlining fixture with g++ and compares with binutils' addr2line.
+DEB_PKGS += g++ binutils
 # The explorer's browser test drives Debian's chromium through chromedriver with Debian's
 # selenium (tests/browser/explorer.py, run by /usr/bin/python3); curl fetches profiles.
 DEB_PKGS += chromium chromium-driver python3-selenium curl
