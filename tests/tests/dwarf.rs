@@ -3,7 +3,9 @@
 //!
 //! - every sampled address of the fixture: ember's inline chain (function, file, line at each
 //!   level) equals binutils' `addr2line -i -f -C` on the same address, for ≥ 99 % of them;
-//! - the folded stacks show the inlined functions under their caller, marked `_[i]`;
+//! - the folded stacks show the inlined functions under their caller, marked `_[i]`, and the
+//!   graph's paths take the shares `perf script` (perf's own inline expansion, DWARF
+//!   unwinding) gives them on the same run;
 //! - `go tool pprof -list` on ember's profile prints the fixture's source lines with samples.
 
 use std::collections::{BTreeMap, HashMap};
@@ -171,6 +173,17 @@ fn inline_chains_and_lines_match_addr2line_and_go_pprof_lists_them() {
     assert_inlined(&bin);
     let fixture = Fixture::spawn(bin.to_str().expect("utf-8"), &[]).expect("fixture");
     let pid = fixture.pid;
+    let perf = match perf::unavailable() {
+        None => Some(perf::PerfRecord::start(pid, 6, dir.path()).expect("perf record")),
+        Some(why) => {
+            assert!(
+                std::env::var("EMBER_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+                "this test compares ember with perf, which cannot run: {why}"
+            );
+            println!("no perf comparison: {why}");
+            None
+        }
+    };
     let out = dir.path().join("cpu.pb.gz");
     let mut ember = Ember::spawn(
         &[
@@ -186,6 +199,7 @@ fn inline_chains_and_lines_match_addr2line_and_go_pprof_lists_them() {
     )
     .expect("ember record");
     let status = ember.wait(Duration::from_secs(90));
+    let perf_data = perf.map(|p| p.finish(Duration::from_secs(60)).expect("perf record"));
     drop(fixture);
     assert!(
         status.success(),
@@ -259,6 +273,36 @@ fn inline_chains_and_lines_match_addr2line_and_go_pprof_lists_them() {
         folded.join("\n")
     );
 
+    // The flame graph's shape against `perf report --inline` (perf script, DWARF unwinding,
+    // its own inline expansion) on the same run: the fixture's paths, main to leaf.
+    if let Some(data) = perf_data {
+        let theirs = perf::script(&data).expect("perf script");
+        let theirs = shares(theirs.iter().filter(|s| s.pid == pid).map(|s| {
+            let names: Vec<&str> = s.frames.iter().filter_map(|f| f.name.as_deref()).collect();
+            (fixture_path(&names), 1)
+        }));
+        let ours = shares(stacks_of(&profile, pid).iter().map(|s| {
+            let names: Vec<&str> = s.frames.iter().map(|f| f.name.as_str()).collect();
+            (fixture_path(&names), s.count())
+        }));
+        let distance: f64 = ours
+            .keys()
+            .chain(theirs.keys())
+            .map(|k| (ours.get(k).unwrap_or(&0.0) - theirs.get(k).unwrap_or(&0.0)).abs())
+            .sum::<f64>()
+            / 2.0;
+        println!("ember: {ours:#?}\nperf: {theirs:#?}\ntotal variation distance {distance:.3}");
+        let mix = "main;fixture::crunch;fixture::step;fixture::mix";
+        assert!(
+            ours.get(mix).is_some_and(|&v| v > 0.05) && theirs.get(mix).is_some_and(|&v| v > 0.05),
+            "mix inlined under step under crunch is missing from ember's or perf's graph"
+        );
+        assert!(
+            distance <= 0.15,
+            "ember's flame graph differs from perf --inline's by {distance:.3}"
+        );
+    }
+
     // go tool pprof -list prints the fixture's source with samples on mix's lines.
     let mut go = Command::new("go");
     go.args(["tool", "pprof", "-list", "fixture::mix", "-symbolize=none"])
@@ -289,4 +333,32 @@ fn inline_chains_and_lines_match_addr2line_and_go_pprof_lists_them() {
         "the listing does not name the fixture's source file:\n{listing}"
     );
     let _ = fs::remove_file(&out);
+}
+
+/// The frames of a stack (leaf first) from the leaf to `main`, root first, without
+/// parameter lists (perf prints none): `main;fixture::crunch;fixture::step`.
+fn fixture_path(leaf_first: &[&str]) -> String {
+    let end = leaf_first
+        .iter()
+        .position(|n| *n == "main")
+        .map_or(leaf_first.len(), |i| i + 1);
+    let mut names: Vec<&str> = leaf_first[..end]
+        .iter()
+        .map(|n| n.split('(').next().unwrap_or(n))
+        .collect();
+    names.reverse();
+    names.join(";")
+}
+
+/// Each path's share of the samples.
+fn shares(paths: impl Iterator<Item = (String, i64)>) -> BTreeMap<String, f64> {
+    let mut counts: BTreeMap<String, i64> = BTreeMap::new();
+    for (p, n) in paths {
+        *counts.entry(p).or_default() += n;
+    }
+    let total = counts.values().sum::<i64>().max(1) as f64;
+    counts
+        .into_iter()
+        .map(|(p, n)| (p, n as f64 / total))
+        .collect()
 }
