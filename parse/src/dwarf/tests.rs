@@ -1,4 +1,5 @@
 use super::*;
+use crate::elf_builder;
 use crate::elf_file::{Limits, DEFAULT_LIMITS};
 
 #[inline(never)]
@@ -8,59 +9,6 @@ fn a_distinct_outer_function() -> u64 {
 
 fn own_exe() -> Vec<u8> {
     std::fs::read("/proc/self/exe").expect("read exe")
-}
-
-/// An ELF64 LE object with one R+X segment and the sections `parts` (name, flags, bytes).
-fn object_with(parts: &[(&str, u64, &[u8])]) -> Vec<u8> {
-    let mut shstr = vec![0u8];
-    let mut names = Vec::new();
-    for (name, _, _) in parts.iter().chain([&(".shstrtab", 0, &[][..])]) {
-        names.push(shstr.len() as u32);
-        shstr.extend_from_slice(name.as_bytes());
-        shstr.push(0);
-    }
-    let mut f = vec![0u8; 64 + 56];
-    let mut at = Vec::new();
-    for (_, _, bytes) in parts {
-        at.push(f.len());
-        f.extend_from_slice(bytes);
-    }
-    let shstr_at = f.len();
-    f.extend_from_slice(&shstr);
-    let shoff = f.len().next_multiple_of(8);
-    f.resize(shoff, 0);
-    let count = parts.len() + 2;
-    f[..7].copy_from_slice(b"\x7fELF\x02\x01\x01");
-    f[16..18].copy_from_slice(&3u16.to_le_bytes());
-    f[18..20].copy_from_slice(&62u16.to_le_bytes());
-    f[32..40].copy_from_slice(&64u64.to_le_bytes());
-    f[40..48].copy_from_slice(&(shoff as u64).to_le_bytes());
-    f[52..54].copy_from_slice(&64u16.to_le_bytes());
-    f[54..56].copy_from_slice(&56u16.to_le_bytes());
-    f[56..58].copy_from_slice(&1u16.to_le_bytes());
-    f[58..60].copy_from_slice(&64u16.to_le_bytes());
-    f[60..62].copy_from_slice(&(count as u16).to_le_bytes());
-    f[62..64].copy_from_slice(&((count - 1) as u16).to_le_bytes());
-    f[64..68].copy_from_slice(&1u32.to_le_bytes());
-    f[68..72].copy_from_slice(&5u32.to_le_bytes());
-    let header = |name: u32, flags: u64, offset: usize, size: usize| {
-        let mut s = [0u8; 64];
-        s[0..4].copy_from_slice(&name.to_le_bytes());
-        s[4..8].copy_from_slice(&1u32.to_le_bytes()); // SHT_PROGBITS
-        s[8..16].copy_from_slice(&flags.to_le_bytes());
-        s[24..32].copy_from_slice(&(offset as u64).to_le_bytes());
-        s[32..40].copy_from_slice(&(size as u64).to_le_bytes());
-        s
-    };
-    let mut headers = vec![[0u8; 64]];
-    for (i, (_, flags, bytes)) in parts.iter().enumerate() {
-        headers.push(header(names[i], *flags, at[i], bytes.len()));
-    }
-    headers.push(header(names[parts.len()], 0, shstr_at, shstr.len()));
-    for h in headers {
-        f.extend_from_slice(&h);
-    }
-    f
 }
 
 /// A DWARF 4 unit of `depth` nested DIEs (each an inlined subroutine with children and no
@@ -122,12 +70,14 @@ fn own_base() -> u64 {
 #[test]
 fn deep_nesting_is_refused_before_lookup() {
     let (info, abbrev) = nested_unit(100_000);
-    let obj = object_with(&[(".debug_info", 0, &info), (".debug_abbrev", 0, &abbrev)]);
+    let obj =
+        elf_builder::with_sections(&[(".debug_info", 0, &info), (".debug_abbrev", 0, &abbrev)]);
     let dwarf = read(&obj, DEFAULT_LIMITS).expect("sections read");
     assert_eq!(dwarf.lookup(&[0x10], |_, _| {}), Err(DwarfError::TooDeep));
     // Shallow: accepted, and an address no unit covers has an empty chain.
     let (info, abbrev) = nested_unit(8);
-    let obj = object_with(&[(".debug_info", 0, &info), (".debug_abbrev", 0, &abbrev)]);
+    let obj =
+        elf_builder::with_sections(&[(".debug_info", 0, &info), (".debug_abbrev", 0, &abbrev)]);
     let dwarf = read(&obj, DEFAULT_LIMITS).expect("sections read");
     let mut chains = Vec::new();
     dwarf
@@ -138,9 +88,9 @@ fn deep_nesting_is_refused_before_lookup() {
 
 #[test]
 fn missing_compressed_and_oversized_dwarf_are_refused() {
-    let none = object_with(&[(".text", 0, &[0xc3])]);
+    let none = elf_builder::with_sections(&[(".text", 0, &[0xc3])]);
     assert_eq!(read(&none, DEFAULT_LIMITS).err(), Some(DwarfError::NoDwarf));
-    let gnu = object_with(&[(".zdebug_info", 0, b"ZLIB\0\0\0\0\0\0\x10\0junk")]);
+    let gnu = elf_builder::with_sections(&[(".zdebug_info", 0, b"ZLIB\0\0\0\0\0\0\x10\0junk")]);
     assert_eq!(
         read(&gnu, DEFAULT_LIMITS).err(),
         Some(DwarfError::Compressed)
@@ -151,10 +101,11 @@ fn missing_compressed_and_oversized_dwarf_are_refused() {
     zstd.extend_from_slice(&64u64.to_le_bytes());
     zstd.extend_from_slice(&1u64.to_le_bytes());
     zstd.extend_from_slice(&[0x28, 0xb5, 0x2f, 0xfd]);
-    let z = object_with(&[(".debug_info", 0x800, &zstd)]);
+    let z = elf_builder::with_sections(&[(".debug_info", 0x800, &zstd)]);
     assert_eq!(read(&z, DEFAULT_LIMITS).err(), Some(DwarfError::Compressed));
     let (info, abbrev) = nested_unit(1 << 16);
-    let big = object_with(&[(".debug_info", 0, &info), (".debug_abbrev", 0, &abbrev)]);
+    let big =
+        elf_builder::with_sections(&[(".debug_info", 0, &info), (".debug_abbrev", 0, &abbrev)]);
     let tight = Limits {
         max_read_bytes: 1 << 20,
         max_section_bytes: 1 << 12,
@@ -174,7 +125,7 @@ fn garbage_sections_are_errors_or_empty_never_panics() {
                 seed as u8
             })
             .collect();
-        let obj = object_with(&[
+        let obj = elf_builder::with_sections(&[
             (".debug_info", 0, &junk),
             (".debug_abbrev", 0, &junk),
             (".debug_line", 0, &junk),
