@@ -4,8 +4,8 @@
 //!
 //! A regression is an offset blazesym named that ember leaves unnamed. Names that differ are
 //! counted and printed: blazesym took some names from DWARF (a function's own name where the
-//! symbol table has an alias at the same address); the outermost function is compared, since
-//! ember keeps no inlined frames.
+//! symbol table has an alias at the same address); the outermost function is compared (ember
+//! keeps the symbol table's name there; inlined levels come from DWARF, tested in tests/dwarf.rs).
 
 use std::path::{Path, PathBuf};
 
