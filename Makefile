@@ -52,6 +52,8 @@ DEB_PKGS += nodejs openjdk-17-jdk-headless
 DEB_PKGS += python3-venv
 # The stack tests profile Debian's own python3 and the stripped xz against perf dwarf.
 DEB_PKGS += python3 xz-utils
+# The DWARF test builds its inlining fixture with g++ and compares with binutils' addr2line.
+DEB_PKGS += g++ binutils
 # The explorer's browser test drives Debian's chromium through chromedriver with Debian's
 # selenium (tests/browser/explorer.py, run by /usr/bin/python3); curl fetches profiles.
 DEB_PKGS += chromium chromium-driver python3-selenium curl
@@ -223,13 +225,13 @@ test: deps
 	$(MAKE) --no-print-directory test-only
 
 # cargo-fuzz targets of the parsers of container input in parse/ (perf map, jitdump, unwind
-# tables, perf task records, object reader, symbol tables, symbol names, demangling, mountinfo,
+# tables, perf task records, object reader, DWARF reader, symbol tables, symbol names, demangling, mountinfo,
 # CPython line tables, strings, debug offsets and code objects),
 # FUZZ_SECONDS each; not part of `make test`. libFuzzer needs nightly flags: RUSTC_BOOTSTRAP lets stable Rust take them.
 FUZZ_SECONDS ?= 60
 fuzz: rust-deps
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
-	cd fuzz && for t in perfmap jitdump unwind perf_records object_reader symbol_table symbol_names demangle mountinfo \
+	cd fuzz && for t in perfmap jitdump unwind perf_records object_reader dwarf symbol_table symbol_names demangle mountinfo \
 		python_lines python_strings python_debug_offsets python_code; do \
 		RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run -O $$t -- -max_total_time=$(FUZZ_SECONDS) \
 			-print_final_stats=1 || exit 1; \

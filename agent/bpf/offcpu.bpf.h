@@ -240,7 +240,7 @@ static __always_inline void offcpu_release(struct offcpu_task *r, __u32 tid)
  * The current task's user stack, walked into s after its kbytes of kernel ips: the
  * table walker when its process is loaded (with its interpreter frames), else frame
  * pointers (no interpreter frames: rec.py_result stays EMBER_PY_NONE). Returns the
- * user bytes; an interpreter tail, if any, is written after them (py_finish).
+ * user bytes; an interpreter tail, if any, is written after them (interp_finish).
  */
 static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *task, struct scratch *s,
 					      long kbytes)
@@ -274,8 +274,7 @@ static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *tas
 				c.s = s;
 				c.cache = bpf_map_lookup_elem(&row_cache, &one);
 				/* The walk runs in the thread (or as it leaves the CPU): its TLS is current. */
-				c.py = bpf_map_lookup_elem(&py_procs, &pid);
-				c.buf_key = 1;
+				interp_begin(&c, pid, 1);
 				/* No tail calls from here: one bpf_loop takes the whole stack. */
 				bpf_loop(EMBER_MAX_FRAMES, walk_step, &c, 0);
 				if (w->running)
@@ -284,7 +283,7 @@ static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *tas
 				n = w->uframes > EMBER_MAX_FRAMES ? EMBER_MAX_FRAMES : w->uframes;
 				if (k > EMBER_MAX_FRAMES)
 					k = EMBER_MAX_FRAMES;
-				py_finish(s, k, n);
+				interp_finish(s, k, n);
 				return n * sizeof(__u64);
 			}
 		}

@@ -2,7 +2,8 @@
 //! R+X `PT_LOAD` segment over its first MiB and the sections `.symtab`, `.strtab`,
 //! `.dynsym`, `.dynstr` and `.shstrtab`, whose contents (and, for the string tables,
 //! `SHF_COMPRESSED`) the fuzzer chooses. So the fuzzer spends its time in the symbol
-//! reading, not in finding the ELF magic.
+//! reading, not in finding the ELF magic. [`with_sections`] builds one with any named
+//! sections (DWARF).
 
 const EHDR: usize = 64;
 const PHDR: usize = 56;
@@ -99,6 +100,60 @@ pub fn elf(p: &Parts<'_>) -> Vec<u8> {
     ];
     for (i, s) in sections.iter().enumerate() {
         put(&mut f, sh_off + i * SHDR, s);
+    }
+    f
+}
+
+/// An ELF64 LE object with one R+X segment and the `SHT_PROGBITS` sections `parts` (name,
+/// `sh_flags`, bytes), then `.shstrtab`: DWARF for the tests and the fuzz target.
+pub fn with_sections(parts: &[(&str, u64, &[u8])]) -> Vec<u8> {
+    let mut shstr = vec![0u8];
+    let mut names = Vec::new();
+    for (name, _, _) in parts.iter().chain([&(".shstrtab", 0, &[][..])]) {
+        names.push(shstr.len() as u32);
+        shstr.extend_from_slice(name.as_bytes());
+        shstr.push(0);
+    }
+    let mut f = vec![0u8; 64 + 56];
+    let mut at = Vec::new();
+    for (_, _, bytes) in parts {
+        at.push(f.len());
+        f.extend_from_slice(bytes);
+    }
+    let shstr_at = f.len();
+    f.extend_from_slice(&shstr);
+    let shoff = f.len().next_multiple_of(8);
+    f.resize(shoff, 0);
+    let count = parts.len() + 2;
+    f[..7].copy_from_slice(b"\x7fELF\x02\x01\x01");
+    f[16..18].copy_from_slice(&3u16.to_le_bytes());
+    f[18..20].copy_from_slice(&62u16.to_le_bytes());
+    f[32..40].copy_from_slice(&64u64.to_le_bytes());
+    f[40..48].copy_from_slice(&(shoff as u64).to_le_bytes());
+    f[52..54].copy_from_slice(&64u16.to_le_bytes());
+    f[54..56].copy_from_slice(&56u16.to_le_bytes());
+    f[56..58].copy_from_slice(&1u16.to_le_bytes());
+    f[58..60].copy_from_slice(&64u16.to_le_bytes());
+    f[60..62].copy_from_slice(&(count as u16).to_le_bytes());
+    f[62..64].copy_from_slice(&((count - 1) as u16).to_le_bytes());
+    f[64..68].copy_from_slice(&1u32.to_le_bytes());
+    f[68..72].copy_from_slice(&5u32.to_le_bytes());
+    let header = |name: u32, flags: u64, offset: usize, size: usize| {
+        let mut s = [0u8; 64];
+        s[0..4].copy_from_slice(&name.to_le_bytes());
+        s[4..8].copy_from_slice(&1u32.to_le_bytes()); // SHT_PROGBITS
+        s[8..16].copy_from_slice(&flags.to_le_bytes());
+        s[24..32].copy_from_slice(&(offset as u64).to_le_bytes());
+        s[32..40].copy_from_slice(&(size as u64).to_le_bytes());
+        s
+    };
+    let mut headers = vec![[0u8; 64]];
+    for (i, (_, flags, bytes)) in parts.iter().enumerate() {
+        headers.push(header(names[i], *flags, at[i], bytes.len()));
+    }
+    headers.push(header(names[parts.len()], 0, shstr_at, shstr.len()));
+    for h in headers {
+        f.extend_from_slice(&h);
     }
     f
 }

@@ -372,6 +372,11 @@ impl<'a, R: ReadAt + ?Sized> ElfReader<'a, R> {
         self.info
     }
 
+    /// Whether the object is little-endian (how its DWARF is read).
+    pub fn little_endian(&self) -> bool {
+        self.endian == Endianness::Little
+    }
+
     /// The `len` bytes the file holds at address `vaddr` (through the `PT_LOAD` segment
     /// whose file part holds them all), charged to the budget. An address past a
     /// segment's file part (`.bss`) or in none is [`ElfError::Malformed`].

@@ -7,10 +7,12 @@
 //! - [`perf_record`]: perf task records (`fork`, `exit`, `mmap2`) and the ring's framing.
 //! - [`unwind`]: an object's call frame information compiled into the sampler's rows.
 //! - [`elf_file`]: the capped ELF reader (headers, notes, symbol and string tables).
+//! - [`dwarf`]: inline chains and source lines of addresses, from an object's DWARF.
 //! - [`symbols`]: symbol tables with packed names, and demangling.
 //! - [`python`]: CPython versions, layouts, line tables, strings and code objects.
 //! - [`mountinfo`]: `/proc/PID/mountinfo` and file system kinds.
 
+pub mod dwarf;
 pub mod elf_file;
 pub mod jit;
 pub mod mountinfo;

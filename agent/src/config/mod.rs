@@ -123,6 +123,15 @@ pub struct Symbols {
     pub debuginfod_cache_bytes: u64,
     /// Bytes of one fetched debug file: a larger answer is cut off and refused.
     pub debuginfod_max_file_bytes: u64,
+    /// The debuginfod disk cache, searched after the debug directories (set by the agent
+    /// when servers are configured; not a key).
+    #[serde(skip)]
+    pub fetched_dir: Option<PathBuf>,
+    /// Read DWARF (in the object or its debug file) for inlined frames and source lines.
+    pub dwarf: bool,
+    /// DWARF section bytes read out of one object (inflated sections included), held only
+    /// while that object's new addresses are looked up; an object over it keeps names only.
+    pub dwarf_bytes: u64,
 }
 
 impl Default for Symbols {
@@ -137,6 +146,9 @@ impl Default for Symbols {
             debuginfod_timeout: Duration::from_secs(30),
             debuginfod_cache_bytes: 1 << 30,
             debuginfod_max_file_bytes: 256 << 20,
+            fetched_dir: None,
+            dwarf: true,
+            dwarf_bytes: 32 << 20,
         }
     }
 }
@@ -761,7 +773,7 @@ mod tests {
         // readings, jit, counters, otlp_metrics, symbols, health, interpreters.
         assert_eq!(
             count,
-            9 + 9 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 9 + 1 + 1
+            9 + 9 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 11 + 1 + 1
         );
         let python = &v["interpreters"]["python"];
         assert_eq!(python.as_mapping().map_or(0, |m| m.len()), 3);

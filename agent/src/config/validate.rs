@@ -168,6 +168,11 @@ fn symbols(y: &Symbols) -> Result<(), Invalid> {
             || y.debuginfod_cache_bytes < y.debuginfod_max_file_bytes,
         "symbols.debuginfod_cache_bytes",
         "debuginfod_max_file_bytes must be at least 4096 and debuginfod_cache_bytes at least that",
+    )?;
+    refuse(
+        y.dwarf_bytes < 4096,
+        "symbols.dwarf_bytes",
+        "must be at least 4096",
     )
 }
 

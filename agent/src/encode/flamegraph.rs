@@ -20,6 +20,11 @@ pub const MAX_DECODED_BYTES: u64 = 512 * 1024 * 1024;
 /// Frame name for a location or function we cannot name.
 const UNKNOWN: &str = "[unknown]";
 
+/// The mark of a frame inlined into the one below it (every line of a location but its
+/// outermost): FlameGraph's annotation, which `stackcollapse-perf --inline` and inferno's
+/// perf collapser write and its palettes colour (perf itself writes `(inlined)`).
+pub const INLINED: &str = "_[i]";
+
 /// Errors from decoding or rendering a profile.
 #[derive(Debug, thiserror::Error)]
 pub enum FlameGraphError {
@@ -86,10 +91,12 @@ impl<'a> Index<'a> {
             return;
         }
         let python = self.is_python(location);
-        for line in location.line.iter().rev() {
+        for (depth, line) in location.line.iter().rev().enumerate() {
             let name = self.function_name(line.function_id);
             if python {
                 out.push(sanitize(&self.python_name(name, line)));
+            } else if depth > 0 {
+                out.push(sanitize(name) + INLINED);
             } else {
                 out.push(sanitize(name));
             }
@@ -202,10 +209,11 @@ fn sanitize(name: &str) -> String {
 /// line per distinct stack, sorted.
 ///
 /// COUNT is the first sample value (the sample count in CPU profiles).
-/// Inlined functions are expanded outer to inner. Each stack starts with the
-/// sample's `process` label when it has one, so that different processes get
-/// separate towers in the flame graph. Names are sanitized so they cannot
-/// break the format (see `sanitize`). Samples with a zero count are left out.
+/// Inlined functions are expanded outer to inner, each marked [`INLINED`]
+/// (`work;hot_[i]`). Each stack starts with the sample's `process` label when it
+/// has one, so that different processes get separate towers in the flame graph.
+/// Names are sanitized so they cannot break the format (see `sanitize`). Samples
+/// with a zero count are left out.
 ///
 /// Off-CPU profiles (default sample type `off_cpu`) count microseconds off CPU (as bcc's
 /// `offcputime -f` does), and each stack's second frame is its `state` in brackets
@@ -455,7 +463,10 @@ mod tests {
         // `inner` was inlined into `middle`, which was inlined into `outer`.
         let leaf = b.loc(&["inner", "middle", "outer"]);
         b.sample(&[leaf, main], 4, None);
-        assert_eq!(folded(&b.p), vec!["main;outer;middle;inner 4".to_string()]);
+        assert_eq!(
+            folded(&b.p),
+            vec!["main;outer;middle_[i];inner_[i] 4".to_string()]
+        );
         assert_eq!(top_functions(&b.p, 5), vec![("inner".to_string(), 4)]);
     }
 

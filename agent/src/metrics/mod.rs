@@ -32,9 +32,10 @@ pub use table::Declared;
 
 pub use reasons::WindowFailure;
 pub use reasons::{
-    Cache, DebuginfodResult, ExportDrop, FrameResult, HttpRefusal, JitReject, JvmRefresh, Loss,
-    NameCap, ObjectRefusal, OffCpuEvent, ProcRead, PyAttach, PyCodeRead, ReadingsSource, RowLookup,
-    SinkName, StackSide, Stage, SymbolMiss, TableBuild, WindowWriteError,
+    Cache, DebuginfodResult, DwarfRead, ExportDrop, FrameResult, HttpRefusal, JitReject,
+    JvmRefresh, Loss, NameCap, ObjectRefusal, OffCpuEvent, ProcRead, PyAttach, PyCodeRead,
+    ReadingsSource, RowLookup, SinkName, StackSide, Stage, SymbolMiss, TableBuild,
+    WindowWriteError,
 };
 
 use crate::model::{PyWalk, StackEnd};
@@ -268,6 +269,15 @@ metric_table! {
             labels ["reason"],
             start ReasonLabel::every(NameCap::ALL)
         ),
+        /// Objects whose DWARF was read for inlined frames and lines, by result.
+        pub dwarf_objects: Family<ResultLabel<DwarfRead>, Counter> = metric(
+            "dwarf_objects",
+            labels ["result"],
+            start ResultLabel::every(DwarfRead::ALL)
+        ),
+        /// DWARF section bytes read (inflated sections included; `symbols.dwarf_bytes` caps
+        /// one object's).
+        pub dwarf_read_bytes: Counter = metric("dwarf_read", unit Bytes),
         /// Memory of the parsed symbol tables held (budget: symbols.cache_bytes).
         pub symbol_table_bytes: Gauge<i64, AtomicI64> = metric("symbol_tables", unit Bytes),
         /// User stacks sampled, by workload and how the walk ended (complete: reached the
@@ -592,6 +602,13 @@ impl Metrics {
     /// Counts one JVM perf map refresh that ended with `result`.
     pub fn jvm_refreshed(&self, result: JvmRefresh) {
         self.jvm_refreshes
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    /// Counts one object whose DWARF reading ended with `result`.
+    pub fn dwarf_read(&self, result: DwarfRead) {
+        self.dwarf_objects
             .get_or_create(&ResultLabel { result })
             .inc();
     }

@@ -586,6 +586,30 @@ label_enum! {
 }
 
 label_enum! {
+    /// `ember_dwarf_objects_total{result}`: what came of reading an object's DWARF (in it or
+    /// its debug file) for inlined frames and source lines; counted once per object read.
+    /// Every value is created at zero at start.
+    pub enum DwarfRead {
+        /// Read: its sampled addresses got their inline chains and lines.
+        Lines => "lines",
+        /// No `.debug_info` in the object or a debug file by its build id: names only.
+        NoDwarf => "no_dwarf",
+        /// Its DWARF sections are over `symbols.dwarf_bytes` (or one over
+        /// `symbols.max_section_bytes`): names only, not read again while the file lives.
+        OverCap => "over_cap",
+        /// Compressed sections refused: zstd, GNU `.zdebug_*`, or zlib ones declaring more
+        /// than the cap or inflating past their size.
+        Compressed => "compressed",
+        /// DIEs nested deeper than 1024 levels (the lookup recurses per inline level).
+        TooDeep => "too_deep",
+        /// Sections that do not parse, a short read, or an unreadable object.
+        Malformed => "malformed",
+        /// The DWARF reader panicked; the panic was caught and the object keeps names only.
+        Panic => "panic",
+    }
+}
+
+label_enum! {
     /// `ember_symbol_names_capped_total{reason}`: symbol names kept short of what a file
     /// made of them. Every value is created at zero at start.
     pub enum NameCap {

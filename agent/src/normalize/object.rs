@@ -377,6 +377,33 @@ fn regular(file: File) -> Result<File, ObjectRefusal> {
     }
 }
 
+/// The debug file of `obj` by its build id: in `host_dirs` on the host first, else in
+/// `root_dirs` inside the root of the process the object came from (a container's own
+/// debug packages), else in the debuginfod cache `fetched` (a host directory). `None`
+/// without a build id or such a file; refusals are counted.
+pub fn find_debug_file(
+    obj: &Object,
+    host_dirs: &[PathBuf],
+    root_dirs: &[PathBuf],
+    fetched: Option<&Path>,
+    metrics: &Metrics,
+) -> Option<File> {
+    let id = obj.build_id.as_deref()?;
+    let path = |dir: &PathBuf| debug_file_path(dir, id);
+    host_dirs
+        .iter()
+        .filter_map(path)
+        .find_map(|p| open_host(&p, metrics))
+        .or_else(|| {
+            let root = obj.root.as_deref()?;
+            root_dirs
+                .iter()
+                .filter_map(path)
+                .find_map(|p| open_in_root(root, &p, metrics))
+        })
+        .or_else(|| open_host(&debug_file_path(fetched?, id)?, metrics))
+}
+
 /// The path of the debug file for `build_id` under a `.build-id` debug directory (`dir` is
 /// e.g. `/usr/lib/debug`): `dir/.build-id/ab/cdef….debug`. Hex only, so no name in the
 /// object can steer it anywhere else.

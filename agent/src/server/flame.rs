@@ -18,6 +18,7 @@ use serde::{Serialize, Serializer};
 
 use super::limits::{Stopped, Work};
 use super::merge::{str_at, LabelFilter};
+use crate::encode::flamegraph::INLINED;
 use crate::proto::Profile;
 
 /// Rows of the top-functions table.
@@ -311,8 +312,8 @@ impl<'a> Frames<'a> {
         })
     }
 
-    /// The frame names of location `id`, root first: inline frames expand, unnamed code
-    /// shows as its object and address.
+    /// The frame names of location `id`, root first: inline frames expand (marked `_[i]`),
+    /// unnamed code shows as its object and address.
     fn of(&self, id: u64) -> Vec<String> {
         let Some(loc) = self
             .locations
@@ -331,11 +332,17 @@ impl<'a> Frames<'a> {
         loc.line
             .iter()
             .rev()
-            .map(|line| {
-                self.functions
+            .enumerate()
+            .map(|(depth, line)| {
+                let name = self
+                    .functions
                     .get(&line.function_id)
-                    .map_or("?", |&n| str_at(self.p, n))
-                    .to_string()
+                    .map_or("?", |&n| str_at(self.p, n));
+                // Marked as in the folded stacks and the SVG.
+                match depth {
+                    0 => name.to_string(),
+                    _ => format!("{name}{INLINED}"),
+                }
             })
             .collect()
     }

@@ -4,8 +4,8 @@
 //!
 //! A regression is an offset blazesym named that ember leaves unnamed. Names that differ are
 //! counted and printed: blazesym took some names from DWARF (a function's own name where the
-//! symbol table has an alias at the same address); the outermost function is compared, since
-//! ember keeps no inlined frames.
+//! symbol table has an alias at the same address); the outermost function is compared (ember
+//! keeps the symbol table's name there; inlined levels come from DWARF, tested in tests/dwarf.rs).
 
 use std::path::{Path, PathBuf};
 
@@ -14,6 +14,7 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer as Blaze};
 
 use super::*;
 use crate::normalize::elf_file::{ReadAt, DEFAULT_LIMITS};
+use crate::normalize::object::debug_file_path;
 
 /// Offsets compared per binary.
 const SAMPLES: u64 = 4000;
@@ -74,7 +75,7 @@ fn base(name: &str) -> &str {
 
 fn compare(path: &Path) -> Outcome {
     let obj = Object::open_local(path).expect("open");
-    let (table, _) = build_table(&obj, &Symbols::default(), None, &Metrics::new()).expect("table");
+    let (table, _) = build_table(&obj, &Symbols::default(), &Metrics::new()).expect("table");
     // Code offsets: the executable segments, evenly.
     let src = obj.reader();
     let elf = ElfReader::new(&src, DEFAULT_LIMITS).expect("elf");

@@ -14,9 +14,10 @@
 //! debug file found by build id in `symbols.debug_dirs` on the host, else in
 //! `symbols.root_debug_dirs` inside the root of the process the object came from (opened
 //! like a mapped object: confined to that root, no symlinks, non-blocking, regular files
-//! only); `.gnu_debuglink` and other paths named inside an object are never followed. Names
-//! only: no source lines or inlined frames (DWARF is neither read nor held). Names are
-//! demangled (Rust, C++) when first looked up, within a byte cap ([`demangle`]). The kernel
+//! only); `.gnu_debuglink` and other paths named inside an object are never followed.
+//! Inlined frames and source lines come from the DWARF of the object or of that debug file
+//! ([`dwarf`]: read only for a window's new addresses of an object, within
+//! `symbols.dwarf_bytes`, and dropped once they are looked up). Names are demangled (Rust, C++) when first looked up, within a byte cap ([`demangle`]). The kernel
 //! is named from a compact kallsyms table, reloaded when the module list changes. Results
 //! are cached by `(file identity, file offset)`; a file opened for a mapping must be the
 //! inode the mapping names, and what is cached of a file is dropped once no object of it is
@@ -26,6 +27,7 @@
 //! a parser panic, not the mapped inode) count in `ember_object_refusals_total{reason}`.
 
 pub mod debuginfod;
+mod dwarf;
 #[cfg(test)]
 mod golden_names;
 mod kallsyms;
@@ -45,7 +47,7 @@ use crate::model::{
     PYTHON_MAPPING,
 };
 use crate::normalize::elf_file::{ElfError, ElfReader, Limits};
-use crate::normalize::object::{debug_file_path, open_host, open_in_root, refusal, FileAt, Object};
+use crate::normalize::object::{find_debug_file, refusal, FileAt, Object};
 use crate::normalize::process::UserAddr;
 use crate::normalize::python::PyFrame;
 use crate::os::file_id::FileTime;
@@ -127,6 +129,7 @@ const VDSO: &str = "[vdso]";
 /// Long-lived symbolizer with bounded caches.
 pub struct Symbolizer {
     tables: Tables,
+    lines: dwarf::Lines,
     settings: Symbols,
     kernel: Kallsyms,
     modules: u64,
@@ -157,6 +160,7 @@ impl Symbolizer {
     pub fn with_settings(cache_entries: usize, settings: Symbols, metrics: Metrics) -> Self {
         Self {
             tables: Tables::new(settings.cache_bytes),
+            lines: dwarf::Lines::new(&settings),
             settings,
             kernel: load_kallsyms(&metrics),
             modules: modules_fingerprint(),
@@ -173,6 +177,7 @@ impl Symbolizer {
 
     /// Names stripped objects also from debug files fetched by `client`.
     pub fn with_debuginfod(mut self, client: Option<Debuginfod>) -> Self {
+        self.settings.fetched_dir = client.as_ref().map(|c| c.dir().to_owned());
         self.debuginfod = client;
         self
     }
@@ -294,14 +299,23 @@ impl Symbolizer {
                 }
                 continue;
             };
+            let mut chains = (self.lines).chains(&obj, &offsets, &self.settings, &self.metrics);
             for off in offsets {
-                match table.lookup(off) {
-                    Ok(name) => {
-                        let name = demangle_counted(&name, &self.metrics);
-                        out.insert(FrameKey::Object(key, off), named(name));
+                let name = table
+                    .lookup(off)
+                    .map(|n| demangle_counted(&n, &self.metrics));
+                let resolved = match (name, chains.remove(&off)) {
+                    (Ok(name), None) => named(name),
+                    (name, Some(chain)) => Resolved {
+                        funcs: dwarf::merge(chain, name.ok()).into(),
+                        named: true,
+                    },
+                    (Err(m), None) => {
+                        *missed.entry(miss(m)).or_default() += 1;
+                        continue;
                     }
-                    Err(m) => *missed.entry(miss(m)).or_default() += 1,
-                }
+                };
+                out.insert(FrameKey::Object(key, off), resolved);
             }
         }
         for (reason, n) in missed {
@@ -347,13 +361,14 @@ impl Symbolizer {
     /// marked held before this runs.
     fn forget_gone(&mut self) {
         let mut gone: HashSet<u64> = HashSet::new();
-        let tables = &mut self.tables;
+        let (tables, lines) = (&mut self.tables, &mut self.lines);
         self.live.retain(|id, live| {
             if live.object.strong_count() > 0 {
                 return true;
             }
             gone.insert(live.serial);
             tables.remove(&id.0);
+            lines.forget(&id.0);
             false
         });
         if !gone.is_empty() {
@@ -387,10 +402,9 @@ impl Symbolizer {
             return None;
         }
         let (settings, metrics) = (&self.settings, &self.metrics);
-        let fetched = self.debuginfod.as_ref().map(|d| d.dir());
         // A parser bug on a hostile file costs that file's names, not the agent.
         let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            build_table(obj, settings, fetched, metrics)
+            build_table(obj, settings, metrics)
         }));
         let table = match built {
             Ok(Ok((t, lacks_debug))) => {
@@ -502,15 +516,11 @@ impl Symbolizer {
 }
 
 /// Reads the symbol table of `obj` within the `symbols:` caps: its own `.symtab` and
-/// `.dynsym`, and, when it has no `.symtab`, that of the debug file with its build id in a
-/// directory of `symbols.debug_dirs` on the host, else of `symbols.root_debug_dirs` inside the
-/// root of the process the object came from (a container's own debug packages), else of
-/// the debuginfod cache `fetched`. Says too whether the object is stripped with a build id
-/// and no debug file was found (one to ask debuginfod for).
+/// `.dynsym`, and, without `.symtab`, that of its debug file ([`find_debug_file`]); says too
+/// whether it is stripped with a build id and no debug file (one to ask debuginfod for).
 fn build_table(
     obj: &Object,
     settings: &Symbols,
-    fetched: Option<&std::path::Path>,
     metrics: &Metrics,
 ) -> Result<(SymTable, bool), ElfError> {
     let limits = Limits {
@@ -523,23 +533,17 @@ fn build_table(
         .sections()
         .iter()
         .any(|s| s.kind == object::elf::SHT_SYMTAB);
-    let debug_file = match (&obj.build_id, stripped) {
-        (Some(id), true) => {
-            let path = |dir: &std::path::PathBuf| debug_file_path(dir, id);
-            let host = settings.debug_dirs.iter().filter_map(path);
-            host.into_iter()
-                .find_map(|p| open_host(&p, metrics))
-                .or_else(|| {
-                    let root = obj.root.as_deref()?;
-                    let in_root = settings.root_debug_dirs.iter().filter_map(path);
-                    in_root
-                        .into_iter()
-                        .find_map(|p| open_in_root(root, &p, metrics))
-                })
-                .or_else(|| open_host(&debug_file_path(fetched?, id)?, metrics))
-        }
-        _ => None,
-    };
+    let debug_file = stripped
+        .then(|| {
+            find_debug_file(
+                obj,
+                &settings.debug_dirs,
+                &settings.root_debug_dirs,
+                settings.fetched_dir.as_deref(),
+                metrics,
+            )
+        })
+        .flatten();
     let lacks_debug = stripped && obj.build_id.is_some() && debug_file.is_none();
     let debug_src = debug_file
         .as_ref()

@@ -1,0 +1,285 @@
+//! Inlined frames and source lines of an object's sampled addresses, from its DWARF (in the
+//! object itself, else in the debug file found by its build id, like its symbols).
+//!
+//! The DWARF is read only for a window's frame-cache misses of an object, through
+//! [`ember_parse::dwarf`] (gimli's `addr2line` over sections the capped ELF reader read), and
+//! dropped as soon as those addresses are looked up: what stays is their chains, in the
+//! symbolizer's frame cache (`limits.symbol_cache_entries`). So at most one object's DWARF
+//! is held at a time, at most `symbols.dwarf_bytes` of sections (plus what addr2line parses
+//! of the units those addresses fall in). An object that gives no lines (no DWARF, over the
+//! cap, refused, a caught panic) is remembered while its file lives and not read again; each
+//! outcome counts once in `ember_dwarf_objects_total{result}`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use ember_parse::dwarf::{Dwarf, DwarfError, InlineFrame};
+
+use crate::config::Symbols;
+use crate::metrics::{DwarfRead, Metrics};
+use crate::model::{FileId, Func};
+use crate::normalize::elf_file::{offset_to_vaddr, ElfReader, Limits};
+use crate::normalize::object::{find_debug_file, FileAt, Object};
+use crate::symbolize::demangle_counted;
+
+/// Files remembered as giving no lines; past it the memory starts afresh.
+const MAX_SKIPPED: usize = 4096;
+
+/// Shown for a level of a chain whose function has no name in the DWARF.
+const NO_NAME: &str = "??";
+
+/// The DWARF side of the symbolizer: the switch, the caps, and the files not to read again.
+pub(super) struct Lines {
+    enabled: bool,
+    limits: Limits,
+    skipped: HashSet<FileId>,
+}
+
+/// An object's chains by file offset: functions innermost first, each with its file and
+/// line (for an outer level, where the inner one was inlined).
+pub(super) type Chains = HashMap<u64, Vec<Func>>;
+
+impl Lines {
+    /// Reads DWARF per `settings` (`symbols.dwarf`, `symbols.dwarf_bytes`).
+    pub(super) fn new(settings: &Symbols) -> Self {
+        Self {
+            enabled: settings.dwarf,
+            limits: Limits {
+                max_read_bytes: settings.dwarf_bytes,
+                max_section_bytes: settings.dwarf_bytes.min(settings.max_section_bytes),
+            },
+            skipped: HashSet::new(),
+        }
+    }
+
+    /// Forgets `id` (its file is gone: a new file on its inode is another file).
+    pub(super) fn forget(&mut self, id: &FileId) {
+        self.skipped.remove(id);
+    }
+
+    /// The chains of `offsets` in `obj` that its DWARF covers (empty when it has none, or
+    /// DWARF is off).
+    pub(super) fn chains(
+        &mut self,
+        obj: &Object,
+        offsets: &[u64],
+        settings: &Symbols,
+        metrics: &Metrics,
+    ) -> Chains {
+        if !self.enabled || offsets.is_empty() || self.skipped.contains(&obj.id) {
+            return Chains::new();
+        }
+        let limits = self.limits;
+        // A parser bug on a hostile file costs that file's lines, not the agent.
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            read_chains(obj, offsets, limits, settings, metrics)
+        }));
+        let result = match read {
+            Ok(Ok(chains)) => {
+                metrics.dwarf_read(DwarfRead::Lines);
+                return chains;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!("no lines for {}: {e}", obj.path);
+                outcome(&e)
+            }
+            Err(_) => {
+                tracing::warn!("the DWARF reader panicked on {}; names only", obj.path);
+                DwarfRead::Panic
+            }
+        };
+        metrics.dwarf_read(result);
+        if self.skipped.len() >= MAX_SKIPPED {
+            self.skipped.clear();
+        }
+        self.skipped.insert(obj.id);
+        Chains::new()
+    }
+}
+
+/// The metric result of a refusal.
+fn outcome(e: &DwarfError) -> DwarfRead {
+    match e {
+        DwarfError::NoDwarf => DwarfRead::NoDwarf,
+        DwarfError::Compressed => DwarfRead::Compressed,
+        DwarfError::OverCap => DwarfRead::OverCap,
+        DwarfError::TooDeep => DwarfRead::TooDeep,
+        DwarfError::Malformed => DwarfRead::Malformed,
+    }
+}
+
+/// Reads the DWARF of `obj` (or of its debug file, when the object has none) and looks
+/// `offsets` up.
+fn read_chains(
+    obj: &Object,
+    offsets: &[u64],
+    limits: Limits,
+    settings: &Symbols,
+    metrics: &Metrics,
+) -> Result<Chains, DwarfError> {
+    let src = obj.reader();
+    let mut elf = ElfReader::new(&src, limits)?;
+    let addrs: Vec<(u64, u64)> = offsets
+        .iter()
+        .filter_map(|&off| Some((off, offset_to_vaddr(elf.segments(), off)?)))
+        .collect();
+    let dwarf = match Dwarf::read(&mut elf) {
+        Err(DwarfError::NoDwarf) => {
+            drop(elf);
+            let file = find_debug_file(
+                obj,
+                &settings.debug_dirs,
+                &settings.root_debug_dirs,
+                settings.fetched_dir.as_deref(),
+                metrics,
+            )
+            .ok_or(DwarfError::NoDwarf)?;
+            let size = FileId::of_file(&file)
+                .map_err(|_| DwarfError::Malformed)?
+                .size;
+            let debug_src = FileAt::new(&file, size);
+            let mut debug = ElfReader::new(&debug_src, limits)?;
+            // The file is named by the build id; a file that says otherwise is not it.
+            if debug.build_id().ok().flatten() != obj.build_id {
+                return Err(DwarfError::NoDwarf);
+            }
+            Dwarf::read(&mut debug)?
+        }
+        other => other?,
+    };
+    metrics.dwarf_read_bytes.inc_by(dwarf.bytes());
+    let vaddrs: Vec<u64> = addrs.iter().map(|&(_, a)| a).collect();
+    let mut files: HashMap<String, Arc<str>> = HashMap::new();
+    let mut chains = Chains::new();
+    dwarf.lookup(&vaddrs, |i, chain| {
+        if chain.is_empty() {
+            return;
+        }
+        if let Some(&(off, _)) = addrs.get(i) {
+            chains.insert(off, funcs(chain, &mut files, metrics));
+        }
+    })?;
+    Ok(chains)
+}
+
+/// A chain as the symbolizer's functions: names demangled like symbols, file names shared
+/// within the batch.
+fn funcs(
+    chain: Vec<InlineFrame>,
+    files: &mut HashMap<String, Arc<str>>,
+    metrics: &Metrics,
+) -> Vec<Func> {
+    chain
+        .into_iter()
+        .map(|f| Func {
+            name: match &f.name {
+                Some(raw) => demangle_counted(raw, metrics),
+                None => Arc::from(NO_NAME),
+            },
+            file: f.file.map(|p| {
+                files
+                    .entry(p)
+                    .or_insert_with_key(|p| Arc::from(p.as_str()))
+                    .clone()
+            }),
+            line: f.line,
+        })
+        .collect()
+}
+
+/// Merges a frame's chain with its symbol name: the chain gives the levels, files and
+/// lines; the outermost level keeps the symbol table's name when there is one (what ember
+/// names that function without DWARF, so a frame is named alike with or without it).
+pub(super) fn merge(mut chain: Vec<Func>, symbol: Option<Arc<str>>) -> Vec<Func> {
+    if let (Some(outer), Some(name)) = (chain.last_mut(), symbol) {
+        outer.name = name;
+    }
+    chain
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn func(name: &str, line: u32) -> Func {
+        Func {
+            name: Arc::from(name),
+            file: Some(Arc::from("/src/a.cc")),
+            line,
+        }
+    }
+
+    #[test]
+    fn the_outermost_level_keeps_the_symbol_name() {
+        let chain = vec![func("inner", 8), func("outer(int)", 27)];
+        let merged = merge(chain.clone(), Some(Arc::from("outer")));
+        assert_eq!(&*merged[0].name, "inner");
+        assert_eq!(&*merged[1].name, "outer");
+        assert_eq!(merged[1].line, 27);
+        assert_eq!(merge(chain.clone(), None), chain);
+    }
+
+    #[test]
+    fn names_and_lines_of_the_agents_own_code() {
+        let obj = Object::open_local(std::path::Path::new("/proc/self/exe")).expect("open");
+        let metrics = Metrics::new();
+        // The test binary holds ~100 MB of DWARF (its dependencies' full debug info).
+        let settings = Symbols {
+            dwarf_bytes: 1 << 30,
+            max_section_bytes: 1 << 30,
+            ..Symbols::default()
+        };
+        let mut lines = Lines::new(&settings);
+        // A file offset in our own text: where this function's code is.
+        let f = names_and_lines_of_the_agents_own_code as *const () as u64;
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+        let off = maps
+            .lines()
+            .find_map(|l| {
+                let mut it = l.split_whitespace();
+                let (range, _, offset) = (it.next()?, it.next()?, it.next()?);
+                let (lo, hi) = range.split_once('-')?;
+                let (lo, hi) = (
+                    u64::from_str_radix(lo, 16).ok()?,
+                    u64::from_str_radix(hi, 16).ok()?,
+                );
+                (lo <= f && f < hi).then(|| f - lo + u64::from_str_radix(offset, 16).unwrap_or(0))
+            })
+            .expect("our text");
+        let chains = lines.chains(&obj, &[off], &settings, &metrics);
+        let chain = chains.get(&off).expect("a chain for our own code");
+        let outer = chain.last().expect("levels");
+        assert!(
+            outer
+                .name
+                .contains("names_and_lines_of_the_agents_own_code"),
+            "{chain:?}"
+        );
+        assert!(outer
+            .file
+            .as_deref()
+            .is_some_and(|p| p.ends_with("symbolize/dwarf.rs")));
+        assert!(outer.line > 0);
+        // Under the default cap: refused, counted once, not read again.
+        let small = Symbols::default();
+        let mut capped = Lines::new(&small);
+        for _ in 0..2 {
+            assert!(capped.chains(&obj, &[off], &small, &metrics).is_empty());
+        }
+        let over = metrics
+            .dwarf_objects
+            .get_or_create(&crate::metrics::ResultLabel {
+                result: DwarfRead::OverCap,
+            });
+        assert_eq!(over.get(), 1);
+        // Off: nothing read.
+        let off_settings = Symbols {
+            dwarf: false,
+            ..Symbols::default()
+        };
+        let mut none = Lines::new(&off_settings);
+        assert!(none
+            .chains(&obj, &[off], &off_settings, &metrics)
+            .is_empty());
+    }
+}
