@@ -680,6 +680,20 @@ pub fn pprofcheck(path: &Path) -> u64 {
         .unwrap_or_else(|| panic!("unexpected pprofcheck output {stdout:?}"))
 }
 
+/// Value of the series whose name and labels are exactly `series` (`name{a="b",...}`, as
+/// /metrics writes them) in an exposition; 0 if absent.
+pub fn series_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
 /// Value of the first sample of metric `name` (any labels) in an OpenMetrics/Prometheus text.
 pub fn metric_value(exposition: &str, name: &str) -> Option<f64> {
     exposition

@@ -141,13 +141,6 @@ fn hostile(mode: &str, port: u16, file: &Path) -> Server {
     Server(child)
 }
 
-/// The value of the series `series` (name and labels, as /metrics writes them).
-fn series(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// The window files of `dir` that name `function` in the stacks of `pid`, and all of them.
 fn windows_naming(dir: &Path, pid: u32, function: &str) -> (usize, usize) {
     let mut files: Vec<PathBuf> = fs::read_dir(dir)
@@ -257,7 +250,7 @@ fn stripped_frames_are_named_from_debuginfod_past_hostile_servers() {
     .expect("ember run");
     let fetched = r#"ember_debuginfod_requests_total{result="fetched"}"#;
     let text = metrics_until(&addr, Duration::from_secs(60), |t| {
-        series(t, fetched) >= 1.0
+        series_value(t, fetched) >= 1.0
     });
     // Named from the next window on: wait for two windows that name the function.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -272,8 +265,11 @@ fn stripped_frames_are_named_from_debuginfod_past_hostile_servers() {
     );
     for result in ["timeout", "wrong_build_id", "too_large", "connect_error"] {
         let s = format!("ember_debuginfod_requests_total{{result=\"{result}\"}}");
-        println!("{result}: {}", series(&text, &s));
-        assert!(series(&text, &s) >= 1.0, "no {result} counted:\n{text}");
+        println!("{result}: {}", series_value(&text, &s));
+        assert!(
+            series_value(&text, &s) >= 1.0,
+            "no {result} counted:\n{text}"
+        );
     }
     assert!(
         naming >= 2,
@@ -289,7 +285,7 @@ fn stripped_frames_are_named_from_debuginfod_past_hostile_servers() {
         wrong, 0,
         "a name came from the file with the wrong build id"
     );
-    let held = series(&text, "ember_debuginfod_cache_bytes");
+    let held = series_value(&text, "ember_debuginfod_cache_bytes");
     assert!(
         held > 0.0 && held <= cap as f64,
         "disk cache holds {held} bytes (cap {cap})"

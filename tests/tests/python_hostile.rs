@@ -11,7 +11,8 @@
 use std::time::Duration;
 
 use ember_tests::{
-    free_port, http_get, metrics_until, peak_rss, require_privileged, sampling_lock, Ember, Fixture,
+    free_port, http_get, metrics_until, peak_rss, require_privileged, sampling_lock, series_value,
+    Ember, Fixture,
 };
 
 const PYTHON: &str = "/root/.pyenv/versions/3.12.1/bin/python3";
@@ -38,13 +39,6 @@ def victim():
         zlib.compress(data, 9)
 victim()
 "#;
-
-/// The value of the series `series` (name and labels, as /metrics writes them).
-fn series(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
 
 /// The sum of the series of family `name` whose labels contain every one of `labels`.
 fn family_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
@@ -105,10 +99,10 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
     let refused = r#"ember_python_attaches_total{result="code_check_failed"}"#;
     let attached = r#"ember_python_attaches_total{result="attached"}"#;
     let text = metrics_until(&addr, Duration::from_secs(40), |t| {
-        series(t, truncated) >= 10.0
-            && series(t, read_error) >= 10.0
-            && series(t, named) >= 1.0
-            && series(t, refused) >= 1.0
+        series_value(t, truncated) >= 10.0
+            && series_value(t, read_error) >= 10.0
+            && series_value(t, named) >= 1.0
+            && series_value(t, refused) >= 1.0
             && family_sum(t, "ember_interpreter_frames_total", &[r#"result="named""#]) >= 1.0
     });
     // Per workload (a host process's is its name): the walks and the frames written.
@@ -125,22 +119,22 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
     let status = ember.wait(Duration::from_secs(20));
     println!(
         "walks: truncated {}, read_error {}, ok {}; code objects read {}; agent peak RSS {} MiB",
-        series(&text, truncated),
-        series(&text, read_error),
-        series(&text, r#"ember_python_walks_total{result="ok"}"#),
-        series(&text, named),
+        series_value(&text, truncated),
+        series_value(&text, read_error),
+        series_value(&text, r#"ember_python_walks_total{result="ok"}"#),
+        series_value(&text, named),
         rss >> 20
     );
     assert!(
-        series(&text, truncated) >= 10.0,
+        series_value(&text, truncated) >= 10.0,
         "the cycle's walks should end at the frame cap, counted:\n{text}"
     );
     assert!(
-        series(&text, read_error) >= 10.0,
+        series_value(&text, read_error) >= 10.0,
         "the unmapped frame's walks should end at the read, counted:\n{text}"
     );
     assert!(
-        series(&text, named) >= 1.0,
+        series_value(&text, named) >= 1.0,
         "the forged frame itself is a real code object, named:\n{text}"
     );
     assert!(
@@ -148,11 +142,11 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
         "the walks' results per workload:\n{text}"
     );
     assert!(
-        series(&text, refused) >= 1.0,
+        series_value(&text, refused) >= 1.0,
         "a caller frame whose code is a string should fail the attach check:\n{text}"
     );
     assert!(
-        series(&text, attached) >= 2.0,
+        series_value(&text, attached) >= 2.0,
         "the cycle and the unmapped chain pass the check (their code objects are real), \
          the forged code does not:\n{text}"
     );
@@ -226,7 +220,7 @@ fn python_frames_are_appended_where_the_native_walk_stops() {
     .expect("ember run");
     let appended = r#"ember_python_walks_total{result="appended"}"#;
     let text = metrics_until(&addr, Duration::from_secs(40), |t| {
-        series(t, appended) >= 200.0
+        series_value(t, appended) >= 200.0
     });
     ember.signal(libc::SIGTERM);
     let status = ember.wait(Duration::from_secs(20));
@@ -267,13 +261,13 @@ fn python_frames_are_appended_where_the_native_walk_stops() {
     println!(
         "walks: appended {}, ok {}, no_state {}; {chained} of {total} samples ({:.1} %) \
          start with {want:?}",
-        series(&text, appended),
-        series(&text, r#"ember_python_walks_total{result="ok"}"#),
-        series(&text, r#"ember_python_walks_total{result="no_state"}"#),
+        series_value(&text, appended),
+        series_value(&text, r#"ember_python_walks_total{result="ok"}"#),
+        series_value(&text, r#"ember_python_walks_total{result="no_state"}"#),
         100.0 * share
     );
     assert!(
-        series(&text, appended) >= 200.0,
+        series_value(&text, appended) >= 200.0,
         "samples stopped at the anonymous leaf should get their Python frames appended:\n{text}"
     );
     // The counting loop takes milliseconds a call, Python microseconds around it.
