@@ -2,21 +2,26 @@
 //! object itself, else in the debug file found by its build id, like its symbols).
 //!
 //! The DWARF is read only for a window's frame-cache misses of an object, through
-//! [`ember_parse::dwarf`] (gimli's `addr2line` over sections the capped ELF reader read), and
-//! dropped as soon as those addresses are looked up: what stays is their chains, in the
-//! symbolizer's frame cache (`limits.symbol_cache_entries`). So at most one object's DWARF
-//! is held at a time, at most `symbols.dwarf_bytes` of sections (plus what addr2line parses
-//! of the units those addresses fall in). An object that gives no lines (no DWARF, over the
-//! cap, refused, a caught panic) is remembered while its file lives and not read again; each
-//! outcome counts once in `ember_dwarf_objects_total{result}`.
+//! [`ember_parse::dwarf`]: `.debug_aranges` tells which unit covers each address, and only
+//! those units are loaded (their DIEs, line program, and the strings and range lists they
+//! refer to), with addr2line's context over them. What is loaded and parsed of an object is
+//! kept between windows, by the identity of the object's file, so a window with new
+//! addresses in a unit seen before parses nothing again; everything held, all objects
+//! together, stays under `symbols.dwarf_bytes` (the least recently used object goes first,
+//! and an object whose units a window needs do not fit lets its other units go), counted in
+//! `ember_cache_dropped_total{cache="dwarf"}` and `ember_dwarf_cache_bytes`. Addresses
+//! left without a chain count in `ember_dwarf_skipped_total{reason}`. An object that gives
+//! no lines (no DWARF, over the cap, refused, a caught panic) is remembered while its file
+//! lives and not read again; each outcome counts once in `ember_dwarf_objects_total{result}`.
 
 use std::collections::{HashMap, HashSet};
+use std::fs::File;
 use std::sync::Arc;
 
-use ember_parse::dwarf::{Dwarf, DwarfError, InlineFrame};
+use ember_parse::dwarf::{Dwarf, DwarfError, InlineFrame, Looked};
 
 use crate::config::Symbols;
-use crate::metrics::{DwarfRead, Metrics};
+use crate::metrics::{Cache, DwarfRead, DwarfSkip, Metrics};
 use crate::model::{FileId, Func};
 use crate::normalize::elf_file::{offset_to_vaddr, ElfReader, Limits};
 use crate::normalize::object::{find_debug_file, FileAt, Object};
@@ -25,14 +30,30 @@ use crate::symbolize::demangle_counted;
 /// Files remembered as giving no lines; past it the memory starts afresh.
 const MAX_SKIPPED: usize = 4096;
 
+/// Objects whose DWARF is kept, at most (each also holds its debug file open).
+const MAX_OBJECTS: usize = 256;
+
 /// Shown for a level of a chain whose function has no name in the DWARF.
 const NO_NAME: &str = "??";
 
-/// The DWARF side of the symbolizer: the switch, the caps, and the files not to read again.
+/// One object's DWARF kept between windows.
+struct Held {
+    dwarf: Dwarf,
+    /// The debug file the DWARF is in (`None`: in the object itself).
+    debug: Option<(File, u64)>,
+    /// The window it was last used in.
+    used: u64,
+}
+
+/// The DWARF side of the symbolizer: the switch, the caps, the DWARF kept, and the files
+/// not to read again.
 pub(super) struct Lines {
     enabled: bool,
     limits: Limits,
+    budget: u64,
+    held: HashMap<FileId, Held>,
     skipped: HashSet<FileId>,
+    window: u64,
 }
 
 /// An object's chains by file offset: functions innermost first, each with its file and
@@ -48,13 +69,23 @@ impl Lines {
                 max_read_bytes: settings.dwarf_bytes,
                 max_section_bytes: settings.dwarf_bytes.min(settings.max_section_bytes),
             },
+            budget: settings.dwarf_bytes,
+            held: HashMap::new(),
             skipped: HashSet::new(),
+            window: 0,
         }
     }
 
-    /// Forgets `id` (its file is gone: a new file on its inode is another file).
+    /// Forgets `id` (its file is gone: a new file on its inode is another file; or its
+    /// debug file just arrived).
     pub(super) fn forget(&mut self, id: &FileId) {
         self.skipped.remove(id);
+        self.held.remove(id);
+    }
+
+    /// Bytes of DWARF held, all objects together.
+    pub(super) fn bytes(&self) -> u64 {
+        self.held.values().map(|h| h.dwarf.bytes()).sum()
     }
 
     /// The chains of `offsets` in `obj` that its DWARF covers (empty when it has none, or
@@ -69,14 +100,15 @@ impl Lines {
         if !self.enabled || offsets.is_empty() || self.skipped.contains(&obj.id) {
             return Chains::new();
         }
-        let limits = self.limits;
+        self.window += 1;
         // A parser bug on a hostile file costs that file's lines, not the agent.
         let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            read_chains(obj, offsets, limits, settings, metrics)
+            self.read_chains(obj, offsets, settings, metrics)
         }));
         let result = match read {
             Ok(Ok(chains)) => {
                 metrics.dwarf_read(DwarfRead::Lines);
+                self.evict(&obj.id, metrics);
                 return chains;
             }
             Ok(Err(e)) => {
@@ -89,11 +121,141 @@ impl Lines {
             }
         };
         metrics.dwarf_read(result);
+        self.held.remove(&obj.id);
         if self.skipped.len() >= MAX_SKIPPED {
             self.skipped.clear();
         }
         self.skipped.insert(obj.id);
+        metrics.dwarf_cache_bytes.set(self.bytes() as i64);
         Chains::new()
+    }
+
+    /// Lets the least recently used objects other than `keep` go until what is held is
+    /// under the budget (and at most [`MAX_OBJECTS`] are).
+    fn evict(&mut self, keep: &FileId, metrics: &Metrics) {
+        let mut total = self.bytes();
+        while total > self.budget || self.held.len() > MAX_OBJECTS {
+            let oldest = self
+                .held
+                .iter()
+                .filter(|(id, _)| *id != keep)
+                .min_by_key(|(_, h)| h.used)
+                .map(|(id, _)| *id);
+            let Some(id) = oldest else { break };
+            if let Some(h) = self.held.remove(&id) {
+                total = total.saturating_sub(h.dwarf.bytes());
+                metrics.dropped(Cache::Dwarf, 1);
+            }
+        }
+        metrics.dwarf_cache_bytes.set(total as i64);
+    }
+
+    /// Opens the DWARF of `obj` (or of its debug file, when the object has none), or
+    /// takes the one kept, and looks `offsets` up.
+    fn read_chains(
+        &mut self,
+        obj: &Object,
+        offsets: &[u64],
+        settings: &Symbols,
+        metrics: &Metrics,
+    ) -> Result<Chains, DwarfError> {
+        let src = obj.reader();
+        let mut elf = ElfReader::new(&src, self.limits)?;
+        let addrs: Vec<(u64, u64)> = offsets
+            .iter()
+            .filter_map(|&off| Some((off, offset_to_vaddr(elf.segments(), off)?)))
+            .collect();
+        let vaddrs: Vec<u64> = addrs.iter().map(|&(_, a)| a).collect();
+        let mut held = match self.held.remove(&obj.id) {
+            Some(h) => h,
+            None => self.open(obj, &mut elf, settings, metrics)?,
+        };
+        held.used = self.window;
+        let mut files: HashMap<String, Arc<str>> = HashMap::new();
+        let mut chains = Chains::new();
+        let mut found = |i: usize, chain: Vec<InlineFrame>| {
+            if chain.is_empty() {
+                return;
+            }
+            if let Some(&(off, _)) = addrs.get(i) {
+                chains.insert(off, funcs(chain, &mut files, metrics));
+            }
+        };
+        let looked = match &held.debug {
+            None => held.dwarf.lookup(&mut elf, &vaddrs, &mut found),
+            Some((file, size)) => {
+                drop(elf);
+                let debug_src = FileAt::new(file, *size);
+                let mut debug = ElfReader::new(&debug_src, self.limits)?;
+                held.dwarf.lookup(&mut debug, &vaddrs, &mut found)
+            }
+        }?;
+        count(&looked, metrics);
+        self.held.insert(obj.id, held);
+        Ok(chains)
+    }
+
+    /// The DWARF of `obj`, or of its debug file by build id when the object has none.
+    fn open(
+        &self,
+        obj: &Object,
+        elf: &mut ElfReader<'_, FileAt<'_>>,
+        settings: &Symbols,
+        metrics: &Metrics,
+    ) -> Result<Held, DwarfError> {
+        match Dwarf::open(elf, self.budget) {
+            Err(DwarfError::NoDwarf) => {}
+            other => {
+                return Ok(Held {
+                    dwarf: other?,
+                    debug: None,
+                    used: 0,
+                })
+            }
+        }
+        let (file, _) = find_debug_file(
+            obj,
+            &settings.debug_dirs,
+            &settings.root_debug_dirs,
+            settings.fetched_dir.as_deref(),
+            metrics,
+        )
+        .ok_or(DwarfError::NoDwarf)?;
+        let size = FileId::of_file(&file)
+            .map_err(|_| DwarfError::Malformed)?
+            .size;
+        let debug_src = FileAt::new(&file, size);
+        let mut debug = ElfReader::new(&debug_src, self.limits)?;
+        // The file is named by the build id; a file that says otherwise is not it.
+        if debug.build_id().ok().flatten() != obj.build_id {
+            return Err(DwarfError::NoDwarf);
+        }
+        let dwarf = Dwarf::open(&mut debug, self.budget)?;
+        drop(debug);
+        Ok(Held {
+            dwarf,
+            debug: Some((file, size)),
+            used: 0,
+        })
+    }
+}
+
+/// Counts what a lookup read and skipped.
+fn count(looked: &Looked, metrics: &Metrics) {
+    metrics.dwarf_read_bytes.inc_by(looked.bytes_read);
+    if looked.reset {
+        metrics.dropped(Cache::Dwarf, 1);
+    }
+    let s = looked.skipped;
+    for (reason, n) in [
+        (DwarfSkip::OverCap, s.over_cap),
+        (DwarfSkip::TooDeep, s.too_deep),
+        (DwarfSkip::Malformed, s.malformed),
+        (DwarfSkip::NoUnit, s.no_unit),
+    ] {
+        if n > 0 {
+            metrics.dwarf_skipped(reason, n);
+        }
     }
 }
 
@@ -106,60 +268,6 @@ fn outcome(e: &DwarfError) -> DwarfRead {
         DwarfError::TooDeep => DwarfRead::TooDeep,
         DwarfError::Malformed => DwarfRead::Malformed,
     }
-}
-
-/// Reads the DWARF of `obj` (or of its debug file, when the object has none) and looks
-/// `offsets` up.
-fn read_chains(
-    obj: &Object,
-    offsets: &[u64],
-    limits: Limits,
-    settings: &Symbols,
-    metrics: &Metrics,
-) -> Result<Chains, DwarfError> {
-    let src = obj.reader();
-    let mut elf = ElfReader::new(&src, limits)?;
-    let addrs: Vec<(u64, u64)> = offsets
-        .iter()
-        .filter_map(|&off| Some((off, offset_to_vaddr(elf.segments(), off)?)))
-        .collect();
-    let dwarf = match Dwarf::read(&mut elf) {
-        Err(DwarfError::NoDwarf) => {
-            drop(elf);
-            let file = find_debug_file(
-                obj,
-                &settings.debug_dirs,
-                &settings.root_debug_dirs,
-                settings.fetched_dir.as_deref(),
-                metrics,
-            )
-            .ok_or(DwarfError::NoDwarf)?;
-            let size = FileId::of_file(&file)
-                .map_err(|_| DwarfError::Malformed)?
-                .size;
-            let debug_src = FileAt::new(&file, size);
-            let mut debug = ElfReader::new(&debug_src, limits)?;
-            // The file is named by the build id; a file that says otherwise is not it.
-            if debug.build_id().ok().flatten() != obj.build_id {
-                return Err(DwarfError::NoDwarf);
-            }
-            Dwarf::read(&mut debug)?
-        }
-        other => other?,
-    };
-    metrics.dwarf_read_bytes.inc_by(dwarf.bytes());
-    let vaddrs: Vec<u64> = addrs.iter().map(|&(_, a)| a).collect();
-    let mut files: HashMap<String, Arc<str>> = HashMap::new();
-    let mut chains = Chains::new();
-    dwarf.lookup(&vaddrs, |i, chain| {
-        if chain.is_empty() {
-            return;
-        }
-        if let Some(&(off, _)) = addrs.get(i) {
-            chains.insert(off, funcs(chain, &mut files, metrics));
-        }
-    })?;
-    Ok(chains)
 }
 
 /// A chain as the symbolizer's functions: names demangled like symbols, file names shared
@@ -223,12 +331,9 @@ mod tests {
     fn names_and_lines_of_the_agents_own_code() {
         let obj = Object::open_local(std::path::Path::new("/proc/self/exe")).expect("open");
         let metrics = Metrics::new();
-        // The test binary holds ~100 MB of DWARF (its dependencies' full debug info).
-        let settings = Symbols {
-            dwarf_bytes: 1 << 30,
-            max_section_bytes: 1 << 30,
-            ..Symbols::default()
-        };
+        // The test binary holds ~100 MB of DWARF (its dependencies' full debug info): the
+        // default caps hold the units asked for.
+        let settings = Symbols::default();
         let mut lines = Lines::new(&settings);
         // A file offset in our own text: where this function's code is.
         let f = names_and_lines_of_the_agents_own_code as *const () as u64;
@@ -260,8 +365,16 @@ mod tests {
             .as_deref()
             .is_some_and(|p| p.ends_with("symbolize/dwarf.rs")));
         assert!(outer.line > 0);
-        // Under the default cap: refused, counted once, not read again.
-        let small = Symbols::default();
+        // Kept for the next window: asked again, nothing more is read.
+        let read = metrics.dwarf_read_bytes.get();
+        assert!(read > 0 && lines.bytes() > 0);
+        assert_eq!(lines.chains(&obj, &[off], &settings, &metrics), chains);
+        assert_eq!(metrics.dwarf_read_bytes.get(), read, "read again");
+        // Under a cap too small for its unit index: refused, counted once, not read again.
+        let small = Symbols {
+            dwarf_bytes: 64 << 10,
+            ..Symbols::default()
+        };
         let mut capped = Lines::new(&small);
         for _ in 0..2 {
             assert!(capped.chains(&obj, &[off], &small, &metrics).is_empty());
