@@ -170,8 +170,10 @@ pub struct Dwarf {
     index: Option<Vec<Arange>>,
     /// Units loaded: (offset, length), sorted.
     units: Vec<(u64, u64)>,
-    /// Units not loaded, and why.
+    /// Units not loaded for good, and why (not over the cap: those are tried again).
     refused: HashMap<u64, UnitSkip>,
+    /// Units that did not fit in this lookup.
+    over: std::collections::HashSet<u64>,
     ctx: Option<addr2line::Context<Sparse>>,
     /// Estimate of what addr2line parsed of the units loaded.
     parsed: u64,
@@ -221,6 +223,7 @@ impl Dwarf {
             index: None,
             units: Vec::new(),
             refused: HashMap::new(),
+            over: Default::default(),
             ctx: None,
             parsed: 0,
             starts: None,
@@ -365,6 +368,7 @@ impl Dwarf {
         mut f: impl FnMut(usize, Vec<InlineFrame>),
     ) -> Result<Looked, DwarfError> {
         let mut looked = Looked::default();
+        self.over.clear();
         if self.index.is_some() {
             self.load_units(elf, addrs, &mut looked)?;
         }
@@ -375,7 +379,11 @@ impl Dwarf {
                     f(i, Vec::new());
                     continue;
                 };
-                if let Some(why) = self.refused.get(&unit) {
+                let why = match self.over.contains(&unit) {
+                    true => Some(&UnitSkip::OverCap),
+                    false => self.refused.get(&unit),
+                };
+                if let Some(why) = why {
                     match why {
                         UnitSkip::OverCap => looked.skipped.over_cap += 1,
                         UnitSkip::TooDeep => looked.skipped.too_deep += 1,
@@ -454,6 +462,9 @@ impl Dwarf {
                         }
                     }
                 }
+                Err(UnitSkip::OverCap) => {
+                    self.over.insert(u);
+                }
                 Err(why) => {
                     self.refused.insert(u, why);
                 }
@@ -510,7 +521,7 @@ impl Dwarf {
     fn reset(&mut self) {
         self.ctx = None;
         self.units.clear();
-        self.refused.retain(|_, why| *why != UnitSkip::OverCap);
+        self.over.clear();
         self.parsed = 0;
         for s in &mut self.sections {
             s.spans = Spans::new(s.spans.size());

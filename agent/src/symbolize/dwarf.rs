@@ -54,7 +54,17 @@ pub(super) struct Lines {
     held: HashMap<FileId, Held>,
     skipped: HashSet<FileId>,
     window: u64,
+    /// Bytes of units this window may still read, all objects together: a window's cost
+    /// stays bounded when the hot units do not fit in the budget (units over it are
+    /// skipped this window, counted, and tried again in the next).
+    window_left: u64,
 }
+
+/// The share of `symbols.dwarf_bytes` one window may read: half (16 MiB by default).
+const WINDOW_SHARE: u64 = 2;
+
+/// Allowed on top of a window's share for reading an object's ELF headers.
+const HEADERS: u64 = 1 << 20;
 
 /// An object's chains by file offset: functions innermost first, each with its file and
 /// line (for an outer level, where the inner one was inlined).
@@ -73,7 +83,14 @@ impl Lines {
             held: HashMap::new(),
             skipped: HashSet::new(),
             window: 0,
+            window_left: settings.dwarf_bytes / WINDOW_SHARE,
         }
+    }
+
+    /// A new window: its share of reads starts afresh.
+    pub(super) fn start_window(&mut self) {
+        self.window += 1;
+        self.window_left = self.budget / WINDOW_SHARE;
     }
 
     /// Forgets `id` (its file is gone: a new file on its inode is another file; or its
@@ -100,7 +117,6 @@ impl Lines {
         if !self.enabled || offsets.is_empty() || self.skipped.contains(&obj.id) {
             return Chains::new();
         }
-        self.window += 1;
         // A parser bug on a hostile file costs that file's lines, not the agent.
         let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.read_chains(obj, offsets, settings, metrics)
@@ -181,15 +197,24 @@ impl Lines {
                 chains.insert(off, funcs(chain, &mut files, metrics));
             }
         };
+        // This window's share of reads, for the units not loaded yet.
+        let window = Limits {
+            max_read_bytes: self.window_left.saturating_add(HEADERS),
+            ..self.limits
+        };
+        drop(elf);
         let looked = match &held.debug {
-            None => held.dwarf.lookup(&mut elf, &vaddrs, &mut found),
+            None => {
+                let mut elf = ElfReader::new(&src, window)?;
+                held.dwarf.lookup(&mut elf, &vaddrs, &mut found)
+            }
             Some((file, size)) => {
-                drop(elf);
                 let debug_src = FileAt::new(file, *size);
-                let mut debug = ElfReader::new(&debug_src, self.limits)?;
+                let mut debug = ElfReader::new(&debug_src, window)?;
                 held.dwarf.lookup(&mut debug, &vaddrs, &mut found)
             }
         }?;
+        self.window_left = self.window_left.saturating_sub(looked.bytes_read);
         count(&looked, metrics);
         self.held.insert(obj.id, held);
         Ok(chains)

@@ -210,6 +210,7 @@ impl Symbolizer {
     /// Resolves every distinct frame of `window` (from cache where possible).
     fn resolve(&mut self, window: &Window) -> HashMap<FrameKey, Resolved> {
         self.window += 1;
+        self.lines.start_window();
         self.refresh_kernel();
         self.take_arrivals();
         let mut kernel: Vec<u64> = Vec::new();

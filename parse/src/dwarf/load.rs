@@ -131,7 +131,11 @@ impl<R: ReadAt + ?Sized> Loader<'_, '_, R> {
             let data = self
                 .elf
                 .section_range(index, a, b - a)
-                .map_err(|_| UnitSkip::Malformed)?;
+                .map_err(|e| match e {
+                    // The reader's own cap (what one window may read): try again later.
+                    crate::elf_file::ElfError::TooLarge => UnitSkip::OverCap,
+                    _ => UnitSkip::Malformed,
+                })?;
             got.push((a, data));
         }
         self.budget -= want;
