@@ -128,7 +128,7 @@ define ensure_daemon_pkgs
 endef
 
 .PHONY: deps bench-deps rust-deps build run test bench clean \
-	fmt-check modgraph clippy pprofcheck test-only bench-only k8s-apiserver deploy-check \
+	fmt-check modgraph clippy pprofcheck test-only bench-only k8s-apiserver k8s-node k8s-images deploy-check \
 	otlp-venv pyspy-venv python314-root python-musl fuzz
 
 deps: rust-deps
@@ -216,6 +216,15 @@ test-only:
 k8s-apiserver:
 	@if [ "$$(id -u)" = 0 ]; then tests/k8s/build-apiserver.sh; \
 	else echo "skipping the kube-apiserver build (needs root)"; fi
+
+# The rest of a one-node cluster from the same source (kubelet, controller-manager, scheduler,
+# kube-proxy, kubectl, pause), and the images it runs, made with buildah from the release
+# binary (tests/k8s/README.md). Not part of `make test` yet.
+k8s-node:
+	tests/k8s/build-apiserver.sh node
+k8s-images: k8s-node
+	@test -x $(EMBER) || { echo "$(EMBER) missing: make build" >&2; exit 1; }
+	tests/k8s/build-images.sh $(TARGET_DIR)/k8s-images $(EMBER)
 
 # Manifests, Helm chart and Dockerfile: linters, schemas, policy, and the agent on their config.
 deploy-check:
