@@ -68,6 +68,9 @@ BENCH_PKGS := python3
 # the packages leave nothing listening on :9090/:9100, with or without systemd.
 # debuginfod: the symbols tests serve debug files from a directory with it.
 DAEMON_PKGS := prometheus prometheus-node-exporter debuginfod
+# The one-node cluster test (tests/k8s/start-node.sh): containerd, runc, CNI plugins, and
+# buildah for the images; kube-proxy and the kubelet need iptables, conntrack, ethtool, socat.
+DAEMON_PKGS += containerd runc containernetworking-plugins buildah iptables conntrack ethtool socat
 
 # Ubuntu ships perf and bpftool in linux-tools-* instead.
 OS_ID := $(shell . /etc/os-release 2>/dev/null && echo $$ID)
@@ -219,9 +222,10 @@ k8s-apiserver:
 
 # The rest of a one-node cluster from the same source (kubelet, controller-manager, scheduler,
 # kube-proxy, kubectl, pause), and the images it runs, made with buildah from the release
-# binary (tests/k8s/README.md). Not part of `make test` yet.
+# binary (tests/k8s/README.md). Built once, cached outside the tree with the apiserver.
 k8s-node:
-	tests/k8s/build-apiserver.sh node
+	@if [ "$$(id -u)" = 0 ]; then tests/k8s/build-apiserver.sh node; \
+	else echo "skipping the one-node cluster build (needs root)"; fi
 k8s-images: k8s-node
 	@test -x $(EMBER) || { echo "$(EMBER) missing: make build" >&2; exit 1; }
 	tests/k8s/build-images.sh $(TARGET_DIR)/k8s-images $(EMBER)
@@ -237,6 +241,7 @@ test: deps
 	$(CARGO_BUILD)
 	$(MAKE) --no-print-directory pprofcheck
 	$(MAKE) --no-print-directory k8s-apiserver
+	$(MAKE) --no-print-directory k8s-node
 	$(MAKE) --no-print-directory deploy-check
 	$(MAKE) --no-print-directory otlp-venv
 	$(MAKE) --no-print-directory pyspy-venv
