@@ -180,7 +180,7 @@ enum ember_counter {
 	EMBER_CNT_ROW_SEARCHED = 13, /* ... was searched in its table (then kept in the cache) */
 	EMBER_CNT_ROW_EVICTED = 14, /* ... and took the cache entry of another row */
 	EMBER_CNT_PY_FRAMES = 15, /* interpreter frames recorded */
-	EMBER_CNT_ROW_LEAF = 16,  /* a sample's pc in code no CFI covers, stepped as a leaf (return address at rsp) */
+	EMBER_CNT_ROW_LEAF = 16,  /* a first user frame in code no CFI covers, stepped as a leaf (return address at rsp) */
 	EMBER_CNT_MAX = 17,
 };
 

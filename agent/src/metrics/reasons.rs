@@ -219,7 +219,7 @@ label_enum! {
         Cached => "cached",
         /// Searched in the object's table, then kept in the cache.
         Searched => "searched",
-        /// The sample's own pc in code no CFI covers (assembly such as musl's `memcpy`),
+        /// The sample's first user frame in code no CFI covers (assembly such as musl's `memcpy`),
         /// stepped as a leaf: its return address at the stack pointer, taken only when that
         /// word is an address in one of the process's mapped objects.
         Leaf => "leaf",
