@@ -62,6 +62,8 @@ MODES = {
     "host": "Whole host (what `make bench` runs)",
     "pids": "Only the workload's processes (`bench/overhead.py --pids-only`)",
     "python": "Python frames walked and not, on Python processes (`bench/python.py`)",
+    "python-service": "Python frames walked and not, on a lightly loaded Python service "
+                      "(`bench/python.py --service`)",
 }
 
 

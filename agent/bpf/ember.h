@@ -109,6 +109,7 @@ enum ember_unwind_result {
 enum ember_py_tls {
 	EMBER_PY_TLS_TP = 0,  /* *(tp + tls_offset): a pthread key's slot, or static TLS */
 	EMBER_PY_TLS_DTV = 1, /* *(dtv[tls_module] + tls_offset), dtv = *(tp + 8): libpython's TLS block */
+	EMBER_PY_TLS_TSD = 2, /* *(*(tp + tls_module) + tls_offset): musl's self->tsd[key] */
 };
 
 /* How eval calls and frames pair (see FrameModel in parse/src/python/layout.rs). */
@@ -179,7 +180,8 @@ enum ember_counter {
 	EMBER_CNT_ROW_SEARCHED = 13, /* ... was searched in its table (then kept in the cache) */
 	EMBER_CNT_ROW_EVICTED = 14, /* ... and took the cache entry of another row */
 	EMBER_CNT_PY_FRAMES = 15, /* interpreter frames recorded */
-	EMBER_CNT_MAX = 16,
+	EMBER_CNT_ROW_LEAF = 16,  /* a sample's pc in code no CFI covers, stepped as a leaf (return address at rsp) */
+	EMBER_CNT_MAX = 17,
 };
 
 /*

@@ -190,7 +190,8 @@ shared_enum!(ember_counter {
     EMBER_CNT_ROW_SEARCHED = 13,
     EMBER_CNT_ROW_EVICTED = 14,
     EMBER_CNT_PY_FRAMES = 15,
-    EMBER_CNT_MAX = 16,
+    EMBER_CNT_ROW_LEAF = 16,
+    EMBER_CNT_MAX = 17,
 });
 
 shared_enum!(ember_cfa_rule {
@@ -282,6 +283,7 @@ shared_struct!(ember_py_tail: size 32, align 8 {
 shared_enum!(ember_py_tls {
     EMBER_PY_TLS_TP = 0,
     EMBER_PY_TLS_DTV = 1,
+    EMBER_PY_TLS_TSD = 2,
 });
 
 shared_enum!(ember_py_model {

@@ -68,6 +68,10 @@ impl CounterSync {
                 Counted::Row(RowLookup::Searched),
             ),
             (
+                ember_counter::EMBER_CNT_ROW_LEAF,
+                Counted::Row(RowLookup::Leaf),
+            ),
+            (
                 ember_counter::EMBER_CNT_ROW_EVICTED,
                 Counted::Dropped(Cache::UnwindRowCache),
             ),

@@ -235,6 +235,10 @@ label_enum! {
         Cached => "cached",
         /// Searched in the object's table, then kept in the cache.
         Searched => "searched",
+        /// The sample's own pc in code no CFI covers (assembly such as musl's `memcpy`),
+        /// stepped as a leaf: its return address at the stack pointer, taken only when that
+        /// word is an address in one of the process's mapped objects.
+        Leaf => "leaf",
     }
 }
 
@@ -427,7 +431,7 @@ label_enum! {
         DebugBuild => "debug_build",
         /// A symbol ember needs is missing or malformed.
         Symbols => "missing_symbols",
-        /// musl libc: its thread keys are elsewhere.
+        /// musl libc whose `pthread_getspecific` is not the shape ember decodes.
         Musl => "musl",
         /// The process's memory could not be read (ptrace access, an exited process).
         Memory => "memory_unreadable",
