@@ -208,6 +208,22 @@ label_enum! {
         Exited => "exited",
         /// Excluded by `--pid` or the filters (not a loss).
         Filtered => "filtered",
+        /// The stacks of a thread waking a block past `offcpu.min_block` were walked
+        /// (`offcpu.wakers`).
+        Waker => "waker",
+        /// ... and joined to its block's record.
+        WakerJoined => "waker_joined",
+        /// Lost: a waker whose block's record never came (lost, or its thread exited).
+        WakerUnmatched => "waker_unmatched",
+        /// Lost: `offcpu.max_threads` wakers already waited for their blocks.
+        WakerFull => "waker_full",
+        /// A kernel lock wait of `offcpu.min_block` or more was walked (`offcpu.locks`).
+        KernelLock => "kernel_lock",
+        /// A kernel lock wait under `offcpu.min_block` (not reported; not a loss).
+        KernelLockShort => "kernel_lock_short",
+        /// `offcpu.locks` and the kernel has no lock:contention_begin/end (5.19+): lock
+        /// profiles have futex waits only (counted once at start).
+        KernelLockUnsupported => "kernel_lock_unsupported",
     }
 }
 
