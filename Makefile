@@ -251,13 +251,13 @@ test: deps
 
 # cargo-fuzz targets of the parsers of container input in parse/ (perf map, jitdump, unwind
 # tables, perf task records, object reader, DWARF reader, symbol tables, symbol names, demangling, mountinfo,
-# CPython line tables, strings, debug offsets and code objects),
+# CPython line tables, strings, debug offsets and code objects, musl's tsd offset),
 # FUZZ_SECONDS each; not part of `make test`. libFuzzer needs nightly flags: RUSTC_BOOTSTRAP lets stable Rust take them.
 FUZZ_SECONDS ?= 60
 fuzz: rust-deps
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
 	cd fuzz && for t in perfmap jitdump unwind perf_records object_reader dwarf symbol_table symbol_names demangle mountinfo \
-		python_lines python_strings python_debug_offsets python_code; do \
+		python_lines python_strings python_debug_offsets python_code libc_tsd; do \
 		RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run -O $$t -- -max_total_time=$(FUZZ_SECONDS) \
 			-print_final_stats=1 || exit 1; \
 	done
