@@ -40,6 +40,9 @@ PYSPY_PIP_PINS := py-spy==0.4.3
 # Debian sid's python3.14 with sid's libc6 and what else it needs, unpacked into a root the
 # Python tests chroot into (bookworm's glibc is too old for it); see tests/python314/build-root.sh.
 PYTHON314_DIR := $(TARGET_DIR)/python314
+# CPython 3.11 built against musl with a shared libpython (as Alpine's), for the Python tests'
+# musl run; see tests/python-musl/build.sh.
+PYTHON_MUSL_DIR := $(TARGET_DIR)/python-musl
 
 # Debian/Ubuntu packages: build (clang, llvm, libelf, zlib, pkg-config, make),
 # the Go pprof tools the tests validate profiles with, and perf + bpftool for
@@ -65,6 +68,9 @@ BENCH_PKGS := python3
 # the packages leave nothing listening on :9090/:9100, with or without systemd.
 # debuginfod: the symbols tests serve debug files from a directory with it.
 DAEMON_PKGS := prometheus prometheus-node-exporter debuginfod
+# The one-node cluster test (tests/k8s/start-node.sh): containerd, runc, CNI plugins, and
+# buildah for the images; kube-proxy and the kubelet need iptables, conntrack, ethtool, socat.
+DAEMON_PKGS += containerd runc containernetworking-plugins buildah iptables conntrack ethtool socat
 
 # Ubuntu ships perf and bpftool in linux-tools-* instead.
 OS_ID := $(shell . /etc/os-release 2>/dev/null && echo $$ID)
@@ -125,8 +131,8 @@ define ensure_daemon_pkgs
 endef
 
 .PHONY: deps bench-deps rust-deps build run test bench clean \
-	fmt-check modgraph clippy pprofcheck test-only bench-only k8s-apiserver deploy-check \
-	otlp-venv pyspy-venv python314-root fuzz
+	fmt-check modgraph clippy pprofcheck test-only bench-only k8s-apiserver k8s-node k8s-images deploy-check \
+	otlp-venv pyspy-venv python314-root python-musl fuzz
 
 deps: rust-deps
 	$(call ensure_pkgs,$(DEB_PKGS))
@@ -195,10 +201,17 @@ $(PYTHON314_DIR)/root/.complete: tests/python314/build-root.sh
 	@if [ "$$(id -u)" = 0 ]; then tests/python314/build-root.sh $(PYTHON314_DIR); \
 	else echo "skipping the python3.14 root (needs root: apt-get, dpkg-deb, chroot)"; fi
 
+# Made once (root: apt-get for musl-tools and the sources); remove the directory to rebuild it.
+python-musl: $(PYTHON_MUSL_DIR)/.complete
+$(PYTHON_MUSL_DIR)/.complete: tests/python-musl/build.sh
+	@if [ "$$(id -u)" = 0 ]; then tests/python-musl/build.sh $(PYTHON_MUSL_DIR); \
+	else echo "skipping the musl CPython build (needs root: apt-get)"; fi
+
 # --no-fail-fast: every suite runs and every failure is reported, not just the first.
 test-only:
 	EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) EMBER_OTLP_PYTHON=$(OTLP_VENV)/bin/python \
 		EMBER_PYSPY=$(PYSPY_VENV)/bin/py-spy EMBER_PYTHON314_ROOT=$(PYTHON314_DIR)/root \
+		EMBER_PYTHON_MUSL=$(PYTHON_MUSL_DIR) \
 		$(CARGO) test --release --workspace --no-fail-fast
 
 # A real kube-apiserver (built once from Debian's source, cached outside the tree) for the
@@ -206,6 +219,16 @@ test-only:
 k8s-apiserver:
 	@if [ "$$(id -u)" = 0 ]; then tests/k8s/build-apiserver.sh; \
 	else echo "skipping the kube-apiserver build (needs root)"; fi
+
+# The rest of a one-node cluster from the same source (kubelet, controller-manager, scheduler,
+# kube-proxy, kubectl, pause), and the images it runs, made with buildah from the release
+# binary (tests/k8s/README.md). Built once, cached outside the tree with the apiserver.
+k8s-node:
+	@if [ "$$(id -u)" = 0 ]; then tests/k8s/build-apiserver.sh node; \
+	else echo "skipping the one-node cluster build (needs root)"; fi
+k8s-images: k8s-node
+	@test -x $(EMBER) || { echo "$(EMBER) missing: make build" >&2; exit 1; }
+	tests/k8s/build-images.sh $(TARGET_DIR)/k8s-images $(EMBER)
 
 # Manifests, Helm chart and Dockerfile: linters, schemas, policy, and the agent on their config.
 deploy-check:
@@ -218,21 +241,23 @@ test: deps
 	$(CARGO_BUILD)
 	$(MAKE) --no-print-directory pprofcheck
 	$(MAKE) --no-print-directory k8s-apiserver
+	$(MAKE) --no-print-directory k8s-node
 	$(MAKE) --no-print-directory deploy-check
 	$(MAKE) --no-print-directory otlp-venv
 	$(MAKE) --no-print-directory pyspy-venv
 	$(MAKE) --no-print-directory python314-root
+	$(MAKE) --no-print-directory python-musl
 	$(MAKE) --no-print-directory test-only
 
 # cargo-fuzz targets of the parsers of container input in parse/ (perf map, jitdump, unwind
 # tables, perf task records, object reader, DWARF reader, symbol tables, symbol names, demangling, mountinfo,
-# CPython line tables, strings, debug offsets and code objects),
+# CPython line tables, strings, debug offsets and code objects, musl's tsd offset),
 # FUZZ_SECONDS each; not part of `make test`. libFuzzer needs nightly flags: RUSTC_BOOTSTRAP lets stable Rust take them.
 FUZZ_SECONDS ?= 60
 fuzz: rust-deps
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
 	cd fuzz && for t in perfmap jitdump unwind perf_records object_reader dwarf symbol_table symbol_names demangle mountinfo \
-		python_lines python_strings python_debug_offsets python_code; do \
+		python_lines python_strings python_debug_offsets python_code libc_tsd; do \
 		RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run -O $$t -- -max_total_time=$(FUZZ_SECONDS) \
 			-print_final_stats=1 || exit 1; \
 	done
@@ -244,6 +269,7 @@ bench-only:
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/stacks.py
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/offcpu.py --write
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/python.py
+	EMBER_BIN=$(EMBER) $(PYTHON) bench/python.py --service
 
 bench: bench-deps
 	$(CARGO_BUILD)

@@ -22,7 +22,7 @@ For each run: starts `ember run` (whole host), waits for its perf events and 3 s
   4. then again with kernel.bpf_stats_enabled (its clock reads add to every program run,
      so rates and syscall times above are taken without it; restored on exit): BPF time,
      run_time_ns / run_cnt, of ember_offcpu_switch (sched_switch), of all three off-CPU
-     programs (switch, wakeup, sys_exit) per sched_switch run, during a ping-pong, and of
+     programs (switch, waking/wakers, sys_exit, rseq, lock contention) per sched_switch run, during a ping-pong, and of
      the sys_exit program per syscall; ember_rq_switch (run-queue latency, always on) for
      scale.
 `perf sched record -a` on the same ping-pong, once, for scale. Prints a markdown table;
@@ -50,7 +50,8 @@ TICK = os.sysconf("SC_CLK_TCK")
 # bpftool shows the first 15 characters of a program's name.
 PROGS = {
     "ember_offcpu_sw": "switch",
-    "ember_offcpu_wa": "wakeup",
+    "ember_offcpu_wa": "wakeup",  # sched_waking (wakers): ember_offcpu_waking
+    "ember_offcpu_lo": "lock",  # lock:contention_begin/end (offcpu.locks)
     "ember_offcpu_ex": "exit",
     "ember_offcpu_rs": "rseq",
     "ember_rq_switch": "rq",
@@ -80,7 +81,9 @@ def prog_stats():
     for p in json.loads(out.stdout or "[]"):
         key = PROGS.get(p.get("name", "")[:15])
         if key:
-            stats[key] = (p.get("run_time_ns", 0), p.get("run_cnt", 0))
+            # Two programs share "lock" (begin, end): summed.
+            t, n = stats.get(key, (0, 0))
+            stats[key] = (t + p.get("run_time_ns", 0), n + p.get("run_cnt", 0))
     return stats
 
 
@@ -147,7 +150,7 @@ def run(mode, args, tmp):
         pp, sys_d = delta(s0, s1), delta(s1, s2)
         per = lambda k, d: d[k][0] / d[k][1] if d.get(k, (0, 0))[1] else None
         sw_runs = pp.get("switch", (0, 0))[1]
-        all_ns = (sum(pp.get(k, (0, 0))[0] for k in ("switch", "wakeup", "exit", "rseq")) / sw_runs
+        all_ns = (sum(pp.get(k, (0, 0))[0] for k in ("switch", "wakeup", "exit", "rseq", "lock")) / sw_runs
                   if sw_runs else None)
         return {
             "rate": rate,
@@ -223,7 +226,7 @@ def table(res, perf, args):
         row("ping-pong context switches/s (× off)", "rate", ",.0f", ratio=True,
             perf_cell=f"{perf['rate']:,.0f}"),
         row("BPF ns per sched_switch, ember_offcpu_switch", "switch_ns", ",.0f"),
-        row("BPF ns per sched_switch, all off-CPU programs (switch, wakeup, sys_exit, rseq)", "all_ns",
+        row("BPF ns per sched_switch, all off-CPU programs (switch, waking with wakers, sys_exit, rseq, lock contention)", "all_ns",
             ",.0f"),
         row("BPF ns per run, ember_offcpu_rseq (once per switch of a thread with rseq)", "rseq_ns", ",.0f"),
         row("BPF ns per sched_switch, ember_rq_switch (run-queue latency, for scale)", "rq_ns", ",.0f"),

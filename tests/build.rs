@@ -23,6 +23,7 @@ const FIXTURES: &[&str] = &[
     "jit_hog",
     "offcpu",
     "fuse_stall",
+    "wakers",
 ];
 
 const FP_CFLAGS: &[&str] = &[

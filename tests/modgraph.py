@@ -57,9 +57,10 @@ def room_of(mod):
     """The room a module ranks in: its top-level folder, except a sink's settings."""
     return "config" if is_sink_config(mod) else mod[0]
 # The parsers' crate: readers of plain formats first, then what builds on them (the symbol
-# table and the DWARF reader read objects through the ELF reader); the test builders of
+# table, the DWARF reader and the libc decoder read objects through the ELF reader); the test builders of
 # objects last.
-PARSE_ROOMS = ["elf_file", "mountinfo", "perf_record", "jit", "unwind", "symbols", "dwarf", "python",
+PARSE_ROOMS = ["elf_file", "mountinfo", "perf_record", "jit", "unwind", "symbols", "dwarf", "libc",
+               "python",
                "elf_builder"]
 
 # Each crate's source folder (from the repository root), rooms and leaves.

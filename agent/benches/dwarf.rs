@@ -73,6 +73,8 @@ fn window(pid: u32, (lo, hi): (u64, u64)) -> Window {
         limits: Limits::default(),
         jit: Jit::default(),
         offcpu: false,
+        offwake: false,
+        lock: false,
         python: Default::default(),
         queue_bytes: None,
         metrics: Metrics::new(),
@@ -96,6 +98,8 @@ fn window(pid: u32, (lo, hi): (u64, u64)) -> Window {
             py_result: None,
             user_end: ember::model::StackEnd::Complete,
             off_cpu: None,
+            waker: None,
+            lock: None,
         });
     }
     agg.close()

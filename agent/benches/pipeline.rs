@@ -25,6 +25,8 @@ fn aggregator() -> Aggregator {
         limits: limits(),
         jit: Jit::default(),
         offcpu: false,
+        offwake: false,
+        lock: false,
         python: Default::default(),
         queue_bytes: None,
         metrics: Metrics::new(),
@@ -68,6 +70,8 @@ fn samples() -> Vec<Sample> {
                 user_eval: 0,
                 python: Vec::new(),
                 py_result: None,
+                waker: None,
+                lock: None,
                 user_end: ember::model::StackEnd::Complete,
                 off_cpu: None,
             }

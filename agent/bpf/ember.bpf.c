@@ -749,6 +749,22 @@ static long walk_step(__u32 index, void *arg)
 	case EMBER_CFA_STOP:
 		return stop(w, EMBER_UNWIND_COMPLETE);
 	case EMBER_CFA_FRAME_POINTER:
+		/*
+		 * Code no CFI covers. Where the registers are the thread's own (the first user
+		 * frame, in it or in a syscall it made; a frame a signal interrupted), it is most
+		 * often a leaf written in assembly that leaves its return address at rsp (musl's
+		 * string functions and syscall wrappers, whose callers may keep no frame pointer):
+		 * taken when that word is an address in one of the process's mapped objects. A
+		 * function that pushed rbp first has a stack address there: frame pointer.
+		 */
+		if ((w->uframes == 1 || w->exact) && !read_u64(&ra, w->sp) && ra &&
+		    find_range(c->proc, ra - 1)) {
+			count(EMBER_CNT_ROW_LEAF);
+			w->sp += 8;
+			w->ip = ra;
+			w->exact = 0;
+			return 0;
+		}
 		return fp_step(w);
 	default:
 		return stop(w, EMBER_UNWIND_ERR_UNSUPPORTED);

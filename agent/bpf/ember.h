@@ -109,6 +109,7 @@ enum ember_unwind_result {
 enum ember_py_tls {
 	EMBER_PY_TLS_TP = 0,  /* *(tp + tls_offset): a pthread key's slot, or static TLS */
 	EMBER_PY_TLS_DTV = 1, /* *(dtv[tls_module] + tls_offset), dtv = *(tp + 8): libpython's TLS block */
+	EMBER_PY_TLS_TSD = 2, /* *(*(tp + tls_module) + tls_offset): musl's self->tsd[key] */
 };
 
 /* How eval calls and frames pair (see FrameModel in parse/src/python/layout.rs). */
@@ -179,7 +180,8 @@ enum ember_counter {
 	EMBER_CNT_ROW_SEARCHED = 13, /* ... was searched in its table (then kept in the cache) */
 	EMBER_CNT_ROW_EVICTED = 14, /* ... and took the cache entry of another row */
 	EMBER_CNT_PY_FRAMES = 15, /* interpreter frames recorded */
-	EMBER_CNT_MAX = 16,
+	EMBER_CNT_ROW_LEAF = 16,  /* a first user frame in code no CFI covers, stepped as a leaf (return address at rsp) */
+	EMBER_CNT_MAX = 17,
 };
 
 /*
@@ -385,6 +387,10 @@ struct ember_offcpu_config {
 	__u32 max_tasks;
 	/* Non-zero: every block of a thread with rseq registered is walked on its return to user mode. */
 	__u32 rseq;
+	/* Non-zero: the thread that wakes a block already past min_block has its stacks sent (sched_waking). */
+	__u32 wakers;
+	/* Non-zero: kernel lock contention of min_block or more is sent (lock:contention_begin/end). */
+	__u32 klocks;
 	__u32 pad;
 };
 
@@ -402,15 +408,30 @@ enum ember_offcpu_path {
 	EMBER_OFFCPU_PATH_KTHREAD = 2, /* a kernel thread: its kernel stack at switch-in */
 };
 
+/* What an off-CPU record is. */
+enum ember_offcpu_kind {
+	EMBER_OFFCPU_BLOCK = 0,  /* a block of min_block or more: the blocked thread's stacks */
+	EMBER_OFFCPU_WAKER = 1,  /* the stacks of the thread that woke such a block, as it woke it */
+	EMBER_OFFCPU_KLOCK = 2,  /* kernel lock contention of min_block or more, as the lock was taken */
+};
+
 /*
  * An off-CPU record on the `offcpu_samples` ring: this head, then a struct
- * ember_record (its time_ns is the switch-out) and its kernel and user ips.
+ * ember_record and its kernel and user ips. A block's record has time_ns the
+ * switch-out; a waker's record describes the waker (time_ns the wakeup) and names
+ * the block it ended by (wakee, block_ns): the block's tid and time_ns. A waker's
+ * record is sent before its block's (the wakeup comes before the block ends).
  */
 struct ember_offcpu_head {
-	__u64 off_ns;      /* time off CPU in `state`: switch-out to wakeup (or to switch-in) */
+	__u64 off_ns;      /* time off CPU in `state`: switch-out to wakeup (or to switch-in); KLOCK: the wait */
 	__u64 runnable_ns; /* then runnable: wakeup to switch-in (0 when `state` is runnable) */
 	__u32 state;       /* enum ember_offcpu_state */
 	__u32 path;        /* enum ember_offcpu_path */
+	__u32 kind;        /* enum ember_offcpu_kind */
+	__s32 syscall;     /* the syscall the block's thread blocked in, -1 outside one */
+	__u32 wakee;       /* WAKER: the woken thread */
+	__u32 pad;
+	__u64 block_ns;    /* WAKER: the woken block's switch-out (its record's time_ns) */
 };
 
 /* Indexes of the per-CPU `offcpu_counters` map. */
@@ -431,7 +452,10 @@ enum ember_offcpu_counter {
 	EMBER_OFFCPU_CNT_TASK_FULL = 13, /* no per-task record (max_tasks, or no memory): not profiled */
 	EMBER_OFFCPU_CNT_EXITED = 14,   /* a long block whose thread exited before it was back: lost */
 	EMBER_OFFCPU_CNT_RSEQ = 15,     /* switch-outs of threads with rseq: nothing walked yet */
-	EMBER_OFFCPU_CNT_MAX = 16,
+	EMBER_OFFCPU_CNT_WAKER = 16,    /* wakers of blocks past min_block walked (records sent or lost) */
+	EMBER_OFFCPU_CNT_KLOCK = 17,    /* kernel lock waits of min_block or more walked */
+	EMBER_OFFCPU_CNT_KLOCK_SHORT = 18, /* kernel lock waits under min_block (not a loss) */
+	EMBER_OFFCPU_CNT_MAX = 19,
 };
 
 #endif /* EMBER_H */

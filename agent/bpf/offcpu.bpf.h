@@ -62,6 +62,7 @@ struct ember_offcpu_head ember_offcpu_head_layout = {};
 enum ember_offcpu_counter ember_offcpu_counter_layout = EMBER_OFFCPU_CNT_MAX;
 enum ember_offcpu_state ember_offcpu_state_layout = EMBER_OFFCPU_SLEEP;
 enum ember_offcpu_path ember_offcpu_path_layout = EMBER_OFFCPU_PATH_EXIT;
+enum ember_offcpu_kind ember_offcpu_kind_layout = EMBER_OFFCPU_BLOCK;
 
 /* Entries of `offcpu_threads` (stacks held) right now. */
 __u64 ember_offcpu_live = 0;
@@ -121,11 +122,13 @@ enum offcpu_held {
 /* Not taken at switch-out: a block outside a syscall the fallback did not draw. */
 #define OFFCPU_PATH_SKIP 3
 
-/* A thread's own record: 40 bytes, plus the kernel's task storage overhead. */
+/* A thread's own record: 56 bytes, plus the kernel's task storage overhead. */
 struct offcpu_task {
 	__u64 start_ns;  /* switch-out of the block under way; 0: on CPU */
 	__u64 wake_ns;   /* first wakeup since start_ns, 0 if none yet */
 	__u64 cgroup_id; /* at switch-out (the filters' key) */
+	__u64 lock_ns;   /* contention_begin of the kernel lock it waits for; 0: none */
+	__u64 lock_addr; /* ... that lock (a nested contention, inside its slow path, is not timed) */
 	__s32 syscall;   /* the syscall it blocked in, -1 outside one */
 	__u8 state;      /* enum ember_offcpu_state */
 	__u8 path;       /* enum ember_offcpu_path, or OFFCPU_PATH_SKIP */
@@ -157,10 +160,14 @@ struct {
 	__type(value, struct offcpu_thread);
 } offcpu_threads SEC(".maps");
 
-/* Built here, then copied into `offcpu_threads` (its own: the sampler's NMI may interrupt). */
+/*
+ * Built here, then copied into `offcpu_threads` or sent (its own: the sampler's NMI may
+ * interrupt). Key 0: programs that run with interrupts off (sched_switch, sched_waking);
+ * key 1: kernel lock contention, which a wakeup in an interrupt may interrupt.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, 2);
 	__type(key, __u32);
 	__type(value, struct offcpu_thread);
 } offcpu_scratch SEC(".maps");
@@ -243,7 +250,7 @@ static __always_inline void offcpu_release(struct offcpu_task *r, __u32 tid)
  * user bytes; an interpreter tail, if any, is written after them (interp_finish).
  */
 static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *task, struct scratch *s,
-					      long kbytes)
+					      long kbytes, int cached)
 {
 	__u32 pid = s->rec.pid, one = 1;
 	struct ember_pt_regs *u;
@@ -272,7 +279,12 @@ static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *tas
 				w->looked = 0;
 				interp_reset(w);
 				c.s = s;
-				c.cache = bpf_map_lookup_elem(&row_cache, &one);
+				/*
+				 * Walks that may interrupt one another on a CPU (a waker's, from an
+				 * interrupt, over an rseq walk) must not share a row cache: a waker
+				 * searches every row (wakers are walked only for long blocks).
+				 */
+				c.cache = cached ? bpf_map_lookup_elem(&row_cache, &one) : 0;
 				/* The walk runs in the thread (or as it leaves the CPU): its TLS is current. */
 				interp_begin(&c, pid, 1);
 				/* No tail calls from here: one bpf_loop takes the whole stack. */
@@ -372,7 +384,7 @@ static __always_inline void offcpu_walk_out(void *ctx, struct task_struct *prev,
 		kbytes = STACK_BYTES;
 	kbytes &= ~7L;
 	s->rec.kern_frames = kbytes / sizeof(__u64);
-	ubytes = s->rec.pid && !kernel_thread(prev) ? offcpu_user_stack(ctx, prev, s, kbytes) : 0;
+	ubytes = s->rec.pid && !kernel_thread(prev) ? offcpu_user_stack(ctx, prev, s, kbytes, 1) : 0;
 	s->rec.user_frames = ubytes / sizeof(__u64);
 	if (!ubytes)
 		s->rec.py_result = EMBER_PY_NONE;
@@ -486,6 +498,11 @@ static __always_inline void offcpu_times(struct ember_offcpu_head *h, struct off
 {
 	h->state = r->state;
 	h->path = r->path;
+	h->kind = EMBER_OFFCPU_BLOCK;
+	h->syscall = r->syscall;
+	h->wakee = 0;
+	h->pad = 0;
+	h->block_ns = 0;
 	if (r->state != EMBER_OFFCPU_RUNNABLE && r->wake_ns > start && r->wake_ns <= now) {
 		h->off_ns = r->wake_ns - start;
 		h->runnable_ns = now - r->wake_ns;
@@ -629,14 +646,146 @@ int BPF_PROG(ember_offcpu_switch, _Bool preempt, struct task_struct *prev, struc
 	return 0;
 }
 
-/* A sleeping thread is woken: from now on it waits for a CPU (runnable). */
-SEC("tp_btf/sched_wakeup")
-int BPF_PROG(ember_offcpu_wakeup, struct task_struct *p)
+/*
+ * The current thread wakes `p`, whose block already lasted at least min_block: the
+ * waker's stacks, as it wakes it, go out now, naming the block (its tid and
+ * switch-out), for the agent to join to the block's own record, which follows.
+ * sched_waking runs in the waker (try_to_wake_up, under p's pi_lock: interrupts off),
+ * so its user stack is the current one; a wakeup from an interrupt (a timer, an I/O
+ * completion) has the interrupted thread as `current`: its kernel stack says so.
+ */
+static __always_inline void offcpu_waker(void *ctx, struct task_struct *p, struct offcpu_task *r, __u64 now)
+{
+	struct task_struct___offcpu *w = (void *)p;
+	struct task_struct *cur = bpf_get_current_task_btf();
+	struct offcpu_thread *t;
+	struct scratch *s;
+	long kbytes, ubytes;
+	__u32 zero = 0;
+
+	t = bpf_map_lookup_elem(&offcpu_scratch, &zero);
+	if (!t) {
+		offcpu_count(EMBER_OFFCPU_CNT_NO_SCRATCH);
+		return;
+	}
+	offcpu_count(EMBER_OFFCPU_CNT_WAKER);
+	s = &t->s;
+	t->head.off_ns = now - r->start_ns;
+	t->head.runnable_ns = 0;
+	t->head.state = r->state;
+	t->head.path = r->path;
+	t->head.kind = EMBER_OFFCPU_WAKER;
+	t->head.syscall = r->syscall;
+	t->head.wakee = w->pid;
+	t->head.pad = 0;
+	t->head.block_ns = r->start_ns;
+	s->rec.time_ns = now;
+	offcpu_current(s, bpf_get_current_cgroup_id());
+	kbytes = bpf_get_stack(ctx, s->ips, STACK_BYTES, 0);
+	if (kbytes < 0)
+		kbytes = 0;
+	if (kbytes > STACK_BYTES)
+		kbytes = STACK_BYTES;
+	kbytes &= ~7L;
+	s->rec.kern_frames = kbytes / sizeof(__u64);
+	ubytes = s->rec.pid && !kernel_thread(cur) ? offcpu_user_stack(ctx, cur, s, kbytes, 0) : 0;
+	s->rec.user_frames = ubytes / sizeof(__u64);
+	if (!ubytes)
+		s->rec.py_result = EMBER_PY_NONE;
+	offcpu_send(t);
+}
+
+/*
+ * A sleeping thread is being woken: from now on it waits for a CPU (runnable). The
+ * first wakeup of a block already past min_block also takes the waker's stacks
+ * (offcpu.wakers); every other wakeup costs the wakee's storage lookup.
+ */
+SEC("tp_btf/sched_waking")
+int BPF_PROG(ember_offcpu_waking, struct task_struct *p)
 {
 	struct offcpu_task *r = bpf_task_storage_get(&offcpu_tasks, p, 0, 0);
+	__u64 now;
 
-	if (r && r->start_ns && !r->wake_ns)
-		r->wake_ns = bpf_ktime_get_ns();
+	if (!r || !r->start_ns || r->wake_ns)
+		return 0;
+	now = bpf_ktime_get_ns();
+	r->wake_ns = now;
+	/* A block the fallback did not draw is not reported: neither is its waker. */
+	if (ember_offcpu_cfg.wakers && r->path != OFFCPU_PATH_SKIP && now - r->start_ns >= ember_offcpu_cfg.min_block_ns &&
+	    (__s64)(now - r->start_ns) > 0)
+		offcpu_waker(ctx, p, r, now);
+	return 0;
+}
+
+/*
+ * Kernel lock contention (lock:contention_begin/end, 5.19+): a wait of min_block or
+ * more is sent with the stacks of the thread as it gets the lock (its kernel stack is
+ * the lock's call site). Only threads that already have an off-CPU record (they passed
+ * the filters at a switch-out) are timed; a contention nested in another's slow path
+ * (a mutex's wait_lock) is not timed apart from it.
+ */
+SEC("tp_btf/contention_begin")
+int BPF_PROG(ember_offcpu_lock_begin, void *lock, unsigned int flags)
+{
+	struct offcpu_task *r = bpf_task_storage_get(&offcpu_tasks, bpf_get_current_task_btf(), 0, 0);
+
+	if (!r || r->lock_ns)
+		return 0;
+	r->lock_addr = (__u64)lock;
+	r->lock_ns = bpf_ktime_get_ns();
+	return 0;
+}
+
+SEC("tp_btf/contention_end")
+int BPF_PROG(ember_offcpu_lock_end, void *lock, int ret)
+{
+	struct task_struct *cur = bpf_get_current_task_btf();
+	struct offcpu_task *r = bpf_task_storage_get(&offcpu_tasks, cur, 0, 0);
+	struct offcpu_thread *t;
+	struct scratch *s;
+	long kbytes, ubytes;
+	__u64 now, waited;
+	__u32 one = 1;
+
+	if (!r || !r->lock_ns || r->lock_addr != (__u64)lock)
+		return 0;
+	now = bpf_ktime_get_ns();
+	waited = now - r->lock_ns;
+	r->lock_ns = 0;
+	if ((__s64)waited < 0 || waited < ember_offcpu_cfg.min_block_ns) {
+		offcpu_count(EMBER_OFFCPU_CNT_KLOCK_SHORT);
+		return 0;
+	}
+	t = bpf_map_lookup_elem(&offcpu_scratch, &one);
+	if (!t) {
+		offcpu_count(EMBER_OFFCPU_CNT_NO_SCRATCH);
+		return 0;
+	}
+	offcpu_count(EMBER_OFFCPU_CNT_KLOCK);
+	s = &t->s;
+	t->head.off_ns = waited;
+	t->head.runnable_ns = 0;
+	t->head.state = EMBER_OFFCPU_SLEEP;
+	t->head.path = EMBER_OFFCPU_PATH_EXIT;
+	t->head.kind = EMBER_OFFCPU_KLOCK;
+	t->head.syscall = -1;
+	t->head.wakee = 0;
+	t->head.pad = 0;
+	t->head.block_ns = 0;
+	s->rec.time_ns = now - waited;
+	offcpu_current(s, r->cgroup_id);
+	kbytes = bpf_get_stack(ctx, s->ips, STACK_BYTES, 0);
+	if (kbytes < 0)
+		kbytes = 0;
+	if (kbytes > STACK_BYTES)
+		kbytes = STACK_BYTES;
+	kbytes &= ~7L;
+	s->rec.kern_frames = kbytes / sizeof(__u64);
+	ubytes = s->rec.pid && !kernel_thread(cur) ? offcpu_user_stack(ctx, cur, s, kbytes, 0) : 0;
+	s->rec.user_frames = ubytes / sizeof(__u64);
+	if (!ubytes)
+		s->rec.py_result = EMBER_PY_NONE;
+	offcpu_send(t);
 	return 0;
 }
 
@@ -673,7 +822,7 @@ static __always_inline void offcpu_resume(void *ctx)
 		/* The walker's clock (asks, table stamps) is now; the record keeps the block's start. */
 		start = t->s.rec.time_ns;
 		t->s.rec.time_ns = bpf_ktime_get_ns();
-		ubytes = offcpu_user_stack(ctx, task, &t->s, kbytes);
+		ubytes = offcpu_user_stack(ctx, task, &t->s, kbytes, 1);
 		t->s.rec.time_ns = start;
 		t->s.rec.user_frames = ubytes / sizeof(__u64);
 		if (!ubytes)

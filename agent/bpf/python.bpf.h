@@ -41,6 +41,10 @@ static __always_inline __u64 py_cursor(struct ember_py_proc *py)
 			return 0;
 		if (base == 0 || base == (__u64)-1)
 			return 0;
+	} else if (py->tls_mode == EMBER_PY_TLS_TSD) {
+		/* musl: the thread's key array, allocated with the thread (never null once running). */
+		if (read_u64(&base, tp + py->tls_module) || base == 0)
+			return 0;
 	}
 	if (read_u64(&ts, base + py->tls_offset) || ts == 0 || (ts & 7))
 		return 0;

@@ -576,6 +576,8 @@ impl Pipeline {
             limits: cfg.limits.clone(),
             jit: cfg.jit.clone(),
             offcpu: cfg.offcpu.enabled,
+            offwake: cfg.offcpu.wakers,
+            lock: cfg.offcpu.locks,
             python: cfg.interpreters.python.clone(),
             queue_bytes: Some(queue_bytes.clone()),
             metrics: metrics.clone(),

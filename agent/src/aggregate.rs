@@ -13,7 +13,8 @@ use crate::capture::{Batch, Control, QueueBytes, CGROUP_DENY_ENTRIES};
 use crate::config::{Jit, Limits, Python};
 use crate::metrics::{Cache, Loss, Metrics};
 use crate::model::{
-    self, Labels, OffCpu, OffState, ProfileKind, PyFrameRef, PyWalk, Sample, StackEnd,
+    self, Labels, LockWait, OffCpu, OffState, ProfileKind, PyFrameRef, PyWalk, Sample, StackEnd,
+    WAKE_SEPARATOR,
 };
 use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
 
@@ -40,7 +41,7 @@ pub type Stack = model::Stack<Frame>;
 /// One closed window, ready to symbolize.
 pub type Window = model::Window<Frame>;
 
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
     pid: u32,
     tid: u32,
@@ -58,6 +59,21 @@ struct Key {
     end: StackEnd,
     /// `None` for CPU samples.
     off: Option<OffState>,
+    /// The window the stack goes to.
+    kind: ProfileKind,
+    /// `offwake` and `lock` stacks: the thread that woke the block.
+    waker: Option<Box<WakerKey>>,
+}
+
+/// The waker of an off-CPU block, as its stack's key holds it (its tid left out: wakers
+/// are told apart by process, name and stack).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct WakerKey {
+    pid: u32,
+    comm: [u8; 16],
+    kernel: Box<[u64]>,
+    user: Box<[u64]>,
+    user_exact: u128,
 }
 
 /// What the samples of one key add up to.
@@ -96,8 +112,8 @@ pub struct Aggregator {
     table: ProcessTable,
     counts: HashMap<Key, Tally, foldhash::quality::RandomState>,
     max_stacks: usize,
-    /// Off-CPU windows are made (`offcpu.enabled`).
-    offcpu: bool,
+    /// The off-CPU kinds whose windows are made beside the CPU window.
+    off_kinds: Vec<ProfileKind>,
     /// See [`Parts::keep_eval_frames`].
     keep_eval_frames: bool,
     period_ns: u64,
@@ -132,6 +148,10 @@ pub struct Parts {
     pub jit: Jit,
     /// `offcpu.enabled`: an off-CPU window is made beside each CPU window.
     pub offcpu: bool,
+    /// `offcpu.wakers` (with `offcpu`): an `offwake` window too.
+    pub offwake: bool,
+    /// `offcpu.locks` (with `offcpu`): a `lock` window too.
+    pub lock: bool,
     /// `interpreters.python`: eval loop frames kept or not, the names' cache.
     pub python: Python,
     /// The sample queue's byte budget, given back as batches arrive (see [`QueueBytes`]).
@@ -151,6 +171,8 @@ impl Aggregator {
             limits,
             jit,
             offcpu,
+            offwake,
+            lock,
             python,
             queue_bytes,
             metrics,
@@ -166,7 +188,14 @@ impl Aggregator {
             stack_bytes: 0,
             max_stack_bytes: limits.max_stack_bytes_per_window,
             queue_bytes,
-            offcpu,
+            off_kinds: [
+                (offcpu, ProfileKind::OffCpu),
+                (offcpu && offwake, ProfileKind::OffWake),
+                (offcpu && lock, ProfileKind::Lock),
+            ]
+            .into_iter()
+            .filter_map(|(on, k)| on.then_some(k))
+            .collect(),
             keep_eval_frames: python.keep_eval_frames,
             period_ns: 1_000_000_000 / frequency_hz.max(1),
             start: SystemTime::now(),
@@ -189,7 +218,19 @@ impl Aggregator {
         if let Some(r) = s.py_result {
             self.metrics.python_walked(r, 1);
         }
-        let key = Key {
+        let ns = s.off_cpu.map_or(0, |o| o.ns);
+        let waker = s.waker.as_deref().map(|w| {
+            self.table.touch(w.pid, w.tid, &w.comm, w.cgroup_id);
+            Box::new(WakerKey {
+                pid: w.pid,
+                comm: w.comm,
+                kernel: w.kernel.clone().into_boxed_slice(),
+                user: w.user.clone().into_boxed_slice(),
+                user_exact: w.user_exact,
+            })
+        });
+        let kinds = self.kinds_of(&s);
+        let mut key = Key {
             pid: s.pid,
             tid: s.tid,
             comm: s.comm,
@@ -201,11 +242,53 @@ impl Aggregator {
             py: s.py_result,
             end: s.user_end,
             off: s.off_cpu.map(|o| o.state),
+            kind: ProfileKind::Cpu,
+            waker: None,
         };
+        for (i, &(kind, joined)) in kinds.iter().enumerate() {
+            let k = if i + 1 == kinds.len() {
+                std::mem::replace(&mut key, empty_key())
+            } else {
+                key.clone()
+            };
+            let waker = if joined { waker.clone() } else { None };
+            self.count(Key { kind, waker, ..k }, ns);
+        }
+    }
+
+    /// The windows a sample goes to, and whether with its waker: a CPU sample to the CPU
+    /// window; an off-CPU block to the off-CPU one, its blocked time with its waker to
+    /// `offwake` (the runnable part after the wakeup is not the waker's doing), and a futex
+    /// wait (both parts, with the waker if any) to `lock`; kernel lock contention to `lock`
+    /// only.
+    fn kinds_of(&self, s: &Sample) -> Vec<(ProfileKind, bool)> {
+        if s.off_cpu.is_none() {
+            return vec![(ProfileKind::Cpu, false)];
+        }
+        let on = |k| self.off_kinds.contains(&k);
+        if s.lock == Some(LockWait::Kernel) {
+            return [(ProfileKind::Lock, false)]
+                .into_iter()
+                .filter(|(k, _)| on(*k))
+                .collect();
+        }
+        let woken = s.waker.is_some() && s.off_cpu.is_some_and(|o| o.state != OffState::Runnable);
+        [
+            (ProfileKind::OffCpu, true, false),
+            (ProfileKind::OffWake, woken, true),
+            (ProfileKind::Lock, s.lock == Some(LockWait::Futex), true),
+        ]
+        .into_iter()
+        .filter(|&(k, wanted, _)| wanted && on(k))
+        .map(|(k, _, joined)| (k, joined))
+        .collect()
+    }
+
+    /// Adds one sample of `key` (and its off-CPU nanoseconds), within the window's caps.
+    fn count(&mut self, key: Key, ns: u64) {
         let bytes = stack_bytes(&key);
         let full = self.counts.len() >= self.max_stacks
             || self.stack_bytes.saturating_add(bytes) > self.max_stack_bytes;
-        let ns = s.off_cpu.map_or(0, |o| o.ns);
         match self.counts.get_mut(&key) {
             Some(t) => {
                 t.count += 1;
@@ -337,7 +420,7 @@ impl Aggregator {
         self.stack_bytes = 0;
         let verdicts = self.judge(counts.keys().map(|k| k.pid).collect());
         let mut stacks = Vec::with_capacity(counts.len());
-        let mut off_stacks = Vec::new();
+        let mut off_stacks: HashMap<ProfileKind, Vec<Stack>> = HashMap::new();
         for (key, tally) in counts {
             let count = tally.count;
             let Some(Some(labels)) = verdicts.get(&key.pid) else {
@@ -365,11 +448,20 @@ impl Aggregator {
                 }
                 Some(o) => {
                     if let Some(acc) = &mut self.workloads.accounting {
-                        acc.add_offcpu(labels, o.state, o.ns as f64 / 1e9);
+                        match key.kind {
+                            ProfileKind::OffCpu => {
+                                acc.add_offcpu(labels, o.state, o.ns as f64 / 1e9)
+                            }
+                            ProfileKind::Lock => acc.add_lock(labels, o.ns as f64 / 1e9),
+                            ProfileKind::Cpu | ProfileKind::OffWake => {}
+                        }
                     }
                 }
             }
             let mut frames = Vec::with_capacity(key.kernel.len() + key.user.len());
+            if let Some(w) = &key.waker {
+                self.waker_frames(w, &mut frames);
+            }
             frames.extend(
                 key.kernel
                     .iter()
@@ -393,16 +485,18 @@ impl Aggregator {
                 off_cpu,
                 runtime,
             };
-            if off_cpu.is_some() {
-                off_stacks.push(stack);
-            } else {
+            if key.kind == ProfileKind::Cpu {
                 stacks.push(stack);
+            } else {
+                off_stacks.entry(key.kind).or_default().push(stack);
             }
         }
         // Stable order makes output deterministic and diffable.
         stacks.sort_by(|a, b| (a.pid, a.tid, b.count).cmp(&(b.pid, b.tid, a.count)));
         let ns = |s: &Stack| s.off_cpu.map_or(0, |o| o.ns);
-        off_stacks.sort_by(|a, b| (a.pid, a.tid, ns(b)).cmp(&(b.pid, b.tid, ns(a))));
+        for v in off_stacks.values_mut() {
+            v.sort_by(|a, b| (a.pid, a.tid, ns(b)).cmp(&(b.pid, b.tid, ns(a))));
+        }
         if let Some(acc) = &mut self.workloads.accounting {
             acc.end_window();
         }
@@ -420,10 +514,11 @@ impl Aggregator {
             kind: ProfileKind::Cpu,
             stacks,
         }];
-        if self.offcpu {
+        for &kind in &self.off_kinds {
+            let stacks = off_stacks.remove(&kind).unwrap_or_default();
             windows.push(Window {
-                kind: ProfileKind::OffCpu,
-                ..windows[0].with_stacks(off_stacks)
+                kind,
+                ..windows[0].with_stacks(stacks)
             });
         }
         self.start = now;
@@ -433,6 +528,27 @@ impl Aggregator {
 }
 
 impl Aggregator {
+    /// Appends a waker's frames, outermost first, then the separator: read leaf first, the
+    /// waker's stack stands upside down on the blocked one (bcc's offwaketime), so a flame
+    /// graph shows the waker's leaf (the wakeup) right above the blocked thread's wait.
+    fn waker_frames(&mut self, w: &WakerKey, frames: &mut Vec<Frame>) {
+        let start = frames.len();
+        frames.extend(
+            w.kernel
+                .iter()
+                .enumerate()
+                .map(|(i, &a)| Frame::Kernel(caller(i, a, false))),
+        );
+        for (i, &a) in w.user.iter().enumerate() {
+            let exact = i < 128 && w.user_exact >> i & 1 == 1;
+            frames.push(Frame::User(
+                self.table.normalize(w.pid, caller(i, a, exact)),
+            ));
+        }
+        frames[start..].reverse();
+        frames.push(Frame::User(UserAddr::Region(Arc::from(WAKE_SEPARATOR), 0)));
+    }
+
     /// Appends the user side of `key` to `frames`, normalized: each native frame, after the
     /// interpreter frames placed before it; eval loop frames left out where interpreter
     /// frames stand for them (unless `keep_eval_frames`).
@@ -522,7 +638,30 @@ impl Aggregator {
 /// hash table's share.
 fn stack_bytes(key: &Key) -> u64 {
     let python = std::mem::size_of::<PyFrameRef>() * key.python.len();
-    (std::mem::size_of::<Key>() + 16 + 8 * (key.kernel.len() + key.user.len()) + python) as u64
+    let waker = key.waker.as_ref().map_or(0, |w| {
+        std::mem::size_of::<WakerKey>() + 8 * (w.kernel.len() + w.user.len())
+    });
+    (std::mem::size_of::<Key>() + 16 + 8 * (key.kernel.len() + key.user.len()) + python + waker)
+        as u64
+}
+
+/// A key that holds nothing (what is left of one moved out).
+fn empty_key() -> Key {
+    Key {
+        pid: 0,
+        tid: 0,
+        comm: [0; 16],
+        kernel: Box::default(),
+        user: Box::default(),
+        user_exact: 0,
+        user_eval: 0,
+        python: Box::default(),
+        py: None,
+        end: StackEnd::Complete,
+        off: None,
+        kind: ProfileKind::Cpu,
+        waker: None,
+    }
 }
 
 /// Time until the next window boundary: a multiple of `window` since the epoch when
@@ -573,6 +712,8 @@ mod tests {
             py_result: None,
             user_end: StackEnd::Complete,
             off_cpu: None,
+            waker: None,
+            lock: None,
         }
     }
 
@@ -592,6 +733,8 @@ mod tests {
             limits,
             jit: Jit::default(),
             offcpu: false,
+            offwake: false,
+            lock: false,
             python: Python::default(),
             queue_bytes: None,
             metrics: Metrics::new(),
@@ -627,6 +770,95 @@ mod tests {
             % 10_000;
         assert!(!(50..9_950).contains(&ms), "ends {ms} ms past a boundary");
         assert_eq!(until_boundary(w, false), w);
+    }
+
+    #[test]
+    fn blocks_go_to_their_windows_with_the_waker_on_top() {
+        let mut a = Aggregator::new(Parts {
+            offcpu: true,
+            offwake: true,
+            lock: true,
+            ..parts(limits(100), Workloads::default())
+        });
+        let pid = std::process::id();
+        let off = |state, ns| Some(OffCpu { state, ns });
+        let waker = Sample {
+            kernel: vec![0xffff_ffff_8100_0100],
+            ..sample(pid, pid + 9, &[0x50, 0x60])
+        };
+        // A futex wait woken by `waker`: its sleep and its runnable part.
+        let asleep = Sample {
+            off_cpu: off(OffState::Sleep, 700),
+            waker: Some(Box::new(waker.clone())),
+            lock: Some(LockWait::Futex),
+            ..sample(pid, pid, &[0x10])
+        };
+        let runnable = Sample {
+            off_cpu: off(OffState::Runnable, 300),
+            ..asleep.clone()
+        };
+        // A nanosleep woken by a timer, and a kernel lock wait.
+        let timer = Sample {
+            off_cpu: off(OffState::Sleep, 50),
+            waker: Some(Box::new(waker)),
+            ..sample(pid, pid, &[0x20])
+        };
+        let klock = Sample {
+            off_cpu: off(OffState::Sleep, 5),
+            lock: Some(LockWait::Kernel),
+            ..sample(pid, pid, &[0x30])
+        };
+        for s in [asleep, runnable, timer, klock] {
+            a.add(s);
+        }
+        let windows = a.close_windows();
+        let kinds: Vec<_> = windows.iter().map(|w| w.kind).collect();
+        assert_eq!(kinds, ProfileKind::ALL);
+        let ns = |w: &Window| -> Vec<u64> {
+            w.stacks
+                .iter()
+                .map(|s| s.off_cpu.map_or(0, |o| o.ns))
+                .collect()
+        };
+        assert_eq!(ns(&windows[1]), [700, 300, 50], "off-CPU: every block part");
+        assert_eq!(
+            ns(&windows[2]),
+            [700, 50],
+            "offwake: blocked time with a waker"
+        );
+        assert_eq!(
+            ns(&windows[3]),
+            [700, 300, 5],
+            "lock: futex waits, kernel locks"
+        );
+        // The waker's frames outermost first, its kernel leaf, `--`, the blocked stack.
+        let wake = &windows[2].stacks[0];
+        let shape: Vec<String> = wake
+            .frames
+            .iter()
+            .map(|f| match f {
+                Frame::Kernel(a) => format!("k{a:x}"),
+                Frame::User(UserAddr::Unknown(a)) => format!("u{a:x}"),
+                Frame::User(UserAddr::Region(l, _)) => l.to_string(),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                "u5f",
+                "u50",
+                "kffffffff81000100",
+                "--",
+                "kffffffff81000010",
+                "kffffffff8100001f",
+                "u10"
+            ]
+        );
+        assert!(
+            windows[1].stacks.iter().all(|s| s.frames.len() == 3),
+            "off-CPU stacks carry no waker"
+        );
     }
 
     #[test]

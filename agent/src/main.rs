@@ -79,8 +79,10 @@ struct RecordArgs {
     /// Output file: .pb.gz (pprof), .folded (collapsed stacks) or .svg (flame graph).
     #[arg(long, short = 'o')]
     output: PathBuf,
-    /// What to record: cpu (samples of running threads) or offcpu (where threads wait,
-    /// how long and why; turns on offcpu.enabled).
+    /// What to record: cpu (samples of running threads), offcpu (where threads wait, how
+    /// long and why), offwake (blocked time under the stack of the thread that woke it) or
+    /// lock (futex waits with their wakers, kernel lock contention); the last three turn on
+    /// offcpu.enabled (and offcpu.wakers, offcpu.locks).
     #[arg(long = "type", value_enum, default_value_t = RecordType::Cpu)]
     kind: RecordType,
 }
@@ -92,6 +94,10 @@ enum RecordType {
     Cpu,
     /// Off-CPU time.
     Offcpu,
+    /// Off-CPU time under the waker's stack.
+    Offwake,
+    /// Lock waits.
+    Lock,
 }
 
 fn main() -> ExitCode {
@@ -227,6 +233,16 @@ fn record(args: RecordArgs) -> Result<()> {
             cfg.offcpu.enabled = true;
             ProfileKind::OffCpu
         }
+        RecordType::Offwake => {
+            cfg.offcpu.enabled = true;
+            cfg.offcpu.wakers = true;
+            ProfileKind::OffWake
+        }
+        RecordType::Lock => {
+            cfg.offcpu.enabled = true;
+            cfg.offcpu.locks = true;
+            ProfileKind::Lock
+        }
     };
     cfg.validate("the command line")?;
     let format = format_of(&args.output)?;
@@ -249,6 +265,8 @@ fn record(args: RecordArgs) -> Result<()> {
         match kind {
             ProfileKind::Cpu => "",
             ProfileKind::OffCpu => "off-CPU time of ",
+            ProfileKind::OffWake => "off-CPU time and wakers of ",
+            ProfileKind::Lock => "lock waits of ",
         },
         if cfg.sampling.pids.is_empty() {
             "every process".to_owned()
@@ -274,7 +292,11 @@ fn record(args: RecordArgs) -> Result<()> {
         Format::Svg => {
             let title = match kind {
                 ProfileKind::Cpu => format!("ember record, {:?}", args.duration),
-                ProfileKind::OffCpu => format!("ember record --type offcpu, {:?}", args.duration),
+                other => format!(
+                    "ember record --type {}, {:?}",
+                    other.as_str(),
+                    args.duration
+                ),
             };
             flamegraph::svg(&enc.profile, &title)?
         }

@@ -91,6 +91,20 @@ pub struct Sample {
     /// `None` for a CPU sample; for an off-CPU one, why and how long the thread was off CPU
     /// (the stacks are the ones it left the CPU with).
     pub off_cpu: Option<OffCpu>,
+    /// An off-CPU block's thread that woke it, as it woke it (`offcpu.wakers`): its pid,
+    /// tid, name and stacks (its interpreter frames are not kept).
+    pub waker: Option<Box<Sample>>,
+    /// An off-CPU sample of a lock wait: which kind (`offcpu.locks`).
+    pub lock: Option<LockWait>,
+}
+
+/// What kind of lock an off-CPU sample waited for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LockWait {
+    /// A futex wait (pthread mutexes and condition variables, Go and Java monitors).
+    Futex,
+    /// Kernel lock contention (lock:contention_begin/end: mutexes, rwsems, spinlocks).
+    Kernel,
 }
 
 /// An interpreter frame as the walker recorded it: named later from the process's memory.
@@ -191,15 +205,40 @@ pub enum ProfileKind {
     Cpu,
     /// Time threads spent off CPU, from context switches (`offcpu.enabled`).
     OffCpu,
+    /// Blocked time under the stack of the thread that ended it (`offcpu.wakers`): the
+    /// waker's frames on top of the blocked ones, a `--` frame between them.
+    OffWake,
+    /// Time waiting for locks (`offcpu.locks`): futex waits with their wakers, and kernel
+    /// lock contention.
+    Lock,
 }
 
+/// The frame between a waker's frames and the blocked ones in `offwake` and `lock`
+/// profiles (as bcc's offwaketime prints it); its mapping is a region of that name.
+pub const WAKE_SEPARATOR: &str = "--";
+
 impl ProfileKind {
+    /// Every kind, in the order a window's profiles are made.
+    pub const ALL: [ProfileKind; 4] = [
+        ProfileKind::Cpu,
+        ProfileKind::OffCpu,
+        ProfileKind::OffWake,
+        ProfileKind::Lock,
+    ];
+
+    /// Whether its samples are blocks weighted by nanoseconds (every kind but CPU).
+    pub const fn is_off_cpu(self) -> bool {
+        !matches!(self, ProfileKind::Cpu)
+    }
+
     /// The name `ember record --type` and `/api` take, and the window files carry
     /// (`<start>.offcpu.pb.gz`; CPU windows carry none).
     pub const fn as_str(self) -> &'static str {
         match self {
             ProfileKind::Cpu => "cpu",
             ProfileKind::OffCpu => "offcpu",
+            ProfileKind::OffWake => "offwake",
+            ProfileKind::Lock => "lock",
         }
     }
 }

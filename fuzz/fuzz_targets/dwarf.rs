@@ -39,7 +39,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(mut dwarf) = Dwarf::open(&mut elf, LIMITS.max_read_bytes) else {
         return;
     };
-    let _ = dwarf.lookup(&mut elf, &[0, 1, 0x10, 0x1000, u64::MAX], |_, chain| {
+    let _ = dwarf.lookup(&mut elf, &[0, 1, 0x10, 0x1000, u64::MAX], 1 << 16, |_, chain| {
         assert!(chain.len() <= MAX_INLINE_DEPTH);
         for f in chain {
             assert!(f.name.map_or(0, |n| n.len()) <= MAX_NAME);

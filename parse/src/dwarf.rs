@@ -129,10 +129,13 @@ pub struct Skipped {
     pub malformed: u64,
     /// No unit covers it (`.debug_aranges` has no range holding it).
     pub no_unit: u64,
+    /// The unit covering it was over what the reader could still read: it may be read
+    /// in a later lookup.
+    pub deferred: u64,
 }
 
 /// What one [`Dwarf::lookup`] did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Looked {
     /// Units read from the file for it.
     pub units_read: u64,
@@ -142,6 +145,9 @@ pub struct Looked {
     pub reset: bool,
     /// Addresses left without a chain, by reason.
     pub skipped: Skipped,
+    /// Indexes (into the addresses looked up) of those [`Skipped::deferred`]: worth asking
+    /// again, unlike the others.
+    pub deferred: Vec<usize>,
 }
 
 /// One range of `.debug_aranges`: `[begin, end)` is in the unit at `unit`.
@@ -172,8 +178,8 @@ pub struct Dwarf {
     units: Vec<(u64, u64)>,
     /// Units not loaded for good, and why (not over the cap: those are tried again).
     refused: HashMap<u64, UnitSkip>,
-    /// Units that did not fit in this lookup.
-    over: std::collections::HashSet<u64>,
+    /// Units that did not fit in this lookup, and why (over the cap, or deferred).
+    over: HashMap<u64, UnitSkip>,
     ctx: Option<addr2line::Context<Sparse>>,
     /// Estimate of what addr2line parsed of the units loaded.
     parsed: u64,
@@ -360,17 +366,20 @@ impl Dwarf {
     /// Calls `f(i, chain)` for each `addrs[i]` (an address as the object's symbols give
     /// them): its chain innermost first, empty when no unit loaded covers it. Loads from
     /// `elf` (the file [`Dwarf::open`] read) the units those addresses fall in that are not
-    /// loaded yet; what addr2line parsed of units loaded before is kept.
+    /// loaded yet, starting a unit only while fewer than `read_budget` bytes were read (so
+    /// it can be passed by one unit); units not started are [`Skipped::deferred`]. What
+    /// addr2line parsed of units loaded before is kept.
     pub fn lookup<R: ReadAt + ?Sized>(
         &mut self,
         elf: &mut ElfReader<'_, R>,
         addrs: &[u64],
+        read_budget: u64,
         mut f: impl FnMut(usize, Vec<InlineFrame>),
     ) -> Result<Looked, DwarfError> {
         let mut looked = Looked::default();
         self.over.clear();
         if self.index.is_some() {
-            self.load_units(elf, addrs, &mut looked)?;
+            self.load_units(elf, addrs, read_budget, &mut looked)?;
         }
         for (i, &addr) in addrs.iter().enumerate() {
             if let Some(index) = &self.index {
@@ -379,13 +388,14 @@ impl Dwarf {
                     f(i, Vec::new());
                     continue;
                 };
-                let why = match self.over.contains(&unit) {
-                    true => Some(&UnitSkip::OverCap),
-                    false => self.refused.get(&unit),
-                };
+                let why = self.over.get(&unit).or_else(|| self.refused.get(&unit));
                 if let Some(why) = why {
                     match why {
                         UnitSkip::OverCap => looked.skipped.over_cap += 1,
+                        UnitSkip::Deferred => {
+                            looked.skipped.deferred += 1;
+                            looked.deferred.push(i);
+                        }
                         UnitSkip::TooDeep => looked.skipped.too_deep += 1,
                         UnitSkip::Malformed => looked.skipped.malformed += 1,
                     }
@@ -409,6 +419,7 @@ impl Dwarf {
         &mut self,
         elf: &mut ElfReader<'_, R>,
         addrs: &[u64],
+        read_budget: u64,
         looked: &mut Looked,
     ) -> Result<(), DwarfError> {
         let Some(index) = &self.index else {
@@ -421,6 +432,7 @@ impl Dwarf {
         wanted.sort_unstable();
         wanted.dedup();
         let mut added = false;
+        let mut loaded = 0usize;
         let mut queue: std::collections::VecDeque<u64> = wanted.iter().copied().collect();
         let mut followed = 0;
         while let Some(u) = queue.pop_front() {
@@ -428,28 +440,40 @@ impl Dwarf {
             {
                 continue;
             }
+            // A unit holding an address asked for waits once the budget is read, but the
+            // first of a pass loads whatever its size (under the cap), so a lookup with any
+            // budget makes progress. Units it refers to load with it: without them its
+            // chains do not resolve.
+            let asked = wanted.binary_search(&u).is_ok();
+            if asked && (read_budget == 0 || (loaded > 0 && looked.bytes_read >= read_budget)) {
+                self.over.insert(u, UnitSkip::Deferred);
+                continue;
+            }
             let result = self.load_one(elf, u);
             let others = self
                 .units
                 .iter()
                 .any(|x| wanted.binary_search(&x.0).is_err());
-            if matches!(result, Err(UnitSkip::OverCap)) && !looked.reset && others {
+            // Only a unit holding an address asked for makes room; one followed for the
+            // name of a function inlined across units does not.
+            if matches!(result, Err(UnitSkip::OverCap)) && !looked.reset && others && asked {
                 self.reset();
                 looked.reset = true;
                 // Units of this lookup loaded before the reset are loaded again.
-                return self.load_units(elf, addrs, looked);
+                return self.load_units(elf, addrs, read_budget, looked);
             }
             match result {
-                Ok(loaded) => {
+                Ok(unit) => {
+                    loaded += usize::from(asked);
                     looked.units_read += 1;
-                    looked.bytes_read += loaded.bytes;
+                    looked.bytes_read += unit.bytes;
                     self.parsed = self
                         .parsed
-                        .saturating_add(loaded.bytes.saturating_mul(PARSED_PER_BYTE));
+                        .saturating_add(unit.bytes.saturating_mul(PARSED_PER_BYTE));
                     let at = self.units.partition_point(|x| x.0 < u);
-                    self.units.insert(at, (u, loaded.len));
+                    self.units.insert(at, (u, unit.len));
                     added = true;
-                    for o in loaded.others {
+                    for o in unit.others {
                         let Some(start) = self.unit_containing(elf, o) else {
                             continue;
                         };
@@ -462,8 +486,8 @@ impl Dwarf {
                         }
                     }
                 }
-                Err(UnitSkip::OverCap) => {
-                    self.over.insert(u);
+                Err(why @ (UnitSkip::OverCap | UnitSkip::Deferred)) => {
+                    self.over.insert(u, why);
                 }
                 Err(why) => {
                     self.refused.insert(u, why);

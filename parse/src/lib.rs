@@ -8,6 +8,7 @@
 //! - [`unwind`]: an object's call frame information compiled into the sampler's rows.
 //! - [`elf_file`]: the capped ELF reader (headers, notes, symbol and string tables).
 //! - [`dwarf`]: inline chains and source lines of addresses, from an object's DWARF.
+//! - [`libc`]: where musl keeps a thread's pthread keys.
 //! - [`symbols`]: symbol tables with packed names, and demangling.
 //! - [`python`]: CPython versions, layouts, line tables, strings and code objects.
 //! - [`mountinfo`]: `/proc/PID/mountinfo` and file system kinds.
@@ -15,6 +16,7 @@
 pub mod dwarf;
 pub mod elf_file;
 pub mod jit;
+pub mod libc;
 pub mod mountinfo;
 pub mod perf_record;
 pub mod python;

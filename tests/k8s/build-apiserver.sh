@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Build a real kube-apiserver (Kubernetes 1.20.2) from Debian's source package, offline.
+# Build a real kube-apiserver (Kubernetes 1.20.2) from Debian's source package, offline;
+# with `node` (or `all`) also what a one-node cluster needs, from the same tree and Go cache.
 #
-# Result: ${EMBER_K8S_CACHE:-/var/cache/ember-k8s}/kube-apiserver
-# Idempotent: exits 0 at once when that binary exists and answers --version.
+#   tests/k8s/build-apiserver.sh            kube-apiserver only
+#   tests/k8s/build-apiserver.sh node       also kubelet, kube-controller-manager,
+#                                           kube-scheduler, kube-proxy, kubectl, pause
+#   tests/k8s/build-apiserver.sh NAME...    just those (any of the above)
+#
+# Results: ${EMBER_K8S_CACHE:-/var/cache/ember-k8s}/<name> (pause: the static C binary of
+# build/pause/linux/pause.c, as the Kubernetes tree builds it for its sandbox image).
+# Idempotent: a binary that exists and runs is not rebuilt.
 # Needs root only for the apt steps (installing packages, adding a deb-src entry).
 #
 # Why this way: bookworm packages no kube-apiserver binary, but its source package
@@ -12,20 +19,38 @@
 set -euo pipefail
 
 CACHE=${EMBER_K8S_CACHE:-/var/cache/ember-k8s}
-OUT="$CACHE/kube-apiserver"
 K8S_VERSION=v1.20.2
+GO_BINS=(kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy kubectl)
 
 die() { echo "build-apiserver: ERROR: $*" >&2; exit 1; }
 log() { echo "build-apiserver: $*" >&2; }
 
-if [ -x "$OUT" ] && "$OUT" --version >/dev/null 2>&1; then
-    log "already built: $OUT ($("$OUT" --version))"
-    exit 0
-fi
+WANT=()
+[ $# -gt 0 ] || set -- kube-apiserver
+for a in "$@"; do
+    case "$a" in
+        node | all) WANT+=("${GO_BINS[@]}" pause) ;;
+        kube-apiserver | kubelet | kube-controller-manager | kube-scheduler | kube-proxy | kubectl | pause) WANT+=("$a") ;;
+        *) die "unknown component '$a' (kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy kubectl pause node)" ;;
+    esac
+done
+runs() { # NAME FILE: pause answers -v, kubectl `version --client`, the others --version
+    case "$1" in
+        pause) timeout 10 "$2" -v ;;
+        kubectl) timeout 60 "$2" version --client ;;
+        *) timeout 60 "$2" --version ;;
+    esac >/dev/null 2>&1
+}
+TODO=()
+for b in "${WANT[@]}"; do
+    [[ " ${TODO[*]} " == *" $b "* ]] && continue
+    if [ -x "$CACHE/$b" ] && runs "$b" "$CACHE/$b"; then log "already built: $CACHE/$b"; else TODO+=("$b"); fi
+done
+[ ${#TODO[@]} -gt 0 ] || exit 0
 
 start=$(date +%s)
 mkdir -p "$CACHE" || die "cannot create cache dir $CACHE"
-CACHE=$(cd "$CACHE" && pwd); OUT="$CACHE/kube-apiserver"
+CACHE=$(cd "$CACHE" && pwd)
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else
@@ -37,6 +62,7 @@ APT=(apt-get -o DPkg::Lock::Timeout=300)
 
 # 1. packages -------------------------------------------------------------------------
 PKGS=(etcd-server golang-go golang-github-modern-go-reflect2-dev dpkg-dev openssl curl ca-certificates)
+[[ " ${TODO[*]} " == *" pause "* ]] && PKGS+=(gcc libc6-dev)   # pause is static C
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -123,7 +149,7 @@ fi
 
 # 4. build ------------------------------------------------------------------------------
 command -v go >/dev/null || die "go not found"
-log "building cmd/kube-apiserver with $(go version) (about 8 min on 2 cores the first time)"
+log "building ${TODO[*]} with $(go version) (kube-apiserver alone: about 8 min on 2 cores the first time)"
 pkg_ver=$(dpkg-parsechangelog -l "$SRCDIR/debian/changelog" -S Version 2>/dev/null || echo unknown)
 # Kubernetes <= 1.22 builds in GOPATH mode (hack/lib/init.sh sets GO111MODULE=off): module
 # mode with go 1.19 refuses its go.mod/vendor pair ("updates to go.mod needed"). So lay out
@@ -160,12 +186,24 @@ if [ ! -s "$OPENAPI_OUT" ]; then
     [ -s "$OPENAPI_OUT" ] || die "openapi-gen wrote no $OPENAPI_OUT"
 fi
 
-(
-    go build -trimpath -tags selinux,notest -ldflags="-s -w -buildid=$LDX" -o "$OUT.tmp" ./cmd/kube-apiserver
-) || die "go build ./cmd/kube-apiserver failed (source: $SRCDIR)"
-"$OUT.tmp" --version >/dev/null 2>&1 || die "built binary does not run --version"
-mv -f "$OUT.tmp" "$OUT"
+for b in "${TODO[@]}"; do
+    t0=$(date +%s)
+    OUT="$CACHE/$b"
+    if [ "$b" = pause ]; then
+        # As build/pause/Makefile: TAG 3.4, REV from its CHANGELOG is not needed here.
+        gcc -Os -Wall -Werror -static -DVERSION=v3.4-ember -o "$OUT.tmp" build/pause/linux/pause.c \
+            || die "gcc build/pause/linux/pause.c failed"
+    else
+        # All static (CGO_ENABLED=0) and with the same tags, so every binary reuses the
+        # packages the others compiled. Upstream builds the kubelet with cgo; nothing the
+        # kubelet does here needs it (cgroupfs driver, remote CRI runtime).
+        go build -trimpath -tags selinux,notest -ldflags="-s -w -buildid=$LDX" -o "$OUT.tmp" "./cmd/$b" \
+            || die "go build ./cmd/$b failed (source: $SRCDIR)"
+    fi
+    runs "$b" "$OUT.tmp" || die "built $b does not run"
+    mv -f "$OUT.tmp" "$OUT"
+    log "built $OUT in $(($(date +%s) - t0)) s, $(du -h "$OUT" | cut -f1)"
+done
 
 end=$(date +%s)
-log "built $OUT: $("$OUT" --version), $(du -h "$OUT" | cut -f1)"
 echo "build-apiserver: total build time $((end - start)) s"

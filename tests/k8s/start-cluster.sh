@@ -13,6 +13,12 @@
 # anything anyway, and RBAC lets tests check ember's real ClusterRole (pods get/list/watch)
 # with the unprivileged "ember" token. Costs nothing extra at start-up.
 #
+# K8S_ADDRESS (default 127.0.0.1): the apiserver's bind and advertise address, for a node
+# whose pods must reach it (tests/k8s/start-node.sh passes the node's own address). With a
+# non-loopback address the "kubernetes" Service gets it as endpoint (lease reconciler) and
+# the ServiceAccount admission plugin is on, so pods get tokens (the controller-manager
+# creates them); the server certificate also names 10.0.0.1, the Service's cluster IP.
+#
 # Binary: ${KUBE_APISERVER:-${EMBER_K8S_CACHE:-/var/cache/ember-k8s}/kube-apiserver}
 # (build it with tests/k8s/build-apiserver.sh); etcd from Debian's etcd-server.
 set -euo pipefail
@@ -25,6 +31,8 @@ log() { echo "start-cluster: $*" >&2; }
 DIR=$1 PORT=$2
 [[ "$PORT" =~ ^[0-9]+$ ]] && [ "$PORT" -gt 0 ] && [ "$PORT" -lt 65536 ] || die "bad PORT '$PORT'"
 APISERVER=${KUBE_APISERVER:-${EMBER_K8S_CACHE:-/var/cache/ember-k8s}/kube-apiserver}
+ADDR=${K8S_ADDRESS:-127.0.0.1}
+[[ "$ADDR" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "bad K8S_ADDRESS '$ADDR'"
 [ -x "$APISERVER" ] || die "$APISERVER not found: run tests/k8s/build-apiserver.sh first"
 ETCD=$(command -v etcd || true)
 [ -n "$ETCD" ] || die "etcd not found (apt-get install etcd-server)"
@@ -40,13 +48,13 @@ if [ -f "$DIR/pids" ]; then
 fi
 
 port_free() {
-    python3 - "$1" <<'EOF'
+    python3 - "$1" "$2" <<'EOF'
 import socket, sys
 s = socket.socket()
 # SO_REUSEADDR like Go's listener: TIME_WAIT leftovers of a stopped cluster don't count.
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
-    s.bind(("127.0.0.1", int(sys.argv[1])))
+    s.bind((sys.argv[2], int(sys.argv[1])))
     s.listen()
 except OSError:
     sys.exit(1)
@@ -55,24 +63,31 @@ EOF
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
-port_free "$PORT" || die "port 127.0.0.1:$PORT is in use"
+port_free "$PORT" "$ADDR" || die "port $ADDR:$PORT is in use"
 
 # --- certificates and credentials (regenerated only when missing) ---------------------
 cd "$DIR"
-if [ ! -f ca.crt ] || [ ! -f server.crt ] || [ ! -f server.key ]; then
+SANS="IP:127.0.0.1,DNS:localhost"
+[ "$ADDR" = 127.0.0.1 ] || SANS+=",IP:$ADDR,IP:10.0.0.1,DNS:kubernetes.default.svc"
+# A certificate made for other addresses is made again (the CA is kept).
+[ "$(cat server.sans 2>/dev/null)" = "$SANS" ] || rm -f server.crt
+if [ ! -f ca.crt ] || [ ! -f ca.key ] || [ ! -f server.crt ] || [ ! -f server.key ]; then
     # A CA plus a server certificate rather than one self-signed leaf: rustls (kube-rs) rejects
     # a certificate with CA:TRUE used as the server's own ("CaUsedAsEndEntity").
-    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=ember-test-ca" \
-        -keyout ca.key -out ca.crt \
-        -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
-        2>/dev/null || die "openssl: CA generation failed"
+    if [ ! -f ca.crt ] || [ ! -f ca.key ]; then
+        openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=ember-test-ca" \
+            -keyout ca.key -out ca.crt \
+            -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+            2>/dev/null || die "openssl: CA generation failed"
+    fi
     openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout server.key -out server.csr \
         2>/dev/null || die "openssl: server key generation failed"
     printf '%s\n' "basicConstraints=critical,CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
-        "extendedKeyUsage=serverAuth" "subjectAltName=IP:127.0.0.1,DNS:localhost" >server.ext
+        "extendedKeyUsage=serverAuth" "subjectAltName=$SANS" >server.ext
     openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
         -extfile server.ext -out server.crt 2>/dev/null || die "openssl: signing server cert failed"
     rm -f server.csr server.ext ca.srl
+    echo "$SANS" >server.sans
 fi
 if [ ! -f sa.key ] || [ ! -f sa.pub ]; then
     openssl genrsa -out sa.key 2048 2>/dev/null && openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null \
@@ -122,25 +137,28 @@ for i in $(seq 1 100); do
 done
 
 # --- kube-apiserver -----------------------------------------------------------------------
-# --endpoint-reconciler-type=none: the default reconciler would try to publish 127.0.0.1 in the
-# "kubernetes" Endpoints object, which validation rejects (loopback), logging errors forever.
+# On loopback, --endpoint-reconciler-type=none: the default reconciler would try to publish
+# 127.0.0.1 in the "kubernetes" Endpoints object, which validation rejects (loopback), logging
+# errors forever; and no ServiceAccount admission (no controller-manager makes the tokens).
+NODE_FLAGS=(--endpoint-reconciler-type none --disable-admission-plugins ServiceAccount)
+# kubectl logs/exec: reach the kubelet at the node's InternalIP, its name is not in DNS.
+[ "$ADDR" = 127.0.0.1 ] || NODE_FLAGS=(--endpoint-reconciler-type lease --kubelet-preferred-address-types InternalIP)
 setsid "$APISERVER" \
     --etcd-servers "http://127.0.0.1:$ETCD_CLIENT" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$PORT" --insecure-port 0 \
+    --bind-address "$ADDR" --advertise-address "$ADDR" --secure-port "$PORT" --insecure-port 0 \
     --cert-dir "$DIR" --tls-cert-file "$DIR/server.crt" --tls-private-key-file "$DIR/server.key" \
     --token-auth-file "$DIR/tokens.csv" --anonymous-auth=false \
     --authorization-mode RBAC \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$DIR/sa.pub" --service-account-signing-key-file "$DIR/sa.key" \
-    --disable-admission-plugins ServiceAccount \
+    "${NODE_FLAGS[@]}" \
     --service-cluster-ip-range 10.0.0.0/24 \
-    --endpoint-reconciler-type none \
     --profiling=false \
     </dev/null >"$DIR/apiserver.log" 2>&1 &
 API_PID=$!
 echo "$API_PID" >>"$DIR/pids"
 
-SERVER="https://127.0.0.1:$PORT"
+SERVER="https://$ADDR:$PORT"
 for i in $(seq 1 240); do
     code=$(curl -sS -o /dev/null -w '%{http_code}' --cacert "$DIR/ca.crt" \
         -H "Authorization: Bearer $ADMIN_TOKEN" "$SERVER/readyz" 2>/dev/null || true)

@@ -408,7 +408,7 @@ fn a_big_binarys_chains_under_the_default_cap_match_addr2line() {
         // A window's reads, as the symbolizer makes them: a new reader per window.
         let mut elf = ElfReader::new(&bytes[..], DEFAULT_LIMITS).expect("headers");
         let looked = dwarf
-            .lookup(&mut elf, part, |i, chain| {
+            .lookup(&mut elf, part, u64::MAX, |i, chain| {
                 ours[n * 50 + i] = chain
                     .into_iter()
                     .map(|f| {

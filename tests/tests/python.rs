@@ -2,8 +2,8 @@
 //!
 //! Each test runs `tests/fixtures/py_hot.py` on one interpreter (every pyenv build 3.8 to
 //! 3.13 with its shared libpython, Debian's static `python3.11` without frame pointers, one
-//! interpreter in its own pid and mount namespace, and Debian sid's static `python3.14` in
-//! its own root, pid and mount namespace), and records it with
+//! interpreter in its own pid and mount namespace, Debian sid's static `python3.14` in its
+//! own root, pid and mount namespace, and a 3.11 built against musl), and records it with
 //! `ember record` and `py-spy record` over the same seconds (py-spy pausing the process for
 //! each sample, see [`record_both`]). Then:
 //! 1. at least 99 % of ember's samples reach their thread's root (`<module>` in the main
@@ -162,6 +162,29 @@ fn python_3_14_debian_in_chroot() {
         "Debian 3.14 in chroot+pid+mount ns",
         Launch::Chroot(&root),
         false,
+    );
+}
+
+/// CPython 3.11 built against musl libc with a shared libpython, as Alpine ships it
+/// (`make python-musl`, `$EMBER_PYTHON_MUSL`): thread states are found through musl's
+/// `self->tsd[key]`, whose offset ember decodes from musl's own `pthread_getspecific`.
+#[test]
+fn python_musl_3_11() {
+    let build = std::env::var_os("EMBER_PYTHON_MUSL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/python-musl"));
+    if !build.join(".complete").exists() {
+        if require_privileged() {
+            eprintln!("skipped: {} not built (make python-musl)", build.display());
+        }
+        return;
+    }
+    let python = build.join("build/python");
+    compare(
+        python.to_str().expect("utf-8 path"),
+        "musl 3.11 (shared libpython)",
+        Launch::Plain,
+        true,
     );
 }
 

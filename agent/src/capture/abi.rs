@@ -14,10 +14,10 @@ use std::mem::{align_of, offset_of, size_of};
 
 use super::skel::types::{
     ember_cfa_rule, ember_config, ember_counter, ember_offcpu_config, ember_offcpu_counter,
-    ember_offcpu_head, ember_offcpu_path, ember_offcpu_state, ember_rbp_rule, ember_record,
-    ember_unwind_chunk, ember_unwind_file, ember_unwind_file_key, ember_unwind_header,
-    ember_unwind_mode, ember_unwind_page, ember_unwind_proc, ember_unwind_range,
-    ember_unwind_result, ember_unwind_row, ember_unwind_segment, scratch,
+    ember_offcpu_head, ember_offcpu_kind, ember_offcpu_path, ember_offcpu_state, ember_rbp_rule,
+    ember_record, ember_unwind_chunk, ember_unwind_file, ember_unwind_file_key,
+    ember_unwind_header, ember_unwind_mode, ember_unwind_page, ember_unwind_proc,
+    ember_unwind_range, ember_unwind_result, ember_unwind_row, ember_unwind_segment, scratch,
 };
 use super::skel::types::{
     ember_py_model, ember_py_proc, ember_py_result, ember_py_tail, ember_py_tls,
@@ -115,21 +115,28 @@ shared_struct!(ember_unwind_file: size 128, align 8 {
     segments @ 32,
 });
 
-shared_struct!(ember_offcpu_config: size 40, align 8 {
+shared_struct!(ember_offcpu_config: size 48, align 8 {
     min_block_ns @ 0,
     sample_threshold @ 8,
     fallback_threshold @ 16,
     syscall_exit @ 24,
     max_tasks @ 28,
     rseq @ 32,
-    pad @ 36,
+    wakers @ 36,
+    klocks @ 40,
+    pad @ 44,
 });
 
-shared_struct!(ember_offcpu_head: size 24, align 8 {
+shared_struct!(ember_offcpu_head: size 48, align 8 {
     off_ns @ 0,
     runnable_ns @ 8,
     state @ 16,
     path @ 20,
+    kind @ 24,
+    syscall @ 28,
+    wakee @ 32,
+    pad @ 36,
+    block_ns @ 40,
 });
 
 // The `#define`s the constants of `capture` and `capture::unwind` state.
@@ -183,7 +190,8 @@ shared_enum!(ember_counter {
     EMBER_CNT_ROW_SEARCHED = 13,
     EMBER_CNT_ROW_EVICTED = 14,
     EMBER_CNT_PY_FRAMES = 15,
-    EMBER_CNT_MAX = 16,
+    EMBER_CNT_ROW_LEAF = 16,
+    EMBER_CNT_MAX = 17,
 });
 
 shared_enum!(ember_cfa_rule {
@@ -216,6 +224,12 @@ shared_enum!(ember_offcpu_path {
     EMBER_OFFCPU_PATH_KTHREAD = 2,
 });
 
+shared_enum!(ember_offcpu_kind {
+    EMBER_OFFCPU_BLOCK = 0,
+    EMBER_OFFCPU_WAKER = 1,
+    EMBER_OFFCPU_KLOCK = 2,
+});
+
 shared_enum!(ember_offcpu_counter {
     EMBER_OFFCPU_CNT_SWITCHES = 0,
     EMBER_OFFCPU_CNT_TAKEN = 1,
@@ -233,7 +247,10 @@ shared_enum!(ember_offcpu_counter {
     EMBER_OFFCPU_CNT_TASK_FULL = 13,
     EMBER_OFFCPU_CNT_EXITED = 14,
     EMBER_OFFCPU_CNT_RSEQ = 15,
-    EMBER_OFFCPU_CNT_MAX = 16,
+    EMBER_OFFCPU_CNT_WAKER = 16,
+    EMBER_OFFCPU_CNT_KLOCK = 17,
+    EMBER_OFFCPU_CNT_KLOCK_SHORT = 18,
+    EMBER_OFFCPU_CNT_MAX = 19,
 });
 
 shared_struct!(ember_py_proc: size 80, align 8 {
@@ -266,6 +283,7 @@ shared_struct!(ember_py_tail: size 32, align 8 {
 shared_enum!(ember_py_tls {
     EMBER_PY_TLS_TP = 0,
     EMBER_PY_TLS_DTV = 1,
+    EMBER_PY_TLS_TSD = 2,
 });
 
 shared_enum!(ember_py_model {

@@ -68,6 +68,10 @@ impl CounterSync {
                 Counted::Row(RowLookup::Searched),
             ),
             (
+                ember_counter::EMBER_CNT_ROW_LEAF,
+                Counted::Row(RowLookup::Leaf),
+            ),
+            (
                 ember_counter::EMBER_CNT_ROW_EVICTED,
                 Counted::Dropped(Cache::UnwindRowCache),
             ),
@@ -118,6 +122,12 @@ impl CounterSync {
             (C::EMBER_OFFCPU_CNT_LOST_RINGBUF, OffCpuEvent::RingbufFull),
             (C::EMBER_OFFCPU_CNT_NO_SCRATCH, OffCpuEvent::NoScratch),
             (C::EMBER_OFFCPU_CNT_FILTERED, OffCpuEvent::Filtered),
+            (C::EMBER_OFFCPU_CNT_WAKER, OffCpuEvent::Waker),
+            (C::EMBER_OFFCPU_CNT_KLOCK, OffCpuEvent::KernelLock),
+            (
+                C::EMBER_OFFCPU_CNT_KLOCK_SHORT,
+                OffCpuEvent::KernelLockShort,
+            ),
         ] {
             let i = idx.0 as usize;
             let Some(now) = read_percpu(&sampler.skel.maps.offcpu_counters, idx.0) else {

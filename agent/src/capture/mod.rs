@@ -26,19 +26,22 @@ use tracing::warn;
 
 use crate::config::{OffCpu as OffCpuSettings, Sampling};
 use crate::metrics::{Cache, Loss, Metrics, OffCpuEvent};
+use crate::model::Sample;
+use wakers::{Unjoined, Wakers};
 
 mod abi;
 mod counters;
 mod queue;
 mod record;
 mod sampler;
+mod wakers;
 pub use ember_parse::perf_record;
 pub mod tasks;
 pub mod unwind;
 pub use queue::{
     batch_bytes, work_queue, Ask, Batch, QueueBytes, Work, WorkReceiver, WorkSender, WORK_QUEUE,
 };
-pub use record::{parse_offcpu_record, parse_record, OffCpuScale, MAX_FRAMES};
+pub use record::{parse_offcpu_record, parse_record, OffCpuScale, OffRecord, MAX_FRAMES};
 pub use tasks::{Drained, Mmap, TaskError, TaskEvent, TaskWatch};
 pub use unwind::UnwindMaps;
 
@@ -328,19 +331,22 @@ fn ring_buffer(
         })
         .map(|_| ());
     if !sampler.offcpu_links.is_empty() {
+        if sampler.klocks_unsupported {
+            metrics.offcpu(OffCpuEvent::KernelLockUnsupported, 1);
+        }
         let (cb_batch, cb_metrics) = (batch.clone(), metrics.clone());
         let scale = OffCpuScale {
             exact: 1.0 / offcpu.sample_rate,
             fallback: 1.0 / (offcpu.sample_rate * offcpu.fallback_rate),
         };
+        let mut wakers = Wakers::new(offcpu.max_threads as usize);
         added = added.and_then(|()| {
             builder
                 .add(&sampler.skel.maps.offcpu_samples, move |data: &[u8]| {
                     match parse_offcpu_record(data, scale) {
-                        Some((samples, flags)) => {
-                            if let Some(s) = samples.first() {
-                                ask(s.pid, flags, &cb_metrics);
-                            }
+                        Some((record, flags)) => {
+                            ask(record.pid(), flags, &cb_metrics);
+                            let samples = join_waker(record, &mut wakers, &cb_metrics);
                             cb_batch.borrow_mut().extend(samples);
                         }
                         None => cb_metrics.offcpu(OffCpuEvent::Malformed, 1),
@@ -351,6 +357,47 @@ fn ring_buffer(
         });
     }
     added.and_then(|()| builder.build())
+}
+
+/// The samples of one off-CPU record: a block's, with the waker held for it if any; none
+/// for a waker's, which waits in `wakers` for its block.
+fn join_waker(record: OffRecord, wakers: &mut Wakers, metrics: &Metrics) -> Vec<Sample> {
+    let unjoined = |u: Unjoined| match u {
+        Unjoined::Unmatched => metrics.offcpu(OffCpuEvent::WakerUnmatched, 1),
+        Unjoined::Full => metrics.offcpu(OffCpuEvent::WakerFull, 1),
+    };
+    match record {
+        OffRecord::Waker {
+            wakee,
+            block_ns,
+            sample,
+        } => {
+            wakers
+                .hold(wakee, block_ns, sample, Instant::now())
+                .into_iter()
+                .for_each(unjoined);
+            Vec::new()
+        }
+        OffRecord::KernelLock(sample) => vec![sample],
+        OffRecord::Block(mut samples) => {
+            if wakers.is_empty() {
+                return samples;
+            }
+            let Some(first) = samples.first() else {
+                return samples;
+            };
+            match wakers.take(first.tid, first.time_ns) {
+                Ok(Some(w)) => {
+                    metrics.offcpu(OffCpuEvent::WakerJoined, 1);
+                    let w = Box::new(w);
+                    samples.iter_mut().for_each(|s| s.waker = Some(w.clone()));
+                }
+                Ok(None) => {}
+                Err(u) => unjoined(u),
+            }
+            samples
+        }
+    }
 }
 
 /// Applies the aggregator's queued [`Control`] orders to the BPF maps.

@@ -26,7 +26,13 @@ pub type Batch = Vec<Sample>;
 pub fn batch_bytes(b: &Batch) -> u64 {
     let frames: usize = b
         .iter()
-        .map(|s| s.kernel.capacity() + s.user.capacity())
+        .map(|s| {
+            let waker = s
+                .waker
+                .as_ref()
+                .map_or(0, |w| w.kernel.capacity() + w.user.capacity());
+            s.kernel.capacity() + s.user.capacity() + waker
+        })
         .sum();
     (b.capacity() * std::mem::size_of::<Sample>() + frames * 8) as u64
 }

@@ -3,10 +3,10 @@
 //! `EMBER_REC_*` flags by which a record asks the unwind loader for its process.
 
 use super::skel::types::{
-    ember_offcpu_head, ember_offcpu_path, ember_offcpu_state, ember_py_result, ember_py_tail,
-    ember_record, ember_unwind_result,
+    ember_offcpu_head, ember_offcpu_kind, ember_offcpu_path, ember_offcpu_state, ember_py_result,
+    ember_py_tail, ember_record, ember_unwind_result,
 };
-use crate::model::{OffCpu, OffState, PyFrameRef, PyWalk, Sample, StackEnd};
+use crate::model::{LockWait, OffCpu, OffState, PyFrameRef, PyWalk, Sample, StackEnd};
 
 /// Frames per stack side, as `EMBER_MAX_FRAMES` in `bpf/ember.h` (below 128: one bit
 /// each in [`Sample::user_exact`]).
@@ -65,6 +65,8 @@ pub fn parse_record(data: &[u8]) -> Option<(Sample, u8)> {
         user_eval: user.eval,
         py_result,
         off_cpu: None,
+        waker: None,
+        lock: None,
     };
     Some((sample, hdr.user_flags))
 }
@@ -157,16 +159,84 @@ pub struct OffCpuScale {
     pub fallback: f64,
 }
 
-/// Turns one off-CPU record into its samples (the time in its state, then the time
-/// runnable after a wakeup, if any; times scaled by `scale` for the record's path) and its
-/// `EMBER_REC_*` flags; `None` if it is malformed.
-pub fn parse_offcpu_record(data: &[u8], scale: OffCpuScale) -> Option<(Vec<Sample>, u8)> {
+/// One off-CPU record (`enum ember_offcpu_kind`).
+#[derive(Debug, PartialEq)]
+pub enum OffRecord {
+    /// A block: the time in its state, then the time runnable after a wakeup, if any (a
+    /// waker joins both); both carry [`LockWait::Futex`] when the thread blocked in a
+    /// futex syscall.
+    Block(Vec<Sample>),
+    /// The thread that woke the block of `wakee` that began at `block_ns`, as it woke it.
+    Waker {
+        /// The woken thread.
+        wakee: u32,
+        /// The woken block's start: its record's `time_ns`.
+        block_ns: u64,
+        /// The waker's stacks.
+        sample: Sample,
+    },
+    /// Kernel lock contention: the waiting thread's stacks as it got the lock.
+    KernelLock(Sample),
+}
+
+impl OffRecord {
+    /// The process whose stacks the record holds (the waker's, for a waker).
+    pub fn pid(&self) -> u32 {
+        match self {
+            OffRecord::Block(samples) => samples.first().map_or(0, |s| s.pid),
+            OffRecord::Waker { sample, .. } | OffRecord::KernelLock(sample) => sample.pid,
+        }
+    }
+}
+
+/// Syscall numbers of futex waits (`futex`, `futex_waitv`, `futex_wait`) on this target.
+#[cfg(target_arch = "aarch64")]
+const FUTEX_SYSCALLS: [i32; 3] = [98, 449, 455];
+#[cfg(not(target_arch = "aarch64"))]
+const FUTEX_SYSCALLS: [i32; 3] = [202, 449, 455];
+
+/// Turns one off-CPU record into an [`OffRecord`] (times scaled by `scale` for the
+/// record's path) and its `EMBER_REC_*` flags; `None` if it is malformed.
+pub fn parse_offcpu_record(data: &[u8], scale: OffCpuScale) -> Option<(OffRecord, u8)> {
     if data.len() < OFFCPU_HEAD {
         return None;
     }
     // SAFETY: the slice holds at least OFFCPU_HEAD bytes; ember_offcpu_head is plain old data.
     let head: ember_offcpu_head = unsafe { std::ptr::read_unaligned(data.as_ptr().cast()) };
     let (sample, flags) = parse_record(&data[OFFCPU_HEAD..])?;
+    type K = ember_offcpu_kind;
+    match ember_offcpu_kind(head.kind) {
+        K::EMBER_OFFCPU_BLOCK => {}
+        K::EMBER_OFFCPU_WAKER => {
+            let sample = Sample {
+                python: Vec::new(),
+                py_result: None,
+                ..sample
+            };
+            let (wakee, block_ns) = (head.wakee, head.block_ns);
+            return Some((
+                OffRecord::Waker {
+                    wakee,
+                    block_ns,
+                    sample,
+                },
+                flags,
+            ));
+        }
+        K::EMBER_OFFCPU_KLOCK => {
+            let sample = Sample {
+                off_cpu: Some(OffCpu {
+                    state: OffState::Sleep,
+                    // Timed for every thread with a record: not drawn by sample_rate.
+                    ns: head.off_ns,
+                }),
+                lock: Some(LockWait::Kernel),
+                ..sample
+            };
+            return Some((OffRecord::KernelLock(sample), flags));
+        }
+        _ => return None,
+    }
     type S = ember_offcpu_state;
     let state = match ember_offcpu_state(head.state) {
         S::EMBER_OFFCPU_SLEEP => OffState::Sleep,
@@ -182,6 +252,11 @@ pub fn parse_offcpu_record(data: &[u8], scale: OffCpuScale) -> Option<(Vec<Sampl
     };
     let scaled = |ns: u64| (ns as f64 * scale).round() as u64;
     let mut out = Vec::with_capacity(2);
+    // A futex wait lasts until the thread runs again: its runnable part is lock delay too.
+    let lock = FUTEX_SYSCALLS
+        .contains(&head.syscall)
+        .then_some(LockWait::Futex);
+    let sample = Sample { lock, ..sample };
     if head.runnable_ns > 0 && state != OffState::Runnable {
         let mut woken = sample.clone();
         woken.off_cpu = Some(OffCpu {
@@ -200,7 +275,7 @@ pub fn parse_offcpu_record(data: &[u8], scale: OffCpuScale) -> Option<(Vec<Sampl
             ..sample
         },
     );
-    Some((out, flags))
+    Some((OffRecord::Block(out), flags))
 }
 
 /// The metric label of a record's `enum ember_unwind_result`.
@@ -350,12 +425,17 @@ mod tests {
     }
 
     fn offcpu_record(state: u32, path: u32, off_ns: u64, runnable_ns: u64) -> Vec<u8> {
-        let head = ember_offcpu_head {
+        head_record(ember_offcpu_head {
             off_ns,
             runnable_ns,
             state,
             path,
-        };
+            syscall: -1,
+            ..Default::default()
+        })
+    }
+
+    fn head_record(head: ember_offcpu_head) -> Vec<u8> {
         // SAFETY: test-only view of a repr(C) POD struct as bytes.
         let mut out = unsafe {
             std::slice::from_raw_parts(
@@ -368,13 +448,79 @@ mod tests {
         out
     }
 
+    fn block(data: &[u8], scale: OffCpuScale) -> (Vec<Sample>, u8) {
+        match parse_offcpu_record(data, scale) {
+            Some((OffRecord::Block(samples), flags)) => (samples, flags),
+            other => panic!("not a block: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn wakers_futex_waits_and_kernel_locks() {
+        let one = OffCpuScale {
+            exact: 1.0,
+            fallback: 10.0,
+        };
+        let waker = head_record(ember_offcpu_head {
+            off_ns: 5000,
+            kind: ember_offcpu_kind::EMBER_OFFCPU_WAKER.0,
+            wakee: 77,
+            block_ns: 1234,
+            path: 1,
+            ..Default::default()
+        });
+        match parse_offcpu_record(&waker, one) {
+            Some((
+                OffRecord::Waker {
+                    wakee: 77,
+                    block_ns: 1234,
+                    sample,
+                },
+                0,
+            )) => {
+                assert_eq!(sample.off_cpu, None, "a waker is no block");
+                assert_eq!((sample.pid, sample.user.as_slice()), (100, &[0x401000][..]));
+            }
+            other => panic!("not the waker: {other:?}"),
+        }
+        // A futex wait: both parts are lock delay.
+        let futex = head_record(ember_offcpu_head {
+            off_ns: 700,
+            runnable_ns: 300,
+            syscall: FUTEX_SYSCALLS[0],
+            ..Default::default()
+        });
+        let (samples, _) = block(&futex, one);
+        let locks: Vec<_> = samples.iter().map(|s| s.lock).collect();
+        assert_eq!(locks, [Some(LockWait::Futex), Some(LockWait::Futex)]);
+        let (samples, _) = block(&offcpu_record(0, 0, 700, 300), one);
+        assert!(samples.iter().all(|s| s.lock.is_none()), "not in a futex");
+        // Kernel lock contention: never scaled (not drawn), always a lock wait.
+        let klock = head_record(ember_offcpu_head {
+            off_ns: 9000,
+            path: 1,
+            kind: ember_offcpu_kind::EMBER_OFFCPU_KLOCK.0,
+            ..Default::default()
+        });
+        match parse_offcpu_record(&klock, one) {
+            Some((OffRecord::KernelLock(s), _)) => {
+                assert_eq!(s.lock, Some(LockWait::Kernel));
+                assert_eq!(s.off_cpu.map(|o| o.ns), Some(9000));
+            }
+            other => panic!("not a kernel lock: {other:?}"),
+        }
+        let mut bad = klock.clone();
+        bad[24] = 9; // kind
+        assert!(parse_offcpu_record(&bad, one).is_none(), "unknown kind");
+    }
+
     #[test]
     fn offcpu_records_split_at_the_wakeup_and_scale() {
         let one = OffCpuScale {
             exact: 1.0,
             fallback: 1.0,
         };
-        let (samples, _) = parse_offcpu_record(&offcpu_record(0, 0, 700, 300), one).expect("valid");
+        let (samples, _) = block(&offcpu_record(0, 0, 700, 300), one);
         let got: Vec<_> = samples.iter().map(|s| s.off_cpu).collect();
         assert_eq!(
             got,
@@ -395,8 +541,7 @@ mod tests {
             fallback: 20.0,
         };
         let ns = |path| {
-            let (samples, _) =
-                parse_offcpu_record(&offcpu_record(1, path, 1000, 0), scale).expect("valid");
+            let (samples, _) = block(&offcpu_record(1, path, 1000, 0), scale);
             samples.iter().map(|s| s.off_cpu).collect::<Vec<_>>()
         };
         let disk = |ns| {

@@ -23,8 +23,12 @@ pub(super) struct Sampler<'obj> {
     pub(super) links: BTreeMap<u32, Link>,
     /// `ember_exec` on sched_process_exec, when unwinding by tables with kernel BTF.
     exec: Option<Link>,
-    /// The off-CPU programs on sched_switch, sched_wakeup and sys_exit (`offcpu.enabled`).
+    /// The off-CPU programs on sched_switch, sched_waking, rseq_update, sys_exit and the
+    /// lock contention tracepoints (`offcpu.enabled`).
     pub(super) offcpu_links: Vec<Link>,
+    /// `offcpu.locks` asked for kernel lock contention and the kernel has no
+    /// lock:contention_begin/end (counted once by capture).
+    pub(super) klocks_unsupported: bool,
     event: SampleEvent,
 }
 
@@ -48,7 +52,7 @@ impl<'obj> Sampler<'obj> {
             };
             rodata.ember_cfg.task_regs = u32::from(kernel_btf());
         }
-        let offcpu_on = prepare_offcpu(&mut open, offcpu)?;
+        let (offcpu_on, klocks) = prepare_offcpu(&mut open, offcpu)?;
         // The exec hook is a BTF tracepoint: without kernel BTF it would fail the whole load.
         let exec_hook = settings.unwind != UnwindMode::FramePointer && kernel_btf();
         open.progs.ember_exec.set_autoload(exec_hook);
@@ -93,7 +97,9 @@ impl<'obj> Sampler<'obj> {
                 (&skel.progs.ember_offcpu_exit, offcpu.syscall_exit),
                 (&skel.progs.ember_offcpu_rseq, offcpu.rseq),
                 (&skel.progs.ember_offcpu_switch, true),
-                (&skel.progs.ember_offcpu_wakeup, true),
+                (&skel.progs.ember_offcpu_waking, true),
+                (&skel.progs.ember_offcpu_lock_begin, klocks == Some(true)),
+                (&skel.progs.ember_offcpu_lock_end, klocks == Some(true)),
             ] {
                 if on {
                     offcpu_links.push(prog.attach().map_err(CaptureError::Load)?);
@@ -105,6 +111,7 @@ impl<'obj> Sampler<'obj> {
             links: BTreeMap::new(),
             exec,
             offcpu_links,
+            klocks_unsupported: offcpu_on && klocks == Some(false),
             event: settings.event,
         })
     }
@@ -205,11 +212,14 @@ impl<'obj> Sampler<'obj> {
 }
 
 /// The off-CPU settings written into the object before load: its rodata, which programs
-/// load, and its maps' sizes (minimal when off). Whether off-CPU profiling is on.
+/// load, and its maps' sizes (minimal when off). Whether off-CPU profiling is on, and
+/// whether kernel lock contention is (`None`: not asked for).
 fn prepare_offcpu(
     open: &mut skel::OpenEmberSkel<'_>,
     offcpu: &OffCpuSettings,
-) -> Result<bool, CaptureError> {
+) -> Result<(bool, Option<bool>), CaptureError> {
+    // The lock tracepoints exist since 5.19: a program on a missing one fails the whole load.
+    let klocks = (offcpu.enabled && offcpu.locks).then(|| kernel_has("btf_trace_contention_begin"));
     if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
         let cfg = &mut rodata.ember_offcpu_cfg;
         cfg.min_block_ns = u64::try_from(offcpu.min_block.as_nanos()).unwrap_or(u64::MAX);
@@ -218,6 +228,8 @@ fn prepare_offcpu(
         cfg.syscall_exit = u32::from(offcpu.syscall_exit);
         cfg.max_tasks = offcpu.max_tasks;
         cfg.rseq = u32::from(offcpu.rseq);
+        cfg.wakers = u32::from(offcpu.wakers);
+        cfg.klocks = u32::from(klocks == Some(true));
     }
     // The off-CPU programs are BTF tracepoints too; off, their maps are kept minimal.
     let on = offcpu.enabled && kernel_btf();
@@ -225,7 +237,16 @@ fn prepare_offcpu(
         warn!("off-CPU profiling needs the kernel's BTF (/sys/kernel/btf/vmlinux): off");
     }
     open.progs.ember_offcpu_switch.set_autoload(on);
-    open.progs.ember_offcpu_wakeup.set_autoload(on);
+    open.progs.ember_offcpu_waking.set_autoload(on);
+    open.progs
+        .ember_offcpu_lock_begin
+        .set_autoload(on && klocks == Some(true));
+    open.progs
+        .ember_offcpu_lock_end
+        .set_autoload(on && klocks == Some(true));
+    if on && klocks == Some(false) {
+        warn!("this kernel has no lock:contention_begin/end (5.19+): lock profiles have futex waits only");
+    }
     // Without them, blocks take the fallback (their rodata switches are 0 too).
     open.progs
         .ember_offcpu_exit
@@ -244,7 +265,7 @@ fn prepare_offcpu(
         .row_cache
         .set_max_entries(if on { 2 } else { 1 })
         .map_err(CaptureError::Load)?;
-    Ok(on)
+    Ok((on, klocks))
 }
 
 fn open_perf_event(cpu: u32, event: SampleEvent, hz: u64) -> std::io::Result<i32> {
@@ -283,4 +304,12 @@ fn open_perf_event(cpu: u32, event: SampleEvent, hz: u64) -> std::io::Result<i32
 /// Kernel BTF, which typed tracepoints, `bpf_task_pt_regs` and CO-RE field reads need.
 fn kernel_btf() -> bool {
     std::path::Path::new("/sys/kernel/btf/vmlinux").exists()
+}
+
+/// Whether the kernel's BTF names the type `name` (a tracepoint `btf_trace_<event>`).
+fn kernel_has(name: &str) -> bool {
+    libbpf_rs::btf::Btf::from_vmlinux().is_ok_and(|btf| {
+        btf.type_by_name::<libbpf_rs::btf::BtfType<'_>>(name)
+            .is_some()
+    })
 }

@@ -194,6 +194,13 @@ pub struct OffCpu {
     /// registers it for every thread) on its return to user mode (tp_btf/rseq_update),
     /// whether it blocked in a syscall or not: one program run per context switch.
     pub rseq: bool,
+    /// Walk the stacks of the thread that wakes a block already past `min_block`
+    /// (tp_btf/sched_waking), joined to the block: the `offwake` windows.
+    pub wakers: bool,
+    /// Lock-contention windows (`lock`): futex waits with their wakers, and kernel lock
+    /// contention of `min_block` or more (lock:contention_begin/end, where the kernel has
+    /// them).
+    pub locks: bool,
     /// Long blocks whose stacks are held at once (BPF map entries, ~2.2 KiB each while
     /// used); more are counted as dropped.
     pub max_threads: u32,
@@ -213,6 +220,8 @@ impl Default for OffCpu {
             fallback_rate: 0.1,
             syscall_exit: false,
             rseq: true,
+            wakers: true,
+            locks: true,
             max_threads: 8192,
             max_tasks: 65536,
             ring_buffer_bytes: 1 << 20,
@@ -774,7 +783,7 @@ mod tests {
         // readings, jit, counters, otlp_metrics, symbols, health, interpreters.
         assert_eq!(
             count,
-            9 + 9 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 11 + 1 + 1
+            9 + 11 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 11 + 1 + 1
         );
         let python = &v["interpreters"]["python"];
         assert_eq!(python.as_mapping().map_or(0, |m| m.len()), 3);

@@ -278,12 +278,13 @@ pub fn svg(profile: &Profile, title: &str) -> Result<Vec<u8>, FlameGraphError> {
     Ok(out)
 }
 
-/// Whether `profile` is an off-CPU profile (its default sample type is `off_cpu`).
+/// Whether `profile` measures time off CPU (its default sample type is `off_cpu`,
+/// `off_wake` or `delay`).
 pub fn is_off_cpu(profile: &Profile) -> bool {
     usize::try_from(profile.default_sample_type)
         .ok()
         .and_then(|i| profile.string_table.get(i))
-        .is_some_and(|s| s == "off_cpu")
+        .is_some_and(|s| matches!(s.as_str(), "off_cpu" | "off_wake" | "delay"))
 }
 
 /// A minimal valid SVG showing the title and "no samples".

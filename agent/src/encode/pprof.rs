@@ -154,12 +154,24 @@ pub(crate) fn values(s: &SymStack, period_ns: u64) -> Vec<i64> {
     }
 }
 
-/// The second sample type of a window's profiles, and its unit: `cpu` or `off_cpu`,
-/// in nanoseconds.
+/// The second sample type of a window's profiles, and its unit: `cpu`, `off_cpu`,
+/// `off_wake` (blocked time under its waker), or `delay` (lock waits, as the Go runtime's
+/// mutex and block profiles name them), in nanoseconds.
 pub(crate) fn value_type(kind: ProfileKind) -> (&'static str, &'static str) {
     match kind {
         ProfileKind::Cpu => ("cpu", "nanoseconds"),
         ProfileKind::OffCpu => ("off_cpu", "nanoseconds"),
+        ProfileKind::OffWake => ("off_wake", "nanoseconds"),
+        ProfileKind::Lock => ("delay", "nanoseconds"),
+    }
+}
+
+/// The first sample type of a window's profiles: `samples/count`, or for lock waits
+/// `contentions/count` (the Go runtime's mutex profile, Pyroscope's `mutex`).
+pub(crate) fn count_type(kind: ProfileKind) -> (&'static str, &'static str) {
+    match kind {
+        ProfileKind::Lock => ("contentions", "count"),
+        _ => ("samples", "count"),
     }
 }
 
@@ -198,9 +210,10 @@ impl<'w> Builder<'w> {
             functions: HashMap::new(),
         };
         b.string("");
+        let (count, count_unit) = count_type(w.kind);
         let samples = ValueType {
-            r#type: b.string("samples"),
-            unit: b.string("count"),
+            r#type: b.string(count),
+            unit: b.string(count_unit),
         };
         let (kind, unit) = value_type(w.kind);
         let time = ValueType {
@@ -212,7 +225,7 @@ impl<'w> Builder<'w> {
         // Off-CPU values are measured times, not counts of a period: one nanosecond each.
         b.profile.period = match w.kind {
             ProfileKind::Cpu => w.period_ns as i64,
-            ProfileKind::OffCpu => 1,
+            _ => 1,
         };
         b.profile.default_sample_type = time.r#type;
         b.profile.time_nanos = w

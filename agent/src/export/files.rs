@@ -321,10 +321,7 @@ impl WindowDir {
     /// The first of `<stamp>.pb.gz`, `<stamp>-1.pb.gz`, … not yet taken.
     /// Called with the write lock held.
     fn free_name(&self, stamp: &str, kind: ProfileKind) -> Result<String, FilesError> {
-        let tag = match kind {
-            ProfileKind::Cpu => "",
-            ProfileKind::OffCpu => OFFCPU_TAG,
-        };
+        let tag = kind_tag(kind);
         for n in 0..=MAX_COLLISIONS {
             let name = if n == 0 {
                 format!("{stamp}{tag}{SUFFIX}")
@@ -461,13 +458,14 @@ fn stamp(start: SystemTime) -> Result<String, FilesError> {
 }
 
 /// Splits a window name into its timestamp and collision number, or `None`
-/// and kind, or `None` if it is not exactly `YYYYMMDDTHHMMSS.mmmZ[-N][.offcpu].pb.gz`.
+/// and kind, or `None` if it is not exactly
+/// `YYYYMMDDTHHMMSS.mmmZ[-N][.offcpu|.offwake|.lock].pb.gz`.
 fn parse_name(name: &str) -> Option<(&str, u32, ProfileKind)> {
     let rest = name.strip_suffix(SUFFIX)?;
-    let (rest, kind) = match rest.strip_suffix(OFFCPU_TAG) {
-        Some(r) => (r, ProfileKind::OffCpu),
-        None => (rest, ProfileKind::Cpu),
-    };
+    let (rest, kind) = ProfileKind::ALL[1..]
+        .iter()
+        .find_map(|&k| Some((rest.strip_suffix(kind_tag(k))?, k)))
+        .unwrap_or((rest, ProfileKind::Cpu));
     let (stamp, n) = match rest.split_once('-') {
         Some((stamp, n)) => {
             // 1..=999 without leading zeros, so each number has one name.
@@ -496,12 +494,26 @@ pub fn is_window_name(name: &str) -> bool {
 }
 
 /// Sorts windows by start time, then collision number (plain string order
-/// would put `…Z-1.pb.gz` before `…Z.pb.gz`), CPU before off-CPU.
-fn sort_key(name: &str) -> (String, u32, bool) {
+/// would put `…Z-1.pb.gz` before `…Z.pb.gz`), CPU first, then the off-CPU kinds.
+fn sort_key(name: &str) -> (String, u32, usize) {
     parse_name(name).map_or_else(
-        || (name.to_string(), 0, false),
-        |(s, n, k)| (s.to_string(), n, k == ProfileKind::OffCpu),
+        || (name.to_string(), 0, 0),
+        |(s, n, k)| {
+            let rank = ProfileKind::ALL.iter().position(|&x| x == k).unwrap_or(0);
+            (s.to_string(), n, rank)
+        },
     )
+}
+
+/// What a window file's name carries before `.pb.gz` for its kind: `.offcpu`,
+/// `.offwake`, `.lock`; nothing for CPU windows.
+fn kind_tag(kind: ProfileKind) -> &'static str {
+    match kind {
+        ProfileKind::Cpu => "",
+        ProfileKind::OffCpu => OFFCPU_TAG,
+        ProfileKind::OffWake => ".offwake",
+        ProfileKind::Lock => ".lock",
+    }
 }
 
 #[cfg(test)]

@@ -75,6 +75,13 @@ metric_table! {
             unit Seconds,
             labels ["namespace", "pod", "container", "container_id", "state"]
         ),
+        /// Time the threads of each container waited for locks: futex waits and kernel lock
+        /// contention (offcpu.locks).
+        pub lock_wait: Family<ContainerLabels, Counter<f64, AtomicU64>> = metric(
+            "container_lock_wait",
+            unit Seconds,
+            labels ["namespace", "pod", "container", "container_id"]
+        ),
         /// Container identity and placement, for joins (always 1).
         pub info: Family<ContainerInfoLabels, Gauge> = metric(
             "container_info",

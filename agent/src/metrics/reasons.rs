@@ -212,6 +212,22 @@ label_enum! {
         Exited => "exited",
         /// Excluded by `--pid` or the filters (not a loss).
         Filtered => "filtered",
+        /// The stacks of a thread waking a block past `offcpu.min_block` were walked
+        /// (`offcpu.wakers`).
+        Waker => "waker",
+        /// ... and joined to its block's record.
+        WakerJoined => "waker_joined",
+        /// Lost: a waker whose block's record never came (lost, or its thread exited).
+        WakerUnmatched => "waker_unmatched",
+        /// Lost: `offcpu.max_threads` wakers already waited for their blocks.
+        WakerFull => "waker_full",
+        /// A kernel lock wait of `offcpu.min_block` or more was walked (`offcpu.locks`).
+        KernelLock => "kernel_lock",
+        /// A kernel lock wait under `offcpu.min_block` (not reported; not a loss).
+        KernelLockShort => "kernel_lock_short",
+        /// `offcpu.locks` and the kernel has no lock:contention_begin/end (5.19+): lock
+        /// profiles have futex waits only (counted once at start).
+        KernelLockUnsupported => "kernel_lock_unsupported",
     }
 }
 
@@ -223,6 +239,10 @@ label_enum! {
         Cached => "cached",
         /// Searched in the object's table, then kept in the cache.
         Searched => "searched",
+        /// The sample's first user frame in code no CFI covers (assembly such as musl's `memcpy`),
+        /// stepped as a leaf: its return address at the stack pointer, taken only when that
+        /// word is an address in one of the process's mapped objects.
+        Leaf => "leaf",
     }
 }
 
@@ -415,7 +435,7 @@ label_enum! {
         DebugBuild => "debug_build",
         /// A symbol ember needs is missing or malformed.
         Symbols => "missing_symbols",
-        /// musl libc: its thread keys are elsewhere.
+        /// musl libc whose `pthread_getspecific` is not the shape ember decodes.
         Musl => "musl",
         /// The process's memory could not be read (ptrace access, an exited process).
         Memory => "memory_unreadable",
@@ -647,6 +667,9 @@ label_enum! {
         Malformed => "malformed",
         /// No unit covers it (no `.debug_aranges` range holds it: code built without `-g`).
         NoUnit => "no_unit",
+        /// The unit covering it was over what this window may still read (an eighth of
+        /// `symbols.dwarf_bytes`): the address is looked up again in a later window.
+        Deferred => "deferred",
     }
 }
 

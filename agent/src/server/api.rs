@@ -5,7 +5,7 @@
 //!
 //! Query parameters: `from`, `to` (RFC 3339, Unix seconds, `now` or `now-15m`; default
 //! the last 15 minutes), `seconds=N` (the last N seconds, what `pprof -seconds` sends),
-//! `type=cpu|offcpu`; every other parameter is a label filter (`container=api`,
+//! `type=cpu|offcpu|offwake|lock`; every other parameter is a label filter (`container=api`,
 //! `pid=42`). A window belongs to a range when it starts inside it.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,6 +27,7 @@ use super::merge::{str_at, LabelFilter, MergeError, Merger};
 use crate::encode::flamegraph::{FlameGraphError, MAX_DECODED_BYTES};
 use crate::export::files::{WindowDir, WindowFile};
 use crate::metrics::{HttpRefusal, Metrics};
+use crate::model::ProfileKind;
 use crate::proto::{Profile, ValueType};
 
 /// Range when the request names none.
@@ -35,8 +36,6 @@ const DEFAULT_RANGE: Duration = Duration::from_secs(15 * 60);
 const MAX_LABEL_VALUES: usize = 1000;
 /// Label keys listed by `/api/labels`.
 const MAX_LABEL_KEYS: usize = 1000;
-/// File name suffix of off-CPU windows (see export/files.rs).
-const OFFCPU_SUFFIX: &str = ".offcpu.pb.gz";
 
 /// What the API handlers share.
 #[derive(Clone)]
@@ -58,14 +57,37 @@ pub(super) enum Kind {
     Cpu,
     /// Off-CPU time (`<stamp>.offcpu.pb.gz`).
     Offcpu,
+    /// Blocked time under its wakers (`<stamp>.offwake.pb.gz`).
+    Offwake,
+    /// Lock waits (`<stamp>.lock.pb.gz`).
+    Lock,
 }
+
+/// What `type=` takes, for its error message.
+const KINDS: &str = "must be cpu, offcpu, offwake or lock";
 
 impl Kind {
     fn of(name: &str) -> Self {
-        if name.ends_with(OFFCPU_SUFFIX) {
-            Self::Offcpu
-        } else {
-            Self::Cpu
+        [Self::Offcpu, Self::Offwake, Self::Lock]
+            .into_iter()
+            .find(|k| name.ends_with(&format!(".{}.pb.gz", k.profile().as_str())))
+            .unwrap_or(Self::Cpu)
+    }
+
+    /// The kind `type=` names.
+    fn parse(name: &str) -> Option<Self> {
+        [Self::Cpu, Self::Offcpu, Self::Offwake, Self::Lock]
+            .into_iter()
+            .find(|k| k.profile().as_str() == name)
+    }
+
+    /// The window kind of this kind's files.
+    fn profile(self) -> ProfileKind {
+        match self {
+            Self::Cpu => ProfileKind::Cpu,
+            Self::Offcpu => ProfileKind::OffCpu,
+            Self::Offwake => ProfileKind::OffWake,
+            Self::Lock => ProfileKind::Lock,
         }
     }
 }
@@ -139,13 +161,7 @@ impl Query {
                     let s: u64 = value.parse().map_err(|_| bad("not a whole number"))?;
                     seconds = Some(Duration::from_secs(s));
                 }
-                "type" => {
-                    kind = match &*value {
-                        "cpu" => Kind::Cpu,
-                        "offcpu" => Kind::Offcpu,
-                        _ => return Err(bad("must be cpu or offcpu")),
-                    }
-                }
+                "type" => kind = Kind::parse(&value).ok_or_else(|| bad(KINDS))?,
                 // The page's cache buster and pprof's own parameters.
                 "_" | "debug" | "gc" => {}
                 _ if key.is_empty() || value.is_empty() => {}
@@ -386,11 +402,12 @@ impl Write for CappedWriter {
 /// The header of an empty profile of `q`'s kind: a range with no window still gives
 /// a valid profile (pprof reads it as "no samples").
 fn empty_header(p: &mut Profile, q: &Query) {
-    let names: &[&str] = match q.kind {
-        Kind::Cpu => &["", "samples", "count", "cpu", "nanoseconds"],
-        Kind::Offcpu => &["", "samples", "count", "offcpu", "nanoseconds"],
-    };
-    p.string_table = names.iter().map(|s| s.to_string()).collect();
+    let (count, count_unit) = crate::encode::pprof::count_type(q.kind.profile());
+    let (value, unit) = crate::encode::pprof::value_type(q.kind.profile());
+    p.string_table = ["", count, count_unit, value, unit]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     p.sample_type = vec![
         ValueType { r#type: 1, unit: 2 },
         ValueType { r#type: 3, unit: 4 },
@@ -424,6 +441,8 @@ pub(super) async fn profile(State(api): State<Api>, req: Request) -> Result<Resp
     let file = match kind {
         Kind::Cpu => "attachment; filename=\"ember-cpu.pb.gz\"",
         Kind::Offcpu => "attachment; filename=\"ember-offcpu.pb.gz\"",
+        Kind::Offwake => "attachment; filename=\"ember-offwake.pb.gz\"",
+        Kind::Lock => "attachment; filename=\"ember-lock.pb.gz\"",
     };
     Ok((
         [
@@ -454,14 +473,10 @@ pub(super) async fn windows(State(api): State<Api>, req: Request) -> Result<Resp
         .as_deref()
     {
         None => None,
-        Some("cpu") => Some(Kind::Cpu),
-        Some("offcpu") => Some(Kind::Offcpu),
-        Some(_) => {
-            return Err(ApiError::Param(
-                "type".into(),
-                "must be cpu or offcpu".into(),
-            ))
-        }
+        Some(name) => match Kind::parse(name) {
+            Some(k) => Some(k),
+            None => return Err(ApiError::Param("type".into(), KINDS.into())),
+        },
     };
     // A directory listing (at most output.keep_windows files): light, off the runtime.
     let rows = tokio::task::spawn_blocking(move || {
@@ -613,6 +628,13 @@ mod tests {
         );
         assert_eq!(Kind::of("20261122T031500.123Z.offcpu.pb.gz"), Kind::Offcpu);
         assert_eq!(Kind::of("20261122T031500.123Z.pb.gz"), Kind::Cpu);
+        assert_eq!(
+            Kind::of("20261122T031500.123Z.offwake.pb.gz"),
+            Kind::Offwake
+        );
+        assert_eq!(Kind::of("20261122T031500.123Z-2.lock.pb.gz"), Kind::Lock);
+        assert_eq!(Kind::parse("lock"), Some(Kind::Lock));
+        assert_eq!(Kind::parse("mutex"), None);
         assert_eq!(window_start("junk"), None);
     }
 }

@@ -54,21 +54,37 @@ pub(super) struct Lines {
     held: HashMap<FileId, Held>,
     skipped: HashSet<FileId>,
     window: u64,
-    /// Bytes of units this window may still read, all objects together: a window's cost
-    /// stays bounded when the hot units do not fit in the budget (units over it are
-    /// skipped this window, counted, and tried again in the next).
-    window_left: u64,
+    /// Bytes of DWARF that may still be read (a token bucket: refilled each window by
+    /// [`REFILL_SHARE`] of the budget, up to [`BURST_SHARE`] of it). A lookup starts a unit
+    /// only while some is left, so one unit may take it below zero, down to minus the
+    /// budget: what reading and parsing cost stays bounded on average whatever the host
+    /// runs (units not started are deferred: counted, not kept in the frame cache, and
+    /// asked for again next window), a unit of any size under the cap still loads in
+    /// time, and a steady host, whose units stay held, reads nothing.
+    tokens: i64,
 }
 
-/// The share of `symbols.dwarf_bytes` one window may read: half (16 MiB by default).
-const WINDOW_SHARE: u64 = 2;
+/// The share of `symbols.dwarf_bytes` a window adds to what may be read: a sixteenth
+/// (1 MiB by default).
+const REFILL_SHARE: u64 = 16;
 
-/// Allowed on top of a window's share for reading an object's ELF headers.
-const HEADERS: u64 = 1 << 20;
+/// The share of `symbols.dwarf_bytes` that may be read at once after quiet windows (and at
+/// start): a half (8 MiB by default).
+const BURST_SHARE: u64 = 2;
+
 
 /// An object's chains by file offset: functions innermost first, each with its file and
 /// line (for an outer level, where the inner one was inlined).
 pub(super) type Chains = HashMap<u64, Vec<Func>>;
+
+/// What [`Lines::chains`] found for a batch of an object's offsets.
+#[derive(Default)]
+pub(super) struct Found {
+    /// The chains of the offsets that have one.
+    pub(super) chains: Chains,
+    /// Offsets whose DWARF this window could not read any more: to ask again next window.
+    pub(super) deferred: Vec<u64>,
+}
 
 impl Lines {
     /// Reads DWARF per `settings` (`symbols.dwarf`, `symbols.dwarf_bytes`).
@@ -83,14 +99,22 @@ impl Lines {
             held: HashMap::new(),
             skipped: HashSet::new(),
             window: 0,
-            window_left: settings.dwarf_bytes / WINDOW_SHARE,
+            tokens: burst(settings.dwarf_bytes),
         }
     }
 
-    /// A new window: its share of reads starts afresh.
+    /// A new window: what may be read grows by its share.
     pub(super) fn start_window(&mut self) {
         self.window += 1;
-        self.window_left = self.budget / WINDOW_SHARE;
+        let refill = i64::try_from(self.budget / REFILL_SHARE).unwrap_or(i64::MAX);
+        self.tokens = self.tokens.saturating_add(refill).min(burst(self.budget));
+    }
+
+    /// Takes `bytes` read from what may be read (down to minus the budget).
+    fn spend(&mut self, bytes: u64) {
+        let floor = -i64::try_from(self.budget).unwrap_or(i64::MAX);
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.tokens = self.tokens.saturating_sub(bytes).max(floor);
     }
 
     /// Forgets `id` (its file is gone: a new file on its inode is another file; or its
@@ -105,27 +129,34 @@ impl Lines {
         self.held.values().map(|h| h.dwarf.bytes()).sum()
     }
 
-    /// The chains of `offsets` in `obj` that its DWARF covers (empty when it has none, or
-    /// DWARF is off).
+    /// The chains of `offsets` in `obj` that its DWARF covers (none when it has none, or
+    /// DWARF is off), and the offsets deferred to a later window.
     pub(super) fn chains(
         &mut self,
         obj: &Object,
         offsets: &[u64],
         settings: &Symbols,
         metrics: &Metrics,
-    ) -> Chains {
+    ) -> Found {
         if !self.enabled || offsets.is_empty() || self.skipped.contains(&obj.id) {
-            return Chains::new();
+            return Found::default();
+        }
+        if self.tokens <= 0 && !self.held.contains_key(&obj.id) {
+            // Opening it reads its index at least: that waits for the next window's share.
+            metrics.dwarf_skipped(DwarfSkip::Deferred, offsets.len() as u64);
+            return Found {
+                chains: Chains::new(),
+                deferred: offsets.to_vec(),
+            };
         }
         // A parser bug on a hostile file costs that file's lines, not the agent.
         let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.read_chains(obj, offsets, settings, metrics)
         }));
         let result = match read {
-            Ok(Ok(chains)) => {
-                metrics.dwarf_read(DwarfRead::Lines);
+            Ok(Ok(found)) => {
                 self.evict(&obj.id, metrics);
-                return chains;
+                return found;
             }
             Ok(Err(e)) => {
                 tracing::debug!("no lines for {}: {e}", obj.path);
@@ -143,7 +174,7 @@ impl Lines {
         }
         self.skipped.insert(obj.id);
         metrics.dwarf_cache_bytes.set(self.bytes() as i64);
-        Chains::new()
+        Found::default()
     }
 
     /// Lets the least recently used objects other than `keep` go until what is held is
@@ -174,7 +205,7 @@ impl Lines {
         offsets: &[u64],
         settings: &Symbols,
         metrics: &Metrics,
-    ) -> Result<Chains, DwarfError> {
+    ) -> Result<Found, DwarfError> {
         let src = obj.reader();
         let mut elf = ElfReader::new(&src, self.limits)?;
         let addrs: Vec<(u64, u64)> = offsets
@@ -182,9 +213,17 @@ impl Lines {
             .filter_map(|&off| Some((off, offset_to_vaddr(elf.segments(), off)?)))
             .collect();
         let vaddrs: Vec<u64> = addrs.iter().map(|&(_, a)| a).collect();
+        // Taken before opening: the lookup that opens an object loads a unit too.
+        let read_budget = u64::try_from(self.tokens).unwrap_or(0);
         let mut held = match self.held.remove(&obj.id) {
             Some(h) => h,
-            None => self.open(obj, &mut elf, settings, metrics)?,
+            None => {
+                let h = self.open(obj, &mut elf, settings, metrics)?;
+                // Its index (or, without one, all of it) is read too.
+                self.spend(h.dwarf.bytes());
+                metrics.dwarf_read(DwarfRead::Lines);
+                h
+            }
         };
         held.used = self.window;
         let mut files: HashMap<String, Arc<str>> = HashMap::new();
@@ -197,27 +236,27 @@ impl Lines {
                 chains.insert(off, funcs(chain, &mut files, metrics));
             }
         };
-        // This window's share of reads, for the units not loaded yet.
-        let window = Limits {
-            max_read_bytes: self.window_left.saturating_add(HEADERS),
-            ..self.limits
-        };
         drop(elf);
         let looked = match &held.debug {
             None => {
-                let mut elf = ElfReader::new(&src, window)?;
-                held.dwarf.lookup(&mut elf, &vaddrs, &mut found)
+                let mut elf = ElfReader::new(&src, self.limits)?;
+                held.dwarf.lookup(&mut elf, &vaddrs, read_budget, &mut found)
             }
             Some((file, size)) => {
                 let debug_src = FileAt::new(file, *size);
-                let mut debug = ElfReader::new(&debug_src, window)?;
-                held.dwarf.lookup(&mut debug, &vaddrs, &mut found)
+                let mut debug = ElfReader::new(&debug_src, self.limits)?;
+                held.dwarf.lookup(&mut debug, &vaddrs, read_budget, &mut found)
             }
         }?;
-        self.window_left = self.window_left.saturating_sub(looked.bytes_read);
+        self.spend(looked.bytes_read);
         count(&looked, metrics);
+        let deferred = looked
+            .deferred
+            .iter()
+            .filter_map(|&i| addrs.get(i).map(|a| a.0))
+            .collect();
         self.held.insert(obj.id, held);
-        Ok(chains)
+        Ok(Found { chains, deferred })
     }
 
     /// The DWARF of `obj`, or of its debug file by build id when the object has none.
@@ -277,11 +316,17 @@ fn count(looked: &Looked, metrics: &Metrics) {
         (DwarfSkip::TooDeep, s.too_deep),
         (DwarfSkip::Malformed, s.malformed),
         (DwarfSkip::NoUnit, s.no_unit),
+        (DwarfSkip::Deferred, s.deferred),
     ] {
         if n > 0 {
             metrics.dwarf_skipped(reason, n);
         }
     }
+}
+
+/// What may be read at once: [`BURST_SHARE`] of `budget`.
+fn burst(budget: u64) -> i64 {
+    i64::try_from(budget / BURST_SHARE).unwrap_or(i64::MAX)
 }
 
 /// The metric result of a refusal.
@@ -376,7 +421,13 @@ mod tests {
                 (lo <= f && f < hi).then(|| f - lo + u64::from_str_radix(offset, 16).unwrap_or(0))
             })
             .expect("our text");
-        let chains = lines.chains(&obj, &[off], &settings, &metrics);
+        // A window whose share is spent defers it, and the next window reads it.
+        lines.tokens = 0;
+        let later = lines.chains(&obj, &[off], &settings, &metrics);
+        assert!(later.chains.is_empty());
+        assert_eq!(later.deferred, [off]);
+        lines.start_window();
+        let chains = lines.chains(&obj, &[off], &settings, &metrics).chains;
         let chain = chains.get(&off).expect("a chain for our own code");
         let outer = chain.last().expect("levels");
         assert!(
@@ -393,7 +444,7 @@ mod tests {
         // Kept for the next window: asked again, nothing more is read.
         let read = metrics.dwarf_read_bytes.get();
         assert!(read > 0 && lines.bytes() > 0);
-        assert_eq!(lines.chains(&obj, &[off], &settings, &metrics), chains);
+        assert_eq!(lines.chains(&obj, &[off], &settings, &metrics).chains, chains);
         assert_eq!(metrics.dwarf_read_bytes.get(), read, "read again");
         // Under a cap too small for its unit index: refused, counted once, not read again.
         let small = Symbols {
@@ -402,7 +453,7 @@ mod tests {
         };
         let mut capped = Lines::new(&small);
         for _ in 0..2 {
-            assert!(capped.chains(&obj, &[off], &small, &metrics).is_empty());
+            assert!(capped.chains(&obj, &[off], &small, &metrics).chains.is_empty());
         }
         let over = metrics
             .dwarf_objects
@@ -416,8 +467,7 @@ mod tests {
             ..Symbols::default()
         };
         let mut none = Lines::new(&off_settings);
-        assert!(none
-            .chains(&obj, &[off], &off_settings, &metrics)
-            .is_empty());
+        let nothing = none.chains(&obj, &[off], &off_settings, &metrics);
+        assert!(nothing.chains.is_empty() && nothing.deferred.is_empty());
     }
 }

@@ -33,6 +33,7 @@ mod golden_names;
 mod kallsyms;
 use ember_parse::symbols::packed;
 pub use ember_parse::symbols::{demangle, table};
+mod offcpu;
 mod table_cache;
 
 use std::collections::{HashMap, HashSet};
@@ -44,7 +45,7 @@ use crate::config::Symbols;
 use crate::metrics::{Cache, Metrics, NameCap, ProcRead, SymbolMiss, SymbolSource};
 use crate::model::{
     FileId, Func, JitSource, Mapping, ObjectFile, SymFrame, Symbolized, KERNEL_MAPPING,
-    PYTHON_MAPPING,
+    PYTHON_MAPPING, WAKE_SEPARATOR,
 };
 use crate::normalize::elf_file::{ElfReader, Limits};
 use crate::normalize::object::{refusal, Object};
@@ -56,6 +57,7 @@ use crate::symbolize::demangle::Outcome;
 use crate::symbolize::kallsyms::Kallsyms;
 use crate::symbolize::table::{Miss, SymTable};
 use crate::symbolize::table_cache::Tables;
+use offcpu::trim_off_cpu;
 
 /// What one frame resolved to: functions innermost (inlined) first, and whether a
 /// symbol was found at all (if not, `funcs` holds one placeholder like `libc.so.6+0x1a2b`).
@@ -323,7 +325,10 @@ impl Symbolizer {
                 }
                 continue;
             };
-            let mut chains = (self.lines).chains(&obj, &offsets, &self.settings, &self.metrics);
+            let found = (self.lines).chains(&obj, &offsets, &self.settings, &self.metrics);
+            let mut chains = found.chains;
+            // Named without lines for now: not kept, so the next window asks for its lines.
+            transient.extend(found.deferred.iter().map(|&off| FrameKey::Object(key, off)));
             for off in offsets {
                 let name = (named_by.table)
                     .lookup(off)
@@ -588,25 +593,13 @@ pub(crate) fn assemble(mut window: Window, names: &HashMap<FrameKey, Resolved>) 
         .into_iter()
         .map(|s| {
             let frames = match s.off_cpu {
-                // The kernel side was taken inside the tracepoint: its leaf frames are the
-                // tracing machinery (bpf_prog_*, __traceiter_*), not the thread's wait.
-                Some(_) => {
-                    let all: Vec<_> = s.frames.iter().map(&mut frame).collect();
-                    let skip = all.iter().position(is_schedule_frame).unwrap_or(0);
-                    all.into_iter().skip(skip).collect()
-                }
+                Some(_) => trim_off_cpu(s.frames.iter().map(&mut frame).collect()),
                 None => s.frames.iter().map(&mut frame).collect(),
             };
             s.with_frames(frames)
         })
         .collect();
     window.with_stacks(stacks)
-}
-
-/// The scheduler's core (`__schedule`), where sched_switch fires: off-CPU kernel stacks
-/// start there; the frames below it are the tracing machinery that ran the BPF program.
-fn is_schedule_frame(f: &Arc<SymFrame>) -> bool {
-    matches!(f.mapping, Mapping::Kernel) && f.funcs.iter().any(|func| &*func.name == "__schedule")
 }
 
 /// One frame, resolved: its mapping (objects named by the first path seen in the
@@ -632,6 +625,9 @@ fn sym_frame(
                 *off,
                 Some(FrameKey::Object(o.id, *off)),
             )
+        }
+        Frame::User(UserAddr::Region(label, _)) if &**label == WAKE_SEPARATOR => {
+            return offcpu::separator(label)
         }
         Frame::User(UserAddr::Region(label, off)) => (
             Mapping::Region(label.clone()),

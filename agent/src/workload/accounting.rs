@@ -88,6 +88,13 @@ impl Accounting {
         }
     }
 
+    /// Adds time a container's threads waited for locks (futex waits, kernel locks).
+    pub fn add_lock(&mut self, labels: &Labels, seconds: f64) {
+        if let Some(key) = self.track(labels).map(|t| t.labels.clone()) {
+            self.metrics.lock_wait.get_or_create(&key).inc_by(seconds);
+        }
+    }
+
     /// The container's entry, made (within the caps) or refreshed for this window. A
     /// container that does not fit is counted and left out; one whose labels grew past
     /// the byte cap (its pod arrived) loses its series.
@@ -208,6 +215,7 @@ fn offcpu_labels(l: &ContainerLabels, state: OffState) -> ContainerOffCpuLabels 
 /// Removes every series of a container (it moved to its pod's labels, or went idle).
 fn remove_series(m: &ContainerMetrics, t: &Tracked) {
     m.sampled.remove(&t.labels);
+    m.lock_wait.remove(&t.labels);
     m.info.remove(&t.info);
     for &state in OffState::ALL {
         m.offcpu.remove(&offcpu_labels(&t.labels, state));

@@ -28,6 +28,9 @@ const MAX_ABBREV: u64 = 4 << 20;
 pub enum UnitSkip {
     /// Its bytes would take the object over its cap.
     OverCap,
+    /// Not started: the lookup had read its budget (the caller's share for now); tried
+    /// again later.
+    Deferred,
     /// DIEs nested deeper than [`MAX_DIE_DEPTH`].
     TooDeep,
     /// Its header, DIEs or line program do not parse, or a read failed.
@@ -132,7 +135,6 @@ impl<R: ReadAt + ?Sized> Loader<'_, '_, R> {
                 .elf
                 .section_range(index, a, b - a)
                 .map_err(|e| match e {
-                    // The reader's own cap (what one window may read): try again later.
                     crate::elf_file::ElfError::TooLarge => UnitSkip::OverCap,
                     _ => UnitSkip::Malformed,
                 })?;

@@ -34,7 +34,7 @@ fn chains(dwarf: &mut Dwarf, bytes: &[u8], addrs: &[u64]) -> Vec<Vec<InlineFrame
     let mut elf = ElfReader::new(bytes, DEFAULT_LIMITS).expect("headers");
     let mut out = vec![Vec::new(); addrs.len()];
     dwarf
-        .lookup(&mut elf, addrs, |i, c| out[i] = c)
+        .lookup(&mut elf, addrs, u64::MAX, |i, c| out[i] = c)
         .expect("lookup");
     out
 }
@@ -137,7 +137,7 @@ fn garbage_sections_are_errors_or_empty_never_panics() {
         ]);
         if let Ok(mut d) = read(&obj, DEFAULT_LIMITS) {
             let mut elf = ElfReader::new(&obj[..], DEFAULT_LIMITS).expect("headers");
-            let _ = d.lookup(&mut elf, &[0, 1, 0x1000], |_, _| {});
+            let _ = d.lookup(&mut elf, &[0, 1, 0x1000], u64::MAX, |_, _| {});
         }
     }
 }
@@ -182,7 +182,7 @@ fn units_loaded_one_by_one_answer_as_the_whole_dwarf_does() {
     for part in addrs.chunks(addrs.len() / 3 + 1) {
         let mut got = vec![Vec::new(); part.len()];
         let looked = by_unit
-            .lookup(&mut elf, part, |i, c| got[i] = c)
+            .lookup(&mut elf, part, u64::MAX, |i, c| got[i] = c)
             .expect("lookup");
         println!("{looked:?}");
         ours.extend(got);
@@ -230,7 +230,7 @@ fn a_cap_lets_units_go_and_counts_what_did_not_fit() {
     for part in addrs.chunks(8) {
         let mut got = vec![Vec::new(); part.len()];
         let looked = small
-            .lookup(&mut elf, part, |i, c| got[i] = c)
+            .lookup(&mut elf, part, u64::MAX, |i, c| got[i] = c)
             .expect("lookup");
         skipped += looked.skipped.over_cap;
         resets += u64::from(looked.reset);
@@ -293,7 +293,7 @@ fn hostile_units_found_by_aranges_are_skipped_and_counted() {
         .collect();
     let mut elf = ElfReader::new(&obj[..], DEFAULT_LIMITS).expect("headers");
     let looked = dwarf
-        .lookup(&mut elf, &addrs, |_, c| assert!(c.is_empty()))
+        .lookup(&mut elf, &addrs, u64::MAX, |_, c| assert!(c.is_empty()))
         .expect("lookup");
     let s = looked.skipped;
     println!("{looked:?}");
@@ -304,6 +304,43 @@ fn hostile_units_found_by_aranges_are_skipped_and_counted() {
         addrs.len() as u64
     );
     // Asked again: nothing is read again.
-    let again = dwarf.lookup(&mut elf, &addrs, |_, _| {}).expect("lookup");
+    let again = dwarf.lookup(&mut elf, &addrs, u64::MAX, |_, _| {}).expect("lookup");
     assert_eq!((again.units_read, again.bytes_read), (0, 0));
+}
+
+/// A lookup starts units only while its read budget lasts: with none it reads nothing and
+/// defers every address; with a small one it loads at least one unit, passes the budget by
+/// at most that pass's first unit and what it refers to, and defers the rest, which a
+/// later lookup answers as a lookup with no budget does.
+#[test]
+fn a_read_budget_defers_units_to_a_later_lookup() {
+    let exe = own_exe();
+    let addrs = own_functions(&exe, 7);
+    let mut elf = ElfReader::new(&exe[..], DEFAULT_LIMITS).expect("headers");
+    let mut paced = Dwarf::open(&mut elf, 256 << 20).expect("open");
+    let mut free = Dwarf::open(&mut elf, 256 << 20).expect("open");
+    let want = chains(&mut free, &exe, &addrs);
+    let none = paced
+        .lookup(&mut elf, &addrs, 0, |_, c| assert!(c.is_empty()))
+        .expect("lookup");
+    assert_eq!((none.bytes_read, none.units_read), (0, 0));
+    let in_units = addrs.len() as u64 - none.skipped.no_unit;
+    assert!(in_units > 100, "{none:?}");
+    assert_eq!(none.deferred.len() as u64, in_units);
+    assert_eq!(none.skipped.deferred, in_units);
+    let mut got = vec![Vec::new(); addrs.len()];
+    let mut lookups = 0;
+    let mut pending: Vec<usize> = (0..addrs.len()).collect();
+    while !pending.is_empty() {
+        lookups += 1;
+        assert!(lookups <= addrs.len(), "no progress: {} pending", pending.len());
+        let part: Vec<u64> = pending.iter().map(|&i| addrs[i]).collect();
+        let looked = paced
+            .lookup(&mut elf, &part, 1, |j, c| got[pending[j]] = c)
+            .expect("lookup");
+        assert!(looked.units_read >= 1, "{looked:?}");
+        pending = looked.deferred.iter().map(|&j| pending[j]).collect();
+    }
+    assert!(lookups > 1, "a budget of one byte loaded every unit at once");
+    assert_eq!(got, want);
 }

@@ -91,7 +91,7 @@ pub fn request(w: &Symbolized, host: &str, per: ResourcePer) -> ExportProfilesSe
                     period_type: Some(cpu_ns),
                     period: match w.kind {
                         crate::model::ProfileKind::Cpu => w.period_ns as i64,
-                        crate::model::ProfileKind::OffCpu => 1,
+                        _ => 1,
                     },
                     ..Default::default()
                 }],

@@ -44,11 +44,15 @@ pub struct Service {
 
 /// Pyroscope's profile name (`__name__`) for a window's kind: `process_cpu` as Grafana
 /// Alloy's eBPF profiler sends CPU profiles, `off_cpu` as Pyroscope names off-CPU profiles
-/// it ingests from the OpenTelemetry eBPF profiler (grafana/pyroscope#3875).
+/// it ingests from the OpenTelemetry eBPF profiler (grafana/pyroscope#3875), `mutex` for
+/// lock waits as Pyroscope names the Go runtime's mutex profiles (`contentions`/`delay`),
+/// and `off_wake` for blocked time under its wakers (no convention names it).
 pub fn profile_name(kind: ProfileKind) -> &'static str {
     match kind {
         ProfileKind::Cpu => "process_cpu",
         ProfileKind::OffCpu => "off_cpu",
+        ProfileKind::OffWake => "off_wake",
+        ProfileKind::Lock => "mutex",
     }
 }
 

@@ -122,7 +122,7 @@ impl Encoder {
         tags.dedup();
         let kind = match s.kind {
             crate::model::ProfileKind::Cpu => "cpu",
-            crate::model::ProfileKind::OffCpu => "off_cpu",
+            other => super::encode::profile_name(other),
         };
         format!("{}.{kind}{{{}}}", ingest_safe(&s.name), tags.join(","))
     }

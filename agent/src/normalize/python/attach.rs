@@ -6,13 +6,16 @@
 //! The thread state is found in BPF from the thread pointer: `*(tp + 0x310 + 16·key + 8)`,
 //! glibc's `pthread_getspecific` fast path for keys below 32 (`specific_1stblock`, at
 //! 0x310 in `struct pthread` for glibc 2.27 and later): the `autoTSSkey` every CPython
-//! 3.8–3.14 keeps the thread's own state under, shared or static build alike.
+//! 3.8–3.14 keeps the thread's own state under, shared or static build alike. Under musl
+//! it is `*(*(tp + tsd) + 8·key)`, `self->tsd[key]`, with `tsd`'s offset in musl's
+//! `struct pthread` decoded from the process's own libc ([`ember_parse::libc`]).
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
+use ember_parse::libc;
 use ember_parse::python::debug_offsets;
 use ember_parse::python::detect::{detect, DetectError, Interpreter};
 use ember_parse::python::layout::{FrameModel, Layout};
@@ -32,6 +35,8 @@ use crate::os::procfs::RegionKind;
 const GLIBC_SPECIFIC: u64 = 0x310;
 /// Keys glibc keeps in the thread's first block (the BPF read needs no second level).
 const FIRST_BLOCK_KEYS: u32 = 32;
+/// musl's `PTHREAD_KEYS_MAX`: the length of `self->tsd`.
+const MUSL_KEYS: u32 = 128;
 /// Interpreter verdicts kept per file (detection reads the file's symbol tables once).
 const MAX_FILES: usize = 4096;
 /// Caps of the symbol table reads of detection.
@@ -56,6 +61,8 @@ pub enum Attach {
 /// Decides what each process's interpreter is, remembering each file's detection.
 pub struct Attacher {
     files: HashMap<FileId, Option<Arc<Interpreter>>>,
+    /// musl libcs seen: their `tsd` offset, `None` if it could not be decoded.
+    musls: HashMap<FileId, Option<u32>>,
     metrics: Metrics,
 }
 
@@ -64,6 +71,7 @@ impl Attacher {
     pub fn new(metrics: Metrics) -> Self {
         Self {
             files: HashMap::new(),
+            musls: HashMap::new(),
             metrics,
         }
     }
@@ -71,16 +79,20 @@ impl Attacher {
     /// Looks at `snap`'s mappings and, for an interpreter, at the process's memory.
     pub fn attach(&mut self, snap: &Snapshot) -> Attach {
         let mut found = None;
-        let mut musl = false;
+        // `Some(None)`: a musl libc whose thread keys were not found.
+        let mut musl = None;
         for region in &snap.regions {
             let e = &region.map;
             if e.kind != RegionKind::File {
                 continue;
             }
-            musl |= e.path.contains("ld-musl");
             let Mapped::Open(file) = &region.file else {
                 continue;
             };
+            // Alpine's `/lib/ld-musl-x86_64.so.1`, Debian's `x86_64-linux-musl/libc.so`.
+            if musl.is_none() && is_musl(&e.path) {
+                musl = Some(self.musl_tsd(file));
+            }
             if found.is_some() {
                 continue;
             }
@@ -97,14 +109,16 @@ impl Attacher {
         let Some((interp, bias)) = found else {
             return Attach::NotPython;
         };
-        if musl {
-            return self.refused(PyAttach::Musl);
-        }
+        let libc = match musl {
+            None => Libc::Glibc,
+            Some(Some(tsd)) => Libc::Musl { tsd },
+            Some(None) => return self.refused(PyAttach::Musl),
+        };
         let Some(layout) = interp.layout() else {
             return self.refused(PyAttach::UnknownVersion);
         };
         let mem = ProcMem::new(snap.pid);
-        match attach_live(&mem, &interp, &layout, bias) {
+        match attach_live(&mem, &interp, &layout, bias, libc) {
             Ok(Some(entry)) => {
                 self.metrics.python_attached(PyAttach::Attached);
                 let process = PyProcess {
@@ -119,6 +133,24 @@ impl Attacher {
             Ok(None) => Attach::NotReady,
             Err(reason) => self.refused(reason),
         }
+    }
+
+    /// `offsetof(struct pthread, tsd)` of the musl libc `file`, decoded once per file.
+    fn musl_tsd(&mut self, file: &File) -> Option<u32> {
+        let meta = file.metadata().ok()?;
+        let id = FileId::of(&meta);
+        if let Some(known) = self.musls.get(&id) {
+            return *known;
+        }
+        let src = FileAt::new(file, meta.len());
+        let tsd = ElfReader::new(&src, LIMITS)
+            .ok()
+            .and_then(|mut elf| libc::musl_tsd_offset(&mut elf).ok().flatten());
+        if self.musls.len() >= MAX_FILES {
+            self.musls.clear();
+        }
+        self.musls.insert(id, tsd);
+        tsd
     }
 
     fn refused(&self, reason: PyAttach) -> Attach {
@@ -157,6 +189,21 @@ impl Attacher {
     }
 }
 
+/// The C library of a process, as far as its thread keys go.
+#[derive(Debug, Clone, Copy)]
+enum Libc {
+    /// glibc 2.27+: keys below 32 in `struct pthread` itself.
+    Glibc,
+    /// musl: keys in the array `self->tsd`, at this offset in `struct pthread`.
+    Musl { tsd: u32 },
+}
+
+/// Whether a mapped file's path names musl's libc (which is also its dynamic loader).
+fn is_musl(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.starts_with("ld-musl-") || name.starts_with("libc.musl-") || path.contains("-linux-musl/")
+}
+
 /// The metric reason of a detection error.
 fn refusal(e: &DetectError) -> PyAttach {
     match e {
@@ -188,6 +235,7 @@ fn attach_live(
     interp: &Interpreter,
     layout: &Layout,
     bias: u64,
+    libc: Libc,
 ) -> Result<Option<ember_py_proc>, PyAttach> {
     // The layout is this binary's if its code type says so (a forged or patched build
     // whose objects differ is refused, not walked wrong).
@@ -222,14 +270,21 @@ fn attach_live(
     // (measured: 77 % of a zlib-heavy 3.13 fixture's samples kept their Python frames
     // through the thread-local, 99 % through the key).
     let key = mem.u32_at(tss + 4).map_err(|_| PyAttach::Memory)?;
-    let mut entry = if key < FIRST_BLOCK_KEYS {
-        ember_py_proc {
+    let mut entry = match libc {
+        Libc::Glibc if key < FIRST_BLOCK_KEYS => ember_py_proc {
             tls_offset: (GLIBC_SPECIFIC + 16 * u64::from(key) + 8) as i64,
             tls_mode: ember_py_tls::EMBER_PY_TLS_TP.0 as u8,
             ..Default::default()
-        }
-    } else {
-        thread_local(mem, interp, bias).ok_or(PyAttach::TssKey)?
+        },
+        Libc::Glibc => thread_local(mem, interp, bias).ok_or(PyAttach::TssKey)?,
+        Libc::Musl { tsd } if key < MUSL_KEYS => ember_py_proc {
+            tls_offset: i64::from(8 * key),
+            tls_module: u64::from(tsd),
+            tls_mode: ember_py_tls::EMBER_PY_TLS_TSD.0 as u8,
+            ..Default::default()
+        },
+        // musl's 3.12+ `_Py_tss_tstate` would need its own DTV read: not done.
+        Libc::Musl { .. } => return Err(PyAttach::TssKey),
     };
     let ranges = std::iter::once(interp.eval).chain(interp.eval_cold);
     for (i, (lo, hi)) in ranges.take(2).enumerate() {
@@ -323,4 +378,17 @@ fn fill_layout(e: &mut ember_py_proc, l: &Layout) {
     e.frame_size = l.frame_size;
     e.code_firstlineno = l.code_firstlineno;
     e.code_adaptive = l.code_adaptive.unwrap_or(0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_musl;
+
+    #[test]
+    fn musl_is_told_by_its_file_name() {
+        assert!(is_musl("/lib/ld-musl-x86_64.so.1"));
+        assert!(is_musl("/usr/lib/x86_64-linux-musl/libc.so"));
+        assert!(!is_musl("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+        assert!(!is_musl("/opt/musl-notes/libfoo.so"));
+    }
 }

@@ -43,10 +43,10 @@ function row(body, who, resource, u, s, e, filters) {
   tr.append(name, res, cell(u && u[0], "util", u && u[1]), cell(s && s[0], "sat", s && s[1]), cell(e && e[0], "err", e && e[1]));
   const links = document.createElement("td");
   const to = new Date(), from = new Date(to - 9e5);
-  for (const type of ["cpu", "offcpu"]) {
+  for (const type of ["cpu", "offcpu", "lock"]) {
     const a = document.createElement("a");
     a.href = "./?" + new URLSearchParams({ type, from: from.toISOString(), to: to.toISOString(), ...filters });
-    a.textContent = type === "cpu" ? "CPU" : "off-CPU";
+    a.textContent = { cpu: "CPU", offcpu: "off-CPU", lock: "locks" }[type];
     a.className = "profile-" + type;
     links.append(a, " ");
   }
