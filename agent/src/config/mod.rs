@@ -149,7 +149,7 @@ impl Default for Symbols {
             debuginfod_max_file_bytes: 256 << 20,
             fetched_dir: None,
             dwarf: true,
-            dwarf_bytes: 32 << 20,
+            dwarf_bytes: 12 << 20,
         }
     }
 }

@@ -65,13 +65,12 @@ pub(super) struct Lines {
 }
 
 /// The share of `symbols.dwarf_bytes` a window adds to what may be read: a sixteenth
-/// (1 MiB by default).
+/// (768 KiB by default).
 const REFILL_SHARE: u64 = 16;
 
 /// The share of `symbols.dwarf_bytes` that may be read at once after quiet windows (and at
-/// start): a half (8 MiB by default).
+/// start): a half (6 MiB by default).
 const BURST_SHARE: u64 = 2;
-
 
 /// An object's chains by file offset: functions innermost first, each with its file and
 /// line (for an outer level, where the inner one was inlined).
@@ -240,12 +239,14 @@ impl Lines {
         let looked = match &held.debug {
             None => {
                 let mut elf = ElfReader::new(&src, self.limits)?;
-                held.dwarf.lookup(&mut elf, &vaddrs, read_budget, &mut found)
+                held.dwarf
+                    .lookup(&mut elf, &vaddrs, read_budget, &mut found)
             }
             Some((file, size)) => {
                 let debug_src = FileAt::new(file, *size);
                 let mut debug = ElfReader::new(&debug_src, self.limits)?;
-                held.dwarf.lookup(&mut debug, &vaddrs, read_budget, &mut found)
+                held.dwarf
+                    .lookup(&mut debug, &vaddrs, read_budget, &mut found)
             }
         }?;
         self.spend(looked.bytes_read);
@@ -401,9 +402,12 @@ mod tests {
     fn names_and_lines_of_the_agents_own_code() {
         let obj = Object::open_local(std::path::Path::new("/proc/self/exe")).expect("open");
         let metrics = Metrics::new();
-        // The test binary holds ~100 MB of DWARF (its dependencies' full debug info): the
-        // default caps hold the units asked for.
-        let settings = Symbols::default();
+        // The test binary holds ~100 MB of DWARF; the unit of this crate's code and those it
+        // refers to take ~6 MB, charged 4× (over the default 12 MiB: names only there).
+        let settings = Symbols {
+            dwarf_bytes: 64 << 20,
+            ..Symbols::default()
+        };
         let mut lines = Lines::new(&settings);
         // A file offset in our own text: where this function's code is.
         let f = names_and_lines_of_the_agents_own_code as *const () as u64;
@@ -444,7 +448,10 @@ mod tests {
         // Kept for the next window: asked again, nothing more is read.
         let read = metrics.dwarf_read_bytes.get();
         assert!(read > 0 && lines.bytes() > 0);
-        assert_eq!(lines.chains(&obj, &[off], &settings, &metrics).chains, chains);
+        assert_eq!(
+            lines.chains(&obj, &[off], &settings, &metrics).chains,
+            chains
+        );
         assert_eq!(metrics.dwarf_read_bytes.get(), read, "read again");
         // Under a cap too small for its unit index: refused, counted once, not read again.
         let small = Symbols {
@@ -453,7 +460,10 @@ mod tests {
         };
         let mut capped = Lines::new(&small);
         for _ in 0..2 {
-            assert!(capped.chains(&obj, &[off], &small, &metrics).chains.is_empty());
+            assert!(capped
+                .chains(&obj, &[off], &small, &metrics)
+                .chains
+                .is_empty());
         }
         let over = metrics
             .dwarf_objects

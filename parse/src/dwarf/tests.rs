@@ -304,7 +304,9 @@ fn hostile_units_found_by_aranges_are_skipped_and_counted() {
         addrs.len() as u64
     );
     // Asked again: nothing is read again.
-    let again = dwarf.lookup(&mut elf, &addrs, u64::MAX, |_, _| {}).expect("lookup");
+    let again = dwarf
+        .lookup(&mut elf, &addrs, u64::MAX, |_, _| {})
+        .expect("lookup");
     assert_eq!((again.units_read, again.bytes_read), (0, 0));
 }
 
@@ -333,7 +335,11 @@ fn a_read_budget_defers_units_to_a_later_lookup() {
     let mut pending: Vec<usize> = (0..addrs.len()).collect();
     while !pending.is_empty() {
         lookups += 1;
-        assert!(lookups <= addrs.len(), "no progress: {} pending", pending.len());
+        assert!(
+            lookups <= addrs.len(),
+            "no progress: {} pending",
+            pending.len()
+        );
         let part: Vec<u64> = pending.iter().map(|&i| addrs[i]).collect();
         let looked = paced
             .lookup(&mut elf, &part, 1, |j, c| got[pending[j]] = c)
@@ -341,6 +347,9 @@ fn a_read_budget_defers_units_to_a_later_lookup() {
         assert!(looked.units_read >= 1, "{looked:?}");
         pending = looked.deferred.iter().map(|&j| pending[j]).collect();
     }
-    assert!(lookups > 1, "a budget of one byte loaded every unit at once");
+    assert!(
+        lookups > 1,
+        "a budget of one byte loaded every unit at once"
+    );
     assert_eq!(got, want);
 }
