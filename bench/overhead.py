@@ -681,7 +681,8 @@ def main():
     ap.add_argument("--dwarf-compare", action="store_true",
                     help="ember with DWARF lines on against off, beside a debug build (no perf)")
     ap.add_argument("--debug-exe", default=os.path.join(TARGET, "debug", "ember"),
-                    help="the 100 MB+ full-debug binary run beside --dwarf-compare")
+                    help="the 100 MB+ full-debug binary run beside --dwarf-compare "
+                         "(none: the hogs alone)")
     ap.add_argument("--runs", type=int, default=3,
                     help="runs of ember (of each mode with --unwind-compare); medians reported")
     args = ap.parse_args()
@@ -731,7 +732,7 @@ def main():
         if comparing:
             kind = "unwind" if args.unwind_compare else "dwarf"
             debug_exe = None
-            if kind == "dwarf":
+            if kind == "dwarf" and args.debug_exe != "none":
                 if not os.access(args.debug_exe, os.X_OK):
                     die(f"{args.debug_exe} not found: `cargo build -p ember` (debug) first")
                 debug_exe = args.debug_exe
