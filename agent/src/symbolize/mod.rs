@@ -34,6 +34,7 @@ mod kallsyms;
 use ember_parse::symbols::packed;
 pub use ember_parse::symbols::{demangle, table};
 mod offcpu;
+mod period;
 mod table_cache;
 
 use std::collections::{HashMap, HashSet};
@@ -208,20 +209,6 @@ impl Symbolizer {
         out
     }
 
-    /// Names every frame of the windows one period closed (CPU, off-CPU, `offwake`, `lock`)
-    /// in one pass: an object's table and DWARF are read at most once for all of them, not
-    /// once per window (the same processes' frames fill each one).
-    pub fn symbolize_all(&mut self, windows: Vec<Window>) -> Vec<Symbolized> {
-        let names = self.resolve_all(&windows);
-        let out = windows.into_iter().map(|w| assemble(w, &names)).collect();
-        drop(names);
-        // Hand freed buffers (section reads, the window itself) back to the kernel rather
-        // than keeping them in malloc's pools: steady RSS is what users budget for.
-        // SAFETY: malloc_trim only releases free heap memory.
-        unsafe { libc::malloc_trim(0) };
-        out
-    }
-
     /// Resolves every distinct frame of `window` (from cache where possible).
     fn resolve(&mut self, window: &Window) -> HashMap<FrameKey, Resolved> {
         self.resolve_all(std::slice::from_ref(window))
@@ -238,8 +225,7 @@ impl Symbolizer {
         let mut out: HashMap<FrameKey, Resolved> = HashMap::new();
         // Frames not in the cache, with their cache keys.
         let mut misses: Vec<(FrameKey, CacheKey)> = Vec::new();
-        let frames = windows.iter().flat_map(|w| &w.stacks);
-        for frame in frames.flat_map(|s| &s.frames) {
+        for frame in period::frames(windows) {
             let key = match frame {
                 Frame::Kernel(a) => FrameKey::Kernel(*a),
                 Frame::User(UserAddr::Object(o, off)) => FrameKey::Object(o.id, *off),
