@@ -25,6 +25,11 @@ For each run: starts `ember run` (whole host), waits for its perf events and 3 s
      programs (switch, waking/wakers, sys_exit, rseq, lock contention) per sched_switch run, during a ping-pong, and of
      the sys_exit program per syscall; ember_rq_switch (run-queue latency, always on) for
      scale.
+Then, per run, "off" and "on" started together (their own data and unwind cache directories)
+and measured over the same --steady seconds, after --warm: the steady host as it is changes
+from one 10 s to the next on a shared machine (builds start and end), so the ratio of two agents
+watching the same seconds is the one that tells off-CPU's cost apart from the host's; medians of
+the per-pair ratios.
 `perf sched record -a` on the same ping-pong, once, for scale. Prints a markdown table;
 --write puts it into BENCHMARKS.md between the offcpu markers.
 
@@ -171,6 +176,37 @@ def run(mode, args, tmp):
             ember.kill()
 
 
+def pair(args, tmp, run_no):
+    """ember "off" and "on" at once over the same seconds: CPU % of one core of each."""
+    procs = {}
+    order = ["off", "on"] if run_no % 2 == 0 else ["on", "off"]
+    try:
+        for mode in order:
+            cfg = os.path.join(tmp, f"pair-{mode}.yaml")
+            with open(cfg, "w") as f:
+                f.write(MODES[mode] + "kubernetes:\n  enabled: false\nserver:\n  enabled: false\n"
+                        f"sampling:\n  unwind_cache_dir: {os.path.join(tmp, 'uc-' + mode)}\n")
+            procs[mode] = subprocess.Popen(
+                [EMBER, "run", "--config", cfg, "--data-dir", os.path.join(tmp, f"p-{mode}")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for p in procs.values():
+            if not attached(p.pid):
+                sys.exit("ember did not attach")
+        time.sleep(args.warm)
+        c0 = {m: cpu_seconds(p.pid) for m, p in procs.items()}
+        time.sleep(args.steady_pair)
+        c1 = {m: cpu_seconds(p.pid) for m, p in procs.items()}
+        return {m: (c1[m] - c0[m]) / args.steady_pair for m in procs}
+    finally:
+        for p in procs.values():
+            p.send_signal(signal.SIGINT)
+        for p in procs.values():
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
 def perf_sched(loops, tmp):
     data = os.path.join(tmp, "sched.data")
     rec = subprocess.Popen(["perf", "sched", "record", "-a", "-o", data],
@@ -194,7 +230,7 @@ def fmt(v, spec, unit=""):
     return "-" if v is None else f"{v:{spec}}{unit}"
 
 
-def table(res, perf, args):
+def table(res, perf, pairs, args):
     m = {mode: {k: median(runs, k) for k in runs[0]} for mode, runs in res.items()}
     off = m["off"]
     cols = ["off", "on", "sysexit", "every"]
@@ -237,6 +273,14 @@ def table(res, perf, args):
         row(f"ember CPU, steady host ({args.steady:.0f} s), % of one core (× off)", "cpu_steady", ".2f",
             100, ratio=True),
     ]
+    if pairs:
+        off_p = statistics.median(p["off"] for p in pairs)
+        on_p = statistics.median(p["on"] for p in pairs)
+        ratio = statistics.median(p["on"] / p["off"] for p in pairs if p["off"] > 0)
+        each = ", ".join(f"{100 * p['off']:.2f}/{100 * p['on']:.2f}" for p in pairs)
+        rows.append(f"| ember CPU, steady host, off and on started together ({args.steady_pair:.0f} s after "
+                    f"{args.warm:.0f} s), % of one core (median of on ÷ off per pair) | {100 * off_p:.2f} | "
+                    f"{100 * on_p:.2f} ({ratio:.2f}×) | - | - | runs off/on: {each} |")
     return "\n".join(rows)
 
 
@@ -246,6 +290,9 @@ def main():
     ap.add_argument("--syscalls", type=int, default=3_000_000)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--steady", type=float, default=10.0)
+    ap.add_argument("--steady-pair", type=float, default=30.0)
+    ap.add_argument("--warm", type=float, default=30.0)
+    ap.add_argument("--no-pair", action="store_true")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -253,6 +300,7 @@ def main():
     with open("/proc/sys/kernel/bpf_stats_enabled") as f:
         old = f.read().strip()
     res = {mode: [] for mode in MODES}
+    pairs = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for i in range(args.runs):
@@ -261,12 +309,17 @@ def main():
                     res[mode].append(r)
                     print(f"run {i + 1} {mode}: " + ", ".join(
                         f"{k} {v:.4g}" for k, v in r.items() if v is not None), flush=True)
+                if not args.no_pair:
+                    stats(False)
+                    pairs.append(pair(args, tmp, i))
+                    print(f"run {i + 1} pair: off {100 * pairs[-1]['off']:.2f} %, on "
+                          f"{100 * pairs[-1]['on']:.2f} %", flush=True)
             stats(False)
             perf = perf_sched(args.loops, tmp)
     finally:
         with open("/proc/sys/kernel/bpf_stats_enabled", "w") as f:
             f.write(old)
-    text = table(res, perf, args)
+    text = table(res, perf, pairs, args)
     print(text)
     if args.write:
         path = os.path.join(ROOT, "BENCHMARKS.md")

@@ -521,8 +521,9 @@ const SNAPSHOT_QUEUE: usize = 1024;
 
 /// What stops the unwind loader: its halt flag, and its queue to wake it.
 type LoaderHalt = (Arc<AtomicBool>, WorkSender);
-/// Windows queued between aggregation and symbolization (a CPU and an off-CPU one per window).
-const WINDOW_QUEUE: usize = 4;
+/// Periods queued between aggregation and symbolization (each its CPU window and, with
+/// off-CPU, its off-CPU, `offwake` and `lock` ones, named together).
+const WINDOW_QUEUE: usize = 2;
 /// BPF deny/allow orders queued between aggregation and capture.
 const CONTROL_QUEUE: usize = 4096;
 
@@ -562,7 +563,7 @@ impl Pipeline {
         } = parts;
         let (batch_tx, batch_rx) = mpsc::sync_channel::<Batch>(cfg.limits.sample_queue_batches);
         let queue_bytes = crate::capture::QueueBytes::new(cfg.limits.sample_queue_bytes);
-        let (window_tx, window_rx) = mpsc::sync_channel::<Window>(WINDOW_QUEUE);
+        let (window_tx, window_rx) = mpsc::sync_channel::<Vec<Window>>(WINDOW_QUEUE);
         let (control_tx, control_rx) = mpsc::sync_channel::<Control>(CONTROL_QUEUE);
 
         let accounting = Accounting::new(

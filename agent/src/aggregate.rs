@@ -574,14 +574,15 @@ impl Aggregator {
 }
 
 impl Aggregator {
-    /// The stage's thread: adds every batch from `rx` and sends a window into `tx` at each
-    /// boundary (a full queue drops the window and counts it); when capture stops and `rx`
-    /// is drained, sends the last window and returns.
+    /// The stage's thread: adds every batch from `rx` and sends the windows of a period
+    /// (CPU, then the off-CPU kinds) into `tx` at each boundary, together, so they are named
+    /// in one pass (a full queue drops them and counts them); when capture stops and `rx` is
+    /// drained, sends the last period and returns.
     pub fn run(
         mut self,
         rx: Receiver<Batch>,
         snapshots: Receiver<Snapshot>,
-        tx: SyncSender<Window>,
+        tx: SyncSender<Vec<Window>>,
         window: Duration,
         align: bool,
     ) {
@@ -610,12 +611,11 @@ impl Aggregator {
                     while let Ok(snap) = snapshots.try_recv() {
                         self.table.adopt(snap);
                     }
-                    for w in self.close_windows() {
-                        let n = w.samples();
-                        if let Err(TrySendError::Full(_)) = tx.try_send(w) {
-                            self.metrics.dropped(Cache::WindowQueue, 1);
-                            self.metrics.lost(Loss::WindowQueue, n);
-                        }
+                    let windows = self.close_windows();
+                    let n: u64 = windows.iter().map(Window::samples).sum();
+                    if let Err(TrySendError::Full(w)) = tx.try_send(windows) {
+                        self.metrics.dropped(Cache::WindowQueue, w.len() as u64);
+                        self.metrics.lost(Loss::WindowQueue, n);
                     }
                     deadline = Instant::now() + until_boundary(window, align);
                 }
@@ -624,9 +624,7 @@ impl Aggregator {
                     while let Ok(snap) = snapshots.try_recv() {
                         self.table.adopt(snap);
                     }
-                    for w in self.close_windows() {
-                        let _ = tx.send(w);
-                    }
+                    let _ = tx.send(self.close_windows());
                     return;
                 }
             }

@@ -34,6 +34,7 @@ mod kallsyms;
 use ember_parse::symbols::packed;
 pub use ember_parse::symbols::{demangle, table};
 mod offcpu;
+mod period;
 mod table_cache;
 
 use std::collections::{HashMap, HashSet};
@@ -211,6 +212,11 @@ impl Symbolizer {
 
     /// Resolves every distinct frame of `window` (from cache where possible).
     fn resolve(&mut self, window: &Window) -> HashMap<FrameKey, Resolved> {
+        self.resolve_all(std::slice::from_ref(window))
+    }
+
+    /// Resolves every distinct frame of `windows` (from cache where possible).
+    fn resolve_all(&mut self, windows: &[Window]) -> HashMap<FrameKey, Resolved> {
         self.window += 1;
         self.lines.start_window();
         self.refresh_kernel();
@@ -221,7 +227,7 @@ impl Symbolizer {
         let mut out: HashMap<FrameKey, Resolved> = HashMap::new();
         // Frames not in the cache, with their cache keys.
         let mut misses: Vec<(FrameKey, CacheKey)> = Vec::new();
-        for frame in window.stacks.iter().flat_map(|s| &s.frames) {
+        for frame in period::frames(windows) {
             let key = match frame {
                 Frame::Kernel(a) => FrameKey::Kernel(*a),
                 Frame::User(UserAddr::Object(o, off)) => FrameKey::Object(o.id, *off),
@@ -709,7 +715,7 @@ fn unnamed(frame: &Frame) -> Resolved {
 mod tests {
     use super::*;
     use crate::aggregate::Stack;
-    use crate::model::{FrameCounts, ObjectKey};
+    use crate::model::{FrameCounts, ObjectKey, ProfileKind};
     use crate::normalize::jit;
     use crate::symbolize::table_cache::{NEGATIVE_BYTES, OVER_BUDGET_WINDOWS};
     use std::time::{Duration, SystemTime};
@@ -818,6 +824,43 @@ mod tests {
         s.cache.clear();
         let _ = s.resolve(&w);
         assert_eq!(s.tables.map.len(), 1);
+    }
+
+    #[test]
+    fn a_periods_windows_are_named_in_one_pass() {
+        let _ = a_very_distinct_function_name();
+        let mut table = crate::normalize::process::ProcessTable::new(
+            &crate::config::Limits::default(),
+            Metrics::new(),
+        );
+        let pid = std::process::id();
+        table.touch(pid, pid, &[0; 16], 1);
+        let addr = a_very_distinct_function_name as *const () as u64;
+        let (ua, ua2) = (table.normalize(pid, addr), table.normalize(pid, addr + 1));
+        let kinds = [ProfileKind::Cpu, ProfileKind::OffCpu, ProfileKind::OffWake];
+        let windows: Vec<Window> = kinds
+            .iter()
+            .zip([&ua, &ua2, &ua])
+            .map(|(&kind, f)| Window {
+                kind,
+                ..window(vec![Frame::User(f.clone())])
+            })
+            .collect();
+        let mut s = Symbolizer::new(1000, Metrics::new());
+        let named = s.symbolize_all(windows);
+        let got: Vec<(ProfileKind, bool)> = named
+            .iter()
+            .map(|w| (w.kind, w.stacks[0].frames[0].named))
+            .collect();
+        assert_eq!(
+            got,
+            kinds.map(|k| (k, true)),
+            "every window, in order, named"
+        );
+        let name = |w: &Symbolized| w.stacks[0].frames[0].funcs.last().map(|f| f.name.clone());
+        assert!(name(&named[1]).is_some_and(|n| n.contains("a_very_distinct_function_name")));
+        // One pass: the table parsed once, and the caches aged by one (not one per window).
+        assert_eq!((s.tables.map.len(), s.window), (1, 1));
     }
 
     #[test]

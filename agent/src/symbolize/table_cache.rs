@@ -216,7 +216,10 @@ impl Tables {
     }
 
     /// Caches `table` for `id`, evicting the least recently used until it fits; returns
-    /// how many were evicted. A table bigger than the whole budget serves only this window.
+    /// how many were evicted (or not kept). A table bigger than the whole budget serves only
+    /// this window. Tables used in this window are not evicted for it: when the others do not
+    /// make room, `table` serves this window only (counted), so a window that needs more than
+    /// the budget rebuilds its overflow in the next one, not every table evicted in turn.
     pub(super) fn insert(&mut self, id: FileId, table: Option<Arc<Named>>, window: u64) -> u64 {
         let size = table.as_ref().map_or(NEGATIVE_BYTES, |t| t.table.bytes());
         if size > self.budget {
@@ -228,8 +231,9 @@ impl Tables {
         }
         let mut evicted = 0;
         while self.bytes + size > self.budget {
-            let Some((&old, _)) = self.map.iter().min_by_key(|(_, e)| e.2) else {
-                break;
+            let older = self.map.iter().filter(|(_, e)| e.2 < window);
+            let Some((&old, _)) = older.min_by_key(|(_, e)| e.2) else {
+                return evicted + 1;
             };
             if let Some((_, b, _)) = self.map.remove(&old) {
                 self.bytes -= b;
@@ -241,5 +245,47 @@ impl Tables {
             self.bytes -= b;
         }
         evicted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(ino: u64) -> FileId {
+        FileId {
+            dev: 1,
+            ino,
+            size: 0,
+            mtime: Default::default(),
+            ctime: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_window_over_the_budget_rebuilds_its_overflow_not_its_other_tables() {
+        // Room for two of the three files every window needs.
+        let mut t = Tables::new(2 * NEGATIVE_BYTES as u64);
+        let mut rebuilt = Vec::new();
+        for window in 1..=5 {
+            for ino in 1..=3 {
+                if t.get(&id(ino), window).is_none() {
+                    rebuilt.push((window, ino));
+                    let _ = t.insert(id(ino), None, window);
+                }
+            }
+            assert!(t.bytes <= 2 * NEGATIVE_BYTES);
+        }
+        let first: Vec<(u64, u64)> = (1..=3).map(|ino| (1, ino)).collect();
+        let later: Vec<(u64, u64)> = (2..=5).map(|w| (w, 3)).collect();
+        assert_eq!(
+            rebuilt,
+            [first, later].concat(),
+            "only the third, once a window"
+        );
+        // A window that no longer needs a file lets it go for one it needs.
+        assert_eq!(t.insert(id(4), None, 6), 1);
+        assert_eq!(t.map.len(), 2);
+        assert!(t.map.contains_key(&id(4)));
     }
 }
