@@ -266,6 +266,8 @@ bench-only:
 	EMBER_BIN=$(EMBER) $(CARGO) bench -p ember -p ember-parse
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py --unwind-compare --seconds 20
+	$(CARGO) build -p ember
+	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py --dwarf-compare --debug-exe $(TARGET_DIR)/debug/ember
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/stacks.py
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/offcpu.py --write
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/python.py

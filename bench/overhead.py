@@ -28,7 +28,10 @@ With --unwind-compare it instead runs `ember run` whole-host with
 `sampling.unwind: frame_pointer` (no tables: the frame-pointer-only agent) and
 `auto` (the default), interleaved, --runs times each, and writes the medians side
 by side (section "unwind" of BENCHMARKS.md): what unwinding tables costs on the
-same workload in the same run.
+same workload in the same run. With --dwarf-compare it does the same with `symbols.dwarf`
+off and on, while ember's own debug build (--debug-exe, default target/debug/ember: 100 MB+
+of full DWARF) runs whole-host beside the hogs (section "dwarf"): what DWARF lines cost, and
+the RSS they hold, on a host running a large binary with full debug info.
 
 Options: --seconds N (default 30), --frequency HZ (99), --runs N (3), --no-write (print only),
 --pids-only (profile only the cpu_hog pids: `ember run --pid ...` and
@@ -59,6 +62,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MODES = {
     "unwind": "Whole host: unwind tables on and off (`bench/overhead.py --unwind-compare`)",
+    "dwarf": "Whole host with a 100 MB+ full-debug binary running: DWARF lines on and off "
+             "(`bench/overhead.py --dwarf-compare`)",
     "host": "Whole host (what `make bench` runs)",
     "pids": "Only the workload's processes (`bench/overhead.py --pids-only`)",
     "python": "Python frames walked and not, on Python processes (`bench/python.py`)",
@@ -576,15 +581,38 @@ def write_benchmarks(section, mode):
     log(f"wrote {path}")
 
 
-def unwind_compare(ember, hogs, seconds, hz, workdir, runs, load):
-    """Runs frame_pointer and auto interleaved; returns the report section."""
-    results = {"frame_pointer": [], "auto": []}
+# What each comparison runs: mode -> (sampling.unwind, extra YAML), first the baseline.
+COMPARES = {
+    "unwind": {"frame_pointer": ("frame_pointer", None), "auto": ("auto", None)},
+    "dwarf": {"dwarf off": ("auto", "symbols:\n  dwarf: false\n"),
+              "dwarf on": ("auto", "symbols:\n  dwarf: true\n")},
+}
+
+
+def start_debug_workload(exe, workdir):
+    """Starts ember's own debug build (full DWARF, 100 MB+) as a busy workload: a second
+    agent symbolizing the host every second, so its code runs all over its text."""
+    data = os.path.join(workdir, "debug-windows")
+    cmd = [exe, "run", "--window", "1s", "--data-dir", data, "--listen",
+           f"127.0.0.1:{free_port()}"]
+    log("debug workload: " + " ".join(cmd))
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def compare(kind, ember, hogs, seconds, hz, workdir, runs, load, debug_exe=None):
+    """Runs the modes of COMPARES[kind] interleaved; returns the report section."""
+    modes = COMPARES[kind]
+    results = {m: [] for m in modes}
     for i in range(runs):
-        for mode in ("frame_pointer", "auto"):
-            e = measure_ember(ember, hogs, seconds, hz, workdir, False, unwind=mode)
+        for mode, (unwind, extra) in modes.items():
+            e = measure_ember(ember, hogs, seconds, hz, workdir, False, unwind=unwind,
+                              extra=extra)
             log(f"run {i + 1}/{runs} {mode}: cpu {100 * e['cpu_s'] / e['elapsed_s']:.3f} %, "
                 f"rss {e['rss_steady_mb']:.1f} MB, peak {e['rss_peak_mb']:.1f} MB, bpf "
-                f"{e['bpf_ns'] / max(e['bpf_cnt'], 1) / 1000:.2f} µs; by thread {e['threads']}")
+                f"{e['bpf_ns'] / max(e['bpf_cnt'], 1) / 1000:.2f} µs; by thread {e['threads']}; "
+                f"dwarf read {metric_sum(e['metrics'], 'ember_dwarf_read_bytes_total'):.0f} B, "
+                f"held {metric_sum(e['metrics'], 'ember_dwarf_cache_bytes'):.0f} B")
             results[mode].append(e)
             time.sleep(1)
 
@@ -598,10 +626,15 @@ def unwind_compare(ember, hogs, seconds, hz, workdir, runs, load):
         ("Steady RSS (median of the last 20 s)", lambda e: e["rss_steady_mb"], "{:.1f} MB"),
         ("Peak RSS (VmHWM)", lambda e: e["rss_peak_mb"], "{:.1f} MB"),
         ("Samples delivered", lambda e: e["samples"], "{:.0f}"),
+        ("DWARF read in the steady part (`dwarf_read_bytes_total`)",
+         lambda e: metric_sum(e["metrics"], "ember_dwarf_read_bytes_total") / 1e6, "{:.1f} MB"),
+        ("DWARF held at the end (`dwarf_cache_bytes`)",
+         lambda e: metric_sum(e["metrics"], "ember_dwarf_cache_bytes") / 1e6, "{:.1f} MB"),
     ]
-    rows = ["| metric | frame_pointer | auto (tables) | auto / frame_pointer |", "|---|---|---|---|"]
+    base, other = list(modes)
+    rows = [f"| metric | {base} | {other} | {other} / {base} |", "|---|---|---|---|"]
     for name, f, fmt in metrics:
-        a, b = med("frame_pointer", f), med("auto", f)
+        a, b = med(base, f), med(other, f)
         ratio = f"{b / a:.2f}×" if a else "n/a"
         rows.append(f"| {name} | {fmt.format(a)} | {fmt.format(b)} | {ratio} |")
 
@@ -610,18 +643,27 @@ def unwind_compare(ember, hogs, seconds, hz, workdir, runs, load):
         meds = {t: statistics.median(e["threads"].get(t, 0.0) for e in results[mode]) for t in names}
         return ", ".join(f"{t} {v:.3f}" for t, v in meds.items() if v > 0)
 
-    rows.append(f"| CPU by thread, % of one core (medians) | {by_thread('frame_pointer')} | "
-                f"{by_thread('auto')} | — |")
+    rows.append(f"| CPU by thread, % of one core (medians) | {by_thread(base)} | "
+                f"{by_thread(other)} | — |")
+    each = "; ".join(
+        f"{m}: " + ", ".join(f"{100 * e['cpu_s'] / e['elapsed_s']:.3f}" for e in results[m])
+        for m in modes)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     busy = statistics.median(e["host_busy_s"] for r in results.values() for e in r)
     hog = statistics.median(e["hog_cpu_s"] for r in results.values() for e in r)
+    extra = ""
+    if debug_exe:
+        extra = (f" Beside them, ember's own debug build ({os.path.getsize(debug_exe) / 1e6:.0f} MB, "
+                 f"full DWARF) runs whole-host with 1 s windows: a large busy binary whose "
+                 f"addresses keep changing.")
     head = (
-        f"Measured {now} (`bench/overhead.py --unwind-compare`) on kernel {platform.release()}, "
+        f"Measured {now} (`bench/overhead.py --{kind}-compare`) on kernel {platform.release()}, "
         f"{os.cpu_count()} CPUs ({cpu_model()}), ember {git_rev()}; load average before the "
         f"run {load}.\n\n"
-        f"Workload: {len(hogs)} × `cpu_hog`. `ember run --window 10s --frequency {hz}` (whole "
-        f"host) with `sampling.unwind: frame_pointer` and with `auto`, interleaved, {runs} runs "
-        f"of {seconds} s each; medians. Busy CPU per run: {busy:.1f} s (cpu_hog {hog:.1f} s).\n"
+        f"Workload: {len(hogs)} × `cpu_hog`.{extra} `ember run --window 10s --frequency {hz}` "
+        f"(whole host) in each mode, interleaved, {runs} runs of {seconds} s each; medians. "
+        f"Busy CPU per run: {busy:.1f} s (cpu_hog {hog:.1f} s). Steady CPU of each run, % of "
+        f"a core: {each}.\n"
     )
     return head + "\n" + "\n".join(rows) + "\n"
 
@@ -636,6 +678,11 @@ def main():
                     help="profile only the cpu_hog processes (ember --pid, perf -p)")
     ap.add_argument("--unwind-compare", action="store_true",
                     help="ember with unwind tables against frame pointers only (no perf)")
+    ap.add_argument("--dwarf-compare", action="store_true",
+                    help="ember with DWARF lines on against off, beside a debug build (no perf)")
+    ap.add_argument("--debug-exe", default=os.path.join(TARGET, "debug", "ember"),
+                    help="the 100 MB+ full-debug binary run beside --dwarf-compare "
+                         "(none: the hogs alone)")
     ap.add_argument("--runs", type=int, default=3,
                     help="runs of ember (of each mode with --unwind-compare); medians reported")
     args = ap.parse_args()
@@ -676,17 +723,26 @@ def main():
         with open(stats_path, "w") as f:
             f.write("1")
         # Long enough for both measurements (or every compared run) and their start-up.
-        life = (2 * args.runs if args.unwind_compare else args.runs + 2) * (
+        comparing = args.unwind_compare or args.dwarf_compare
+        life = (2 * args.runs if comparing else args.runs + 2) * (
             args.seconds + WARMUP_S + 5) + 60
         hogs = [start_hog(exe, life) for _ in range(args.hogs)]
         log(f"{args.hogs} cpu_hog running: pids {[h.pid for h in hogs]}")
         time.sleep(1)
-        if args.unwind_compare:
-            section = unwind_compare(ember, hogs, args.seconds, args.frequency, workdir,
-                                     args.runs, load)
+        if comparing:
+            kind = "unwind" if args.unwind_compare else "dwarf"
+            debug_exe = None
+            if kind == "dwarf" and args.debug_exe != "none":
+                if not os.access(args.debug_exe, os.X_OK):
+                    die(f"{args.debug_exe} not found: `cargo build -p ember` (debug) first")
+                debug_exe = args.debug_exe
+                hogs.append(start_debug_workload(debug_exe, workdir))
+                time.sleep(5)
+            section = compare(kind, ember, hogs[:args.hogs], args.seconds, args.frequency,
+                              workdir, args.runs, load, debug_exe)
             print(section)
             if not args.no_write:
-                write_benchmarks(section, "unwind")
+                write_benchmarks(section, kind)
             return
         runs = []
         for i in range(max(args.runs, 1)):

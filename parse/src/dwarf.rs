@@ -21,12 +21,19 @@
 //!
 //! [`Limits`]: crate::elf_file::Limits
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 use addr2line::gimli;
-use gimli::{EndianSlice, RunTimeEndian, SectionId};
+use gimli::{Reader, RunTimeEndian, SectionId};
 
 use crate::elf_file::{ElfError, ElfReader, ReadAt};
+use load::UnitSkip;
+use sparse::{Spans, Sparse};
+
+mod load;
+mod sparse;
 
 /// Deepest DIE nesting accepted (real C++ with heavy templates stays under ~200).
 pub const MAX_DIE_DEPTH: isize = 1024;
@@ -111,15 +118,84 @@ pub struct InlineFrame {
     pub line: u32,
 }
 
-/// The DWARF sections of one object, read within its reader's caps.
+/// Addresses of one lookup that got no chain though their object has DWARF, by reason.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Skipped {
+    /// The unit covering it did not fit under the object's cap.
+    pub over_cap: u64,
+    /// The unit covering it nests DIEs deeper than [`MAX_DIE_DEPTH`].
+    pub too_deep: u64,
+    /// The unit covering it does not parse.
+    pub malformed: u64,
+    /// No unit covers it (`.debug_aranges` has no range holding it).
+    pub no_unit: u64,
+    /// The unit covering it was over what the reader could still read: it may be read
+    /// in a later lookup.
+    pub deferred: u64,
+}
+
+/// What one [`Dwarf::lookup`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Looked {
+    /// Units read from the file for it.
+    pub units_read: u64,
+    /// Bytes read from the file for it.
+    pub bytes_read: u64,
+    /// Whether the units held before were let go to make room for this lookup's.
+    pub reset: bool,
+    /// Addresses left without a chain, by reason.
+    pub skipped: Skipped,
+    /// Indexes (into the addresses looked up) of those [`Skipped::deferred`]: worth asking
+    /// again, unlike the others.
+    pub deferred: Vec<usize>,
+}
+
+/// One range of `.debug_aranges`: `[begin, end)` is in the unit at `unit`.
+#[derive(Debug, Clone, Copy)]
+struct Arange {
+    begin: u64,
+    end: u64,
+    unit: u64,
+}
+
+/// Bytes of parsed state (addr2line's line rows, function and inline trees) charged per
+/// byte of DWARF loaded: with it, what is charged matched the agent's RSS with DWARF on
+/// less off, on a host running ember's own debug build (`bench/overhead.py --dwarf-compare`).
+const PARSED_PER_BYTE: u64 = 3;
+
+/// Units loaded in one lookup because a unit loaded refers to them (for an inlined
+/// function's name), at most.
+const MAX_FOLLOWED: usize = 256;
+
+/// What ember holds of one object's DWARF between lookups: where its sections are, which
+/// unit covers which addresses (from `.debug_aranges`), the units loaded so far and
+/// addr2line's context over them (which keeps what it parsed of each).
 pub struct Dwarf {
-    sections: Vec<(SectionId, Vec<u8>)>,
-    little: bool,
+    endian: RunTimeEndian,
+    sections: Vec<load::Section>,
+    /// `None`: every section was read whole (no `.debug_aranges`, or compressed sections).
+    index: Option<Vec<Arange>>,
+    /// Units loaded: (offset, length), sorted.
+    units: Vec<(u64, u64)>,
+    /// Units not loaded for good, and why (not over the cap: those are tried again).
+    refused: HashMap<u64, UnitSkip>,
+    /// Units that did not fit in this lookup, and why (over the cap, or deferred).
+    over: HashMap<u64, UnitSkip>,
+    ctx: Option<addr2line::Context<Sparse>>,
+    /// Estimate of what addr2line parsed of the units loaded.
+    parsed: u64,
+    /// Where every unit starts, read once the first time a unit refers to another.
+    starts: Option<Vec<u64>>,
+    max_bytes: u64,
 }
 
 impl Dwarf {
-    /// Reads the DWARF sections of `elf` (charged to its caps).
-    pub fn read<R: ReadAt + ?Sized>(elf: &mut ElfReader<'_, R>) -> Result<Dwarf, DwarfError> {
+    /// Opens the DWARF of `elf`: reads `.debug_aranges` only, when it has one and its
+    /// sections are not compressed; else every section whole (at most `max_bytes`).
+    pub fn open<R: ReadAt + ?Sized>(
+        elf: &mut ElfReader<'_, R>,
+        max_bytes: u64,
+    ) -> Result<Dwarf, DwarfError> {
         let names: Vec<&[u8]> = elf.sections().iter().map(|s| elf.section_name(s)).collect();
         let info = names.iter().position(|n| *n == b".debug_info");
         let zdebug = names.iter().any(|n| n.starts_with(b".zdebug_"));
@@ -128,78 +204,406 @@ impl Dwarf {
             _ if zdebug => return Err(DwarfError::Compressed),
             _ => return Err(DwarfError::NoDwarf),
         }
-        let wanted: Vec<(SectionId, usize)> = WANTED
-            .iter()
-            .filter_map(|id| {
-                let i = names.iter().position(|n| *n == id.name().as_bytes())?;
-                Some((*id, i))
-            })
-            .collect();
-        let mut sections = Vec::with_capacity(wanted.len());
-        for (id, i) in wanted {
-            sections.push((id, elf.section_data(i)?));
-        }
-        Ok(Dwarf {
-            sections,
-            little: elf.little_endian(),
-        })
-    }
-
-    /// Bytes of section data held.
-    pub fn bytes(&self) -> u64 {
-        self.sections.iter().map(|(_, d)| d.len() as u64).sum()
-    }
-
-    fn section(&self, id: SectionId) -> &[u8] {
-        self.sections
-            .iter()
-            .find(|(s, _)| *s == id)
-            .map_or(&[][..], |(_, d)| d.as_slice())
-    }
-
-    /// Calls `f(i, chain)` for each `addrs[i]` (an address as the object's symbols give
-    /// them): its chain innermost first, empty when no unit covers it. Parses only the
-    /// units those addresses fall in; everything parsed is dropped on return.
-    pub fn lookup(
-        &self,
-        addrs: &[u64],
-        mut f: impl FnMut(usize, Vec<InlineFrame>),
-    ) -> Result<(), DwarfError> {
-        let endian = if self.little {
+        let endian = if elf.little_endian() {
             RunTimeEndian::Little
         } else {
             RunTimeEndian::Big
         };
-        let dwarf = gimli::Dwarf::load(|id| {
-            Ok::<_, DwarfError>(EndianSlice::new(self.section(id), endian))
-        })?;
-        check_depth(&dwarf)?;
-        let ctx = addr2line::Context::from_dwarf(dwarf)?;
-        for (i, &addr) in addrs.iter().enumerate() {
-            // A unit that does not parse costs its addresses, not the object's.
-            let Ok(mut frames) = ctx.find_frames(addr).skip_all_loads() else {
-                f(i, Vec::new());
-                continue;
-            };
-            let mut chain = Vec::new();
-            while let Ok(Some(frame)) = frames.next() {
-                if chain.len() == MAX_INLINE_DEPTH {
-                    break;
+        let mut compressed = false;
+        let sections: Vec<load::Section> = WANTED
+            .iter()
+            .map(|&id| {
+                let index = names.iter().position(|n| *n == id.name().as_bytes());
+                let header = index.and_then(|i| elf.sections().get(i));
+                compressed |=
+                    header.is_some_and(|h| h.flags & u64::from(object::elf::SHF_COMPRESSED) != 0);
+                load::Section {
+                    id,
+                    index,
+                    spans: Spans::new(header.map_or(0, |h| h.size)),
                 }
-                let location = frame.location;
-                chain.push(InlineFrame {
-                    name: frame.function.map(|n| cut(n.name.slice()).to_vec()),
-                    file: location
-                        .as_ref()
-                        .and_then(|l| l.file)
-                        .map(|p| String::from_utf8_lossy(cut(p.as_bytes())).into_owned()),
-                    line: location.as_ref().and_then(|l| l.line).unwrap_or(0),
-                });
+            })
+            .collect();
+        let mut dwarf = Dwarf {
+            endian,
+            sections,
+            index: None,
+            units: Vec::new(),
+            refused: HashMap::new(),
+            over: Default::default(),
+            ctx: None,
+            parsed: 0,
+            starts: None,
+            max_bytes,
+        };
+        let aranges = names.iter().position(|n| *n == b".debug_aranges");
+        if let (Some(i), false) = (aranges, compressed) {
+            let index = dwarf.read_aranges(elf, i)?;
+            if !index.is_empty() {
+                dwarf.index = Some(index);
+                return Ok(dwarf);
             }
+        }
+        dwarf.read_whole(elf)?;
+        Ok(dwarf)
+    }
+
+    /// The ranges of `.debug_aranges`, sorted, neighbours of one unit merged.
+    fn read_aranges<R: ReadAt + ?Sized>(
+        &self,
+        elf: &mut ElfReader<'_, R>,
+        i: usize,
+    ) -> Result<Vec<Arange>, DwarfError> {
+        let size = elf.sections().get(i).map_or(0, |s| s.size);
+        if size > self.max_bytes / 2 {
+            return Err(DwarfError::OverCap);
+        }
+        let data = elf.section_data(i)?;
+        let aranges = gimli::DebugAranges::new(&data, self.endian);
+        let mut out = Vec::new();
+        let mut headers = aranges.headers();
+        while let Some(h) = headers.next()? {
+            let unit = h.debug_info_offset().0 as u64;
+            let mut entries = h.entries();
+            while let Some(e) = entries.next().transpose() {
+                // An entry whose range overflows is skipped, as addr2line does.
+                let Ok(e) = e else { continue };
+                if e.length() > 0 {
+                    let r = e.range();
+                    out.push(Arange {
+                        begin: r.begin,
+                        end: r.end,
+                        unit,
+                    });
+                }
+            }
+            if out.len() as u64 * 24 > self.max_bytes / 2 {
+                return Err(DwarfError::OverCap);
+            }
+        }
+        out.sort_unstable_by_key(|a| (a.begin, a.end));
+        let mut merged: Vec<Arange> = Vec::with_capacity(out.len());
+        for a in out {
+            match merged.last_mut() {
+                Some(m) if m.unit == a.unit && a.begin <= m.end => m.end = m.end.max(a.end),
+                _ => merged.push(a),
+            }
+        }
+        merged.shrink_to_fit();
+        Ok(merged)
+    }
+
+    /// Reads every section whole and checks the depth of every unit.
+    fn read_whole<R: ReadAt + ?Sized>(
+        &mut self,
+        elf: &mut ElfReader<'_, R>,
+    ) -> Result<(), DwarfError> {
+        let mut total = 0u64;
+        for s in &mut self.sections {
+            let Some(i) = s.index else { continue };
+            let data = elf.section_data(i)?;
+            total += data.len() as u64;
+            // Charged as a unit is: its bytes and what addr2line will parse of them.
+            if total.saturating_mul(1 + PARSED_PER_BYTE) > self.max_bytes {
+                return Err(DwarfError::OverCap);
+            }
+            s.spans = Spans::new(data.len() as u64);
+            s.spans.insert(0, data);
+        }
+        let dwarf = self.gimli(None);
+        check_depth(&dwarf)?;
+        self.parsed = total.saturating_mul(PARSED_PER_BYTE);
+        self.ctx = Some(addr2line::Context::from_dwarf(dwarf)?);
+        Ok(())
+    }
+
+    /// gimli's view of the sections loaded; `.debug_info` replaced by `info` if given.
+    fn gimli(&self, info: Option<Spans>) -> gimli::Dwarf<Sparse> {
+        let mut info = info.map(Arc::new);
+        let section = |id: SectionId| -> Arc<Spans> {
+            if id == SectionId::DebugInfo {
+                if let Some(i) = &info {
+                    return i.clone();
+                }
+            }
+            // addr2line is given no `.debug_aranges`: ember's own index picked the units,
+            // and their root DIEs say what they cover.
+            if id == SectionId::DebugAranges && self.index.is_some() {
+                return Arc::default();
+            }
+            Arc::new(
+                self.sections
+                    .iter()
+                    .find(|s| s.id == id)
+                    .map(|s| s.spans.clone())
+                    .unwrap_or_default(),
+            )
+        };
+        let loaded = gimli::Dwarf::load(|id| {
+            Ok::<_, std::convert::Infallible>(Sparse::new(section(id), self.endian))
+        });
+        info.take();
+        match loaded {
+            Ok(d) => d,
+            Err(never) => match never {},
+        }
+    }
+
+    /// Bytes held: the sections' bytes loaded, the unit index, and an estimate of what
+    /// addr2line parsed of them.
+    pub fn bytes(&self) -> u64 {
+        let spans: u64 = self.sections.iter().map(|s| s.spans.bytes()).sum();
+        let index = self.index.as_ref().map_or(0, |i| i.capacity() as u64 * 24);
+        let starts = self.starts.as_ref().map_or(0, |s| s.capacity() as u64 * 8);
+        spans + index + starts + self.parsed
+    }
+
+    /// The unit covering `addr`, by the index.
+    fn unit_of(index: &[Arange], addr: u64) -> Option<u64> {
+        let i = index.partition_point(|a| a.begin <= addr);
+        let a = index.get(i.checked_sub(1)?)?;
+        (addr < a.end).then_some(a.unit)
+    }
+
+    /// Calls `f(i, chain)` for each `addrs[i]` (an address as the object's symbols give
+    /// them): its chain innermost first, empty when no unit loaded covers it. Loads from
+    /// `elf` (the file [`Dwarf::open`] read) the units those addresses fall in that are not
+    /// loaded yet, starting a unit only while fewer than `read_budget` bytes were read (so
+    /// it can be passed by one unit); units not started are [`Skipped::deferred`]. What
+    /// addr2line parsed of units loaded before is kept.
+    pub fn lookup<R: ReadAt + ?Sized>(
+        &mut self,
+        elf: &mut ElfReader<'_, R>,
+        addrs: &[u64],
+        read_budget: u64,
+        mut f: impl FnMut(usize, Vec<InlineFrame>),
+    ) -> Result<Looked, DwarfError> {
+        let mut looked = Looked::default();
+        self.over.clear();
+        if self.index.is_some() {
+            self.load_units(elf, addrs, read_budget, &mut looked)?;
+        }
+        for (i, &addr) in addrs.iter().enumerate() {
+            if let Some(index) = &self.index {
+                let Some(unit) = Self::unit_of(index, addr) else {
+                    looked.skipped.no_unit += 1;
+                    f(i, Vec::new());
+                    continue;
+                };
+                let why = self.over.get(&unit).or_else(|| self.refused.get(&unit));
+                if let Some(why) = why {
+                    match why {
+                        UnitSkip::OverCap => looked.skipped.over_cap += 1,
+                        UnitSkip::Deferred => {
+                            looked.skipped.deferred += 1;
+                            looked.deferred.push(i);
+                        }
+                        UnitSkip::TooDeep => looked.skipped.too_deep += 1,
+                        UnitSkip::Malformed => looked.skipped.malformed += 1,
+                    }
+                    f(i, Vec::new());
+                    continue;
+                }
+            }
+            let chain = match &self.ctx {
+                Some(ctx) => chain(ctx, addr),
+                None => Vec::new(),
+            };
             f(i, chain);
+        }
+        Ok(looked)
+    }
+
+    /// Loads the units `addrs` fall in that are not loaded, and rebuilds addr2line's
+    /// context over the units loaded if any was added. When one does not fit, the units
+    /// held are let go (once) to make room for this lookup's.
+    fn load_units<R: ReadAt + ?Sized>(
+        &mut self,
+        elf: &mut ElfReader<'_, R>,
+        addrs: &[u64],
+        read_budget: u64,
+        looked: &mut Looked,
+    ) -> Result<(), DwarfError> {
+        let Some(index) = &self.index else {
+            return Ok(());
+        };
+        let mut wanted: Vec<u64> = addrs
+            .iter()
+            .filter_map(|&a| Self::unit_of(index, a))
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut added = false;
+        let mut loaded = 0usize;
+        let mut queue: std::collections::VecDeque<u64> = wanted.iter().copied().collect();
+        let mut followed = 0;
+        while let Some(u) = queue.pop_front() {
+            if self.units.binary_search_by_key(&u, |x| x.0).is_ok() || self.refused.contains_key(&u)
+            {
+                continue;
+            }
+            // A unit holding an address asked for waits once the budget is read, but the
+            // first of a pass loads whatever its size (under the cap), so a lookup with any
+            // budget makes progress. Units it refers to load with it: without them its
+            // chains do not resolve.
+            let asked = wanted.binary_search(&u).is_ok();
+            if asked && (read_budget == 0 || (loaded > 0 && looked.bytes_read >= read_budget)) {
+                self.over.insert(u, UnitSkip::Deferred);
+                continue;
+            }
+            let result = self.load_one(elf, u);
+            let others = self
+                .units
+                .iter()
+                .any(|x| wanted.binary_search(&x.0).is_err());
+            // Only a unit holding an address asked for makes room; one followed for the
+            // name of a function inlined across units does not.
+            if matches!(result, Err(UnitSkip::OverCap)) && !looked.reset && others && asked {
+                self.reset();
+                looked.reset = true;
+                // Units of this lookup loaded before the reset are loaded again.
+                return self.load_units(elf, addrs, read_budget, looked);
+            }
+            match result {
+                Ok(unit) => {
+                    loaded += usize::from(asked);
+                    looked.units_read += 1;
+                    looked.bytes_read += unit.bytes;
+                    self.parsed = self
+                        .parsed
+                        .saturating_add(unit.bytes.saturating_mul(PARSED_PER_BYTE));
+                    let at = self.units.partition_point(|x| x.0 < u);
+                    self.units.insert(at, (u, unit.len));
+                    added = true;
+                    for o in unit.others {
+                        let Some(start) = self.unit_containing(elf, o) else {
+                            continue;
+                        };
+                        let known = self.units.binary_search_by_key(&start, |x| x.0).is_ok()
+                            || self.refused.contains_key(&start)
+                            || queue.contains(&start);
+                        if !known && followed < MAX_FOLLOWED {
+                            followed += 1;
+                            queue.push_back(start);
+                        }
+                    }
+                }
+                Err(why @ (UnitSkip::OverCap | UnitSkip::Deferred)) => {
+                    self.over.insert(u, why);
+                }
+                Err(why) => {
+                    self.refused.insert(u, why);
+                }
+            }
+        }
+        if added || (self.ctx.is_none() && !self.units.is_empty()) {
+            self.rebuild()?;
         }
         Ok(())
     }
+
+    /// The start of the unit holding `.debug_info` offset `at` (unit starts are read from
+    /// the file the first time this is asked).
+    fn unit_containing<R: ReadAt + ?Sized>(
+        &mut self,
+        elf: &mut ElfReader<'_, R>,
+        at: u64,
+    ) -> Option<u64> {
+        if let Some(i) = self.units.iter().position(|&(o, l)| o <= at && at < o + l) {
+            return self.units.get(i).map(|u| u.0);
+        }
+        if self.starts.is_none() {
+            let mut loader = load::Loader {
+                elf,
+                sections: &mut self.sections,
+                endian: self.endian,
+                budget: 0,
+            };
+            self.starts = Some(loader.unit_starts());
+        }
+        let starts = self.starts.as_ref()?;
+        let i = starts.partition_point(|&s| s <= at);
+        starts.get(i.checked_sub(1)?).copied()
+    }
+
+    /// Loads one unit within what is left of the cap.
+    fn load_one<R: ReadAt + ?Sized>(
+        &mut self,
+        elf: &mut ElfReader<'_, R>,
+        unit: u64,
+    ) -> Result<load::Loaded, UnitSkip> {
+        // What addr2line will parse of it is charged too.
+        let budget = self.max_bytes.saturating_sub(self.bytes()) / (1 + PARSED_PER_BYTE);
+        let mut loader = load::Loader {
+            elf,
+            sections: &mut self.sections,
+            endian: self.endian,
+            budget,
+        };
+        loader.unit(unit)
+    }
+
+    /// Lets every unit go (the index stays).
+    fn reset(&mut self) {
+        self.ctx = None;
+        self.units.clear();
+        self.over.clear();
+        self.parsed = 0;
+        for s in &mut self.sections {
+            s.spans = Spans::new(s.spans.size());
+        }
+    }
+
+    /// A new addr2line context over the units loaded (what it parsed before is lost).
+    fn rebuild(&mut self) -> Result<(), DwarfError> {
+        self.ctx = None;
+        let real = self
+            .sections
+            .iter()
+            .find(|s| s.id == SectionId::DebugInfo)
+            .map(|s| s.spans.clone())
+            .unwrap_or_default();
+        let (info, left_out) =
+            load::info_with_gaps(&real, &self.units, self.endian == RunTimeEndian::Little);
+        for u in left_out {
+            self.units.retain(|x| x.0 != u);
+            self.refused.insert(u, UnitSkip::Malformed);
+        }
+        let dwarf = self.gimli(Some(info));
+        self.ctx = Some(addr2line::Context::from_dwarf(dwarf)?);
+        Ok(())
+    }
+
+    /// Units loaded.
+    pub fn units(&self) -> usize {
+        self.units.len()
+    }
+}
+
+/// The chain of `addr`, innermost first; empty if no unit loaded covers it.
+fn chain(ctx: &addr2line::Context<Sparse>, addr: u64) -> Vec<InlineFrame> {
+    // A unit that does not parse costs its addresses, not the object's.
+    let Ok(mut frames) = ctx.find_frames(addr).skip_all_loads() else {
+        return Vec::new();
+    };
+    let mut chain = Vec::new();
+    while let Ok(Some(frame)) = frames.next() {
+        if chain.len() == MAX_INLINE_DEPTH {
+            break;
+        }
+        let location = frame.location;
+        chain.push(InlineFrame {
+            name: frame
+                .function
+                .and_then(|n| n.name.to_slice().ok().map(|s| cut(&s).to_vec())),
+            file: location
+                .as_ref()
+                .and_then(|l| l.file)
+                .map(|p| String::from_utf8_lossy(cut(p.as_bytes())).into_owned()),
+            line: location.as_ref().and_then(|l| l.line).unwrap_or(0),
+        });
+    }
+    chain
 }
 
 /// At most [`MAX_NAME`] bytes of `b`.
@@ -209,7 +613,7 @@ fn cut(b: &[u8]) -> &[u8] {
 
 /// Refuses DIE trees nested deeper than [`MAX_DIE_DEPTH`] (addr2line recurses per level of
 /// nested inlined subroutines). One pass over `.debug_info`, skipping attributes.
-fn check_depth(dwarf: &gimli::Dwarf<EndianSlice<'_, RunTimeEndian>>) -> Result<(), DwarfError> {
+fn check_depth(dwarf: &gimli::Dwarf<Sparse>) -> Result<(), DwarfError> {
     let mut units = dwarf.units();
     while let Some(header) = units.next()? {
         let abbrevs = dwarf.abbreviations(&header)?;

@@ -433,6 +433,33 @@ impl<'a, R: ReadAt + ?Sized> ElfReader<'a, R> {
         }
     }
 
+    /// `len` bytes at `offset` inside section `index` (cut at the section's end), charged
+    /// to the budget like any read; refused ([`ElfError::Unsupported`]) for a compressed
+    /// section, which can only be inflated whole ([`ElfReader::section_data`]).
+    pub fn section_range(
+        &mut self,
+        index: usize,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, ElfError> {
+        let s = *self
+            .sections
+            .get(index)
+            .ok_or(ElfError::Malformed("section index"))?;
+        if s.kind == elf::SHT_NOBITS || s.kind == elf::SHT_NULL || offset >= s.size {
+            return Ok(Vec::new());
+        }
+        if s.flags & u64::from(elf::SHF_COMPRESSED) != 0 {
+            return Err(ElfError::Unsupported);
+        }
+        let len = len.min(s.size - offset);
+        let at = s
+            .offset
+            .checked_add(offset)
+            .ok_or(ElfError::Malformed("range"))?;
+        self.read(at, len)
+    }
+
     fn inflate<C: CompressionHeader<Endian = Endianness> + Pod>(
         &mut self,
         raw: &[u8],

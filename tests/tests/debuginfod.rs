@@ -157,6 +157,22 @@ fn windows_naming(dir: &Path, pid: u32, function: &str) -> (usize, usize) {
     (naming, files.len())
 }
 
+/// The distinct addresses of frames named `function` in `pid`'s stacks, over every window
+/// of `dir`.
+fn addresses_naming(dir: &Path, pid: u32, function: &str) -> std::collections::BTreeSet<u64> {
+    fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .iter()
+        .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+        .filter_map(|p| read_profile(p).ok())
+        .flat_map(|p| stacks_of(&p, pid))
+        .flat_map(|s| s.frames)
+        .filter(|f| f.name == function)
+        .map(|f| f.address)
+        .collect()
+}
+
 #[test]
 fn stripped_frames_are_named_from_debuginfod_past_hostile_servers() {
     if !require_privileged() {
@@ -284,6 +300,35 @@ fn stripped_frames_are_named_from_debuginfod_past_hostile_servers() {
     assert_eq!(
         wrong, 0,
         "a name came from the file with the wrong build id"
+    );
+    // Every address named after the file arrived was looked up once in its table, counted
+    // as named by debuginfod; before, the stripped object's addresses were unnamed.
+    let text = http_get(&addr, "/metrics").expect("metrics").1;
+    let from = |source: &str| {
+        series_value(
+            &text,
+            &format!("ember_symbols_total{{source=\"{source}\"}}"),
+        )
+    };
+    let named = addresses_naming(&data, program.pid, "debuginfod_hot_a");
+    println!(
+        "symbols by source: debuginfod {}, none {}, symtab {}, dynsym {}; {} distinct \
+         addresses named debuginfod_hot_a",
+        from("debuginfod"),
+        from("none"),
+        from("symtab"),
+        from("dynsym"),
+        named.len()
+    );
+    assert!(
+        !named.is_empty() && from("debuginfod") >= named.len() as f64,
+        "ember_symbols_total{{source=\"debuginfod\"}} is {} for {} addresses named from it",
+        from("debuginfod"),
+        named.len()
+    );
+    assert!(
+        from("none") >= 1.0,
+        "no address was unnamed before the file arrived"
     );
     let held = series_value(&text, "ember_debuginfod_cache_bytes");
     assert!(

@@ -362,3 +362,150 @@ fn shares(paths: impl Iterator<Item = (String, i64)>) -> BTreeMap<String, f64> {
         .map(|(p, n)| (p, n as f64 / total))
         .collect()
 }
+
+/// ember's own 100 MB+ binary (`EMBER_DWARF_BIG`, else the debug build `target/debug/ember`
+/// when built, else the release build, ~100 MB of DWARF), 300 addresses spread over its
+/// functions, looked up in windows of 50 as the symbolizer does, under the default cap
+/// (`symbols.dwarf_bytes`, 12 MiB, far less than its DWARF) and under 64 MiB (what README
+/// suggests for Rust release builds, whose codegen units are large): ≥ 99 % of those that
+/// got lines have binutils' `addr2line -i -f -C` chain (file and line per level), what is
+/// held stays under the cap, and lines come for some addresses under the default cap and,
+/// spread so wide (about a unit each), for at least 40 % under 64 MiB. Before units were
+/// loaded one by one, such a binary kept names only (`over_cap`).
+#[test]
+fn a_big_binarys_chains_under_the_caps_match_addr2line() {
+    use ember_parse::elf_file::{ElfReader, DEFAULT_LIMITS};
+    let root = workspace_root();
+    let bin = std::env::var_os("EMBER_DWARF_BIG")
+        .map(PathBuf::from)
+        .or_else(|| Some(root.join("target/debug/ember")).filter(|p| p.exists()))
+        .unwrap_or_else(|| root.join("target/release/ember"));
+    let Ok(bytes) = fs::read(&bin) else {
+        println!("skipped: no {} (build ember first)", bin.display());
+        return;
+    };
+    let mut elf = ElfReader::new(&bytes[..], DEFAULT_LIMITS).expect("headers");
+    // Function middles, with the function's symbol name: the symbolizer names the outermost
+    // level from the symbol table (and an address without DWARF by its symbol alone), as
+    // binutils does.
+    let mut syms: BTreeMap<u64, String> = BTreeMap::new();
+    elf.function_symbols(object_symtab(), |f| {
+        if f.size > 8 {
+            let name = ember_parse::symbols::demangle::demangle(f.name).0;
+            syms.entry(f.addr + f.size / 2).or_insert(name);
+        }
+    })
+    .expect("symbols");
+    let addrs: Vec<u64> = syms.keys().copied().collect();
+    let step = (addrs.len() / 300).max(1);
+    let addrs: Vec<u64> = addrs.into_iter().step_by(step).take(300).collect();
+    let theirs = addr2line(&bin, &addrs);
+    let default = ember::config::Symbols::default().dwarf_bytes;
+    for (cap, min_percent) in [(default, 1), (64 << 20, 40)] {
+        lines_under_a_cap(&bin, &bytes, &syms, &addrs, &theirs, cap, min_percent);
+    }
+}
+
+/// Looks `addrs` up in `bytes` under `cap` (see above) and checks the answers against
+/// addr2line's (`theirs`): ≥ 99 % of the addresses with lines alike, and at least
+/// `min_percent` % of them with lines.
+fn lines_under_a_cap(
+    bin: &Path,
+    bytes: &[u8],
+    syms: &BTreeMap<u64, String>,
+    addrs: &[u64],
+    theirs: &[Vec<Level>],
+    cap: u64,
+    min_percent: usize,
+) {
+    use ember_parse::dwarf::Dwarf;
+    use ember_parse::elf_file::{ElfReader, DEFAULT_LIMITS};
+    let started = std::time::Instant::now();
+    let mut elf = ElfReader::new(bytes, DEFAULT_LIMITS).expect("headers");
+    let mut dwarf = Dwarf::open(&mut elf, cap).expect("DWARF under the default cap");
+    let mut ours: Vec<Vec<Level>> = vec![Vec::new(); addrs.len()];
+    let mut skipped = 0;
+    for (n, part) in addrs.chunks(50).enumerate() {
+        // A window's reads, as the symbolizer makes them: a new reader per window.
+        let mut elf = ElfReader::new(bytes, DEFAULT_LIMITS).expect("headers");
+        let looked = dwarf
+            .lookup(&mut elf, part, u64::MAX, |i, chain| {
+                ours[n * 50 + i] = chain
+                    .into_iter()
+                    .map(|f| {
+                        let name = f.name.as_deref().map_or(String::new(), |raw| {
+                            ember_parse::symbols::demangle::demangle(raw).0
+                        });
+                        (name, f.file.unwrap_or_default(), f.line)
+                    })
+                    .collect()
+            })
+            .expect("lookup");
+        let s = looked.skipped;
+        skipped += s.over_cap + s.malformed + s.too_deep;
+        for (i, &a) in part.iter().enumerate() {
+            let chain = &mut ours[n * 50 + i];
+            match chain.last_mut() {
+                Some(outer) => outer.0 = syms[&a].clone(),
+                None => chain.push((syms[&a].clone(), String::new(), 0)),
+            }
+        }
+        assert!(
+            dwarf.bytes() <= cap,
+            "{} bytes held, cap {cap}",
+            dwarf.bytes()
+        );
+    }
+    let ours_time = started.elapsed();
+    // binutils names the innermost level after the symbol (and the outermost after the
+    // DWARF's short `DW_AT_name`) where rustc's line tables carry no linkage name; ember
+    // names the outermost after the symbol. So: every level's file and line, and the
+    // names of the levels between.
+    let alike = |o: &Vec<Level>, t: &Vec<Level>| {
+        o.len() == t.len()
+            && o.iter().zip(t).all(|(a, b)| (&a.1, a.2) == (&b.1, b.2))
+            && (o.len() < 3 || o[1..o.len() - 1] == t[1..t.len() - 1])
+    };
+    let same = ours.iter().zip(theirs).filter(|(o, t)| alike(o, t)).count();
+    // Addresses whose unit did not fit under the cap keep the symbol's name alone.
+    let with_lines = ours.iter().filter(|c| c.iter().any(|l| l.2 > 0)).count();
+    for ((a, o), t) in addrs
+        .iter()
+        .zip(&ours)
+        .zip(theirs)
+        .filter(|((_, o), t)| !alike(o, t))
+        .take(5)
+    {
+        println!("{a:#x} differs:\n  ember:     {o:?}\n  addr2line: {t:?}");
+    }
+    println!(
+        "{}: {same} of {} addresses equal addr2line, {with_lines} with lines, {skipped} \
+         skipped over the cap, {} units, {} bytes held (cap {cap}), {:.2} s",
+        bin.display(),
+        addrs.len(),
+        dwarf.units(),
+        dwarf.bytes(),
+        ours_time.as_secs_f64()
+    );
+    // Every address that got lines got addr2line's chain; spread over the whole binary (a
+    // unit per address, the worst case for the cap), at least `min_percent` % got lines.
+    let lines_alike = ours
+        .iter()
+        .zip(theirs)
+        .filter(|(o, t)| o.iter().any(|l| l.2 > 0) && alike(o, t))
+        .count();
+    assert!(
+        lines_alike * 100 >= with_lines * 99,
+        "{lines_alike} of the {with_lines} addresses with lines equal addr2line"
+    );
+    assert!(
+        with_lines * 100 >= addrs.len() * min_percent,
+        "only {with_lines} of {} addresses got lines under a cap of {cap}",
+        addrs.len()
+    );
+}
+
+/// `SHT_SYMTAB`.
+fn object_symtab() -> u32 {
+    2
+}

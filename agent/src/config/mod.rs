@@ -129,8 +129,9 @@ pub struct Symbols {
     pub fetched_dir: Option<PathBuf>,
     /// Read DWARF (in the object or its debug file) for inlined frames and source lines.
     pub dwarf: bool,
-    /// DWARF section bytes read out of one object (inflated sections included), held only
-    /// while that object's new addresses are looked up; an object over it keeps names only.
+    /// DWARF held between windows, all objects together: the units loaded (only those
+    /// holding sampled addresses) and an estimate of what was parsed of them; the least
+    /// recently used object is let go first.
     pub dwarf_bytes: u64,
 }
 
@@ -148,7 +149,7 @@ impl Default for Symbols {
             debuginfod_max_file_bytes: 256 << 20,
             fetched_dir: None,
             dwarf: true,
-            dwarf_bytes: 32 << 20,
+            dwarf_bytes: 12 << 20,
         }
     }
 }

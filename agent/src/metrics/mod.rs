@@ -32,9 +32,9 @@ pub use table::Declared;
 
 pub use reasons::WindowFailure;
 pub use reasons::{
-    Cache, DebuginfodResult, DwarfRead, ExportDrop, FrameResult, HttpRefusal, JitReject,
+    Cache, DebuginfodResult, DwarfRead, DwarfSkip, ExportDrop, FrameResult, HttpRefusal, JitReject,
     JvmRefresh, Loss, NameCap, ObjectRefusal, OffCpuEvent, ProcRead, PyAttach, PyCodeRead,
-    ReadingsSource, RowLookup, SinkName, StackSide, Stage, SymbolMiss, TableBuild,
+    ReadingsSource, RowLookup, SinkName, StackSide, Stage, SymbolMiss, SymbolSource, TableBuild,
     WindowWriteError,
 };
 
@@ -87,11 +87,24 @@ pub struct SideLabel {
     pub side: StackSide,
 }
 
-/// Label set naming a readings source.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SourceLabel {
-    /// Which [`crate::readings::Source`].
-    pub source: ReadingsSource,
+/// Label set with a single `source`: a readings source, or where a name came from.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub struct SourceLabel<S = ReadingsSource> {
+    /// Which [`crate::readings::Source`], or which [`SymbolSource`].
+    pub source: S,
+}
+
+impl<S: Copy> SourceLabel<S> {
+    /// A label set per value of `sources` (series made at start).
+    pub fn every(sources: &'static [S]) -> impl Iterator<Item = Self> {
+        sources.iter().map(|&source| Self { source })
+    }
+}
+
+impl<S: EncodeLabelValue + Copy> EncodeLabelSet for SourceLabel<S> {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        ("source", self.source).encode(encoder.encode_label())
+    }
 }
 
 /// The `cache` label value of `ember_cache_dropped_total`: a bounded cache or queue that was
@@ -276,8 +289,24 @@ metric_table! {
             start ResultLabel::every(DwarfRead::ALL)
         ),
         /// DWARF section bytes read (inflated sections included; `symbols.dwarf_bytes` caps
-        /// one object's).
+        /// what is held).
         pub dwarf_read_bytes: Counter = metric("dwarf_read", unit Bytes),
+        /// Sampled addresses of objects with DWARF that got no inline chain or line, by
+        /// reason.
+        pub dwarf_skipped: Family<ReasonLabel<DwarfSkip>, Counter> = metric(
+            "dwarf_skipped",
+            labels ["reason"],
+            start ReasonLabel::every(DwarfSkip::ALL)
+        ),
+        /// Bytes of DWARF held between windows: units loaded and what was parsed of them
+        /// (budget: symbols.dwarf_bytes).
+        pub dwarf_cache_bytes: Gauge<i64, AtomicI64> = metric("dwarf_cache", unit Bytes),
+        /// Addresses of object files looked up, by where their name came from.
+        pub symbol_sources: Family<SourceLabel<SymbolSource>, Counter> = metric(
+            "symbols",
+            labels ["source"],
+            start SourceLabel::every(SymbolSource::ALL)
+        ),
         /// Memory of the parsed symbol tables held (budget: symbols.cache_bytes).
         pub symbol_table_bytes: Gauge<i64, AtomicI64> = metric("symbol_tables", unit Bytes),
         /// User stacks sampled, by workload and how the walk ended (complete: reached the
@@ -623,6 +652,20 @@ impl Metrics {
     /// Counts `n` symbol names kept short of what a file made of them, for `reason`.
     pub fn name_capped(&self, reason: NameCap, n: u64) {
         self.symbol_names_capped
+            .get_or_create(&ReasonLabel { reason })
+            .inc_by(n);
+    }
+
+    /// Counts `n` addresses of object files named from `source`.
+    pub fn symbols_from(&self, source: SymbolSource, n: u64) {
+        self.symbol_sources
+            .get_or_create(&SourceLabel { source })
+            .inc_by(n);
+    }
+
+    /// Counts `n` sampled addresses that got no DWARF chain, for `reason`.
+    pub fn dwarf_skipped(&self, reason: DwarfSkip, n: u64) {
+        self.dwarf_skipped
             .get_or_create(&ReasonLabel { reason })
             .inc_by(n);
     }

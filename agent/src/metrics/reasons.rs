@@ -156,6 +156,10 @@ label_enum! {
         /// `symbols.debuginfod_cache_bytes`, and build ids asked for dropped on a full queue
         /// or a full table of outstanding requests.
         Debuginfod => "debuginfod",
+        /// DWARF kept between windows (`symbols.dwarf_bytes`): an object's units let go
+        /// (the least recently used object, or all of one object's to make room for the
+        /// units a window needs); read again when next needed.
+        Dwarf => "dwarf",
         /// What the unwind loader read of a process, on its way to the process table.
         ProcessSnapshots => "process_snapshots",
         /// New processes the unwind loader did not read in full: beyond its queue of 4,096,
@@ -629,6 +633,46 @@ label_enum! {
         Malformed => "malformed",
         /// The DWARF reader panicked; the panic was caught and the object keeps names only.
         Panic => "panic",
+    }
+}
+
+label_enum! {
+    /// `ember_symbols_total{source}`: where the name of an object file's address came from,
+    /// counted once per address looked up (a cached answer is not counted again). Every
+    /// value is created at zero at start. (`.gnu_debuglink` is never a source: ember follows
+    /// no path named inside an object.)
+    pub enum SymbolSource {
+        /// The object's own `.symtab`.
+        Symtab => "symtab",
+        /// Only the object's `.dynsym` (stripped, no debug file found): exported names.
+        Dynsym => "dynsym",
+        /// The `.symtab` of a debug file found by build id in `symbols.debug_dirs` or, inside
+        /// the process's root, `symbols.root_debug_dirs`.
+        BuildIdDir => "build_id_dir",
+        /// The `.symtab` of a debug file fetched from a debuginfod server.
+        Debuginfod => "debuginfod",
+        /// No symbol covers it, but the DWARF does.
+        Dwarf => "dwarf",
+        /// No name: kept as `libfoo.so+0x1a2b` (why: `ember_symbol_misses_total`).
+        Unnamed => "none",
+    }
+}
+
+label_enum! {
+    /// `ember_dwarf_skipped_total{reason}`: sampled addresses of an object whose DWARF was
+    /// read that got no inline chain or line, counted once per address looked up.
+    pub enum DwarfSkip {
+        /// The unit covering it did not fit under `symbols.dwarf_bytes`.
+        OverCap => "over_cap",
+        /// The unit covering it nests DIEs deeper than 1024 levels.
+        TooDeep => "too_deep",
+        /// The unit covering it does not parse.
+        Malformed => "malformed",
+        /// No unit covers it (no `.debug_aranges` range holds it: code built without `-g`).
+        NoUnit => "no_unit",
+        /// The unit covering it was not read yet: reads are paced (a sixteenth of
+        /// `symbols.dwarf_bytes` per window); the address is looked up again next window.
+        Deferred => "deferred",
     }
 }
 

@@ -25,7 +25,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::metrics::{Metrics, ObjectRefusal};
+use crate::metrics::{Metrics, ObjectRefusal, SymbolSource};
 use crate::normalize::elf_file::{ElfError, ElfReader, ReadAt};
 use crate::normalize::fs::{Checked, Mounts, Refusal};
 use crate::os::openat2::{open_path_in, reopen, stat_cached, RESOLVE_NO_XDEV};
@@ -379,15 +379,16 @@ fn regular(file: File) -> Result<File, ObjectRefusal> {
 
 /// The debug file of `obj` by its build id: in `host_dirs` on the host first, else in
 /// `root_dirs` inside the root of the process the object came from (a container's own
-/// debug packages), else in the debuginfod cache `fetched` (a host directory). `None`
-/// without a build id or such a file; refusals are counted.
+/// debug packages), else in the debuginfod cache `fetched` (a host directory); with where
+/// it was found (`build_id_dir` or `debuginfod`). `None` without a build id or such a file;
+/// refusals are counted.
 pub fn find_debug_file(
     obj: &Object,
     host_dirs: &[PathBuf],
     root_dirs: &[PathBuf],
     fetched: Option<&Path>,
     metrics: &Metrics,
-) -> Option<File> {
+) -> Option<(File, SymbolSource)> {
     let id = obj.build_id.as_deref()?;
     let path = |dir: &PathBuf| debug_file_path(dir, id);
     host_dirs
@@ -401,7 +402,11 @@ pub fn find_debug_file(
                 .filter_map(path)
                 .find_map(|p| open_in_root(root, &p, metrics))
         })
-        .or_else(|| open_host(&debug_file_path(fetched?, id)?, metrics))
+        .map(|f| (f, SymbolSource::BuildIdDir))
+        .or_else(|| {
+            let f = open_host(&debug_file_path(fetched?, id)?, metrics)?;
+            Some((f, SymbolSource::Debuginfod))
+        })
 }
 
 /// The path of the debug file for `build_id` under a `.build-id` debug directory (`dir` is

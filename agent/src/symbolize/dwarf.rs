@@ -2,21 +2,26 @@
 //! object itself, else in the debug file found by its build id, like its symbols).
 //!
 //! The DWARF is read only for a window's frame-cache misses of an object, through
-//! [`ember_parse::dwarf`] (gimli's `addr2line` over sections the capped ELF reader read), and
-//! dropped as soon as those addresses are looked up: what stays is their chains, in the
-//! symbolizer's frame cache (`limits.symbol_cache_entries`). So at most one object's DWARF
-//! is held at a time, at most `symbols.dwarf_bytes` of sections (plus what addr2line parses
-//! of the units those addresses fall in). An object that gives no lines (no DWARF, over the
-//! cap, refused, a caught panic) is remembered while its file lives and not read again; each
-//! outcome counts once in `ember_dwarf_objects_total{result}`.
+//! [`ember_parse::dwarf`]: `.debug_aranges` tells which unit covers each address, and only
+//! those units are loaded (their DIEs, line program, and the strings and range lists they
+//! refer to), with addr2line's context over them. What is loaded and parsed of an object is
+//! kept between windows, by the identity of the object's file, so a window with new
+//! addresses in a unit seen before parses nothing again; everything held, all objects
+//! together, stays under `symbols.dwarf_bytes` (the least recently used object goes first,
+//! and an object whose units a window needs do not fit lets its other units go), counted in
+//! `ember_cache_dropped_total{cache="dwarf"}` and `ember_dwarf_cache_bytes`. Addresses
+//! left without a chain count in `ember_dwarf_skipped_total{reason}`. An object that gives
+//! no lines (no DWARF, over the cap, refused, a caught panic) is remembered while its file
+//! lives and not read again; each outcome counts once in `ember_dwarf_objects_total{result}`.
 
 use std::collections::{HashMap, HashSet};
+use std::fs::File;
 use std::sync::Arc;
 
-use ember_parse::dwarf::{Dwarf, DwarfError, InlineFrame};
+use ember_parse::dwarf::{Dwarf, DwarfError, InlineFrame, Looked};
 
 use crate::config::Symbols;
-use crate::metrics::{DwarfRead, Metrics};
+use crate::metrics::{Cache, DwarfRead, DwarfSkip, Metrics};
 use crate::model::{FileId, Func};
 use crate::normalize::elf_file::{offset_to_vaddr, ElfReader, Limits};
 use crate::normalize::object::{find_debug_file, FileAt, Object};
@@ -25,19 +30,60 @@ use crate::symbolize::demangle_counted;
 /// Files remembered as giving no lines; past it the memory starts afresh.
 const MAX_SKIPPED: usize = 4096;
 
+/// Objects whose DWARF is kept, at most (each also holds its debug file open).
+const MAX_OBJECTS: usize = 256;
+
 /// Shown for a level of a chain whose function has no name in the DWARF.
 const NO_NAME: &str = "??";
 
-/// The DWARF side of the symbolizer: the switch, the caps, and the files not to read again.
+/// One object's DWARF kept between windows.
+struct Held {
+    dwarf: Dwarf,
+    /// The debug file the DWARF is in (`None`: in the object itself).
+    debug: Option<(File, u64)>,
+    /// The window it was last used in.
+    used: u64,
+}
+
+/// The DWARF side of the symbolizer: the switch, the caps, the DWARF kept, and the files
+/// not to read again.
 pub(super) struct Lines {
     enabled: bool,
     limits: Limits,
+    budget: u64,
+    held: HashMap<FileId, Held>,
     skipped: HashSet<FileId>,
+    window: u64,
+    /// Bytes of DWARF that may still be read (a token bucket: refilled each window by
+    /// [`REFILL_SHARE`] of the budget, up to [`BURST_SHARE`] of it). A lookup starts a unit
+    /// only while some is left, so one unit may take it below zero, down to minus the
+    /// budget: what reading and parsing cost stays bounded on average whatever the host
+    /// runs (units not started are deferred: counted, not kept in the frame cache, and
+    /// asked for again next window), a unit of any size under the cap still loads in
+    /// time, and a steady host, whose units stay held, reads nothing.
+    tokens: i64,
 }
+
+/// The share of `symbols.dwarf_bytes` a window adds to what may be read: a sixteenth
+/// (768 KiB by default).
+const REFILL_SHARE: u64 = 16;
+
+/// The share of `symbols.dwarf_bytes` that may be read at once after quiet windows (and at
+/// start): a half (6 MiB by default).
+const BURST_SHARE: u64 = 2;
 
 /// An object's chains by file offset: functions innermost first, each with its file and
 /// line (for an outer level, where the inner one was inlined).
 pub(super) type Chains = HashMap<u64, Vec<Func>>;
+
+/// What [`Lines::chains`] found for a batch of an object's offsets.
+#[derive(Default)]
+pub(super) struct Found {
+    /// The chains of the offsets that have one.
+    pub(super) chains: Chains,
+    /// Offsets whose DWARF this window could not read any more: to ask again next window.
+    pub(super) deferred: Vec<u64>,
+}
 
 impl Lines {
     /// Reads DWARF per `settings` (`symbols.dwarf`, `symbols.dwarf_bytes`).
@@ -48,36 +94,68 @@ impl Lines {
                 max_read_bytes: settings.dwarf_bytes,
                 max_section_bytes: settings.dwarf_bytes.min(settings.max_section_bytes),
             },
+            budget: settings.dwarf_bytes,
+            held: HashMap::new(),
             skipped: HashSet::new(),
+            window: 0,
+            tokens: burst(settings.dwarf_bytes),
         }
     }
 
-    /// Forgets `id` (its file is gone: a new file on its inode is another file).
-    pub(super) fn forget(&mut self, id: &FileId) {
-        self.skipped.remove(id);
+    /// A new window: what may be read grows by its share.
+    pub(super) fn start_window(&mut self) {
+        self.window += 1;
+        let refill = i64::try_from(self.budget / REFILL_SHARE).unwrap_or(i64::MAX);
+        self.tokens = self.tokens.saturating_add(refill).min(burst(self.budget));
     }
 
-    /// The chains of `offsets` in `obj` that its DWARF covers (empty when it has none, or
-    /// DWARF is off).
+    /// Takes `bytes` read from what may be read (down to minus the budget).
+    fn spend(&mut self, bytes: u64) {
+        let floor = -i64::try_from(self.budget).unwrap_or(i64::MAX);
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.tokens = self.tokens.saturating_sub(bytes).max(floor);
+    }
+
+    /// Forgets `id` (its file is gone: a new file on its inode is another file; or its
+    /// debug file just arrived).
+    pub(super) fn forget(&mut self, id: &FileId) {
+        self.skipped.remove(id);
+        self.held.remove(id);
+    }
+
+    /// Bytes of DWARF held, all objects together.
+    pub(super) fn bytes(&self) -> u64 {
+        self.held.values().map(|h| h.dwarf.bytes()).sum()
+    }
+
+    /// The chains of `offsets` in `obj` that its DWARF covers (none when it has none, or
+    /// DWARF is off), and the offsets deferred to a later window.
     pub(super) fn chains(
         &mut self,
         obj: &Object,
         offsets: &[u64],
         settings: &Symbols,
         metrics: &Metrics,
-    ) -> Chains {
+    ) -> Found {
         if !self.enabled || offsets.is_empty() || self.skipped.contains(&obj.id) {
-            return Chains::new();
+            return Found::default();
         }
-        let limits = self.limits;
+        if self.tokens <= 0 && !self.held.contains_key(&obj.id) {
+            // Opening it reads its index at least: that waits for the next window's share.
+            metrics.dwarf_skipped(DwarfSkip::Deferred, offsets.len() as u64);
+            return Found {
+                chains: Chains::new(),
+                deferred: offsets.to_vec(),
+            };
+        }
         // A parser bug on a hostile file costs that file's lines, not the agent.
         let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            read_chains(obj, offsets, limits, settings, metrics)
+            self.read_chains(obj, offsets, settings, metrics)
         }));
         let result = match read {
-            Ok(Ok(chains)) => {
-                metrics.dwarf_read(DwarfRead::Lines);
-                return chains;
+            Ok(Ok(found)) => {
+                self.evict(&obj.id, metrics);
+                return found;
             }
             Ok(Err(e)) => {
                 tracing::debug!("no lines for {}: {e}", obj.path);
@@ -89,12 +167,167 @@ impl Lines {
             }
         };
         metrics.dwarf_read(result);
+        self.held.remove(&obj.id);
         if self.skipped.len() >= MAX_SKIPPED {
             self.skipped.clear();
         }
         self.skipped.insert(obj.id);
-        Chains::new()
+        metrics.dwarf_cache_bytes.set(self.bytes() as i64);
+        Found::default()
     }
+
+    /// Lets the least recently used objects other than `keep` go until what is held is
+    /// under the budget (and at most [`MAX_OBJECTS`] are).
+    fn evict(&mut self, keep: &FileId, metrics: &Metrics) {
+        let mut total = self.bytes();
+        while total > self.budget || self.held.len() > MAX_OBJECTS {
+            let oldest = self
+                .held
+                .iter()
+                .filter(|(id, _)| *id != keep)
+                .min_by_key(|(_, h)| h.used)
+                .map(|(id, _)| *id);
+            let Some(id) = oldest else { break };
+            if let Some(h) = self.held.remove(&id) {
+                total = total.saturating_sub(h.dwarf.bytes());
+                metrics.dropped(Cache::Dwarf, 1);
+            }
+        }
+        metrics.dwarf_cache_bytes.set(total as i64);
+    }
+
+    /// Opens the DWARF of `obj` (or of its debug file, when the object has none), or
+    /// takes the one kept, and looks `offsets` up.
+    fn read_chains(
+        &mut self,
+        obj: &Object,
+        offsets: &[u64],
+        settings: &Symbols,
+        metrics: &Metrics,
+    ) -> Result<Found, DwarfError> {
+        let src = obj.reader();
+        let mut elf = ElfReader::new(&src, self.limits)?;
+        let addrs: Vec<(u64, u64)> = offsets
+            .iter()
+            .filter_map(|&off| Some((off, offset_to_vaddr(elf.segments(), off)?)))
+            .collect();
+        let vaddrs: Vec<u64> = addrs.iter().map(|&(_, a)| a).collect();
+        // Taken before opening: the lookup that opens an object loads a unit too.
+        let read_budget = u64::try_from(self.tokens).unwrap_or(0);
+        let mut held = match self.held.remove(&obj.id) {
+            Some(h) => h,
+            None => {
+                let h = self.open(obj, &mut elf, settings, metrics)?;
+                // Its index (or, without one, all of it) is read too.
+                self.spend(h.dwarf.bytes());
+                metrics.dwarf_read(DwarfRead::Lines);
+                h
+            }
+        };
+        held.used = self.window;
+        let mut files: HashMap<String, Arc<str>> = HashMap::new();
+        let mut chains = Chains::new();
+        let mut found = |i: usize, chain: Vec<InlineFrame>| {
+            if chain.is_empty() {
+                return;
+            }
+            if let Some(&(off, _)) = addrs.get(i) {
+                chains.insert(off, funcs(chain, &mut files, metrics));
+            }
+        };
+        drop(elf);
+        let looked = match &held.debug {
+            None => {
+                let mut elf = ElfReader::new(&src, self.limits)?;
+                held.dwarf
+                    .lookup(&mut elf, &vaddrs, read_budget, &mut found)
+            }
+            Some((file, size)) => {
+                let debug_src = FileAt::new(file, *size);
+                let mut debug = ElfReader::new(&debug_src, self.limits)?;
+                held.dwarf
+                    .lookup(&mut debug, &vaddrs, read_budget, &mut found)
+            }
+        }?;
+        self.spend(looked.bytes_read);
+        count(&looked, metrics);
+        let deferred = looked
+            .deferred
+            .iter()
+            .filter_map(|&i| addrs.get(i).map(|a| a.0))
+            .collect();
+        self.held.insert(obj.id, held);
+        Ok(Found { chains, deferred })
+    }
+
+    /// The DWARF of `obj`, or of its debug file by build id when the object has none.
+    fn open(
+        &self,
+        obj: &Object,
+        elf: &mut ElfReader<'_, FileAt<'_>>,
+        settings: &Symbols,
+        metrics: &Metrics,
+    ) -> Result<Held, DwarfError> {
+        match Dwarf::open(elf, self.budget) {
+            Err(DwarfError::NoDwarf) => {}
+            other => {
+                return Ok(Held {
+                    dwarf: other?,
+                    debug: None,
+                    used: 0,
+                })
+            }
+        }
+        let (file, _) = find_debug_file(
+            obj,
+            &settings.debug_dirs,
+            &settings.root_debug_dirs,
+            settings.fetched_dir.as_deref(),
+            metrics,
+        )
+        .ok_or(DwarfError::NoDwarf)?;
+        let size = FileId::of_file(&file)
+            .map_err(|_| DwarfError::Malformed)?
+            .size;
+        let debug_src = FileAt::new(&file, size);
+        let mut debug = ElfReader::new(&debug_src, self.limits)?;
+        // The file is named by the build id; a file that says otherwise is not it.
+        if debug.build_id().ok().flatten() != obj.build_id {
+            return Err(DwarfError::NoDwarf);
+        }
+        let dwarf = Dwarf::open(&mut debug, self.budget)?;
+        drop(debug);
+        Ok(Held {
+            dwarf,
+            debug: Some((file, size)),
+            used: 0,
+        })
+    }
+}
+
+/// Counts what a lookup read and skipped.
+fn count(looked: &Looked, metrics: &Metrics) {
+    metrics.dwarf_read_bytes.inc_by(looked.bytes_read);
+    if looked.reset {
+        metrics.dropped(Cache::Dwarf, 1);
+    }
+    let s = looked.skipped;
+    for (reason, n) in [
+        (DwarfSkip::OverCap, s.over_cap),
+        (DwarfSkip::TooDeep, s.too_deep),
+        (DwarfSkip::Malformed, s.malformed),
+        (DwarfSkip::NoUnit, s.no_unit),
+        (DwarfSkip::Deferred, s.deferred),
+    ] {
+        if n > 0 {
+            metrics.dwarf_skipped(reason, n);
+        }
+    }
+}
+
+/// What may be read at once: [`BURST_SHARE`] of `budget`.
+fn burst(budget: u64) -> i64 {
+    i64::try_from(budget / BURST_SHARE).unwrap_or(i64::MAX)
 }
 
 /// The metric result of a refusal.
@@ -106,60 +339,6 @@ fn outcome(e: &DwarfError) -> DwarfRead {
         DwarfError::TooDeep => DwarfRead::TooDeep,
         DwarfError::Malformed => DwarfRead::Malformed,
     }
-}
-
-/// Reads the DWARF of `obj` (or of its debug file, when the object has none) and looks
-/// `offsets` up.
-fn read_chains(
-    obj: &Object,
-    offsets: &[u64],
-    limits: Limits,
-    settings: &Symbols,
-    metrics: &Metrics,
-) -> Result<Chains, DwarfError> {
-    let src = obj.reader();
-    let mut elf = ElfReader::new(&src, limits)?;
-    let addrs: Vec<(u64, u64)> = offsets
-        .iter()
-        .filter_map(|&off| Some((off, offset_to_vaddr(elf.segments(), off)?)))
-        .collect();
-    let dwarf = match Dwarf::read(&mut elf) {
-        Err(DwarfError::NoDwarf) => {
-            drop(elf);
-            let file = find_debug_file(
-                obj,
-                &settings.debug_dirs,
-                &settings.root_debug_dirs,
-                settings.fetched_dir.as_deref(),
-                metrics,
-            )
-            .ok_or(DwarfError::NoDwarf)?;
-            let size = FileId::of_file(&file)
-                .map_err(|_| DwarfError::Malformed)?
-                .size;
-            let debug_src = FileAt::new(&file, size);
-            let mut debug = ElfReader::new(&debug_src, limits)?;
-            // The file is named by the build id; a file that says otherwise is not it.
-            if debug.build_id().ok().flatten() != obj.build_id {
-                return Err(DwarfError::NoDwarf);
-            }
-            Dwarf::read(&mut debug)?
-        }
-        other => other?,
-    };
-    metrics.dwarf_read_bytes.inc_by(dwarf.bytes());
-    let vaddrs: Vec<u64> = addrs.iter().map(|&(_, a)| a).collect();
-    let mut files: HashMap<String, Arc<str>> = HashMap::new();
-    let mut chains = Chains::new();
-    dwarf.lookup(&vaddrs, |i, chain| {
-        if chain.is_empty() {
-            return;
-        }
-        if let Some(&(off, _)) = addrs.get(i) {
-            chains.insert(off, funcs(chain, &mut files, metrics));
-        }
-    })?;
-    Ok(chains)
 }
 
 /// A chain as the symbolizer's functions: names demangled like symbols, file names shared
@@ -223,10 +402,10 @@ mod tests {
     fn names_and_lines_of_the_agents_own_code() {
         let obj = Object::open_local(std::path::Path::new("/proc/self/exe")).expect("open");
         let metrics = Metrics::new();
-        // The test binary holds ~100 MB of DWARF (its dependencies' full debug info).
+        // The test binary holds ~100 MB of DWARF; the unit of this crate's code and those it
+        // refers to take ~6 MB, charged 4× (over the default 12 MiB: names only there).
         let settings = Symbols {
-            dwarf_bytes: 1 << 30,
-            max_section_bytes: 1 << 30,
+            dwarf_bytes: 64 << 20,
             ..Symbols::default()
         };
         let mut lines = Lines::new(&settings);
@@ -246,7 +425,13 @@ mod tests {
                 (lo <= f && f < hi).then(|| f - lo + u64::from_str_radix(offset, 16).unwrap_or(0))
             })
             .expect("our text");
-        let chains = lines.chains(&obj, &[off], &settings, &metrics);
+        // A window whose share is spent defers it, and the next window reads it.
+        lines.tokens = 0;
+        let later = lines.chains(&obj, &[off], &settings, &metrics);
+        assert!(later.chains.is_empty());
+        assert_eq!(later.deferred, [off]);
+        lines.start_window();
+        let chains = lines.chains(&obj, &[off], &settings, &metrics).chains;
         let chain = chains.get(&off).expect("a chain for our own code");
         let outer = chain.last().expect("levels");
         assert!(
@@ -260,11 +445,25 @@ mod tests {
             .as_deref()
             .is_some_and(|p| p.ends_with("symbolize/dwarf.rs")));
         assert!(outer.line > 0);
-        // Under the default cap: refused, counted once, not read again.
-        let small = Symbols::default();
+        // Kept for the next window: asked again, nothing more is read.
+        let read = metrics.dwarf_read_bytes.get();
+        assert!(read > 0 && lines.bytes() > 0);
+        assert_eq!(
+            lines.chains(&obj, &[off], &settings, &metrics).chains,
+            chains
+        );
+        assert_eq!(metrics.dwarf_read_bytes.get(), read, "read again");
+        // Under a cap too small for its unit index: refused, counted once, not read again.
+        let small = Symbols {
+            dwarf_bytes: 64 << 10,
+            ..Symbols::default()
+        };
         let mut capped = Lines::new(&small);
         for _ in 0..2 {
-            assert!(capped.chains(&obj, &[off], &small, &metrics).is_empty());
+            assert!(capped
+                .chains(&obj, &[off], &small, &metrics)
+                .chains
+                .is_empty());
         }
         let over = metrics
             .dwarf_objects
@@ -278,8 +477,7 @@ mod tests {
             ..Symbols::default()
         };
         let mut none = Lines::new(&off_settings);
-        assert!(none
-            .chains(&obj, &[off], &off_settings, &metrics)
-            .is_empty());
+        let nothing = none.chains(&obj, &[off], &off_settings, &metrics);
+        assert!(nothing.chains.is_empty() && nothing.deferred.is_empty());
     }
 }

@@ -14,7 +14,8 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer as Blaze};
 
 use super::*;
 use crate::normalize::elf_file::{ReadAt, DEFAULT_LIMITS};
-use crate::normalize::object::debug_file_path;
+use crate::normalize::object::{debug_file_path, FileAt};
+use crate::symbolize::table_cache::build_table;
 
 /// Offsets compared per binary.
 const SAMPLES: u64 = 4000;
@@ -75,7 +76,7 @@ fn base(name: &str) -> &str {
 
 fn compare(path: &Path) -> Outcome {
     let obj = Object::open_local(path).expect("open");
-    let (table, _) = build_table(&obj, &Symbols::default(), &Metrics::new()).expect("table");
+    let (table, _, _) = build_table(&obj, &Symbols::default(), &Metrics::new()).expect("table");
     // Code offsets: the executable segments, evenly.
     let src = obj.reader();
     let elf = ElfReader::new(&src, DEFAULT_LIMITS).expect("elf");

@@ -42,13 +42,13 @@ use std::sync::{Arc, Weak};
 
 use crate::aggregate::{Frame, Window};
 use crate::config::Symbols;
-use crate::metrics::{Cache, Metrics, NameCap, ObjectRefusal, ProcRead, SymbolMiss};
+use crate::metrics::{Cache, Metrics, NameCap, ProcRead, SymbolMiss, SymbolSource};
 use crate::model::{
     FileId, Func, JitSource, Mapping, ObjectFile, SymFrame, Symbolized, KERNEL_MAPPING,
     PYTHON_MAPPING, WAKE_SEPARATOR,
 };
-use crate::normalize::elf_file::{ElfError, ElfReader, Limits};
-use crate::normalize::object::{find_debug_file, refusal, FileAt, Object};
+use crate::normalize::elf_file::{ElfReader, Limits};
+use crate::normalize::object::{refusal, Object};
 use crate::normalize::process::UserAddr;
 use crate::normalize::python::PyFrame;
 use crate::os::file_id::FileTime;
@@ -56,7 +56,7 @@ use crate::symbolize::debuginfod::Debuginfod;
 use crate::symbolize::demangle::Outcome;
 use crate::symbolize::kallsyms::Kallsyms;
 use crate::symbolize::table::{Miss, SymTable};
-use crate::symbolize::table_cache::{Tables, OVER_BUDGET_WINDOWS};
+use crate::symbolize::table_cache::Tables;
 use offcpu::trim_off_cpu;
 
 /// What one frame resolved to: functions innermost (inlined) first, and whether a
@@ -189,6 +189,7 @@ impl Symbolizer {
         let files = self.debuginfod.as_mut().map(|d| d.arrived());
         for file in files.unwrap_or_default() {
             self.tables.remove(&file);
+            self.lines.forget(&file);
             if let Some(serial) = self.live.get(&FileKey(file)).map(|l| l.serial) {
                 self.cache
                     .retain(|k, _| !matches!(k, CacheKey::Object(s, _) if *s == serial));
@@ -211,6 +212,7 @@ impl Symbolizer {
     /// Resolves every distinct frame of `window` (from cache where possible).
     fn resolve(&mut self, window: &Window) -> HashMap<FrameKey, Resolved> {
         self.window += 1;
+        self.lines.start_window();
         self.refresh_kernel();
         self.take_arrivals();
         let mut kernel: Vec<u64> = Vec::new();
@@ -290,36 +292,7 @@ impl Symbolizer {
                 None => *missed.entry(SymbolMiss::Error).or_default() += vdso.len() as u64,
             }
         }
-        // Frames of objects paused over the budget: not kept in the frame cache, so they
-        // are named once the object is parsed again.
-        let mut transient: HashSet<FrameKey> = HashSet::new();
-        for (key, (obj, offsets)) in by_object {
-            let Some(table) = self.table(&obj) else {
-                *missed.entry(SymbolMiss::Error).or_default() += offsets.len() as u64;
-                if self.tables.over_budget.contains_key(&obj.id) {
-                    transient.extend(offsets.iter().map(|&off| FrameKey::Object(key, off)));
-                }
-                continue;
-            };
-            let mut chains = (self.lines).chains(&obj, &offsets, &self.settings, &self.metrics);
-            for off in offsets {
-                let name = table
-                    .lookup(off)
-                    .map(|n| demangle_counted(&n, &self.metrics));
-                let resolved = match (name, chains.remove(&off)) {
-                    (Ok(name), None) => named(name),
-                    (name, Some(chain)) => Resolved {
-                        funcs: dwarf::merge(chain, name.ok()).into(),
-                        named: true,
-                    },
-                    (Err(m), None) => {
-                        *missed.entry(miss(m)).or_default() += 1;
-                        continue;
-                    }
-                };
-                out.insert(FrameKey::Object(key, off), resolved);
-            }
-        }
+        let transient = self.name_objects(by_object, &mut out, &mut missed);
         for (reason, n) in missed {
             self.metrics.symbol_missed(reason, n);
         }
@@ -328,6 +301,63 @@ impl Symbolizer {
             .symbol_table_bytes
             .set(self.tables.bytes as i64);
         out
+    }
+
+    /// Names the frames of each object of `by_object` (offsets not in the frame cache) into
+    /// `out`, counting misses into `missed` and sources in `ember_symbols_total`. Returns the
+    /// frames of objects paused over the budget: not kept in the frame cache, so they are
+    /// named once the object is parsed again.
+    fn name_objects(
+        &mut self,
+        by_object: HashMap<FileId, (Arc<Object>, Vec<u64>)>,
+        out: &mut HashMap<FrameKey, Resolved>,
+        missed: &mut HashMap<SymbolMiss, u64>,
+    ) -> HashSet<FrameKey> {
+        let mut transient: HashSet<FrameKey> = HashSet::new();
+        // Addresses of objects, by where their name came from, counted once per batch.
+        let mut sources: HashMap<SymbolSource, u64> = HashMap::new();
+        for (key, (obj, offsets)) in by_object {
+            let Some(named_by) = self.table(&obj) else {
+                *missed.entry(SymbolMiss::Error).or_default() += offsets.len() as u64;
+                *sources.entry(SymbolSource::Unnamed).or_default() += offsets.len() as u64;
+                if self.tables.over_budget.contains_key(&obj.id) {
+                    transient.extend(offsets.iter().map(|&off| FrameKey::Object(key, off)));
+                }
+                continue;
+            };
+            let found = (self.lines).chains(&obj, &offsets, &self.settings, &self.metrics);
+            let mut chains = found.chains;
+            // Named without lines for now: not kept, so the next window asks for its lines.
+            transient.extend(found.deferred.iter().map(|&off| FrameKey::Object(key, off)));
+            for off in offsets {
+                let name = (named_by.table)
+                    .lookup(off)
+                    .map(|n| demangle_counted(&n, &self.metrics));
+                let (resolved, source) = match (name, chains.remove(&off)) {
+                    (Ok(name), None) => (named(name), named_by.source),
+                    (name, Some(chain)) => {
+                        let source = if name.is_ok() {
+                            named_by.source
+                        } else {
+                            SymbolSource::Dwarf
+                        };
+                        let funcs = dwarf::merge(chain, name.ok()).into();
+                        (Resolved { funcs, named: true }, source)
+                    }
+                    (Err(m), None) => {
+                        *missed.entry(miss(m)).or_default() += 1;
+                        *sources.entry(SymbolSource::Unnamed).or_default() += 1;
+                        continue;
+                    }
+                };
+                *sources.entry(source).or_default() += 1;
+                out.insert(FrameKey::Object(key, off), resolved);
+            }
+        }
+        for (source, n) in sources {
+            self.metrics.symbols_from(source, n);
+        }
+        transient
     }
 
     /// Marks the file of `o` as held by this window (its cache stays); its serial number
@@ -377,72 +407,6 @@ impl Symbolizer {
             self.cache
                 .retain(|k, _| !matches!(k, CacheKey::Object(s, _) if gone.contains(s)));
         }
-    }
-
-    /// The symbol table of `obj`: from the cache, else read and parsed now (once per file;
-    /// a file that cannot be read is remembered as such). `None` if it has none.
-    fn table(&mut self, obj: &Object) -> Option<Arc<SymTable>> {
-        if let Some(t) = self.tables.get(&obj.id, self.window) {
-            return t;
-        }
-        if self.tables.refused(&obj.id, self.window) {
-            return None;
-        }
-        // The file opened must be the inode the mapping names: one opened by its path
-        // (where `map_files` was refused) can be another file by now, and its names must
-        // not be shown for this mapping. (Inode only: btrfs subvolumes and some overlay
-        // setups report another `st_dev` than `/proc/PID/maps`.)
-        if obj.id.ino != obj.key.inode {
-            tracing::debug!(
-                "{} is not the mapped inode {} (opened {}); unnamed",
-                obj.path,
-                obj.key.inode,
-                obj.id.ino
-            );
-            self.metrics.object_refused(ObjectRefusal::Mismatch);
-            self.tables.insert(obj.id, None, self.window);
-            return None;
-        }
-        let (settings, metrics) = (&self.settings, &self.metrics);
-        // A parser bug on a hostile file costs that file's names, not the agent.
-        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            build_table(obj, settings, metrics)
-        }));
-        let table = match built {
-            Ok(Ok((t, lacks_debug))) => {
-                if let (true, Some(d), Some(id)) =
-                    (lacks_debug, self.debuginfod.as_mut(), obj.build_id.as_ref())
-                {
-                    d.ask(id, obj.id);
-                }
-                Some(Arc::new(t))
-            }
-            Ok(Err(e)) => {
-                tracing::debug!("cannot read the symbols of {}: {e}", obj.path);
-                self.metrics.object_refused(refusal(&e));
-                None
-            }
-            Err(_) => {
-                tracing::warn!(
-                    "the symbol reader panicked on {}; it stays unnamed",
-                    obj.path
-                );
-                self.metrics.object_refused(ObjectRefusal::Panic);
-                None
-            }
-        };
-        let evicted = self.tables.insert(obj.id, table.clone(), self.window);
-        if self.tables.refused(&obj.id, self.window) {
-            tracing::debug!(
-                "the symbol table of {} is over symbols.cache_bytes; unnamed for {OVER_BUDGET_WINDOWS} windows",
-                obj.path
-            );
-            self.metrics.object_refused(ObjectRefusal::OverBudget);
-        }
-        if evicted > 0 {
-            self.metrics.dropped(Cache::SymbolTables, evicted);
-        }
-        table
     }
 
     /// Keeps this window's new results (`misses`) for the next ones, within the cap;
@@ -515,60 +479,6 @@ impl Symbolizer {
             self.cache.retain(|k, _| !matches!(k, CacheKey::Kernel(_)));
         }
     }
-}
-
-/// Reads the symbol table of `obj` within the `symbols:` caps: its own `.symtab` and
-/// `.dynsym`, and, without `.symtab`, that of its debug file ([`find_debug_file`]); says too
-/// whether it is stripped with a build id and no debug file (one to ask debuginfod for).
-fn build_table(
-    obj: &Object,
-    settings: &Symbols,
-    metrics: &Metrics,
-) -> Result<(SymTable, bool), ElfError> {
-    let limits = Limits {
-        max_read_bytes: settings.max_read_bytes,
-        max_section_bytes: settings.max_section_bytes,
-    };
-    let src = obj.reader();
-    let mut elf = ElfReader::new(&src, limits)?;
-    let stripped = !elf
-        .sections()
-        .iter()
-        .any(|s| s.kind == object::elf::SHT_SYMTAB);
-    let debug_file = stripped
-        .then(|| {
-            find_debug_file(
-                obj,
-                &settings.debug_dirs,
-                &settings.root_debug_dirs,
-                settings.fetched_dir.as_deref(),
-                metrics,
-            )
-        })
-        .flatten();
-    let lacks_debug = stripped && obj.build_id.is_some() && debug_file.is_none();
-    let debug_src = debug_file
-        .as_ref()
-        .and_then(|f| Some(FileAt::new(f, FileId::of_file(f).ok()?.size)));
-    let mut debug = match &debug_src {
-        Some(d) => match ElfReader::new(d, limits) {
-            // The file is named by the build id; a file that says otherwise is not it.
-            Ok(mut r) => (r.build_id().ok().flatten() == obj.build_id).then_some(r),
-            Err(e) => {
-                metrics.object_refused(refusal(&e));
-                None
-            }
-        },
-        None => None,
-    };
-    let (table, built) = SymTable::build(&mut elf, debug.as_mut())?;
-    if built.truncated {
-        metrics.object_refused(ObjectRefusal::TooLarge);
-    }
-    if built.names_cut > 0 {
-        metrics.name_capped(NameCap::NameLength, built.names_cut);
-    }
-    Ok((table, lacks_debug))
 }
 
 /// A frame named `name`.
@@ -801,7 +711,7 @@ mod tests {
     use crate::aggregate::Stack;
     use crate::model::{FrameCounts, ObjectKey};
     use crate::normalize::jit;
-    use crate::symbolize::table_cache::NEGATIVE_BYTES;
+    use crate::symbolize::table_cache::{NEGATIVE_BYTES, OVER_BUDGET_WINDOWS};
     use std::time::{Duration, SystemTime};
 
     #[inline(never)]

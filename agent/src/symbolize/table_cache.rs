@@ -1,16 +1,30 @@
-//! The symbolizer's cache of parsed symbol tables: one per file (by the identity of the file
-//! opened), least recently used evicted past `symbols.cache_bytes`, a file whose table
-//! alone is over the budget left unnamed for a while rather than parsed every window.
+//! The symbolizer's symbol tables: read within the caps ([`build_table`]), and cached one
+//! per file (by the identity of the file opened), least recently used evicted past
+//! `symbols.cache_bytes`, a file whose table alone is over the budget left unnamed for a
+//! while rather than parsed every window.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::config::Symbols;
+use crate::metrics::{Cache, Metrics, NameCap, ObjectRefusal, SymbolSource};
 use crate::model::FileId;
+use crate::normalize::elf_file::{ElfError, ElfReader, Limits};
+use crate::normalize::object::{find_debug_file, refusal, FileAt, Object};
 use crate::symbolize::table::SymTable;
+use crate::symbolize::Symbolizer;
+
+/// A symbol table and where its names come from.
+pub(super) struct Named {
+    /// The table.
+    pub(super) table: SymTable,
+    /// Which table named it: the object's `.symtab`, a debug file's, or `.dynsym` alone.
+    pub(super) source: SymbolSource,
+}
 
 /// Parsed symbol tables by file, least recently used evicted past a byte budget.
 pub(super) struct Tables {
-    pub(super) map: HashMap<FileId, (Option<Arc<SymTable>>, usize, u64)>,
+    pub(super) map: HashMap<FileId, (Option<Arc<Named>>, usize, u64)>,
     pub(super) bytes: usize,
     budget: usize,
     /// Files whose table was bigger than the whole budget, with the window it was built
@@ -29,6 +43,140 @@ const MAX_OVER_BUDGET: usize = 1024;
 
 /// What the cache counts for a file without a table (the entry itself).
 pub(super) const NEGATIVE_BYTES: usize = 64;
+
+impl Symbolizer {
+    /// The symbol table of `obj`: from the cache, else read and parsed now (once per file;
+    /// a file that cannot be read is remembered as such). `None` if it has none.
+    pub(super) fn table(&mut self, obj: &Object) -> Option<Arc<Named>> {
+        if let Some(t) = self.tables.get(&obj.id, self.window) {
+            return t;
+        }
+        if self.tables.refused(&obj.id, self.window) {
+            return None;
+        }
+        // The file opened must be the inode the mapping names: one opened by its path
+        // (where `map_files` was refused) can be another file by now, and its names must
+        // not be shown for this mapping. (Inode only: btrfs subvolumes and some overlay
+        // setups report another `st_dev` than `/proc/PID/maps`.)
+        if obj.id.ino != obj.key.inode {
+            tracing::debug!(
+                "{} is not the mapped inode {} (opened {}); unnamed",
+                obj.path,
+                obj.key.inode,
+                obj.id.ino
+            );
+            self.metrics.object_refused(ObjectRefusal::Mismatch);
+            self.tables.insert(obj.id, None, self.window);
+            return None;
+        }
+        let (settings, metrics) = (&self.settings, &self.metrics);
+        // A parser bug on a hostile file costs that file's names, not the agent.
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            build_table(obj, settings, metrics)
+        }));
+        let table = match built {
+            Ok(Ok((t, source, lacks_debug))) => {
+                if let (true, Some(d), Some(id)) =
+                    (lacks_debug, self.debuginfod.as_mut(), obj.build_id.as_ref())
+                {
+                    d.ask(id, obj.id);
+                }
+                Some(Arc::new(Named { table: t, source }))
+            }
+            Ok(Err(e)) => {
+                tracing::debug!("cannot read the symbols of {}: {e}", obj.path);
+                self.metrics.object_refused(refusal(&e));
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "the symbol reader panicked on {}; it stays unnamed",
+                    obj.path
+                );
+                self.metrics.object_refused(ObjectRefusal::Panic);
+                None
+            }
+        };
+        let evicted = self.tables.insert(obj.id, table.clone(), self.window);
+        if self.tables.refused(&obj.id, self.window) {
+            tracing::debug!(
+                "the symbol table of {} is over symbols.cache_bytes; unnamed for {OVER_BUDGET_WINDOWS} windows",
+                obj.path
+            );
+            self.metrics.object_refused(ObjectRefusal::OverBudget);
+        }
+        if evicted > 0 {
+            self.metrics.dropped(Cache::SymbolTables, evicted);
+        }
+        table
+    }
+}
+
+/// Reads the symbol table of `obj` within the `symbols:` caps: its own `.symtab` and
+/// `.dynsym`, and, without `.symtab`, that of its debug file ([`find_debug_file`]); says too
+/// which table names it and whether it is stripped with a build id and no debug file (one
+/// to ask debuginfod for).
+pub(super) fn build_table(
+    obj: &Object,
+    settings: &Symbols,
+    metrics: &Metrics,
+) -> Result<(SymTable, SymbolSource, bool), ElfError> {
+    let limits = Limits {
+        max_read_bytes: settings.max_read_bytes,
+        max_section_bytes: settings.max_section_bytes,
+    };
+    let src = obj.reader();
+    let mut elf = ElfReader::new(&src, limits)?;
+    let stripped = !elf
+        .sections()
+        .iter()
+        .any(|s| s.kind == object::elf::SHT_SYMTAB);
+    let debug_file = stripped
+        .then(|| {
+            find_debug_file(
+                obj,
+                &settings.debug_dirs,
+                &settings.root_debug_dirs,
+                settings.fetched_dir.as_deref(),
+                metrics,
+            )
+        })
+        .flatten();
+    let lacks_debug = stripped && obj.build_id.is_some() && debug_file.is_none();
+    let debug_src = debug_file
+        .as_ref()
+        .and_then(|(f, _)| Some(FileAt::new(f, FileId::of_file(f).ok()?.size)));
+    let mut debug = match &debug_src {
+        Some(d) => match ElfReader::new(d, limits) {
+            // The file is named by the build id; a file that says otherwise is not it.
+            Ok(mut r) => (r.build_id().ok().flatten() == obj.build_id).then_some(r),
+            Err(e) => {
+                metrics.object_refused(refusal(&e));
+                None
+            }
+        },
+        None => None,
+    };
+    let source = match (&debug, &debug_file) {
+        _ if !stripped => SymbolSource::Symtab,
+        (Some(d), Some((_, from)))
+            if d.sections()
+                .iter()
+                .any(|s| s.kind == object::elf::SHT_SYMTAB) =>
+        {
+            *from
+        }
+        _ => SymbolSource::Dynsym,
+    };
+    let (table, built) = SymTable::build(&mut elf, debug.as_mut())?;
+    if built.truncated {
+        metrics.object_refused(ObjectRefusal::TooLarge);
+    }
+    if built.names_cut > 0 {
+        metrics.name_capped(NameCap::NameLength, built.names_cut);
+    }
+    Ok((table, source, lacks_debug))
+}
 
 impl Tables {
     pub(super) fn new(budget: u64) -> Self {
@@ -61,7 +209,7 @@ impl Tables {
     }
 
     /// The cached answer for `id` (a table, or `None` for a file known to have none).
-    pub(super) fn get(&mut self, id: &FileId, window: u64) -> Option<Option<Arc<SymTable>>> {
+    pub(super) fn get(&mut self, id: &FileId, window: u64) -> Option<Option<Arc<Named>>> {
         let e = self.map.get_mut(id)?;
         e.2 = window;
         Some(e.0.clone())
@@ -69,8 +217,8 @@ impl Tables {
 
     /// Caches `table` for `id`, evicting the least recently used until it fits; returns
     /// how many were evicted. A table bigger than the whole budget serves only this window.
-    pub(super) fn insert(&mut self, id: FileId, table: Option<Arc<SymTable>>, window: u64) -> u64 {
-        let size = table.as_ref().map_or(NEGATIVE_BYTES, |t| t.bytes());
+    pub(super) fn insert(&mut self, id: FileId, table: Option<Arc<Named>>, window: u64) -> u64 {
+        let size = table.as_ref().map_or(NEGATIVE_BYTES, |t| t.table.bytes());
         if size > self.budget {
             if self.over_budget.len() >= MAX_OVER_BUDGET {
                 self.over_budget.clear();
