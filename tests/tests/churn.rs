@@ -78,7 +78,7 @@ fn storm(stop: Arc<AtomicBool>) -> (u64, u64) {
     let started = Instant::now();
     let mut tick = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        let mut cmd = if tick % 10 == 0 {
+        let mut cmd = if tick.is_multiple_of(10) {
             let mut c = Command::new(SHORT_LIVED);
             c.args(["--seconds", "0.02"]);
             burners += 1;
