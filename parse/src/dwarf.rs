@@ -582,6 +582,11 @@ impl Dwarf {
 
 /// The chain of `addr`, innermost first; empty if no unit loaded covers it.
 fn chain(ctx: &addr2line::Context<Sparse>, addr: u64) -> Vec<InlineFrame> {
+    // addr2line probes `[addr, addr + 1)`, which overflows at the top (a panic where overflow
+    // checks are on); no code is there.
+    if addr == u64::MAX {
+        return Vec::new();
+    }
     // A unit that does not parse costs its addresses, not the object's.
     let Ok(mut frames) = ctx.find_frames(addr).skip_all_loads() else {
         return Vec::new();

@@ -144,10 +144,22 @@ impl PerfRecord {
     /// Starts recording `pid` (and the children it forks from now on) for `seconds`,
     /// at 99 Hz, into `dir/perf.data`.
     pub fn start(pid: u32, seconds: u32, dir: &Path) -> Result<Self> {
+        Self::start_at(pid, seconds, 99, dir)
+    }
+
+    /// [`PerfRecord::start`] at `hz` samples a second.
+    pub fn start_at(pid: u32, seconds: u32, hz: u32, dir: &Path) -> Result<Self> {
         let data = dir.join("perf.data");
         let stderr = dir.join("perf-record.stderr");
         let child = Command::new("perf")
-            .args(["record", "-F", "99", "--call-graph", "dwarf,16384", "-p"])
+            .args([
+                "record",
+                "-F",
+                &hz.to_string(),
+                "--call-graph",
+                "dwarf,16384",
+                "-p",
+            ])
             .arg(pid.to_string())
             .arg("-o")
             .arg(&data)

@@ -20,6 +20,9 @@ use ember_tests::*;
 /// One level of a chain: function, file, line.
 type Level = (String, String, u32);
 
+/// Samples a second of ember and perf in the inline test.
+const HZ: u32 = 499;
+
 /// Builds `fixtures/inline_hot.cc` with `g++ -O2 -g` into `dir`.
 fn build_fixture(dir: &Path) -> (PathBuf, PathBuf) {
     let src = workspace_root().join("tests/fixtures/inline_hot.cc");
@@ -174,7 +177,9 @@ fn inline_chains_and_lines_match_addr2line_and_go_pprof_lists_them() {
     let fixture = Fixture::spawn(bin.to_str().expect("utf-8"), &[]).expect("fixture");
     let pid = fixture.pid;
     let perf = match perf::unavailable() {
-        None => Some(perf::PerfRecord::start(pid, 6, dir.path()).expect("perf record")),
+        // 499 Hz on both sides: at 99 Hz a loaded machine left ~250 samples each, and the
+        // shares of four paths then differed by up to 0.3 by chance alone.
+        None => Some(perf::PerfRecord::start_at(pid, 6, HZ, dir.path()).expect("perf record")),
         Some(why) => {
             assert!(
                 std::env::var("EMBER_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
@@ -190,6 +195,8 @@ fn inline_chains_and_lines_match_addr2line_and_go_pprof_lists_them() {
             "record",
             "--duration",
             "6s",
+            "--frequency",
+            &HZ.to_string(),
             "--pid",
             &pid.to_string(),
             "-o",
