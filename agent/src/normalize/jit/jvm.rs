@@ -576,11 +576,20 @@ mod tests {
 
     impl FakeJvm {
         fn start() -> Self {
-            let child = Command::new("sh")
-                .args(["-c", "trap 'echo quit' QUIT; while :; do sleep 0.1; done"])
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .expect("spawn sh");
+            use std::os::unix::process::CommandExt;
+            let mut cmd = Command::new("sh");
+            cmd.args(["-c", "trap 'echo quit' QUIT; while :; do sleep 0.1; done"])
+                .stdout(std::process::Stdio::null());
+            // A shell cannot trap a signal ignored when it started, and a test run started
+            // in the background of a non-interactive shell has SIGQUIT ignored: restore the
+            // default first. SAFETY: signal(2) is async-signal-safe, as pre_exec requires.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+                    Ok(())
+                });
+            }
+            let child = cmd.spawn().expect("spawn sh");
             let pid = child.id();
             // Wait until the trap is installed.
             let deadline = Instant::now() + Duration::from_secs(5);
