@@ -14,8 +14,8 @@ use ember_parse::elf_file::{ElfReader, DEFAULT_LIMITS};
 /// `symbols.dwarf_bytes`'s default in the agent (`config/ember.yaml`).
 const CAP: u64 = 12 << 20;
 
-/// What a window may read on average: the agent refills a sixteenth of the cap per window.
-const SHARE: u64 = CAP / 16;
+/// What a window may read: the agent refills the cap per 320 s, a 32nd per 10 s window.
+const SHARE: u64 = CAP / 32;
 
 /// `.symtab`'s section type.
 const SYMTAB: u32 = 2;
