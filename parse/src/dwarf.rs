@@ -168,8 +168,9 @@ const PARSED_PER_BYTE: u64 = 3;
 const MAX_FOLLOWED: usize = 256;
 
 /// What ember holds of one object's DWARF between lookups: where its sections are, which
-/// unit covers which addresses (from `.debug_aranges`), the units loaded so far and
-/// addr2line's context over them (which keeps what it parsed of each).
+/// unit covers which addresses (from `.debug_aranges`), the units loaded so far and an
+/// addr2line context per unit asked for (which keeps what it parsed: a unit loaded later
+/// leaves it alone).
 pub struct Dwarf {
     endian: RunTimeEndian,
     sections: Vec<load::Section>,
@@ -426,8 +427,8 @@ impl Dwarf {
         Ok(looked)
     }
 
-    /// Loads the units `addrs` fall in that are not loaded, and rebuilds addr2line's
-    /// context over the units loaded if any was added. When one does not fit, the units
+    /// Loads the units `addrs` fall in that are not loaded (their addr2line contexts are
+    /// built when first asked for). When one does not fit, the units
     /// held are let go (once) to make room for this lookup's.
     fn load_units<R: ReadAt + ?Sized>(
         &mut self,

@@ -4,8 +4,8 @@
 //! The DWARF is read only for a window's frame-cache misses of an object, through
 //! [`ember_parse::dwarf`]: `.debug_aranges` tells which unit covers each address, and only
 //! those units are loaded (their DIEs, line program, and the strings and range lists they
-//! refer to), with addr2line's context over them. What is loaded and parsed of an object is
-//! kept between windows, by the identity of the object's file, so a window with new
+//! refer to), with an addr2line context per unit asked for. What is loaded and parsed of an
+//! object is kept between windows, by the identity of the object's file, so a window with new
 //! addresses in a unit seen before parses nothing again; everything held, all objects
 //! together, stays under `symbols.dwarf_bytes` (the least recently used object goes first,
 //! and an object whose units a window needs do not fit lets its other units go), counted in
