@@ -29,6 +29,61 @@ const SETTLE: Duration = Duration::from_millis(2);
 const MAX_ASKED: usize = 4_096;
 /// The sampler's asks served per round of the loader's loop.
 const ASKS_PER_ROUND: usize = 4;
+/// Full reads of new processes (exec, new executable mappings) started per second at most,
+/// and as many at once after a quiet spell. A read is `/proc/PID/{stat,maps,cgroup}`, an
+/// open of every mapped file and the snapshot for the process table: 0.25-0.5 ms of CPU
+/// each (bench/churn.py), so a host spawning hundreds of processes a second would cost a
+/// fleet agent a third of its 500m limit. Past the rate, processes wait their turn, and
+/// most of a spawn storm's exit before it comes (their exit record takes them out of the
+/// queue, unread); the ones that live are read a little later. Until then the exec hook's
+/// ranges (files already known) or frame pointers walk them, and a sample of one that is
+/// still unknown asks for it (the asks are not limited: they come at most at the sampling
+/// rate).
+pub(super) const READS_PER_SEC: f64 = 100.0;
+/// Processes waiting for their full read; more are not queued (counted in
+/// `cache_dropped_total{cache="process_reads"}`, as are the waiting ones that exit while
+/// the rate holds them back).
+const MAX_DIRTY: usize = 4_096;
+
+/// The rate of full reads ([`READS_PER_SEC`]): a token bucket.
+pub(super) struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Default for Bucket {
+    fn default() -> Self {
+        Self {
+            tokens: READS_PER_SEC,
+            at: Instant::now(),
+        }
+    }
+}
+
+impl Bucket {
+    fn refill(&mut self) {
+        let now = Instant::now();
+        let earned = now.saturating_duration_since(self.at).as_secs_f64() * READS_PER_SEC;
+        self.tokens = (self.tokens + earned).min(READS_PER_SEC);
+        self.at = now;
+    }
+
+    /// Takes one read if the rate allows it now.
+    pub(super) fn try_take(&mut self) -> bool {
+        self.refill();
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return true;
+        }
+        false
+    }
+
+    /// How long until the next read is allowed (zero: now).
+    fn next(&mut self) -> Duration {
+        self.refill();
+        Duration::from_secs_f64(((1.0 - self.tokens) / READS_PER_SEC).max(0.0))
+    }
+}
 
 /// Stops the task record reader when the loader returns.
 struct StopOnDrop(Option<TaskLink>);
@@ -49,6 +104,8 @@ pub(super) struct Queued {
     pub(super) asked: BTreeSet<u32>,
     /// The processes named in the config, if any: only they are followed.
     pub(super) only: HashSet<u32>,
+    /// The rate of full reads of `dirty` processes.
+    pub(super) reads: Bucket,
 }
 
 impl<M: UnwindIo> Loader<M> {
@@ -78,9 +135,15 @@ impl<M: UnwindIo> Loader<M> {
             let wait = if q.asked.is_empty() {
                 let sweep = every.saturating_sub(last_sweep.elapsed());
                 let retry = self.python.as_ref().and_then(|p| p.next_retry());
-                retry.map_or(sweep, |at| {
+                let wait = retry.map_or(sweep, |at| {
                     sweep.min(at.saturating_duration_since(Instant::now()))
-                })
+                });
+                // Processes held back by the rate: until the next read is allowed.
+                if q.dirty.is_empty() {
+                    wait
+                } else {
+                    wait.min(q.reads.next())
+                }
             } else {
                 Duration::ZERO
             };
@@ -103,15 +166,21 @@ impl<M: UnwindIo> Loader<M> {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
-            while let Some(pid) = q.dirty.pop_first() {
+            while !q.dirty.is_empty() {
                 if self.halted() {
                     return;
                 }
                 // Records first: each is a few microseconds and may be a new process about
-                // to be sampled; a full read takes a millisecond or more.
+                // to be sampled, or the exit of one waiting here (never read, then).
                 while let Ok(w) = work.try_recv() {
                     self.take(w, &mut q);
                 }
+                if q.dirty.is_empty() || !q.reads.try_take() {
+                    break;
+                }
+                let Some(pid) = q.dirty.pop_first() else {
+                    break;
+                };
                 self.load(pid);
             }
             // A few asks a round: they may compile tables (tens of ms for a big object), and
@@ -168,7 +237,10 @@ impl<M: UnwindIo> Loader<M> {
         }
         match ev {
             TaskEvent::Exit { pid, .. } => {
-                q.dirty.remove(&pid);
+                if q.dirty.remove(&pid) && q.reads.next() > Duration::ZERO {
+                    // Exited while the rate held its read back.
+                    self.metrics.dropped(Cache::ProcessReads, 1);
+                }
                 self.forget(pid);
                 self.drop_python(pid);
                 if self.io.exec_hook() {
@@ -184,7 +256,7 @@ impl<M: UnwindIo> Loader<M> {
                 } else {
                     self.forget(pid);
                 }
-                q.dirty.insert(pid);
+                self.mark_dirty(pid, q);
             }
             TaskEvent::Fork { pid, ppid, .. } => self.fork(pid, ppid),
             TaskEvent::Mmap(m) => {
@@ -194,9 +266,18 @@ impl<M: UnwindIo> Loader<M> {
                     if !self.io.exec_hook() {
                         self.fast_mmap(&m);
                     }
-                    q.dirty.insert(m.pid);
+                    self.mark_dirty(m.pid, q);
                 }
             }
+        }
+    }
+
+    /// Queues `pid` for a full read, unless [`MAX_DIRTY`] wait already (counted).
+    fn mark_dirty(&self, pid: u32, q: &mut Queued) {
+        if q.dirty.len() < MAX_DIRTY || q.dirty.contains(&pid) {
+            q.dirty.insert(pid);
+        } else {
+            self.metrics.dropped(Cache::ProcessReads, 1);
         }
     }
 

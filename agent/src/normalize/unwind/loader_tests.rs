@@ -634,3 +634,43 @@ fn an_inode_reused_by_another_file_gets_its_own_table() {
     }
     eprintln!("no filesystem here reuses freed inodes: the case cannot occur");
 }
+
+#[test]
+fn reads_past_the_rate_wait_and_an_exit_while_waiting_is_counted() {
+    let mut l = fake_loader(1 << 20);
+    let mut q = Queued::default();
+    let allowed = (0..1000).take_while(|_| q.reads.try_take()).count();
+    // A burst of the rate's size at once (plus the few earned while taking them), no more.
+    let rate = super::follow::READS_PER_SEC as usize;
+    assert!(
+        (rate..rate + 10).contains(&allowed),
+        "{allowed} reads allowed at once"
+    );
+    let (short, long) = (4_100_001, 4_100_002);
+    for pid in [short, long] {
+        let exec = TaskEvent::Exec {
+            pid,
+            tid: pid,
+            time_ns: 0,
+            comm: [0; 16],
+        };
+        l.on_task(exec, &mut q);
+    }
+    assert!(q.dirty.contains(&short) && q.dirty.contains(&long));
+    l.on_task(
+        TaskEvent::Exit {
+            pid: short,
+            time_ns: 0,
+        },
+        &mut q,
+    );
+    assert!(!q.dirty.contains(&short), "an exited process is never read");
+    assert!(q.dirty.contains(&long), "a live one waits for its turn");
+    let text = l.metrics.encode();
+    assert!(
+        text.contains("ember_cache_dropped_total{cache=\"process_reads\"} 1"),
+        "{text}"
+    );
+    std::thread::sleep(Duration::from_millis(30));
+    assert!(q.reads.try_take(), "the rate refills");
+}
