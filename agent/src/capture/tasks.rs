@@ -344,7 +344,9 @@ const READER_WAIT: Duration = CPU_CHECK_EVERY;
 /// second cost thousands of wake-ups of two threads a second (4 % of a core in this thread
 /// alone, bench/churn.py). The loader waits 2 ms after an exec for the libraries anyway
 /// (its SETTLE), and the exec hook writes a new program's ranges at once, so 4 ms more
-/// delays nothing the sampler needs; at most 250 wake-ups a second.
+/// delays nothing the sampler needs; at most 250 wake-ups a second. A process sampled
+/// before the loader read it does not wait for its records either: the sample asks the
+/// loader through the sampler's ring, which wakes it at once (`Ask::Unread`).
 const GATHER: Duration = Duration::from_millis(4);
 
 /// What the task record reader (`ember-tasks`) and the unwind loader share: the loader
