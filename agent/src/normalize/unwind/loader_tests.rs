@@ -476,10 +476,12 @@ fn run_copy(path: &Path) -> std::process::Child {
         .spawn()
         .expect("spawn");
     let maps = format!("/proc/{}/maps", child.id());
+    // The kernel names the file by its resolved path (no `..`).
+    let shown = std::fs::canonicalize(path).expect("path");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !std::fs::read_to_string(&maps)
         .unwrap_or_default()
-        .contains(path.to_str().expect("utf-8"))
+        .contains(shown.to_str().expect("utf-8"))
     {
         assert!(
             Instant::now() < deadline,
