@@ -181,7 +181,13 @@ pub struct Dwarf {
     refused: HashMap<u64, UnitSkip>,
     /// Units that did not fit in this lookup, and why (over the cap, or deferred).
     over: HashMap<u64, UnitSkip>,
+    /// addr2line's context over every section, when they were read whole.
     ctx: Option<addr2line::Context<Sparse>>,
+    /// addr2line's context per unit asked for, over that unit and the units it refers to:
+    /// loading another unit leaves what each parsed (its line rows and functions) alone.
+    groups: HashMap<u64, addr2line::Context<Sparse>>,
+    /// The units each loaded unit refers to (for names of functions inlined across units).
+    refs: HashMap<u64, Vec<u64>>,
     /// Estimate of what addr2line parsed of the units loaded.
     parsed: u64,
     /// Where every unit starts, read once the first time a unit refers to another.
@@ -232,6 +238,8 @@ impl Dwarf {
             refused: HashMap::new(),
             over: Default::default(),
             ctx: None,
+            groups: HashMap::new(),
+            refs: HashMap::new(),
             parsed: 0,
             starts: None,
             max_bytes,
@@ -405,11 +413,15 @@ impl Dwarf {
                     continue;
                 }
             }
-            let chain = match &self.ctx {
-                Some(ctx) => chain(ctx, addr),
-                None => Vec::new(),
+            let ctx = match self
+                .index
+                .as_ref()
+                .and_then(|index| Self::unit_of(index, addr))
+            {
+                Some(unit) => self.group(unit),
+                None => self.ctx.as_ref(),
             };
-            f(i, chain);
+            f(i, ctx.map_or_else(Vec::new, |ctx| chain(ctx, addr)));
         }
         Ok(looked)
     }
@@ -433,7 +445,6 @@ impl Dwarf {
             .collect();
         wanted.sort_unstable();
         wanted.dedup();
-        let mut added = false;
         let mut loaded = 0usize;
         let mut queue: std::collections::VecDeque<u64> = wanted.iter().copied().collect();
         let mut followed = 0;
@@ -474,11 +485,14 @@ impl Dwarf {
                         .saturating_add(unit.bytes.saturating_mul(PARSED_PER_BYTE));
                     let at = self.units.partition_point(|x| x.0 < u);
                     self.units.insert(at, (u, unit.len));
-                    added = true;
+                    let mut refs = Vec::new();
                     for o in unit.others {
                         let Some(start) = self.unit_containing(elf, o) else {
                             continue;
                         };
+                        if start != u && !refs.contains(&start) {
+                            refs.push(start);
+                        }
                         let known = self.units.binary_search_by_key(&start, |x| x.0).is_ok()
                             || self.refused.contains_key(&start)
                             || queue.contains(&start);
@@ -487,6 +501,7 @@ impl Dwarf {
                             queue.push_back(start);
                         }
                     }
+                    self.refs.insert(u, refs);
                 }
                 Err(why @ (UnitSkip::OverCap | UnitSkip::Deferred)) => {
                     self.over.insert(u, why);
@@ -495,9 +510,6 @@ impl Dwarf {
                     self.refused.insert(u, why);
                 }
             }
-        }
-        if added || (self.ctx.is_none() && !self.units.is_empty()) {
-            self.rebuild()?;
         }
         Ok(())
     }
@@ -546,6 +558,8 @@ impl Dwarf {
     /// Lets every unit go (the index stays).
     fn reset(&mut self) {
         self.ctx = None;
+        self.groups.clear();
+        self.refs.clear();
         self.units.clear();
         self.over.clear();
         self.parsed = 0;
@@ -554,9 +568,35 @@ impl Dwarf {
         }
     }
 
-    /// A new addr2line context over the units loaded (what it parsed before is lost).
-    fn rebuild(&mut self) -> Result<(), DwarfError> {
-        self.ctx = None;
+    /// addr2line's context for addresses in `unit` (built the first time it is asked for):
+    /// over `unit` and, following what each refers to, the loaded units it needs (at most
+    /// [`MAX_FOLLOWED`]). `None` when `unit` is not loaded or does not parse.
+    fn group(&mut self, unit: u64) -> Option<&addr2line::Context<Sparse>> {
+        if !self.groups.contains_key(&unit) {
+            let ctx = self.build_group(unit)?;
+            self.groups.insert(unit, ctx);
+        }
+        self.groups.get(&unit)
+    }
+
+    /// Builds [`Dwarf::group`]'s context for `unit`.
+    fn build_group(&mut self, unit: u64) -> Option<addr2line::Context<Sparse>> {
+        let mut members: Vec<(u64, u64)> = Vec::new();
+        let mut todo = vec![unit];
+        while let Some(u) = todo.pop() {
+            if members.len() > MAX_FOLLOWED || members.iter().any(|m| m.0 == u) {
+                continue;
+            }
+            let Ok(i) = self.units.binary_search_by_key(&u, |x| x.0) else {
+                continue;
+            };
+            members.extend(self.units.get(i).copied());
+            todo.extend(self.refs.get(&u).into_iter().flatten().copied());
+        }
+        if !members.iter().any(|m| m.0 == unit) {
+            return None;
+        }
+        members.sort_unstable();
         let real = self
             .sections
             .iter()
@@ -564,14 +604,19 @@ impl Dwarf {
             .map(|s| s.spans.clone())
             .unwrap_or_default();
         let (info, left_out) =
-            load::info_with_gaps(&real, &self.units, self.endian == RunTimeEndian::Little);
-        for u in left_out {
-            self.units.retain(|x| x.0 != u);
-            self.refused.insert(u, UnitSkip::Malformed);
+            load::info_with_gaps(&real, &members, self.endian == RunTimeEndian::Little);
+        if left_out.contains(&unit) {
+            self.refused.insert(unit, UnitSkip::Malformed);
+            return None;
         }
         let dwarf = self.gimli(Some(info));
-        self.ctx = Some(addr2line::Context::from_dwarf(dwarf)?);
-        Ok(())
+        match addr2line::Context::from_dwarf(dwarf) {
+            Ok(ctx) => Some(ctx),
+            Err(_) => {
+                self.refused.insert(unit, UnitSkip::Malformed);
+                None
+            }
+        }
     }
 
     /// Units loaded.

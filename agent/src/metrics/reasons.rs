@@ -670,8 +670,8 @@ label_enum! {
         Malformed => "malformed",
         /// No unit covers it (no `.debug_aranges` range holds it: code built without `-g`).
         NoUnit => "no_unit",
-        /// The unit covering it was not read yet: reads are paced (a sixteenth of
-        /// `symbols.dwarf_bytes` per window); the address is looked up again next window.
+        /// The unit covering it was not read yet: reads are paced (all of
+        /// `symbols.dwarf_bytes` per 320 s); the address is looked up again next window.
         Deferred => "deferred",
     }
 }

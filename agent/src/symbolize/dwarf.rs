@@ -17,6 +17,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ember_parse::dwarf::{Dwarf, DwarfError, InlineFrame, Looked};
 
@@ -54,19 +55,24 @@ pub(super) struct Lines {
     held: HashMap<FileId, Held>,
     skipped: HashSet<FileId>,
     window: u64,
-    /// Bytes of DWARF that may still be read (a token bucket: refilled each window by
-    /// [`REFILL_SHARE`] of the budget, up to [`BURST_SHARE`] of it). A lookup starts a unit
+    /// Bytes of DWARF that may still be read (a token bucket: refilled with time at
+    /// [`REFILL_SECONDS`], up to [`BURST_SHARE`] of the budget). A lookup starts a unit
     /// only while some is left, so one unit may take it below zero, down to minus the
     /// budget: what reading and parsing cost stays bounded on average whatever the host
     /// runs (units not started are deferred: counted, not kept in the frame cache, and
     /// asked for again next window), a unit of any size under the cap still loads in
     /// time, and a steady host, whose units stay held, reads nothing.
     tokens: i64,
+    /// When the bucket was last refilled.
+    refilled: Option<Instant>,
 }
 
-/// The share of `symbols.dwarf_bytes` a window adds to what may be read: a sixteenth
-/// (768 KiB by default).
-const REFILL_SHARE: u64 = 16;
+/// The bucket fills with the whole of `symbols.dwarf_bytes` in this many seconds: 38 KiB a
+/// second by default, 384 KiB per 10 s window. Loading a unit costs about 6.5 ns per byte
+/// (`parse/benches/dwarf.rs`, units of ember's own binary with the units they refer to), so
+/// a host whose addresses never settle costs at most about 0.025 % of a core in DWARF reads.
+/// By time rather than per window, so that short windows do not read more.
+const REFILL_SECONDS: u64 = 320;
 
 /// The share of `symbols.dwarf_bytes` that may be read at once after quiet windows (and at
 /// start): a half (6 MiB by default).
@@ -99,13 +105,22 @@ impl Lines {
             skipped: HashSet::new(),
             window: 0,
             tokens: burst(settings.dwarf_bytes),
+            refilled: None,
         }
     }
 
-    /// A new window: what may be read grows by its share.
+    /// A new window: what may be read grows with the time since the last one.
     pub(super) fn start_window(&mut self) {
         self.window += 1;
-        let refill = i64::try_from(self.budget / REFILL_SHARE).unwrap_or(i64::MAX);
+        let now = Instant::now();
+        let full = Duration::from_secs(REFILL_SECONDS);
+        let elapsed = self
+            .refilled
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
+            .min(full);
+        self.refilled = Some(now);
+        let refill = u128::from(self.budget) * elapsed.as_millis() / full.as_millis();
+        let refill = i64::try_from(refill).unwrap_or(i64::MAX);
         self.tokens = self.tokens.saturating_add(refill).min(burst(self.budget));
     }
 
@@ -399,6 +414,32 @@ mod tests {
     }
 
     #[test]
+    fn reads_refill_with_time_not_windows() {
+        let settings = Symbols::default();
+        let mut lines = Lines::new(&settings);
+        lines.start_window();
+        lines.tokens = 0;
+        // Windows in quick succession add (almost) nothing.
+        for _ in 0..100 {
+            lines.start_window();
+        }
+        assert!(lines.tokens < 1 << 10, "{}", lines.tokens);
+        // 10 s add 10/320 of the budget; a long pause at most half of it.
+        lines.tokens = 0;
+        lines.refilled = lines.refilled.map(|t| t - Duration::from_secs(10));
+        lines.start_window();
+        let ten = i64::try_from(settings.dwarf_bytes / 32).expect("fits");
+        assert!(
+            (lines.tokens - ten).abs() < ten / 10,
+            "{} vs {ten}",
+            lines.tokens
+        );
+        lines.refilled = lines.refilled.map(|t| t - Duration::from_secs(3600));
+        lines.start_window();
+        assert_eq!(lines.tokens, burst(settings.dwarf_bytes));
+    }
+
+    #[test]
     fn names_and_lines_of_the_agents_own_code() {
         let obj = Object::open_local(std::path::Path::new("/proc/self/exe")).expect("open");
         let metrics = Metrics::new();
@@ -430,7 +471,10 @@ mod tests {
         let later = lines.chains(&obj, &[off], &settings, &metrics);
         assert!(later.chains.is_empty());
         assert_eq!(later.deferred, [off]);
+        // The next window, 10 s later.
+        lines.refilled = Some(Instant::now() - Duration::from_secs(10));
         lines.start_window();
+        assert!(lines.tokens > 0);
         let chains = lines.chains(&obj, &[off], &settings, &metrics).chains;
         let chain = chains.get(&off).expect("a chain for our own code");
         let outer = chain.last().expect("levels");

@@ -10,23 +10,24 @@
 //! section.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
 use addr2line::gimli;
 use gimli::{Reader, ReaderOffsetId, RunTimeEndian};
 
-/// Longest run [`Reader::to_slice`] copies out (names and paths are far shorter; a reader
-/// over a whole section is never copied whole).
+/// Longest run [`Reader::to_slice`] copies out where spans and gaps meet (names and paths
+/// are far shorter; a reader over a whole section is never copied whole).
 const MAX_COPY: usize = 1 << 20;
 
-/// The spans loaded of one section, by start offset (never overlapping), and the section's
-/// size.
+/// The spans loaded of one section, sorted by start offset (never overlapping), and the
+/// section's size. A sorted vector rather than a tree: spans are added a unit at a time and
+/// read byte by byte, so a reader keeps the index of the span it last read
+/// ([`Sparse`]'s hint) and most reads find their bytes there without a search.
 #[derive(Debug, Default, Clone)]
 pub struct Spans {
     size: u64,
-    spans: BTreeMap<u64, Arc<[u8]>>,
+    spans: Vec<(u64, Arc<[u8]>)>,
 }
 
 impl Spans {
@@ -34,7 +35,7 @@ impl Spans {
     pub fn new(size: u64) -> Self {
         Self {
             size,
-            spans: BTreeMap::new(),
+            spans: Vec::new(),
         }
     }
 
@@ -45,7 +46,22 @@ impl Spans {
 
     /// Bytes held.
     pub fn bytes(&self) -> u64 {
-        self.spans.values().map(|s| s.len() as u64).sum()
+        self.spans.iter().map(|(_, d)| d.len() as u64).sum()
+    }
+
+    /// Index of the first span that ends after `pos` (it holds `pos` or starts after it).
+    fn from(&self, pos: u64) -> usize {
+        let i = self.spans.partition_point(|(s, _)| *s <= pos);
+        match i.checked_sub(1).and_then(|j| self.spans.get(j)) {
+            Some((s, d)) if pos < s + d.len() as u64 => i - 1,
+            _ => i,
+        }
+    }
+
+    /// Index of the span holding `pos`, if one does.
+    fn holding(&self, pos: u64) -> Option<usize> {
+        let i = self.from(pos);
+        self.spans.get(i).filter(|(s, _)| *s <= pos).map(|_| i)
     }
 
     /// The parts of `[start, end)` (clipped to the section) not loaded yet.
@@ -56,12 +72,12 @@ impl Spans {
             return out;
         }
         let mut at = start;
-        if let Some((&s, d)) = self.spans.range(..=start).next_back() {
-            at = at.max(s + d.len() as u64);
-        }
-        for (&s, d) in self.spans.range(start..end) {
-            if s > at {
-                out.push((at, s));
+        for (s, d) in self.spans[self.from(start)..].iter() {
+            if *s >= end {
+                break;
+            }
+            if *s > at {
+                out.push((at, *s));
             }
             at = at.max(s + d.len() as u64);
         }
@@ -74,7 +90,8 @@ impl Spans {
     /// Adds `data` at `start` (a range [`Spans::missing`] returned: no overlap).
     pub fn insert(&mut self, start: u64, data: Vec<u8>) {
         if !data.is_empty() {
-            self.spans.insert(start, Arc::from(data));
+            let at = self.spans.partition_point(|(s, _)| *s < start);
+            self.spans.insert(at, (start, Arc::from(data)));
         }
     }
 
@@ -83,9 +100,14 @@ impl Spans {
         if start >= end {
             return;
         }
-        for (&s, d) in self.spans.range(start..end) {
+        let first = self.spans.partition_point(|(s, _)| *s < start);
+        for (s, d) in self.spans[first..].iter() {
+            if *s >= end {
+                break;
+            }
             if s + d.len() as u64 <= end {
-                out.spans.insert(s, d.clone());
+                let at = out.spans.partition_point(|(o, _)| o < s);
+                out.spans.insert(at, (*s, d.clone()));
             }
         }
     }
@@ -94,9 +116,11 @@ impl Spans {
     fn copy(&self, at: u64, buf: &mut [u8]) {
         buf.fill(0);
         let end = at + buf.len() as u64;
-        let first = self.spans.range(..=at).next_back().map_or(at, |(&s, _)| s);
-        for (&s, d) in self.spans.range(first..end) {
-            let (lo, hi) = (s.max(at), (s + d.len() as u64).min(end));
+        for (s, d) in self.spans[self.from(at)..].iter() {
+            if *s >= end {
+                break;
+            }
+            let (lo, hi) = ((*s).max(at), (s + d.len() as u64).min(end));
             if lo >= hi {
                 continue;
             }
@@ -105,29 +129,34 @@ impl Spans {
         }
     }
 
+    /// The bytes `[at, at + len)` when span `i` holds all of them.
+    fn within(&self, i: usize, at: u64, len: u64) -> Option<&[u8]> {
+        let (s, d) = self.spans.get(i)?;
+        let lo = at.checked_sub(*s)?;
+        let hi = lo.checked_add(len)?;
+        d.get(usize::try_from(lo).ok()?..usize::try_from(hi).ok()?)
+    }
+
     /// The offset of the first `byte` in `[at, end)`.
     fn find(&self, at: u64, end: u64, byte: u8) -> Option<u64> {
         let mut pos = at;
+        let mut i = self.from(at);
         while pos < end {
-            // The span holding `pos`, if any; else zeros up to the next span.
-            let holding = self
-                .spans
-                .range(..=pos)
-                .next_back()
-                .filter(|(&s, d)| pos < s + d.len() as u64);
-            match holding {
-                Some((&s, d)) => {
+            match self.spans.get(i) {
+                // The span holding `pos`.
+                Some((s, d)) if *s <= pos => {
                     let hi = (s + d.len() as u64).min(end);
                     let part = &d[(pos - s) as usize..(hi - s) as usize];
-                    if let Some(i) = part.iter().position(|&b| b == byte) {
-                        return Some(pos + i as u64);
+                    if let Some(k) = part.iter().position(|&b| b == byte) {
+                        return Some(pos + k as u64);
                     }
                     pos = hi;
+                    i += 1;
                 }
-                None if byte == 0 => return Some(pos),
-                None => {
-                    pos = self.spans.range(pos..end).next().map_or(end, |(&s, _)| s);
-                }
+                // Zeros up to the next span (or the end).
+                _ if byte == 0 => return Some(pos),
+                Some((s, _)) => pos = (*s).min(end),
+                None => pos = end,
             }
         }
         None
@@ -141,6 +170,9 @@ pub struct Sparse {
     pos: u64,
     end: u64,
     endian: RunTimeEndian,
+    /// The span this reader last read from: gimli reads a byte or a word at a time, and
+    /// the next read is almost always in the same span.
+    hint: usize,
 }
 
 impl fmt::Debug for Sparse {
@@ -158,6 +190,7 @@ impl Sparse {
             pos: 0,
             end,
             endian,
+            hint: 0,
         }
     }
 
@@ -165,14 +198,21 @@ impl Sparse {
         gimli::Error::UnexpectedEof(self.offset_id())
     }
 
-    fn copy_out(&self) -> gimli::Result<Vec<u8>> {
-        let len = usize::try_from(self.end - self.pos).map_err(|_| self.eof())?;
+    /// `[pos, end)`: borrowed when one span holds it all, else copied out with zeros
+    /// where nothing is loaded (at most [`MAX_COPY`] bytes).
+    fn bytes(&self) -> gimli::Result<Cow<'_, [u8]>> {
+        let len = self.end - self.pos;
+        let i = self.data.holding(self.pos);
+        if let Some(bytes) = i.and_then(|i| self.data.within(i, self.pos, len)) {
+            return Ok(Cow::Borrowed(bytes));
+        }
+        let len = usize::try_from(len).map_err(|_| self.eof())?;
         if len > MAX_COPY {
             return Err(self.eof());
         }
         let mut v = vec![0; len];
         self.data.copy(self.pos, &mut v);
-        Ok(v)
+        Ok(Cow::Owned(v))
     }
 }
 
@@ -238,27 +278,46 @@ impl Reader for Sparse {
     }
 
     fn to_slice(&self) -> gimli::Result<Cow<'_, [u8]>> {
-        self.copy_out().map(Cow::Owned)
+        self.bytes()
     }
 
     fn to_string(&self) -> gimli::Result<Cow<'_, str>> {
-        String::from_utf8(self.copy_out()?)
-            .map(Cow::Owned)
-            .map_err(|_| gimli::Error::BadUtf8)
+        match self.bytes()? {
+            Cow::Borrowed(b) => std::str::from_utf8(b)
+                .map(Cow::Borrowed)
+                .map_err(|_| gimli::Error::BadUtf8),
+            Cow::Owned(v) => String::from_utf8(v)
+                .map(Cow::Owned)
+                .map_err(|_| gimli::Error::BadUtf8),
+        }
     }
 
     fn to_string_lossy(&self) -> gimli::Result<Cow<'_, str>> {
-        Ok(Cow::Owned(
-            String::from_utf8_lossy(&self.copy_out()?).into_owned(),
-        ))
+        Ok(match self.bytes()? {
+            Cow::Borrowed(b) => String::from_utf8_lossy(b),
+            Cow::Owned(v) => Cow::Owned(String::from_utf8_lossy(&v).into_owned()),
+        })
     }
 
     fn read_slice(&mut self, buf: &mut [u8]) -> gimli::Result<()> {
         if buf.len() > self.len() {
             return Err(self.eof());
         }
-        self.data.copy(self.pos, buf);
-        self.pos += buf.len() as u64;
+        let len = buf.len() as u64;
+        match self.data.within(self.hint, self.pos, len) {
+            Some(bytes) => buf.copy_from_slice(bytes),
+            None => match self.data.holding(self.pos) {
+                Some(i) => {
+                    self.hint = i;
+                    match self.data.within(i, self.pos, len) {
+                        Some(bytes) => buf.copy_from_slice(bytes),
+                        None => self.data.copy(self.pos, buf),
+                    }
+                }
+                None => self.data.copy(self.pos, buf),
+            },
+        }
+        self.pos += len;
         Ok(())
     }
 }

@@ -514,7 +514,13 @@ fn an_inode_reused_by_another_file_gets_its_own_table() {
     // The filesystem of the temp dir, else the target dir's, must reuse freed inodes.
     let dirs = [
         tempfile::tempdir().expect("tmp"),
-        tempfile::tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).expect("tmp"),
+        // Canonical: the path must read as /proc/PID/maps names it.
+        tempfile::tempdir_in(
+            std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+                .canonicalize()
+                .expect("workspace"),
+        )
+        .expect("tmp"),
     ];
     let metrics = Metrics::new();
     let mut loader = Loader::new(
