@@ -272,6 +272,7 @@ bench-only:
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/offcpu.py --write
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/python.py
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/python.py --service
+	EMBER_BIN=$(EMBER) $(PYTHON) bench/churn.py --write
 
 bench: bench-deps
 	$(CARGO_BUILD)

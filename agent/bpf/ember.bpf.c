@@ -918,9 +918,15 @@ int ember_sample(struct ember_perf_ctx *ctx)
 	/* The current task is typed only with kernel BTF (task_regs). */
 	if (pid != 0 && !(ember_cfg.task_regs && kernel_thread(bpf_get_current_task_btf()))) {
 		if (ember_cfg.unwind_mode != EMBER_MODE_FRAME_POINTER) {
-			if (!bpf_map_lookup_elem(&unwind_procs, &pid)) {
+			struct ember_unwind_proc *known = bpf_map_lookup_elem(&unwind_procs, &pid);
+
+			if (!known) {
 				ask(s, EMBER_REC_UNKNOWN_PROCESS);
-			} else if (!user_regs(ctx, &s->w)) {
+			} else if (known->flags & EMBER_PROC_UNREAD) {
+				/* Walked by the exec hook's ranges, but named only once the agent reads it. */
+				ask(s, EMBER_REC_UNREAD);
+			}
+			if (known && !user_regs(ctx, &s->w)) {
 				s->w.kframes = kbytes / sizeof(__u64);
 				s->w.uframes = 0;
 				s->w.running = 1;
@@ -968,7 +974,8 @@ int BPF_PROG(ember_exec, struct task_struct *task)
 	if (ember_cfg.filter_pids && !bpf_map_lookup_elem(&pid_filter, &pid))
 		return 0;
 	p->count = 0;
-	p->pad = 0;
+	/* The sampler asks the agent to read such a process when it samples it. */
+	p->flags = EMBER_PROC_UNREAD;
 	if (!bpf_ksym_exists(bpf_iter_task_vma_new))
 		return 0;
 	if (!bpf_iter_task_vma_new(&it, bpf_get_current_task_btf(), 0)) {

@@ -89,6 +89,12 @@ enum ember_unwind_result {
 /* user_flags bits: what the sampler asks the agent to load. */
 #define EMBER_REC_UNKNOWN_PROCESS 1 /* no unwind ranges for this pid yet (asked at most once a second) */
 #define EMBER_REC_RANGE_MISS 2      /* a pc outside every known range (asked at most once a second) */
+/*
+ * A process whose ranges the exec hook wrote and the agent has not read since (asked at
+ * most once a second): it may live milliseconds, so the agent reads it at once, ahead of
+ * the exec records it paces.
+ */
+#define EMBER_REC_UNREAD 4
 
 /*
  * Interpreter frames (Python). Where the table walker meets a frame of the
@@ -310,13 +316,16 @@ struct ember_unwind_range {
 	__u32 table;  /* the table's id (slot and generation), or EMBER_TABLE_NONE */
 };
 
+/* `ember_unwind_proc.flags`: written by the exec hook, not read by the agent yet. */
+#define EMBER_PROC_UNREAD 1
+
 /* Executable ranges per process the sampler can hold; more are dropped (counted by the agent). */
 #define EMBER_UNWIND_RANGES 64
 
 /* Value of the `unwind_procs` hash (key: tgid), written whole by the agent. */
 struct ember_unwind_proc {
 	__u32 count; /* ranges used, sorted by start, not overlapping */
-	__u32 pad;
+	__u32 flags; /* EMBER_PROC_*; the agent writes 0 */
 	struct ember_unwind_range ranges[EMBER_UNWIND_RANGES];
 };
 

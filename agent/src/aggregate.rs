@@ -22,6 +22,9 @@ use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
 /// them before each batch, and batches come every second while anything is sampled): only
 /// bounds how long they wait in their queue on an idle host.
 const SNAPSHOT_POLL: Duration = Duration::from_secs(2);
+/// Samples of a batch added between two looks at the window's deadline (a look is one
+/// clock read; a sample of a new process may cost a `/proc` read).
+const CLOSE_CHECK: usize = 64;
 use crate::workload::kube::Metadata;
 use crate::workload::{self, Accounting, Cgroup, Filter, Verdict};
 
@@ -578,6 +581,13 @@ impl Aggregator {
     /// (CPU, then the off-CPU kinds) into `tx` at each boundary, together, so they are named
     /// in one pass (a full queue drops them and counts them); when capture stops and `rx` is
     /// drained, sends the last period and returns.
+    ///
+    /// A window closes at its boundary whatever waits in `rx`: the deadline is checked
+    /// before each receive and every [`CLOSE_CHECK`] samples of a batch, never only when the
+    /// queue runs dry. A host that keeps this thread busy (a spawn storm: every new process
+    /// sampled is a `/proc` read here, and under a CPU limit the queue never empties) used to
+    /// hold the window until the queue drained, for over a minute; now samples that arrive
+    /// late go to the next window and the window closes on time.
     pub fn run(
         mut self,
         rx: Receiver<Batch>,
@@ -592,42 +602,52 @@ impl Aggregator {
             // Snapshots of processes come from the unwind loader's thread: taken before each
             // batch (a process read while its samples were on their way is known when they
             // are added), and every SNAPSHOT_POLL while none arrive.
-            while let Ok(snap) = snapshots.try_recv() {
-                self.table.adopt(snap);
+            self.adopt_snapshots(&snapshots);
+            if Instant::now() >= deadline {
+                self.close_into(&tx);
+                deadline = Instant::now() + until_boundary(window, align);
+                continue;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left.min(SNAPSHOT_POLL)) {
                 Ok(batch) => {
-                    while let Ok(snap) = snapshots.try_recv() {
-                        self.table.adopt(snap);
-                    }
+                    self.adopt_snapshots(&snapshots);
                     if let Some(budget) = &self.queue_bytes {
                         budget.give(crate::capture::batch_bytes(&batch));
                     }
-                    batch.into_iter().for_each(|s| self.add(s));
-                }
-                Err(RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
-                Err(RecvTimeoutError::Timeout) => {
-                    while let Ok(snap) = snapshots.try_recv() {
-                        self.table.adopt(snap);
+                    for (i, s) in batch.into_iter().enumerate() {
+                        if i % CLOSE_CHECK == CLOSE_CHECK - 1 && Instant::now() >= deadline {
+                            self.close_into(&tx);
+                            deadline = Instant::now() + until_boundary(window, align);
+                        }
+                        self.add(s);
                     }
-                    let windows = self.close_windows();
-                    let n: u64 = windows.iter().map(Window::samples).sum();
-                    if let Err(TrySendError::Full(w)) = tx.try_send(windows) {
-                        self.metrics.dropped(Cache::WindowQueue, w.len() as u64);
-                        self.metrics.lost(Loss::WindowQueue, n);
-                    }
-                    deadline = Instant::now() + until_boundary(window, align);
                 }
+                Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     // Capture has stopped and drained: the last window is complete.
-                    while let Ok(snap) = snapshots.try_recv() {
-                        self.table.adopt(snap);
-                    }
+                    self.adopt_snapshots(&snapshots);
                     let _ = tx.send(self.close_windows());
                     return;
                 }
             }
+        }
+    }
+
+    fn adopt_snapshots(&mut self, snapshots: &Receiver<Snapshot>) {
+        while let Ok(snap) = snapshots.try_recv() {
+            self.table.adopt(snap);
+        }
+    }
+
+    /// Closes the period's windows and hands them on together; a full queue drops them,
+    /// counted.
+    fn close_into(&mut self, tx: &SyncSender<Vec<Window>>) {
+        let windows = self.close_windows();
+        let n: u64 = windows.iter().map(Window::samples).sum();
+        if let Err(TrySendError::Full(w)) = tx.try_send(windows) {
+            self.metrics.dropped(Cache::WindowQueue, w.len() as u64);
+            self.metrics.lost(Loss::WindowQueue, n);
         }
     }
 }
@@ -1015,6 +1035,47 @@ mod tests {
         });
         a.run(rx, srx, wtx, Duration::from_secs(60), false);
         assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn windows_close_on_time_while_the_queue_never_runs_dry() {
+        // A queue that never runs dry (a host the aggregator cannot keep up with): all the
+        // batches wait before the aggregator starts, each sample a pid it has never seen
+        // (a /proc read). Windows of 100 ms must close while it works through them, not
+        // once at the end.
+        let batches = 600u32;
+        let (tx, rx) = std::sync::mpsc::sync_channel(batches as usize);
+        let (_stx, srx) = std::sync::mpsc::sync_channel(1);
+        let (wtx, wrx) = std::sync::mpsc::sync_channel(4096);
+        for b in 0..batches {
+            // Pids above the kernel's limit (2^22): never a process, read and not found.
+            let batch = (0..256)
+                .map(|t| sample(5_000_000 + b * 256 + t, 1, &[0x10]))
+                .collect();
+            tx.send(batch).expect("send");
+        }
+        drop(tx);
+        let started = Instant::now();
+        agg(1 << 20).run(rx, srx, wtx, Duration::from_millis(100), false);
+        let took = started.elapsed();
+        // One period (the CPU window, and the off-CPU kinds when on) per boundary.
+        let periods: Vec<Vec<Window>> = wrx.try_iter().collect();
+        assert!(
+            took >= Duration::from_millis(400),
+            "the queue took {took:?} to work through: too little to tell (more batches)"
+        );
+        let want = (took.as_millis() / 200) as usize;
+        assert!(
+            periods.len() >= want,
+            "{} periods closed in {took:?} with a full queue (windows of 100 ms)",
+            periods.len()
+        );
+        let counted: u64 = periods.iter().flatten().map(|w| w.samples()).sum();
+        assert_eq!(
+            counted,
+            u64::from(batches) * 256,
+            "every sample in some window"
+        );
     }
 
     #[test]

@@ -101,7 +101,7 @@ shared_struct!(ember_unwind_range: size 24, align 8 {
     table @ 20,
 });
 
-shared_struct!(ember_unwind_proc: size 1544, align 8 { count @ 0, pad @ 4, ranges @ 8 });
+shared_struct!(ember_unwind_proc: size 1544, align 8 { count @ 0, flags @ 4, ranges @ 8 });
 shared_struct!(ember_unwind_file_key: size 16, align 8 { dev @ 0, ino @ 8 });
 shared_struct!(ember_unwind_segment: size 24, align 8 { vaddr @ 0, offset @ 8, size @ 16 });
 

@@ -50,7 +50,7 @@ mod skel {
     include!(concat!(env!("OUT_DIR"), "/ember.skel.rs"));
 }
 use counters::CounterSync;
-use record::{REC_RANGE_MISS, REC_UNKNOWN_PROCESS};
+use record::{REC_RANGE_MISS, REC_UNKNOWN_PROCESS, REC_UNREAD};
 use sampler::Sampler;
 
 /// Entries of the BPF `cgroup_deny` map (set before load): the aggregator denies at most
@@ -305,8 +305,10 @@ fn ring_buffer(
     let mut builder = RingBufferBuilder::new();
     let (cb_batch, cb_bad, cb_metrics) = (batch.clone(), malformed.clone(), metrics.clone());
     // Asked at once, not at the next batch: the process may live 30 ms.
-    let ask = move |pid: u32, flags: u8, metrics: &Metrics| {
+    // `at`: when the record was taken (CLOCK_MONOTONIC ns).
+    let ask = move |pid: u32, flags: u8, at: u64, metrics: &Metrics| {
         let ask = match flags {
+            f if f & REC_UNREAD != 0 => Some(Ask::Unread { pid, at }),
             f if f & REC_UNKNOWN_PROCESS != 0 => Some(Ask::Process(pid)),
             f if f & REC_RANGE_MISS != 0 => Some(Ask::Remap(pid)),
             _ => None,
@@ -322,7 +324,7 @@ fn ring_buffer(
         .add(&sampler.skel.maps.samples, move |data: &[u8]| {
             match parse_record(data) {
                 Some((s, flags)) => {
-                    cb_ask(s.pid, flags, &cb_metrics);
+                    cb_ask(s.pid, flags, s.time_ns, &cb_metrics);
                     cb_batch.borrow_mut().push(s)
                 }
                 None => *cb_bad.borrow_mut() += 1,
@@ -345,7 +347,8 @@ fn ring_buffer(
                 .add(&sampler.skel.maps.offcpu_samples, move |data: &[u8]| {
                     match parse_offcpu_record(data, scale) {
                         Some((record, flags)) => {
-                            ask(record.pid(), flags, &cb_metrics);
+                            // Off-CPU records never ask for an unread process.
+                            ask(record.pid(), flags, u64::MAX, &cb_metrics);
                             let samples = join_waker(record, &mut wakers, &cb_metrics);
                             cb_batch.borrow_mut().extend(samples);
                         }

@@ -17,6 +17,16 @@ pub enum Ask {
     Process(u32),
     /// A pc of this process is in none of its ranges (a library loaded since): read them again.
     Remap(u32),
+    /// A process the exec hook wrote ranges for, sampled before the loader read it: read it
+    /// now, ahead of the paced reads of new processes (it may live a few milliseconds, and
+    /// its samples are named from that read).
+    Unread {
+        /// The process.
+        pid: u32,
+        /// When the sample that asked was taken (CLOCK_MONOTONIC ns): a read started
+        /// since then already covers it.
+        at: u64,
+    },
 }
 
 /// Samples moved between stages together.

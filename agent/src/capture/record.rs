@@ -23,6 +23,7 @@ const _: () = assert!(OFFCPU_HEAD % 8 == 0);
 /// Record flags (`EMBER_REC_*` in `bpf/ember.h`).
 pub(super) const REC_UNKNOWN_PROCESS: u8 = 1;
 pub(super) const REC_RANGE_MISS: u8 = 2;
+pub(super) const REC_UNREAD: u8 = 4;
 
 /// Turns one ring buffer record into a sample and its `EMBER_REC_*` flags; `None` if it is
 /// shorter than it claims.

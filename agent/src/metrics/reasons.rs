@@ -162,6 +162,9 @@ label_enum! {
         Dwarf => "dwarf",
         /// What the unwind loader read of a process, on its way to the process table.
         ProcessSnapshots => "process_snapshots",
+        /// New processes the unwind loader did not read in full: beyond its queue of 4,096,
+        /// or exited while its rate of reads (100 a second) held them back.
+        ProcessReads => "process_reads",
         /// Kernel task records (exec, mmap, exit) lost to a full ring: such a process is
         /// loaded at its first sample instead.
         TaskRecords => "task_records",

@@ -2,7 +2,7 @@
 //! (exec, mmap, fork, exit; read by `ember-tasks`, [`crate::capture::tasks::forward`]) and
 //! the sampler's asks arrive on one queue, and sweeps out processes that are gone.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
@@ -29,6 +29,64 @@ const SETTLE: Duration = Duration::from_millis(2);
 const MAX_ASKED: usize = 4_096;
 /// The sampler's asks served per round of the loader's loop.
 const ASKS_PER_ROUND: usize = 4;
+/// Full reads of new processes (exec, new executable mappings) started per second at most,
+/// and as many at once after a quiet spell. A read is `/proc/PID/{stat,maps,cgroup}`, an
+/// open of every mapped file and the snapshot for the process table: 0.25-0.5 ms of CPU
+/// each (bench/churn.py), so a host spawning hundreds of processes a second would cost a
+/// fleet agent a third of its 500m limit. Past the rate, processes wait their turn, and
+/// most of a spawn storm's exit before it comes (their exit record takes them out of the
+/// queue, unread); the ones that live are read a little later. Until then the exec hook's
+/// ranges (files already known) or frame pointers walk them. The rate never applies to a
+/// process being sampled: a sample of one the exec hook wrote and the loader has not read
+/// asks for it (`Ask::Unread`), and the loader reads it before anything else (asks are
+/// not limited: they come at most once a second per process, at most at the sampling
+/// rate). Without that, a 30 ms process waiting its turn was gone before its read, and
+/// its samples could not be named.
+pub(super) const READS_PER_SEC: f64 = 100.0;
+/// Processes waiting for their full read; more are not queued (counted in
+/// `cache_dropped_total{cache="process_reads"}`, as are the waiting ones that exit while
+/// the rate holds them back).
+const MAX_DIRTY: usize = 4_096;
+
+/// The rate of full reads ([`READS_PER_SEC`]): a token bucket.
+pub(super) struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Default for Bucket {
+    fn default() -> Self {
+        Self {
+            tokens: READS_PER_SEC,
+            at: Instant::now(),
+        }
+    }
+}
+
+impl Bucket {
+    fn refill(&mut self) {
+        let now = Instant::now();
+        let earned = now.saturating_duration_since(self.at).as_secs_f64() * READS_PER_SEC;
+        self.tokens = (self.tokens + earned).min(READS_PER_SEC);
+        self.at = now;
+    }
+
+    /// Takes one read if the rate allows it now.
+    pub(super) fn try_take(&mut self) -> bool {
+        self.refill();
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return true;
+        }
+        false
+    }
+
+    /// How long until the next read is allowed (zero: now).
+    fn next(&mut self) -> Duration {
+        self.refill();
+        Duration::from_secs_f64(((1.0 - self.tokens) / READS_PER_SEC).max(0.0))
+    }
+}
 
 /// Stops the task record reader when the loader returns.
 struct StopOnDrop(Option<TaskLink>);
@@ -41,14 +99,24 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// What waits to be loaded: processes whose records came (`dirty`) and the sampler's
-/// asks (`asked`), one entry per process.
+/// What waits to be loaded: processes whose records came (`dirty`), the sampler's asks
+/// (`asked`) and its asks for processes sampled before they were read (`unread`), one
+/// entry per process.
 #[derive(Default)]
 pub(super) struct Queued {
     pub(super) dirty: BTreeSet<u32>,
     pub(super) asked: BTreeSet<u32>,
+    /// Sampled processes the exec hook wrote and the loader has not read, with when the
+    /// latest ask's sample was taken: read before anything else, whatever the rate (the
+    /// sampler asks at most once a second per process, so the sampling rate bounds them).
+    pub(super) unread: BTreeMap<u32, u64>,
+    /// Processes read from `unread` since their exec (at most [`MAX_ASKED`]): a library
+    /// they map later is read at once too, not at the rate.
+    pub(super) sampled: HashSet<u32>,
     /// The processes named in the config, if any: only they are followed.
     pub(super) only: HashSet<u32>,
+    /// The rate of full reads of `dirty` processes.
+    pub(super) reads: Bucket,
 }
 
 impl<M: UnwindIo> Loader<M> {
@@ -75,12 +143,18 @@ impl<M: UnwindIo> Loader<M> {
         let mut last_sweep = Instant::now();
         while !self.halted() {
             // Asleep until work comes or a sweep is due; never while asks wait.
-            let wait = if q.asked.is_empty() {
+            let wait = if q.asked.is_empty() && q.unread.is_empty() {
                 let sweep = every.saturating_sub(last_sweep.elapsed());
                 let retry = self.python.as_ref().and_then(|p| p.next_retry());
-                retry.map_or(sweep, |at| {
+                let wait = retry.map_or(sweep, |at| {
                     sweep.min(at.saturating_duration_since(Instant::now()))
-                })
+                });
+                // Processes held back by the rate: until the next read is allowed.
+                if q.dirty.is_empty() {
+                    wait
+                } else {
+                    wait.min(q.reads.next())
+                }
             } else {
                 Duration::ZERO
             };
@@ -103,15 +177,26 @@ impl<M: UnwindIo> Loader<M> {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
-            while let Some(pid) = q.dirty.pop_first() {
+            loop {
                 if self.halted() {
                     return;
                 }
                 // Records first: each is a few microseconds and may be a new process about
-                // to be sampled; a full read takes a millisecond or more.
+                // to be sampled, or the exit of one waiting here (never read, then).
                 while let Ok(w) = work.try_recv() {
                     self.take(w, &mut q);
                 }
+                // Then the processes being sampled: their samples are named from this read.
+                if !self.read_unread(&mut q) {
+                    return;
+                }
+                if q.dirty.is_empty() || !q.reads.try_take() {
+                    break;
+                }
+                let Some(pid) = q.dirty.pop_first() else {
+                    break;
+                };
+                q.unread.remove(&pid);
                 self.load(pid);
             }
             // A few asks a round: they may compile tables (tens of ms for a big object), and
@@ -137,14 +222,46 @@ impl<M: UnwindIo> Loader<M> {
         self.halt.load(Ordering::Relaxed)
     }
 
+    /// Reads every sampled process that waits in `unread` (not a read of the rate: these
+    /// are processes the sampler is naming, a few hundred a second at most), unless a read
+    /// since its sample covers it; false if the loader was halted meanwhile.
+    pub(super) fn read_unread(&mut self, q: &mut Queued) -> bool {
+        while let Some((pid, at)) = q.unread.pop_first() {
+            if self.halted() {
+                return false;
+            }
+            if self.procs.get(pid).is_some_and(|p| p.read_ns >= at) {
+                continue;
+            }
+            // This read covers its exec and mmap records too.
+            q.dirty.remove(&pid);
+            if q.sampled.len() < MAX_ASKED {
+                q.sampled.insert(pid);
+            }
+            self.load(pid);
+        }
+        true
+    }
+
     /// Files one piece of work: a task record is applied, an ask waits in `asked` (one per
     /// process, at most [`MAX_ASKED`]; more are dropped, counted, and asked again later).
-    fn take(&mut self, w: Work, q: &mut Queued) {
+    pub(super) fn take(&mut self, w: Work, q: &mut Queued) {
         match w {
             Work::Task(ev) => self.on_task(ev, q),
             Work::Ask(Ask::Process(pid)) | Work::Ask(Ask::Remap(pid)) => {
                 if q.asked.len() < MAX_ASKED || q.asked.contains(&pid) {
                     q.asked.insert(pid);
+                } else {
+                    self.metrics.dropped(Cache::UnwindRequests, 1);
+                }
+            }
+            Work::Ask(Ask::Unread { pid, at }) => {
+                if !q.only.is_empty() && !q.only.contains(&pid) {
+                    return;
+                }
+                if q.unread.len() < MAX_ASKED || q.unread.contains_key(&pid) {
+                    let latest = q.unread.entry(pid).or_insert(at);
+                    *latest = (*latest).max(at);
                 } else {
                     self.metrics.dropped(Cache::UnwindRequests, 1);
                 }
@@ -166,9 +283,24 @@ impl<M: UnwindIo> Loader<M> {
         if pid == std::process::id() || (!q.only.is_empty() && !q.only.contains(&pid)) {
             return;
         }
+        // A record older than the loader's last full read of the process (an ask for it
+        // came first): that read saw what the record tells.
+        let stamp = match &ev {
+            TaskEvent::Exec { time_ns, .. } => Some(*time_ns),
+            TaskEvent::Mmap(m) => Some(m.time_ns),
+            TaskEvent::Fork { .. } | TaskEvent::Exit { .. } => None,
+        };
+        if stamp.is_some_and(|t| self.procs.get(pid).is_some_and(|p| p.read_ns > t)) {
+            return;
+        }
         match ev {
             TaskEvent::Exit { pid, .. } => {
-                q.dirty.remove(&pid);
+                q.unread.remove(&pid);
+                q.sampled.remove(&pid);
+                if q.dirty.remove(&pid) && q.reads.next() > Duration::ZERO {
+                    // Exited while the rate held its read back.
+                    self.metrics.dropped(Cache::ProcessReads, 1);
+                }
                 self.forget(pid);
                 self.drop_python(pid);
                 if self.io.exec_hook() {
@@ -177,6 +309,8 @@ impl<M: UnwindIo> Loader<M> {
                 }
             }
             TaskEvent::Exec { pid, .. } => {
+                // Another program: sampled or not, it is read afresh.
+                q.sampled.remove(&pid);
                 if self.io.exec_hook() {
                     // The hook already replaced the entry with the new program's ranges.
                     self.procs.take(pid);
@@ -184,7 +318,7 @@ impl<M: UnwindIo> Loader<M> {
                 } else {
                     self.forget(pid);
                 }
-                q.dirty.insert(pid);
+                self.mark_dirty(pid, q);
             }
             TaskEvent::Fork { pid, ppid, .. } => self.fork(pid, ppid),
             TaskEvent::Mmap(m) => {
@@ -194,9 +328,24 @@ impl<M: UnwindIo> Loader<M> {
                     if !self.io.exec_hook() {
                         self.fast_mmap(&m);
                     }
-                    q.dirty.insert(m.pid);
+                    if q.sampled.contains(&m.pid) {
+                        // Being sampled: its samples in the library are named from the read.
+                        let at = q.unread.entry(m.pid).or_insert(m.time_ns);
+                        *at = (*at).max(m.time_ns);
+                    } else {
+                        self.mark_dirty(m.pid, q);
+                    }
                 }
             }
+        }
+    }
+
+    /// Queues `pid` for a full read, unless [`MAX_DIRTY`] wait already (counted).
+    fn mark_dirty(&self, pid: u32, q: &mut Queued) {
+        if q.dirty.len() < MAX_DIRTY || q.dirty.contains(&pid) {
+            q.dirty.insert(pid);
+        } else {
+            self.metrics.dropped(Cache::ProcessReads, 1);
         }
     }
 
@@ -217,7 +366,14 @@ impl<M: UnwindIo> Loader<M> {
         // come after the exec): never overwrite that with the parent's ranges.
         let only_new = self.io.exec_hook();
         if self.write_proc(pid, &ranges, only_new) {
-            self.procs.put(pid, Proc { start_time, ranges });
+            self.procs.put(
+                pid,
+                Proc {
+                    start_time,
+                    ranges,
+                    read_ns: 0,
+                },
+            );
         }
     }
 
@@ -244,8 +400,8 @@ impl<M: UnwindIo> Loader<M> {
             return false;
         };
         let bias = bias(&table.segments, m.start, m.pgoff);
-        let (start_time, ranges) = match self.procs.get(m.pid) {
-            Some(p) => (p.start_time, p.ranges.clone()),
+        let (start_time, ranges, read_ns) = match self.procs.get(m.pid) {
+            Some(p) => (p.start_time, p.ranges.clone(), p.read_ns),
             None => {
                 let Some(start_time) = procfs::start_time(&self.proc_root, m.pid) else {
                     return false;
@@ -253,7 +409,7 @@ impl<M: UnwindIo> Loader<M> {
                 if !self.make_room(PROC_COST) {
                     return false;
                 }
-                (start_time, Vec::new())
+                (start_time, Vec::new(), 0)
             }
         };
         let new = Range {
@@ -266,7 +422,14 @@ impl<M: UnwindIo> Loader<M> {
         let ranges = with_mapping(&ranges, new);
         let ok = self.write_proc(m.pid, &ranges, false);
         if ok {
-            self.procs.put(m.pid, Proc { start_time, ranges });
+            self.procs.put(
+                m.pid,
+                Proc {
+                    start_time,
+                    ranges,
+                    read_ns,
+                },
+            );
         } else {
             self.procs.take(m.pid);
         }

@@ -151,6 +151,8 @@ impl<M: UnwindIo> Loader<M> {
     }
 
     fn load_ranges(&mut self, pid: u32) {
+        // Before the read: a record or ask stamped later may tell of something it missed.
+        let read_ns = now_ns();
         let opts = ReadOptions {
             exe: false,
             unless_started_at: self.procs.known_empty(pid),
@@ -175,7 +177,7 @@ impl<M: UnwindIo> Loader<M> {
                 self.metrics.dropped(Cache::ProcessSnapshots, 1);
             }
         }
-        self.write_ranges(pid, start_time, ranges, files);
+        self.write_ranges(pid, (start_time, read_ns), ranges, files);
     }
 
     /// The ranges of the process `snap` tells of, loading their tables, and the files whose
@@ -232,10 +234,11 @@ impl<M: UnwindIo> Loader<M> {
 
     /// Writes `pid`'s `ranges` (its tables loaded) after committing their tables and
     /// publishing `files`.
+    /// `times`: the process's start time and when its read started.
     fn write_ranges(
         &mut self,
         pid: u32,
-        start_time: u64,
+        (start_time, read_ns): (u64, u64),
         mut ranges: Vec<Range>,
         files: Vec<(KernelFile, Published)>,
     ) {
@@ -260,7 +263,11 @@ impl<M: UnwindIo> Loader<M> {
             self.metrics.dropped(Cache::UnwindProcesses, 1);
             return;
         }
-        let proc = Proc { start_time, ranges };
+        let proc = Proc {
+            start_time,
+            ranges,
+            read_ns,
+        };
         if self.write_proc(pid, &proc.ranges, false) {
             self.procs.put(pid, proc);
         } else {

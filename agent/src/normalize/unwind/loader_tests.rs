@@ -63,6 +63,7 @@ fn put_user(loader: &mut Loader<FakeMaps>, pid: u32, key: TableKey) {
         Proc {
             start_time: 1,
             ranges,
+            read_ns: 0,
         },
     );
 }
@@ -475,10 +476,12 @@ fn run_copy(path: &Path) -> std::process::Child {
         .spawn()
         .expect("spawn");
     let maps = format!("/proc/{}/maps", child.id());
+    // The kernel names the file by its resolved path (no `..`).
+    let shown = std::fs::canonicalize(path).expect("path");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !std::fs::read_to_string(&maps)
         .unwrap_or_default()
-        .contains(path.to_str().expect("utf-8"))
+        .contains(shown.to_str().expect("utf-8"))
     {
         assert!(
             Instant::now() < deadline,
@@ -639,4 +642,137 @@ fn an_inode_reused_by_another_file_gets_its_own_table() {
         return;
     }
     eprintln!("no filesystem here reuses freed inodes: the case cannot occur");
+}
+
+#[test]
+fn reads_past_the_rate_wait_and_an_exit_while_waiting_is_counted() {
+    let mut l = fake_loader(1 << 20);
+    let mut q = Queued::default();
+    let allowed = (0..1000).take_while(|_| q.reads.try_take()).count();
+    // A burst of the rate's size at once (plus the few earned while taking them), no more.
+    let rate = super::follow::READS_PER_SEC as usize;
+    assert!(
+        (rate..rate + 10).contains(&allowed),
+        "{allowed} reads allowed at once"
+    );
+    let (short, long) = (4_100_001, 4_100_002);
+    for pid in [short, long] {
+        let exec = TaskEvent::Exec {
+            pid,
+            tid: pid,
+            time_ns: 0,
+            comm: [0; 16],
+        };
+        l.on_task(exec, &mut q);
+    }
+    assert!(q.dirty.contains(&short) && q.dirty.contains(&long));
+    l.on_task(
+        TaskEvent::Exit {
+            pid: short,
+            time_ns: 0,
+        },
+        &mut q,
+    );
+    assert!(!q.dirty.contains(&short), "an exited process is never read");
+    assert!(q.dirty.contains(&long), "a live one waits for its turn");
+    let text = l.metrics.encode();
+    assert!(
+        text.contains("ember_cache_dropped_total{cache=\"process_reads\"} 1"),
+        "{text}"
+    );
+    std::thread::sleep(Duration::from_millis(30));
+    assert!(q.reads.try_take(), "the rate refills");
+}
+
+/// A process the sampler samples before the loader has read it (the exec hook wrote its
+/// ranges; an `Unread` ask) is read at once, however spent the rate of paced reads is, and
+/// once: its exec record and a second ask, both older than that read, ask for no other. A
+/// library it maps after the read is read ahead of the rate too; after another exec it is
+/// paced again until sampled.
+#[test]
+fn a_sampled_process_is_read_past_the_rate_and_only_once() {
+    use crate::capture::{Ask, Work};
+    let host = Host::new();
+    let (sleep, _) = two_programs();
+    let meta = host.write("prog", &sleep);
+    let mut l = host.loader();
+    let mut q = Queued::default();
+    while q.reads.try_take() {}
+    let pid = 4_000_020;
+    host.process(pid, 100, "prog");
+    let exec = |time_ns| TaskEvent::Exec {
+        pid,
+        tid: pid,
+        time_ns,
+        comm: [0; 16],
+    };
+    let exec_at = now_ns();
+    // The ask comes before the exec record (the task reader gathers records).
+    let sampled_at = now_ns();
+    l.take(
+        Work::Ask(Ask::Unread {
+            pid,
+            at: sampled_at,
+        }),
+        &mut q,
+    );
+    assert!(l.read_unread(&mut q));
+    assert!(
+        table_of_only_range(&l, pid).is_some(),
+        "read at once, the rate spent"
+    );
+    let read_ns = l.procs.get(pid).expect("read").read_ns;
+    assert!(read_ns >= sampled_at, "the read is stamped when it starts");
+    l.on_task(exec(exec_at), &mut q);
+    assert!(
+        l.procs.contains(pid) && !q.dirty.contains(&pid),
+        "an exec record older than the read reads nothing more"
+    );
+    l.take(
+        Work::Ask(Ask::Unread {
+            pid,
+            at: sampled_at,
+        }),
+        &mut q,
+    );
+    assert!(l.read_unread(&mut q));
+    assert_eq!(
+        l.procs.get(pid).map(|p| p.read_ns),
+        Some(read_ns),
+        "an ask from before the read is served by it"
+    );
+    let mmap = crate::capture::tasks::Mmap {
+        pid,
+        tid: pid,
+        start: 0x7f00_0000_0000,
+        len: 0x1_0000,
+        pgoff: 0,
+        dev: (libc::major(meta.dev()), libc::minor(meta.dev())),
+        inode: meta.ino(),
+        inode_generation: 0,
+        prot: libc::PROT_READ as u32 | libc::PROT_EXEC as u32,
+        flags: libc::MAP_PRIVATE as u32,
+        time_ns: now_ns(),
+        path: "/bin/prog".to_owned(),
+    };
+    l.on_task(TaskEvent::Mmap(mmap), &mut q);
+    assert!(
+        q.unread.contains_key(&pid) && !q.dirty.contains(&pid),
+        "a library mapped by a sampled process is read at once"
+    );
+    assert!(l.read_unread(&mut q));
+    assert!(l.procs.get(pid).is_some_and(|p| p.read_ns > read_ns));
+    l.on_task(exec(now_ns()), &mut q);
+    assert!(
+        q.dirty.contains(&pid) && !q.sampled.contains(&pid),
+        "another program is paced until it is sampled"
+    );
+    l.on_task(
+        TaskEvent::Exit {
+            pid,
+            time_ns: now_ns(),
+        },
+        &mut q,
+    );
+    assert!(q.unread.is_empty() && q.dirty.is_empty());
 }

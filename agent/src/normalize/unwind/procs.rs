@@ -44,6 +44,10 @@ pub(super) struct Proc {
     pub(super) start_time: u64,
     /// Sorted by start, not overlapping, at most [`RANGES`].
     pub(super) ranges: Vec<Range>,
+    /// When the loader last started a full read of it (CLOCK_MONOTONIC ns, as task
+    /// records and samples are stamped); 0: never (ranges copied at fork or added from an
+    /// mmap record). Records and asks older than the read need no other.
+    pub(super) read_ns: u64,
 }
 
 /// The processes the loader knows; see the module documentation.
@@ -220,6 +224,7 @@ mod tests {
         let proc = |ranges| Proc {
             start_time: 1,
             ranges,
+            read_ns: 0,
         };
         p.put(10, proc(vec![range(0x1000, 0x1000, Some(1), 42)]));
         p.put(11, proc(vec![range(0x1000, 0x1000, Some(1), 42)]));
@@ -271,6 +276,6 @@ mod tests {
                 (0x3000, 0x3000, 0x300, TABLE_NONE),
             ]
         );
-        assert_eq!((v.ranges[3].start, v.pad), (0, 0));
+        assert_eq!((v.ranges[3].start, v.flags), (0, 0));
     }
 }
