@@ -14,7 +14,7 @@ the bench measures:
   - window lateness: when ember printed (stderr) each window's line minus the window's end (its start
     and length are in the line), median and worst of the windows closed during the storm;
   - the longest gap between two window lines (a window held back shows here);
-  - the CPU of ember's busiest threads (/proc/PID/task/*/stat);
+  - the CPU of ember's busiest threads (/proc/PID/task/*/schedstat);
   - new processes the unwind loader did not read in full
     (`ember_cache_dropped_total{cache="process_reads"}`, from /metrics).
 Prints a markdown table; --write puts it into BENCHMARKS.md between the churn markers.
@@ -34,11 +34,13 @@ import threading
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import overhead as oh  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EMBER = os.environ.get("EMBER_BIN", os.path.join(ROOT, "target/release/ember"))
 LINE = re.compile(r"^ember: window (\S+) ([\d.]+)s: (\d+) samples")
 PORT = 29464
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 class Cgroup:
@@ -87,25 +89,6 @@ class Cgroup:
                 os.rmdir(d)
             except OSError:
                 pass
-
-
-def thread_cpu(pid):
-    """CPU seconds of each of a process's threads, by thread name."""
-    out = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                head, rest = f.read().rsplit(")", 1)
-            name = head.split("(", 1)[1]
-            fields = rest.split()
-            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
 
 
 def processes_started():
@@ -196,11 +179,12 @@ def run(rate, args, tmp, cg):
             sys.exit("ember printed no window in 90 s")
         time.sleep(1)
         c0, p0, t0, th0 = cg.cpu_seconds(), processes_started(), time.time(), cg.throttled()
-        thr0 = thread_cpu(ember.pid)
+        thr0 = oh.thread_ns(ember.pid)
         spawned = spawner(rate, args.seconds, args.cmd, stop) if rate else (time.sleep(args.seconds) or 0)
         c1, p1, t1, th1 = cg.cpu_seconds(), processes_started(), time.time(), cg.throttled()
-        thr1 = thread_cpu(ember.pid)
-        threads = {k: (v - thr0.get(k, 0.0)) / (t1 - t0) for k, v in thr1.items()}
+        thr1 = oh.thread_ns(ember.pid)
+        # Fractions of one core by thread name, from the scheduler's run time.
+        threads = {k: v / 100 for k, v in oh.per_thread(thr0, thr1, t1 - t0).items()}
         drops = scrape('ember_cache_dropped_total{cache="process_reads"}')
         # Windows that ended during the storm, and the ones up to two windows after it (a
         # backlog shows as lateness there).
