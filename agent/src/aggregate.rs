@@ -501,6 +501,10 @@ impl Aggregator {
             v.sort_by(|a, b| (a.pid, a.tid, ns(b)).cmp(&(b.pid, b.tid, ns(a))));
         }
         if let Some(acc) = &mut self.workloads.accounting {
+            // Only a synced watch tells a deleted pod from one not listed yet.
+            if let Some(md) = self.workloads.metadata.as_ref().filter(|m| m.fresh()) {
+                acc.forget_deleted_pods(|uid| md.by_pod_uid(uid).is_empty());
+            }
             acc.end_window();
         }
         for pid in self.table.end_window() {

@@ -163,6 +163,24 @@ impl Accounting {
         Some(t)
     }
 
+    /// Forgets at once the containers of pods the API no longer has (`pod_gone(pod_uid)`)
+    /// that had no sample in the window now closing. A deleted pod's series then leave
+    /// /metrics (and go stale in Prometheus) a window after its last sample rather than
+    /// [`FORGET_AFTER_WINDOWS`] windows later; a container still sampled keeps its series
+    /// until it stops. Call before [`Accounting::end_window`].
+    pub fn forget_deleted_pods(&mut self, pod_gone: impl Fn(&str) -> bool) {
+        let (m, now, bytes) = (&self.metrics, self.window, &mut self.bytes);
+        self.tracked.retain(|_, t| {
+            let gone =
+                t.last_window < now && !t.info.pod_uid.is_empty() && pod_gone(&t.info.pod_uid);
+            if gone {
+                remove_series(m, t);
+                *bytes -= t.bytes;
+            }
+            !gone
+        });
+    }
+
     /// Closes a window: sets the info series and forgets containers idle for too long.
     pub fn end_window(&mut self) {
         let (m, now, bytes) = (&self.metrics, self.window, &mut self.bytes);
@@ -255,6 +273,36 @@ mod tests {
         // Host processes are not containers.
         acc.add(&Labels::default(), 1.0);
         assert!(acc.tracked.is_empty());
+    }
+
+    #[test]
+    fn a_deleted_pods_series_go_a_window_after_its_last_sample() {
+        let all = Metrics::new();
+        let mut acc = Accounting::new(&all, "node-1".into(), 10, MAX_BYTES);
+        let web = pod_labels("prod", "web", "web");
+        let mut db = pod_labels("prod", "db", "db");
+        db.container_id = format!("{:064x}", 7);
+        db.pod_uid = "uid-db".into();
+        let has = |container: &str| {
+            let want = format!("container=\"{container}\"");
+            all.encode()
+                .lines()
+                .any(|l| l.starts_with("ember_container_cpu_seconds_total{") && l.contains(&want))
+        };
+        acc.add(&web, 1.0);
+        acc.add(&db, 1.0);
+        // Gone from the API but sampled in this window: kept until it stops.
+        acc.forget_deleted_pods(|_| true);
+        acc.end_window();
+        assert!(has("web") && has("db"));
+        // A window without samples: only the deleted pod's series go.
+        acc.forget_deleted_pods(|uid| uid == "uid-db");
+        acc.end_window();
+        assert!(has("web"), "{}", all.encode());
+        assert!(!has("db"), "{}", all.encode());
+        assert!(!all.encode().contains("uid-db"), "the info series goes too");
+        assert_eq!(acc.tracked.len(), 1);
+        assert_eq!(acc.bytes(), entry_bytes(&web, "node-1"));
     }
 
     /// Labels of a container with the longest names Kubernetes allows (253-byte pod and
