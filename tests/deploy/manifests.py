@@ -330,8 +330,13 @@ def main():
                 fail("ServiceMonitor namespaceSelector is not the Service's namespace")
             names = {p["name"] for p in svc["spec"]["ports"]}
             for ep in sm["spec"]["endpoints"]:
-                if set(ep) - {"port", "path", "interval", "scrapeTimeout", "relabelings", "metricRelabelings"}:
+                if set(ep) - {"port", "path", "interval", "scrapeTimeout", "relabelings", "metricRelabelings",
+                              "honorLabels"}:
                     fail(f"ServiceMonitor endpoint has unexpected keys {sorted(ep)}")
+                # The operator adds namespace/pod/container target labels (ember's own pod).
+                if ep.get("honorLabels") is not True:
+                    fail("ServiceMonitor endpoint without honorLabels: true renames ember's "
+                         "namespace/pod/container labels exported_*")
                 if ep["port"] not in names:
                     fail(f"ServiceMonitor endpoint port {ep['port']} is not a Service port {names}")
             if svc["spec"].get("clusterIP") != "None":
