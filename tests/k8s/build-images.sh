@@ -11,6 +11,10 @@
 #   OUTDIR/pause.oci.tar   localhost/ember-k8s/pause:3.4: build/pause of the Kubernetes source
 #                          (tests/k8s/build-apiserver.sh pause)
 #   OUTDIR/burner.oci.tar  localhost/ember-k8s/burner:1: tests/k8s/burner/burner.c, static
+#   OUTDIR/python.oci.tar  localhost/ember-k8s/python:1: Debian's /usr/bin/python3.11 (libpython
+#                          linked in, no frame pointers), the libraries ldd names, os.py (the
+#                          landmark of its prefix) and encodings/ (all it imports at start-up
+#                          with -S), running tests/k8s/python/hot.py
 #
 # buildah's storage is a throwaway directory (vfs driver: no mounts), not the host's
 # /var/lib/containers. Root only (buildah as root; no user namespaces needed).
@@ -49,13 +53,18 @@ image() {
     log "$ref -> $OUT/$name.oci.tar ($(du -h "$OUT/$name.oci.tar" | cut -f1))"
 }
 
-# ember: the binary and exactly the libraries the dynamic loader resolves for it.
+# libs BIN ROOT: exactly the libraries the dynamic loader resolves for BIN, under ROOT.
+libs() {
+    ldd "$1" | awk '/=> \// { print $3 } /^[ \t]*\// { print $1 }' | while read -r lib; do
+        install -D -m 0755 "$(readlink -f "$lib")" "$2$lib"
+    done
+    [ -n "$(find "$2" -name 'ld-linux*')" ] || die "no dynamic loader found by ldd $1"
+}
+
+# ember: the binary and its libraries.
 E=$WORK/ember
 install -D -m 0755 "$EMBER_BIN" "$E/usr/local/bin/ember"
-ldd "$EMBER_BIN" | awk '/=> \// { print $3 } /^[ \t]*\// { print $1 }' | while read -r lib; do
-    install -D -m 0755 "$(readlink -f "$lib")" "$E$lib"
-done
-[ -n "$(find "$E" -name 'ld-linux*')" ] || die "no dynamic loader found by ldd $EMBER_BIN"
+libs "$EMBER_BIN" "$E"
 install -D -m 0644 "$ROOT/config/ember.yaml" "$E/etc/ember/ember.yaml"
 install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$E/etc/ssl/certs/ca-certificates.crt"
 mkdir -p "$E/tmp" "$E/var/lib/ember"
@@ -71,3 +80,16 @@ W=$WORK/burner
 mkdir -p "$W"
 gcc -O1 -g -fno-omit-frame-pointer -static -o "$W/burner" "$SELF_DIR/burner/burner.c" || die "gcc burner.c failed"
 image burner localhost/ember-k8s/burner:1 "$W" '["/burner"]'
+
+PY=/usr/bin/python3.11
+[ -x "$PY" ] || die "$PY not found (apt-get install python3.11)"
+Y=$WORK/python
+install -D -m 0755 "$PY" "$Y/usr/bin/python3.11"
+libs "$PY" "$Y"
+install -D -m 0644 /usr/lib/python3.11/os.py "$Y/usr/lib/python3.11/os.py"
+cp -a /usr/lib/python3.11/encodings "$Y/usr/lib/python3.11/"
+find "$Y/usr/lib/python3.11" -name __pycache__ -prune -exec rm -rf {} +
+mkdir -p "$Y/usr/lib/python3.11/lib-dynload" "$Y/tmp"
+chmod 1777 "$Y/tmp"
+install -D -m 0644 "$SELF_DIR/python/hot.py" "$Y/app/hot.py"
+image python localhost/ember-k8s/python:1 "$Y" '["/usr/bin/python3.11", "-S", "-u", "/app/hot.py"]'

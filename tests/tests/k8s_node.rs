@@ -6,16 +6,24 @@
 //!
 //! Checked against the cluster's own answers: the DaemonSet's pod Ready within 60 s; the agent
 //! process (found on the host by the pod's uid in its cgroup) has exactly the capabilities the
-//! DaemonSet declares, a seccomp filter and no_new_privs; `/metrics` scraped at the pod's IP
-//! names two workload pods in two namespaces (namespace, pod, container from the API), and
-//! the Deployment's sampled CPU over five windows is within 10 % of its container's own
-//! `cpuacct.usage`; the windows carry their service names (`<namespace>/<Deployment>`,
-//! `<namespace>/<pod>`) and the burner's functions; after the ember pod is deleted the DaemonSet's new pod profiles again
-//! and the old agent is gone; a deleted workload pod's cgroup series leave /metrics;
-//! stop-node.sh leaves nothing running or mounted.
+//! DaemonSet declares, a seccomp filter and no_new_privs. A real Prometheus (Debian's; see
+//! [`prom`] for why its targets come from the pod list and not `kubernetes_sd_configs`)
+//! scrapes the pod by the chart's `prometheus.io/*` annotations with deploy/README.md's
+//! relabelling: the target is up at `http://<pod IP>:9464/metrics`, and its per-container
+//! series name three workload pods in two namespaces (namespace, pod, container, container id
+//! from the API), none renamed `exported_*`. The windows carry their service names
+//! (`<namespace>/<Deployment>`, `<namespace>/<pod>`) and functions: the C burner's, and a
+//! Python pod's (Debian's python3.11 in an image of its own) with `runtime="python"`. The
+//! Deployment's sampled CPU over five windows is within 10 % of its container's own
+//! `cpuacct.usage`. A workload pod deleted: every series Prometheus had for it goes stale
+//! (an instant query returns nothing) within 60 s; meanwhile the host spawns 20 `find`s a
+//! second for 60 s ([`churn`]) and every window still closes on time and is written within
+//! 10 s. The ember pod deleted: the DaemonSet's new pod profiles and is scraped again, the
+//! old agent is gone; stop-node.sh leaves nothing running or mounted.
 //!
 //! Needs what `make k8s-node` builds (tests/k8s/build-apiserver.sh node) and Debian's
-//! containerd, runc, containernetworking-plugins, buildah, iptables. Without them the test
+//! containerd, runc, containernetworking-plugins, buildah, iptables, prometheus, python3.11.
+//! Without them the test
 //! skips, saying what is missing; `EMBER_REQUIRE_K8S_NODE=1` turns that skip into a failure.
 //! `make test` builds them (`make k8s-node`, ~8 minutes on 2 cores, cached outside the tree)
 //! and `.ci/run` sets `EMBER_REQUIRE_K8S_NODE=1`.
@@ -27,6 +35,11 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use ember_tests::*;
+
+#[path = "k8s_node/churn.rs"]
+mod churn;
+#[path = "k8s_node/prom.rs"]
+mod prom;
 
 fn cache() -> PathBuf {
     PathBuf::from(
@@ -58,6 +71,8 @@ fn missing_parts() -> Vec<String> {
         "iptables",
         "etcd",
         "go",
+        "prometheus",
+        "promtool",
     ] {
         let found = Command::new("sh")
             .args(["-c", &format!("command -v {t}")])
@@ -71,6 +86,7 @@ fn missing_parts() -> Vec<String> {
     for p in [
         "/usr/lib/cni/bridge",
         "/usr/share/gocode/src/github.com/Masterminds/sprig",
+        "/usr/bin/python3.11",
     ] {
         if !Path::new(p).exists() {
             missing.push(p.to_owned());
@@ -306,22 +322,48 @@ fn newest_window(windows: &Path, after: Option<&Path>) -> Option<(PathBuf, Sampl
     Some((newest, samples))
 }
 
-/// Waits for a window (newer than `after`) with a sample of each (namespace, pod, container,
-/// service_name) in `want` whose stack has `ember_burn_inner`; returns that window's path.
-fn wait_window_with(windows: &Path, after: Option<&Path>, want: &[[&str; 4]]) -> PathBuf {
+/// A workload's sample as a window must hold it.
+#[derive(Debug)]
+struct Want<'a> {
+    namespace: &'a str,
+    pod: &'a str,
+    container: &'a str,
+    service_name: &'a str,
+    /// Functions that must all be on the sample's stack.
+    functions: &'a [&'a str],
+    /// The sample's `runtime` label, where one is expected.
+    runtime: Option<&'a str>,
+}
+
+/// The C burner in a pod.
+fn burner<'a>(namespace: &'a str, pod: &'a str, container: &'a str, service: &'a str) -> Want<'a> {
+    Want {
+        namespace,
+        pod,
+        container,
+        service_name: service,
+        functions: &["ember_burn_inner", "ember_burn_outer"],
+        runtime: None,
+    }
+}
+
+/// Waits for a window (newer than `after`) with a sample of each of `want`; returns that
+/// window's path.
+fn wait_window_with(windows: &Path, after: Option<&Path>, want: &[Want]) -> PathBuf {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut seen = after.map(Path::to_path_buf);
     let mut last = String::new();
     while Instant::now() < deadline {
         if let Some((path, samples)) = newest_window(windows, seen.as_deref()) {
-            let found = |w: &[&str; 4]| {
+            let found = |w: &Want| {
                 samples.iter().any(|(l, names)| {
                     let get = |k: &str| l.get(k).map(String::as_str);
-                    get("namespace") == Some(w[0])
-                        && get("pod") == Some(w[1])
-                        && get("container") == Some(w[2])
-                        && get("service_name") == Some(w[3])
-                        && names.contains("ember_burn_inner")
+                    get("namespace") == Some(w.namespace)
+                        && get("pod") == Some(w.pod)
+                        && get("container") == Some(w.container)
+                        && get("service_name") == Some(w.service_name)
+                        && w.runtime.is_none_or(|r| get("runtime") == Some(r))
+                        && w.functions.iter().all(|f| names.contains(*f))
                 })
             };
             if want.iter().all(found) {
@@ -329,12 +371,14 @@ fn wait_window_with(windows: &Path, after: Option<&Path>, want: &[[&str; 4]]) ->
             }
             let pods: BTreeSet<_> = samples
                 .iter()
-                .filter_map(|(l, _)| {
+                .filter_map(|(l, names)| {
+                    let leaf = names.iter().find(|n| n.starts_with("ember_"));
                     Some(format!(
-                        "{}/{} {:?}",
+                        "{}/{} {:?} {:?} {leaf:?}",
                         l.get("namespace")?,
                         l.get("pod")?,
-                        l.get("service_name")
+                        l.get("service_name"),
+                        l.get("runtime"),
                     ))
                 })
                 .collect();
@@ -343,13 +387,7 @@ fn wait_window_with(windows: &Path, after: Option<&Path>, want: &[[&str; 4]]) ->
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    panic!("no window with samples of {want:?} in ember_burn_inner within 60 s; last: {last}");
-}
-
-fn scrape(ip: &str) -> String {
-    let (code, body) = http_get(&format!("{ip}:9464"), "/metrics").expect("scraping the pod IP");
-    assert_eq!(code, 200, "/metrics at {ip}:9464: {body}");
-    body
+    panic!("no window with samples of {want:?} within 60 s; last: {last}");
 }
 
 /// The cpuacct.usage file of a container's own cgroup, found by its id under the kubelet's root.
@@ -507,6 +545,17 @@ spec:
       image: localhost/ember-k8s/burner:1
       imagePullPolicy: Never
       resources: {limits: {cpu: 200m, memory: 16Mi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: quote, namespace: shop, labels: {app: quote}}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+    - name: py
+      image: localhost/ember-k8s/python:1
+      imagePullPolicy: Never
+      resources: {limits: {cpu: 200m, memory: 32Mi}}
 "#;
 
 #[test]
@@ -524,6 +573,7 @@ fn helm_chart_on_a_one_node_cluster() {
         return;
     }
     let _lock = sampling_lock();
+    let begun = Instant::now();
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = workspace_root();
 
@@ -584,6 +634,7 @@ fn helm_chart_on_a_one_node_cluster() {
     node.apply(WORKLOADS, "workloads");
     let cart = node.wait_ready("shop", "app=cart", None, Duration::from_secs(60));
     let ledger = node.wait_ready("billing", "app=ledger", None, Duration::from_secs(60));
+    let quote = node.wait_ready("shop", "app=quote", None, Duration::from_secs(60));
 
     node.kubectl(&["create", "namespace", "ember"]);
     node.apply(&String::from_utf8_lossy(&rendered.stdout), "chart");
@@ -628,7 +679,46 @@ fn helm_chart_on_a_one_node_cluster() {
         "allowPrivilegeEscalation: false not in force"
     );
 
-    // /metrics at the pod's IP, as Prometheus scrapes it: both pods, named from the API.
+    // A real Prometheus finds the pod through the API, as the chart's annotations ask.
+    let t = Instant::now();
+    let deploy_readme =
+        fs::read_to_string(root.join("deploy/README.md")).expect("deploy/README.md");
+    assert!(
+        deploy_readme.contains(prom::RELABEL),
+        "deploy/README.md's scrape job lost the relabelling the test uses:\n{}",
+        prom::RELABEL
+    );
+    let targets = tmp.path().join("pods.json");
+    prom::write_targets(&targets, &node.json(&["get", "pods", "-A"]));
+    let prom = prom::Prometheus::start(
+        &tmp.path().join("prometheus"),
+        &prom::scrape_config(&targets),
+    );
+    let agent_name = agent["metadata"]["name"].as_str().expect("name").to_owned();
+    let label = |l: &serde_json::Map<String, serde_json::Value>, k: &str| -> String {
+        l.get(k).and_then(|v| v.as_str()).unwrap_or("").to_owned()
+    };
+    prom.until(
+        r#"up{job="kubernetes-pods"}"#,
+        Duration::from_secs(60),
+        |r| {
+            r.len() == 1
+                && r[0].1 == 1.0
+                && label(&r[0].0, "namespace") == "ember"
+                && label(&r[0].0, "pod") == agent_name
+        },
+    );
+    let scraped = prom.api("/api/v1/targets");
+    let active = scraped["activeTargets"].as_array().expect("activeTargets");
+    assert_eq!(active.len(), 1, "only ember's pod is annotated: {active:?}");
+    assert_eq!(
+        active[0]["scrapeUrl"],
+        format!("http://{ip}:9464/metrics"),
+        "the scrape URL from the pod IP and the prometheus.io/port, path annotations"
+    );
+    println!("Prometheus: ember's pod up after {:?}", t.elapsed());
+
+    // Per-container series of all three workload pods, named from the API.
     let id_of = |pod: &serde_json::Value| -> String {
         let id = pod["status"]["containerStatuses"][0]["containerID"]
             .as_str()
@@ -636,44 +726,63 @@ fn helm_chart_on_a_one_node_cluster() {
         id.trim_start_matches("containerd://").to_owned()
     };
     let cart_pod = cart["metadata"]["name"].as_str().expect("name").to_owned();
-    let (cart_id, ledger_id) = (id_of(&cart), id_of(&ledger));
-    let cart_series = format!(
-        r#"ember_container_cpu_seconds_total{{namespace="shop",pod="{cart_pod}",container="burn",container_id="{cart_id}"}}"#
+    let (cart_id, ledger_id, quote_id) = (id_of(&cart), id_of(&ledger), id_of(&quote));
+    let want: BTreeSet<[String; 4]> = [
+        ["shop", cart_pod.as_str(), "burn", cart_id.as_str()],
+        ["billing", "ledger", "tally", ledger_id.as_str()],
+        ["shop", "quote", "py", quote_id.as_str()],
+    ]
+    .iter()
+    .map(|w| w.map(str::to_owned))
+    .collect();
+    let took = prom.until(
+        r#"ember_container_cpu_seconds_total{job="kubernetes-pods"} > 0"#,
+        Duration::from_secs(60),
+        |r| {
+            let got: BTreeSet<[String; 4]> = r
+                .iter()
+                .map(|(l, _)| {
+                    ["namespace", "pod", "container", "container_id"].map(|k| label(l, k))
+                })
+                .collect();
+            want.is_subset(&got)
+        },
     );
-    let ledger_series = format!(
-        r#"ember_container_cpu_seconds_total{{namespace="billing",pod="ledger",container="tally",container_id="{ledger_id}"}}"#
-    );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let m = scrape(&ip);
-        if series_value(&m, &cart_series) > 0.0 && series_value(&m, &ledger_series) > 0.0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no sampled CPU for {cart_series} and {ledger_series} within 60 s:\n{}",
-            m.lines()
-                .filter(|l| l.starts_with("ember_container_cpu_seconds_total"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-        std::thread::sleep(Duration::from_secs(1));
-    }
+    println!("Prometheus: sampled CPU of the three pods after {took:?} more");
+    let renamed = prom.query(r#"{exported_namespace!=""}"#);
+    assert!(renamed.is_empty(), "labels renamed exported_*: {renamed:?}");
 
-    // Windows: the pods' labels, service names (Deployment / bare pod) and functions.
+    // Windows: the pods' labels, service names (Deployment / bare pod), functions, runtime.
+    let t = Instant::now();
     let windows = PathBuf::from(format!("/proc/{pid}/root/var/lib/ember/windows"));
     wait_window_with(
         &windows,
         None,
         &[
-            ["shop", cart_pod.as_str(), "burn", "shop/cart"],
-            ["billing", "ledger", "tally", "billing/ledger"],
+            burner("shop", &cart_pod, "burn", "shop/cart"),
+            burner("billing", "ledger", "tally", "billing/ledger"),
+            Want {
+                namespace: "shop",
+                pod: "quote",
+                container: "py",
+                service_name: "shop/quote",
+                functions: &["ember_py_leaf", "ember_py_outer", "<module>"],
+                runtime: Some("python"),
+            },
         ],
+    );
+    println!(
+        "window with the three pods' samples after {:?}",
+        t.elapsed()
     );
 
     // Sampled CPU against the cgroup's own counter, over the same five windows.
+    let t = Instant::now();
     let (sampled, counted) = compare_cpu(&windows, &cart_id);
-    println!("cart: sampled {sampled:.2} s, cgroup {counted:.2} s over five windows");
+    println!(
+        "cart: sampled {sampled:.2} s, cgroup {counted:.2} s over five windows ({:?})",
+        t.elapsed()
+    );
     assert!(
         counted > 1.0,
         "the burner hardly ran ({counted:.2} s in five windows)"
@@ -683,33 +792,46 @@ fn helm_chart_on_a_one_node_cluster() {
         "sampled CPU {sampled:.2} s vs cgroup {counted:.2} s: more than 10 % apart"
     );
 
-    // A workload pod deleted: its containers' cgroup readings leave /metrics at the next
-    // readings (10 s); its sampled series stay for 30 idle windows (README), not checked here.
-    node.kubectl(&["-n", "billing", "delete", "pod", "ledger", "--wait=true"]);
-    let deadline = Instant::now() + Duration::from_secs(40);
-    loop {
-        let m = scrape(&ip);
-        let left: Vec<&str> = m
-            .lines()
-            .filter(|l| {
-                l.starts_with("ember_container_cpu_usage_seconds_total{")
-                    && l.contains(r#"pod="ledger""#)
-            })
-            .collect();
-        if left.is_empty() {
-            break;
-        }
+    // Process churn on the host (20 short `find`s a second, 60 s) while a workload pod is
+    // deleted: its series go stale in Prometheus, and every window still closes on time.
+    let t = Instant::now();
+    let ledger_sel = r#"{namespace="billing",pod="ledger"}"#;
+    let names = |r: &[(serde_json::Map<String, serde_json::Value>, f64)]| -> BTreeSet<String> {
+        r.iter().map(|(l, _)| label(l, "__name__")).collect()
+    };
+    let before = names(&prom.query(ledger_sel));
+    for n in [
+        "ember_container_cpu_seconds_total",
+        "ember_container_cpu_usage_seconds_total",
+        "ember_container_info",
+    ] {
         assert!(
-            Instant::now() < deadline,
-            "the deleted pod's cgroup series still there after 40 s: {left:?}"
+            before.contains(n),
+            "{n} of billing/ledger not in Prometheus: {before:?}"
         );
-        std::thread::sleep(Duration::from_secs(1));
     }
+    let churn = churn::Churn::start(pid, Duration::from_secs(60), &prom);
+    node.kubectl(&["-n", "billing", "delete", "pod", "ledger", "--wait=true"]);
+    let deleted = t.elapsed();
+    let stale = prom.until(ledger_sel, Duration::from_secs(60), |r| r.is_empty());
+    println!(
+        "billing/ledger deleted after {deleted:?}; its {} series ({before:?}) stale in Prometheus {stale:?} later",
+        before.len()
+    );
+    let report = churn.finish(&windows, &prom);
+    println!("{report}");
+    report.check();
+    println!("deletion and churn: {:?}", t.elapsed());
 
     // The ember pod deleted: the DaemonSet's next pod takes over; the old agent is gone.
-    let old_name = agent["metadata"]["name"].as_str().expect("name").to_owned();
-    node.kubectl(&["-n", "ember", "delete", "pod", &old_name, "--wait=false"]);
-    let next = node.wait_ready("ember", selector, Some(&old_name), Duration::from_secs(90));
+    let t = Instant::now();
+    node.kubectl(&["-n", "ember", "delete", "pod", &agent_name, "--wait=false"]);
+    let next = node.wait_ready(
+        "ember",
+        selector,
+        Some(&agent_name),
+        Duration::from_secs(90),
+    );
     let next_uid = next["metadata"]["uid"].as_str().expect("uid").to_owned();
     let deadline = Instant::now() + Duration::from_secs(30);
     while Path::new(&format!("/proc/{pid}")).exists() {
@@ -723,13 +845,31 @@ fn helm_chart_on_a_one_node_cluster() {
     wait_window_with(
         &PathBuf::from(format!("/proc/{next_pid}/root/var/lib/ember/windows")),
         None,
-        &[["shop", cart_pod.as_str(), "burn", "shop/cart"]],
+        &[burner("shop", &cart_pod, "burn", "shop/cart")],
     );
+    let next_name = next["metadata"]["name"].as_str().expect("name").to_owned();
+    prom::write_targets(&targets, &node.json(&["get", "pods", "-A"]));
+    prom.until(
+        r#"up{job="kubernetes-pods"} == 1"#,
+        Duration::from_secs(60),
+        |r| r.len() == 1 && label(&r[0].0, "pod") == next_name,
+    );
+    println!(
+        "the next ember pod profiling and scraped after {:?}",
+        t.elapsed()
+    );
+    drop(prom);
 
+    let t = Instant::now();
     let out = node.stop();
     assert!(
         out.status.success(),
         "stop-node.sh left something behind:\n{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    println!(
+        "node stopped in {:?}; whole test {:?}",
+        t.elapsed(),
+        begun.elapsed()
     );
 }
