@@ -66,6 +66,8 @@ struct Proc {
     jit: crate::normalize::jit::Hints,
     /// `(device, inode)` of the executable when read, to tell an exec from a rename.
     exe: Option<(u64, u64)>,
+    /// A kernel thread (or pid 0, the idle task): its renames are renames.
+    kthread: bool,
 }
 
 /// Process table, owned by the aggregation stage.
@@ -192,9 +194,12 @@ impl ProcessTable {
             let comm = &comm[..name_len];
             let renamed = tid == pid && p.name.as_bytes() != comm;
             let mut reread = moved;
+            // A kernel thread renames itself with its work and never execs (with off-CPU
+            // on, kworkers and the idle task wake threads hundreds of times a window); a
+            // process whose executable was not read has nothing to compare with.
             if renamed && !moved {
-                let exe = exe_id(&self.proc_root, pid);
-                if exe.is_some() && exe == p.exe {
+                let same = p.kthread || (p.exe.is_some() && exe_id(&self.proc_root, pid) == p.exe);
+                if same {
                     p.name = Arc::from(String::from_utf8_lossy(comm).as_ref());
                 } else {
                     reread = true;
@@ -248,6 +253,8 @@ impl ProcessTable {
             rescanned: window,
             jit: crate::normalize::jit::Hints::default(),
             exe: None,
+            // The idle task has no /proc entry; it wakes threads from interrupts.
+            kthread: pid == 0,
         });
         if let Some(cg) = Arc::get_mut(&mut proc.cgroup) {
             cg.v2_id = cgroup_id;
@@ -571,6 +578,7 @@ impl ProcessTable {
             rescanned: self.window,
             jit,
             exe: snap.exe,
+            kthread: snap.kthread,
         }
     }
 
@@ -805,6 +813,36 @@ mod tests {
         assert_eq!(t.reads, reads, "renames reread nothing");
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    #[test]
+    fn kernel_thread_renames_read_nothing() {
+        // kthreadd is pid 2 in the host's pid namespace; elsewhere there is no kernel thread
+        // to look at.
+        let is_kthread = std::fs::read_to_string("/proc/2/stat")
+            .ok()
+            .and_then(|t| procfs::parse_stat(&t))
+            .is_some_and(|s| s.kthread);
+        if !is_kthread {
+            eprintln!("skipped: /proc/2 is not a kernel thread here");
+            return;
+        }
+        let mut t = table();
+        t.touch(2, 2, &comm(b"kthreadd"), 0);
+        t.touch(0, 0, &comm(b"swapper/0"), 0);
+        let reads = t.reads;
+        // A kworker's name changes with its work queue, and wakeups from interrupts are
+        // the idle task's (pid 0, no /proc entry), several times in each window.
+        for i in 1..=5u8 {
+            for n in 0..50u8 {
+                let name = format!("kworker/{i}:{n}");
+                t.touch(2, 2, &comm(name.as_bytes()), 0);
+                t.touch(0, 0, &comm(name.as_bytes()), 0);
+                assert_eq!(t.name(2).as_ref(), name);
+            }
+            t.end_window();
+        }
+        assert_eq!(t.reads, reads, "renames of kernel threads reread nothing");
     }
 
     #[test]

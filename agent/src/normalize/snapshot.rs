@@ -31,6 +31,8 @@ pub struct Snapshot {
     pub start_time: u64,
     /// `comm` of the process, from its `stat`.
     pub name: String,
+    /// A kernel thread ([`procfs::Stat::kthread`]).
+    pub kthread: bool,
     /// Its cgroup, for workload labels; `None` if `/proc/PID/cgroup` was unreadable.
     pub cgroup: Option<Cgroup>,
     /// Whether `/proc/PID/maps` was read (`regions` is empty when not).
@@ -141,6 +143,7 @@ pub fn read(
         pid,
         start_time: stat.start_time,
         name: stat.comm,
+        kthread: stat.kthread,
         cgroup: Cgroup::read(pid).ok(),
         maps_read,
         regions,

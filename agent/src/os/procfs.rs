@@ -134,7 +134,13 @@ pub struct Stat {
     pub stime: u64,
     /// Start time since boot in clock ticks: with the pid, it names one process across pid reuse.
     pub start_time: u64,
+    /// A kernel thread (`PF_KTHREAD` in its flags): no executable, no user memory, and a
+    /// name that may change with its work (`kworker/1:0H-kblockd`) but never an exec.
+    pub kthread: bool,
 }
+
+/// `PF_KTHREAD` in the flags of `/proc/PID/stat` (include/linux/sched.h).
+const PF_KTHREAD: u64 = 0x0020_0000;
 
 /// Parses `/proc/PID/stat`. The name may hold spaces and parentheses, so it ends at the last `)`.
 pub fn parse_stat(text: &str) -> Option<Stat> {
@@ -152,6 +158,7 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
         utime: field(14)?,
         stime: field(15)?,
         start_time: field(22)?,
+        kthread: field(9)? & PF_KTHREAD != 0,
     })
 }
 
@@ -297,11 +304,22 @@ garbage line\n\
     }
 
     #[test]
+    fn kernel_threads_are_told_by_their_flags() {
+        // kthreadd as 6.18 shows it: flags PF_KTHREAD | PF_NOFREEZE | PF_FORKNOEXEC...
+        let text =
+            "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 3 0 0 20 0 1 0 1 0 0 18446744073709551615";
+        assert!(parse_stat(text).expect("parses").kthread);
+        let own = read_capped(Path::new("/proc/self/stat"), STAT_CAP).expect("own stat");
+        assert!(!parse_stat(&own).expect("parses").kthread);
+    }
+
+    #[test]
     fn stat_with_hostile_name() {
         let text = "1234 (a) b) (c) R 1 1234 1234 0 -1 4194304 100 0 0 0 250 30 0 0 20 0 1 0 98765 1000 200 18446744073709551615";
         let s = parse_stat(text).expect("parses");
         assert_eq!(s.comm, "a) b) (c");
         assert_eq!((s.utime, s.stime, s.start_time), (250, 30, 98765));
+        assert!(!s.kthread, "flags 4194304 lack PF_KTHREAD");
         assert_eq!(parse_stat("1234 (x"), None);
         assert_eq!(parse_stat("1 (x) R 1 2"), None);
         assert_eq!(parse_stat(""), None);
