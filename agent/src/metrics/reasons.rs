@@ -160,9 +160,6 @@ label_enum! {
         /// (the least recently used object, or all of one object's to make room for the
         /// units a window needs); read again when next needed.
         Dwarf => "dwarf",
-        /// Frames named without lines while DWARF reads were paced, waiting for their
-        /// lines (16,384 at most): the oldest let go keep their names without lines.
-        DwarfPending => "dwarf_pending",
         /// What the unwind loader read of a process, on its way to the process table.
         ProcessSnapshots => "process_snapshots",
         /// New processes the unwind loader did not read in full: beyond its queue of 4,096,

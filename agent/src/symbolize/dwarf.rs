@@ -59,8 +59,8 @@ pub(super) struct Lines {
     /// [`REFILL_SECONDS`], up to [`BURST_SHARE`] of the budget). A lookup starts a unit
     /// only while some is left, so one unit may take it below zero, down to minus the
     /// budget: what reading and parsing cost stays bounded on average whatever the host
-    /// runs (units not started are deferred: counted, named without lines for now, and
-    /// looked up again once the bucket has bytes, [`super::pending`]), a unit of any size under the cap still loads in
+    /// runs (units not started are deferred: counted, not kept in the frame cache, and
+    /// asked for again next window), a unit of any size under the cap still loads in
     /// time, and a steady host, whose units stay held, reads nothing.
     tokens: i64,
     /// When the bucket was last refilled.
@@ -129,11 +129,6 @@ impl Lines {
         let floor = -i64::try_from(self.budget).unwrap_or(i64::MAX);
         let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
         self.tokens = self.tokens.saturating_sub(bytes).max(floor);
-    }
-
-    /// Whether a unit not held may be read now: DWARF is on and the bucket has bytes left.
-    pub(super) fn can_read(&self) -> bool {
-        self.enabled && self.tokens > 0
     }
 
     /// Forgets `id` (its file is gone: a new file on its inode is another file; or its

@@ -34,7 +34,6 @@ mod kallsyms;
 use ember_parse::symbols::packed;
 pub use ember_parse::symbols::{demangle, table};
 mod offcpu;
-mod pending;
 mod period;
 mod table_cache;
 
@@ -151,8 +150,6 @@ pub struct Symbolizer {
     serial: u64,
     /// The debuginfod client, when servers are configured.
     debuginfod: Option<Debuginfod>,
-    /// Frames named without lines while DWARF reads were paced, to look up again.
-    pending: pending::Pending,
 }
 
 impl Symbolizer {
@@ -178,7 +175,6 @@ impl Symbolizer {
             window: 0,
             metrics,
             debuginfod: None,
-            pending: pending::Pending::default(),
         }
     }
 
@@ -302,15 +298,11 @@ impl Symbolizer {
                 None => *missed.entry(SymbolMiss::Error).or_default() += vdso.len() as u64,
             }
         }
-        let (transient, deferred) = self.name_objects(by_object, &mut out, &mut missed);
+        let transient = self.name_objects(by_object, &mut out, &mut missed);
         for (reason, n) in missed {
             self.metrics.symbol_missed(reason, n);
         }
         self.remember(&out, &misses, &transient);
-        // Earlier windows' frames first (this window's new ones had their turn), then this
-        // window's deferred ones join the queue.
-        self.retry_lines(&mut out);
-        self.defer_lines(deferred);
         self.metrics
             .symbol_table_bytes
             .set(self.tables.bytes as i64);
@@ -319,17 +311,15 @@ impl Symbolizer {
 
     /// Names the frames of each object of `by_object` (offsets not in the frame cache) into
     /// `out`, counting misses into `missed` and sources in `ember_symbols_total`. Returns the
-    /// frames of objects paused over the budget (not kept in the frame cache, so they are
-    /// named once the object is parsed again), and the frames named without lines because
-    /// DWARF reads were paced ([`pending`]).
+    /// frames of objects paused over the budget: not kept in the frame cache, so they are
+    /// named once the object is parsed again.
     fn name_objects(
         &mut self,
         by_object: HashMap<FileId, (Arc<Object>, Vec<u64>)>,
         out: &mut HashMap<FrameKey, Resolved>,
         missed: &mut HashMap<SymbolMiss, u64>,
-    ) -> (HashSet<FrameKey>, Vec<FrameKey>) {
+    ) -> HashSet<FrameKey> {
         let mut transient: HashSet<FrameKey> = HashSet::new();
-        let mut deferred: Vec<FrameKey> = Vec::new();
         // Addresses of objects, by where their name came from, counted once per batch.
         let mut sources: HashMap<SymbolSource, u64> = HashMap::new();
         for (key, (obj, offsets)) in by_object {
@@ -343,8 +333,8 @@ impl Symbolizer {
             };
             let found = (self.lines).chains(&obj, &offsets, &self.settings, &self.metrics);
             let mut chains = found.chains;
-            // Named without lines for now; its lines are looked up once reads may go on.
-            deferred.extend(found.deferred.iter().map(|&off| FrameKey::Object(key, off)));
+            // Named without lines for now: not kept, so the next window asks for its lines.
+            transient.extend(found.deferred.iter().map(|&off| FrameKey::Object(key, off)));
             for off in offsets {
                 let name = (named_by.table)
                     .lookup(off)
@@ -373,7 +363,7 @@ impl Symbolizer {
         for (source, n) in sources {
             self.metrics.symbols_from(source, n);
         }
-        (transient, deferred)
+        transient
     }
 
     /// Marks the file of `o` as held by this window (its cache stays); its serial number
