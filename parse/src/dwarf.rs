@@ -141,6 +141,8 @@ pub struct Looked {
     pub units_read: u64,
     /// Bytes read from the file for it.
     pub bytes_read: u64,
+    /// Units whose loading started (loaded or not: each start scans the unit's entries).
+    pub units_tried: u64,
     /// Whether the units held before were let go to make room for this lookup's.
     pub reset: bool,
     /// Addresses left without a chain, by reason.
@@ -178,10 +180,15 @@ pub struct Dwarf {
     index: Option<Vec<Arange>>,
     /// Units loaded: (offset, length), sorted.
     units: Vec<(u64, u64)>,
-    /// Units not loaded for good, and why (not over the cap: those are tried again).
+    /// Units not loaded for good, and why (not over the cap: those are [`Dwarf::tight`]).
     refused: HashMap<u64, UnitSkip>,
     /// Units that did not fit in this lookup, and why (over the cap, or deferred).
     over: HashMap<u64, UnitSkip>,
+    /// Units asked for that did not fit under the cap, with what was held when they were
+    /// tried: tried again only once less is held. A try scans the whole unit (megabytes
+    /// for a big one) before its references take it over, which repeated at every lookup
+    /// that asks for it cost more than every unit that loads.
+    tight: HashMap<u64, u64>,
     /// addr2line's context over every section, when they were read whole.
     ctx: Option<addr2line::Context<Sparse>>,
     /// addr2line's context per unit asked for, over that unit and the units it refers to:
@@ -238,6 +245,7 @@ impl Dwarf {
             units: Vec::new(),
             refused: HashMap::new(),
             over: Default::default(),
+            tight: HashMap::new(),
             ctx: None,
             groups: HashMap::new(),
             refs: HashMap::new(),
@@ -364,7 +372,8 @@ impl Dwarf {
         let spans: u64 = self.sections.iter().map(|s| s.spans.bytes()).sum();
         let index = self.index.as_ref().map_or(0, |i| i.capacity() as u64 * 24);
         let starts = self.starts.as_ref().map_or(0, |s| s.capacity() as u64 * 8);
-        spans + index + starts + self.parsed
+        let tight = self.tight.capacity() as u64 * 16;
+        spans + index + starts + tight + self.parsed
     }
 
     /// The unit covering `addr`, by the index.
@@ -459,10 +468,16 @@ impl Dwarf {
             // budget makes progress. Units it refers to load with it: without them its
             // chains do not resolve.
             let asked = wanted.binary_search(&u).is_ok();
+            if self.tight.get(&u).is_some_and(|&held| self.bytes() >= held) {
+                self.over.insert(u, UnitSkip::OverCap);
+                continue;
+            }
             if asked && (read_budget == 0 || (loaded > 0 && looked.bytes_read >= read_budget)) {
                 self.over.insert(u, UnitSkip::Deferred);
                 continue;
             }
+            let held = self.bytes();
+            looked.units_tried += 1;
             let result = self.load_one(elf, u);
             let others = self
                 .units
@@ -505,6 +520,9 @@ impl Dwarf {
                     self.refs.insert(u, refs);
                 }
                 Err(why @ (UnitSkip::OverCap | UnitSkip::Deferred)) => {
+                    if why == UnitSkip::OverCap && asked {
+                        self.tight.insert(u, held);
+                    }
                     self.over.insert(u, why);
                 }
                 Err(why) => {

@@ -244,6 +244,54 @@ fn a_cap_lets_units_go_and_counts_what_did_not_fit() {
     assert!(resets > 0 || skipped > 0);
 }
 
+/// A unit that does not fit under the cap is not tried again (each try scans all of it)
+/// while as much is held: asking for it in every window cost more than loading every other.
+#[test]
+fn a_unit_over_the_cap_is_tried_again_only_once_less_is_held() {
+    let exe = own_exe();
+    let addrs = own_functions(&exe, 7);
+    let cap = 4 << 20;
+    // The first address whose unit (with what it refers to) does not fit alone.
+    let (addr, first) = addrs
+        .iter()
+        .find_map(|&a| {
+            // A reader per try: a reader caps what it reads.
+            let mut elf = ElfReader::new(&exe[..], DEFAULT_LIMITS).expect("headers");
+            let mut d = Dwarf::open(&mut elf, cap).expect("open");
+            let looked = d.lookup(&mut elf, &[a], u64::MAX, |_, _| {}).ok()?;
+            (looked.skipped.over_cap == 1).then_some((a, looked))
+        })
+        .expect("a unit over the cap");
+    assert!(first.units_tried >= 1, "{first:?}");
+    let mut elf = ElfReader::new(&exe[..], DEFAULT_LIMITS).expect("headers");
+    let mut d = Dwarf::open(&mut elf, cap).expect("open");
+    let once = d
+        .lookup(&mut elf, &[addr], u64::MAX, |_, c| assert!(c.is_empty()))
+        .expect("lookup");
+    assert_eq!(once.skipped.over_cap, 1);
+    for _ in 0..3 {
+        let again = d
+            .lookup(&mut elf, &[addr], u64::MAX, |_, c| assert!(c.is_empty()))
+            .expect("lookup");
+        assert_eq!(again.skipped.over_cap, 1, "{again:?}");
+        assert_eq!(
+            again.units_tried, 0,
+            "tried again with as much held: {again:?}"
+        );
+    }
+    // It did not fit with nothing else held: letting the units go changes nothing.
+    d.reset();
+    let later = d
+        .lookup(&mut elf, &[addr], u64::MAX, |_, _| {})
+        .expect("lookup");
+    assert_eq!(
+        (later.units_tried, later.skipped.over_cap),
+        (0, 1),
+        "{later:?}"
+    );
+    assert!(d.bytes() <= cap, "{} held", d.bytes());
+}
+
 /// `.debug_aranges` naming `units` (offsets in `.debug_info`), each covering 0x100 bytes
 /// from `0x1000 * (i + 1)`.
 fn aranges(units: &[u32]) -> Vec<u8> {
