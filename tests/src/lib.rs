@@ -680,6 +680,16 @@ pub fn pprofcheck(path: &Path) -> u64 {
         .unwrap_or_else(|| panic!("unexpected pprofcheck output {stdout:?}"))
 }
 
+/// Percent-encodes a URL query parameter (a PromQL query for Prometheus's HTTP API).
+pub fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// Value of the series whose name and labels are exactly `series` (`name{a="b",...}`, as
 /// /metrics writes them) in an exposition; 0 if absent.
 pub fn series_value(text: &str, series: &str) -> f64 {

@@ -343,16 +343,6 @@ fn promtool_accepts_the_exposition() {
     assert!(text.contains("ember_use_ratio{resource=\"memory\",kind=\"utilization\"}"));
 }
 
-/// Percent-encodes a PromQL query for a URL.
-fn encode(q: &str) -> String {
-    q.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 #[test]
 fn prometheus_scrapes_ember_and_evaluates_the_alert_rules() {
     if !require_privileged() {
@@ -385,7 +375,7 @@ fn prometheus_scrapes_ember_and_evaluates_the_alert_rules() {
     wait_http(&prom_addr, "/-/ready", Duration::from_secs(60), &log);
     let query = format!(
         "/api/v1/query?query={}",
-        encode("ember_use_ratio{resource=\"cpu\",kind=\"utilization\"}")
+        url_encode("ember_use_ratio{resource=\"cpu\",kind=\"utilization\"}")
     );
     let start = Instant::now();
     let body = loop {

@@ -191,7 +191,7 @@ impl Prometheus {
 
     /// An instant query's result vector: each element's labels and value.
     pub fn query(&self, promql: &str) -> Vec<(serde_json::Map<String, serde_json::Value>, f64)> {
-        let data = self.api(&format!("/api/v1/query?query={}", encode(promql)));
+        let data = self.api(&format!("/api/v1/query?query={}", url_encode(promql)));
         data["result"]
             .as_array()
             .into_iter()
@@ -242,14 +242,4 @@ impl Drop for Prometheus {
 fn tail(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-/// Percent-encodes a query parameter.
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
