@@ -345,6 +345,11 @@ metric_table! {
             labels ["result"],
             start ResultLabel::every(RowLookup::ALL)
         ),
+        /// The sampler's asks to read a process again for a pc outside its ranges that
+        /// were not served: the kernel's task records, none lost since the process's last
+        /// read, tell of no new executable mapping (the pc came from a frame-pointer chain
+        /// through code without them, or lies in an object that was refused).
+        pub unwind_remaps_skipped: Counter = metric("unwind_remaps_skipped"),
         /// Unwind tables loaded in the kernel.
         pub unwind_tables: Gauge<i64, AtomicI64> = metric("unwind_tables"),
         /// Processes whose executable ranges the sampler holds.

@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
-use super::budget::PROC_COST;
+use super::budget::{now_ns, PROC_COST};
 use super::loader::{bias, Loader};
-use super::procs::{with_mapping, Proc, Range};
+use super::procs::{with_mapping, Proc, Procs, Range};
 use crate::capture::tasks::{Mmap, TaskEvent, TaskLink};
 use crate::capture::unwind::UnwindIo;
 use crate::capture::{Ask, Work, WorkReceiver};
@@ -117,6 +117,21 @@ pub(super) struct Queued {
     pub(super) only: HashSet<u32>,
     /// The rate of full reads of `dirty` processes.
     pub(super) reads: Bucket,
+    /// Since when (CLOCK_MONOTONIC ns) every executable mapping has come as a task record:
+    /// the reader started, or last lost records. `None` when records are not followed.
+    pub(super) whole_since: Option<u64>,
+}
+
+impl Queued {
+    /// Whether a read of `pid` would tell nothing its last one did not: it was read in full
+    /// since task records are whole, so a new executable mapping would have come as one
+    /// (mmap and mprotect both write it). Asks for a pc outside its ranges are then a
+    /// frame-pointer chain gone astray in code built without them, or a pc in an object
+    /// that was refused; served, each cost a full read a second per such process.
+    fn read_covers(&self, pid: u32, procs: &Procs) -> bool {
+        self.whole_since
+            .is_some_and(|since| procs.get(pid).is_some_and(|p| p.read_ns > since))
+    }
 }
 
 impl<M: UnwindIo> Loader<M> {
@@ -131,6 +146,7 @@ impl<M: UnwindIo> Loader<M> {
         }
         let mut q = Queued {
             only: preload.iter().copied().collect(),
+            whole_since: tasks.is_some().then(now_ns),
             ..Default::default()
         };
         let every = if tasks.is_some() {
@@ -211,7 +227,11 @@ impl<M: UnwindIo> Loader<M> {
                 self.load(pid);
             }
             self.retry_python();
-            if lost(&tasks) || last_sweep.elapsed() >= every {
+            let lost = lost(&tasks);
+            if lost {
+                q.whole_since = Some(now_ns());
+            }
+            if lost || last_sweep.elapsed() >= every {
                 last_sweep = Instant::now();
                 self.sweep();
             }
@@ -248,6 +268,9 @@ impl<M: UnwindIo> Loader<M> {
     pub(super) fn take(&mut self, w: Work, q: &mut Queued) {
         match w {
             Work::Task(ev) => self.on_task(ev, q),
+            Work::Ask(Ask::Remap(pid)) if q.read_covers(pid, &self.procs) => {
+                self.metrics.unwind_remaps_skipped.inc();
+            }
             Work::Ask(Ask::Process(pid)) | Work::Ask(Ask::Remap(pid)) => {
                 if q.asked.len() < MAX_ASKED || q.asked.contains(&pid) {
                     q.asked.insert(pid);

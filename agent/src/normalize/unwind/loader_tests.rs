@@ -776,3 +776,44 @@ fn a_sampled_process_is_read_past_the_rate_and_only_once() {
     );
     assert!(q.unread.is_empty() && q.dirty.is_empty());
 }
+
+/// A pc outside a process's ranges asks for a read again; while task records are whole
+/// since its last read (a new executable mapping would have come as one), the ask is
+/// skipped and counted, and served again once records were lost or were never followed.
+#[test]
+fn a_range_miss_rereads_only_what_task_records_may_have_missed() {
+    use crate::capture::{Ask, Work};
+    let host = Host::new();
+    let (sleep, _) = two_programs();
+    host.write("prog", &sleep);
+    let mut l = host.loader();
+    let pid = 4_000_030;
+    host.process(pid, 100, "prog");
+    let mut q = Queued {
+        whole_since: Some(now_ns()),
+        ..Default::default()
+    };
+    let remap = || Work::Ask(Ask::Remap(pid));
+    l.take(remap(), &mut q);
+    assert!(q.asked.contains(&pid), "never read: served");
+    q.asked.clear();
+    l.load(pid);
+    l.take(remap(), &mut q);
+    assert!(
+        !q.asked.contains(&pid),
+        "read since records are whole: skipped"
+    );
+    assert_eq!(l.metrics.unwind_remaps_skipped.get(), 1);
+    q.whole_since = Some(now_ns());
+    l.take(remap(), &mut q);
+    assert!(
+        q.asked.contains(&pid),
+        "records lost since its read: served"
+    );
+    q.asked.clear();
+    l.load(pid);
+    q.whole_since = None;
+    l.take(remap(), &mut q);
+    assert!(q.asked.contains(&pid), "records not followed: served");
+    assert_eq!(l.metrics.unwind_remaps_skipped.get(), 1);
+}
