@@ -400,7 +400,11 @@ struct ember_offcpu_config {
 	__u32 wakers;
 	/* Non-zero: kernel lock contention of min_block or more is sent (lock:contention_begin/end). */
 	__u32 klocks;
-	__u32 pad;
+	/*
+	 * The agent's own process: its blocks are not followed (each wakeup of one of its
+	 * threads would cost a walk, for waits that are the profiler's own).
+	 */
+	__u32 self_tgid;
 };
 
 /* Why a thread was off CPU, from its state at switch-out. */
@@ -452,7 +456,7 @@ enum ember_offcpu_counter {
 	EMBER_OFFCPU_CNT_SENT = 4,      /* records handed to the ring buffer */
 	EMBER_OFFCPU_CNT_LOST_RINGBUF = 5, /* ring buffer full: the block is lost */
 	EMBER_OFFCPU_CNT_NO_SCRATCH = 6, /* per-CPU scratch missing: lost */
-	EMBER_OFFCPU_CNT_FILTERED = 7,  /* excluded by --pid or the filters (not a loss) */
+	EMBER_OFFCPU_CNT_FILTERED = 7,  /* excluded by --pid, the filters or as the agent (not a loss) */
 	EMBER_OFFCPU_CNT_SYSCALL = 8,   /* switch-outs inside a syscall: nothing walked yet */
 	EMBER_OFFCPU_CNT_KTHREAD = 9,   /* switch-outs of kernel threads: nothing walked yet */
 	EMBER_OFFCPU_CNT_SKIPPED = 10,  /* outside a syscall, not drawn by fallback_threshold */

@@ -124,7 +124,7 @@ shared_struct!(ember_offcpu_config: size 48, align 8 {
     rseq @ 32,
     wakers @ 36,
     klocks @ 40,
-    pad @ 44,
+    self_tgid @ 44,
 });
 
 shared_struct!(ember_offcpu_head: size 48, align 8 {

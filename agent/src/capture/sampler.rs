@@ -230,6 +230,8 @@ fn prepare_offcpu(
         cfg.rseq = u32::from(offcpu.rseq);
         cfg.wakers = u32::from(offcpu.wakers);
         cfg.klocks = u32::from(klocks == Some(true));
+        // The kernel's tgid, as the programs read it: ember runs in the host's pid namespace.
+        cfg.self_tgid = std::process::id();
     }
     // The off-CPU programs are BTF tracepoints too; off, their maps are kept minimal.
     let on = offcpu.enabled && kernel_btf();

@@ -387,10 +387,12 @@ pub fn encode(w: &Symbolized) -> Profile {
     b.finish()
 }
 
-/// Serializes and gzips a profile, as pprof files are stored.
+/// Serializes and gzips a profile, as pprof files are stored. Level 1: on window files
+/// (2-10 KB) it takes 40 % of the default level's time for 16 % more bytes, and the output
+/// thread gzips every kind of every window.
 pub fn to_gzip(profile: &Profile) -> std::io::Result<Vec<u8>> {
     let raw = prost::Message::encode_to_vec(profile);
-    let mut gz = GzEncoder::new(Vec::with_capacity(raw.len() / 4), Compression::default());
+    let mut gz = GzEncoder::new(Vec::with_capacity(raw.len() / 3), Compression::fast());
     gz.write_all(&raw)?;
     gz.finish()
 }

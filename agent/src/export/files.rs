@@ -33,6 +33,9 @@ const SUFFIX: &str = ".pb.gz";
 const OFFCPU_TAG: &str = ".offcpu";
 /// Length of the timestamp part, `20261122T031500.123Z`.
 const STAMP_LEN: usize = 20;
+/// Writes between two listings of the directory: retention works from what the agent
+/// wrote in between, so files added or removed by hand are seen within this many writes.
+const RESCAN_EVERY: u32 = 64;
 /// Most `-N` suffixes tried for windows that start in the same millisecond.
 const MAX_COLLISIONS: u32 = 999;
 /// Largest window file [`WindowDir::read`] returns; windows are far smaller,
@@ -104,12 +107,21 @@ pub struct WindowDir {
     keep_windows: usize,
     keep_bytes: u64,
     /// Held while writing and pruning so two writers cannot pick the same
-    /// name or prune each other's counts.
-    write_lock: Mutex<()>,
+    /// name or prune each other's counts; holds the window files retention counts.
+    write_lock: Mutex<Index>,
     /// The last write's failure and when it began, until a write succeeds.
     failing: Mutex<Option<(WriteFailure, Instant)>>,
     /// Times the directory was found missing and created again.
     recreated: AtomicU64,
+}
+
+/// The window files retention counts, as the agent last listed and wrote them.
+#[derive(Debug, Default)]
+struct Index {
+    /// Oldest first by name; `None`: list the directory at the next write.
+    files: Option<Vec<WindowFile>>,
+    /// Writes since the directory was last listed.
+    writes: u32,
 }
 
 /// Why writing a window failed, as far as an operator can act on it.
@@ -181,7 +193,7 @@ impl WindowDir {
             dir: dir.to_path_buf(),
             keep_windows,
             keep_bytes,
-            write_lock: Mutex::new(()),
+            write_lock: Mutex::new(Index::default()),
             failing: Mutex::new(None),
             recreated: AtomicU64::new(0),
         };
@@ -207,8 +219,8 @@ impl WindowDir {
         gz: &[u8],
     ) -> Result<PathBuf, FilesError> {
         let stamp = stamp(start)?;
-        let _guard = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let result = self.write_locked(&stamp, kind, gz);
+        let mut index = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let result = self.write_locked(&mut index, &stamp, kind, gz);
         let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
         match (
             &result,
@@ -227,6 +239,7 @@ impl WindowDir {
 
     fn write_locked(
         &self,
+        index: &mut Index,
         stamp: &str,
         kind: ProfileKind,
         gz: &[u8],
@@ -243,6 +256,7 @@ impl WindowDir {
                     source,
                 })?;
             self.recreated.fetch_add(1, Ordering::Relaxed);
+            index.files = None;
             tracing::warn!(dir = %self.dir.display(), "the window directory was gone; created it again");
         }
         let name = self.free_name(stamp, kind)?;
@@ -254,7 +268,7 @@ impl WindowDir {
             let _ = fs::remove_file(&temp);
             return Err(FilesError::Write { path, source });
         }
-        let removed = self.prune(&name);
+        let removed = self.prune(index, &name, gz.len() as u64, kind);
         if !removed.is_empty() {
             tracing::debug!(count = removed.len(), oldest = %removed[0], "removed old windows");
         }
@@ -337,12 +351,28 @@ impl WindowDir {
     }
 
     /// Removes the oldest windows beyond the caps, never `newest` (the one just
-    /// written). Called with the write lock held.
+    /// written, `bytes` long). Called with the write lock held, on its `index`: the
+    /// directory is listed again only every [`RESCAN_EVERY`] writes (a listing stats
+    /// every file: ~1 ms for 360 windows, at each of the period's windows).
     ///
     /// Oldest means oldest by name, except that after the wall clock stepped back the
     /// windows named after `newest` were written before it: they go first.
-    fn prune(&self, newest: &str) -> Vec<String> {
-        let mut files = self.scan();
+    fn prune(&self, index: &mut Index, newest: &str, bytes: u64, kind: ProfileKind) -> Vec<String> {
+        let mut files = match index.files.take() {
+            Some(mut files) if index.writes < RESCAN_EVERY => {
+                index.writes += 1;
+                files.push(WindowFile {
+                    name: newest.to_string(),
+                    bytes,
+                    kind,
+                });
+                files
+            }
+            _ => {
+                index.writes = 0;
+                self.scan()
+            }
+        };
         let newest_key = sort_key(newest);
         files.sort_by_key(|f| {
             let key = sort_key(&f.name);
@@ -351,6 +381,7 @@ impl WindowDir {
         let mut count = files.len();
         let mut bytes: u64 = files.iter().map(|f| f.bytes).sum();
         let mut removed = Vec::new();
+        let mut listed_wrong = false;
         for file in &files {
             if count <= self.keep_windows && bytes <= self.keep_bytes {
                 break;
@@ -360,6 +391,8 @@ impl WindowDir {
             }
             match fs::remove_file(self.dir.join(&file.name)) {
                 Ok(()) => removed.push(file.name.clone()),
+                // Removed by someone else since the listing: list again next time.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => listed_wrong = true,
                 Err(e) => {
                     tracing::warn!(file = %file.name, error = %e, "cannot remove old window");
                 }
@@ -368,6 +401,12 @@ impl WindowDir {
             // us delete every newer window to compensate.
             count -= 1;
             bytes = bytes.saturating_sub(file.bytes);
+        }
+        if !listed_wrong {
+            // Kept in name order for the next write; a stuck file stays, as a listing would show it.
+            files.retain(|f| !removed.contains(&f.name));
+            files.sort_by_key(|f| sort_key(&f.name));
+            index.files = Some(files);
         }
         removed
     }
@@ -572,6 +611,41 @@ mod tests {
         let kept = names(&w);
         assert_eq!(kept.len(), 3, "{kept:?}");
         assert!(kept.iter().all(|n| n.starts_with("20261121T")), "{kept:?}");
+        Ok(())
+    }
+
+    /// Retention counts from what it wrote, not from a listing at every write: the
+    /// directory is listed once, then every RESCAN_EVERY writes or when a window it meant
+    /// to remove was already gone, so files removed or added by hand are seen.
+    #[test]
+    fn retention_sees_files_changed_by_hand() -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let w = WindowDir::open(tmp.path(), 3, u64::MAX)?;
+        for i in 0..3 {
+            w.write(at(i * 10_000), b"w")?;
+        }
+        // Not listed at the next write: a window someone else put there stays unseen...
+        fs::write(tmp.path().join("20261122T031459.000Z.pb.gz"), b"by hand")?;
+        w.write(at(30_000), b"w")?;
+        assert_eq!(names(&w).len(), 4, "{:?}", names(&w));
+        // ...until the oldest the agent knows is already gone, which lists again.
+        fs::remove_file(tmp.path().join("20261122T031510.000Z.pb.gz"))?;
+        w.write(at(40_000), b"w")?;
+        w.write(at(50_000), b"w")?;
+        assert_eq!(
+            names(&w),
+            [
+                "20261122T031550.000Z.pb.gz",
+                "20261122T031540.000Z.pb.gz",
+                "20261122T031530.000Z.pb.gz"
+            ]
+        );
+        // Every RESCAN_EVERY writes the directory is listed anyway.
+        fs::write(tmp.path().join("20261122T031459.000Z.pb.gz"), b"by hand")?;
+        for i in 0..u64::from(RESCAN_EVERY) + 1 {
+            w.write(at(60_000 + i * 10_000), b"w")?;
+        }
+        assert_eq!(names(&w).len(), 3, "{:?}", names(&w));
         Ok(())
     }
 

@@ -213,7 +213,7 @@ label_enum! {
         TaskFull => "task_full",
         /// Lost: a long block whose thread exited before it was back in user mode.
         Exited => "exited",
-        /// Excluded by `--pid` or the filters (not a loss).
+        /// Excluded by `--pid`, the filters, or as the agent's own thread (not a loss).
         Filtered => "filtered",
         /// The stacks of a thread waking a block past `offcpu.min_block` were walked
         /// (`offcpu.wakers`).
