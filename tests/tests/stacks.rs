@@ -594,7 +594,10 @@ fn go_binary_reaches_main_through_frameless_leaves() {
     // scheduler) never run main.main, and how much they run varies from run to run: they
     // are left out when whole, that is, walked down to a goroutine's or thread's entry.
     // So is the runtime's work on a system stack (preemption, scheduling), walked to the
-    // stack switch, which Go's own profiler does not give to main.main either; at most 1 %.
+    // stack switch, which Go's own profiler does not give to main.main either; at most
+    // 2.5 %: it was 1-3 samples in ~800 in local runs, and 9 in 816 (1.1 %) in a fresh
+    // clone's CI run on a busy host (sysmon preempts a goroutine running 10 ms, more often
+    // when the host's CPUs are shared).
     // A stack cut short anywhere else stays in.
     let (runtime, e): (Vec<NStack>, Vec<NStack>) = from_ember(&stacks_of(&profile, fx.pid))
         .into_iter()
@@ -643,8 +646,8 @@ fn go_binary_reaches_main_through_frameless_leaves() {
     if side.samples < MIN_SAMPLES {
         failures.push(format!("only {} samples", side.samples));
     }
-    if switched as f64 > 0.01 * side.samples as f64 {
-        failures.push(format!("{switched} samples on a system stack (> 1 %)"));
+    if switched as f64 > 0.025 * side.samples as f64 {
+        failures.push(format!("{switched} samples on a system stack (> 2.5 %)"));
     }
     if side.pct(side.reach) < REACH_MIN {
         failures.push(format!(
