@@ -405,6 +405,12 @@ struct ember_offcpu_config {
 	 * threads would cost a walk, for waits that are the profiler's own).
 	 */
 	__u32 self_tgid;
+	/*
+	 * Non-zero: kernel threads' blocks are followed too (kworkers, ksoftirqd: idle by
+	 * design, in no container); zero: skipped at switch-out, counted, no record kept.
+	 */
+	__u32 kernel_threads;
+	__u32 pad;
 };
 
 /* Why a thread was off CPU, from its state at switch-out. */
@@ -468,7 +474,8 @@ enum ember_offcpu_counter {
 	EMBER_OFFCPU_CNT_WAKER = 16,    /* wakers of blocks past min_block walked (records sent or lost) */
 	EMBER_OFFCPU_CNT_KLOCK = 17,    /* kernel lock waits of min_block or more walked */
 	EMBER_OFFCPU_CNT_KLOCK_SHORT = 18, /* kernel lock waits under min_block (not a loss) */
-	EMBER_OFFCPU_CNT_MAX = 19,
+	EMBER_OFFCPU_CNT_KTHREAD_SKIPPED = 19, /* switch-outs of kernel threads, not followed (offcpu.kernel_threads) */
+	EMBER_OFFCPU_CNT_MAX = 20,
 };
 
 #endif /* EMBER_H */

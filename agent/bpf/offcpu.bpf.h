@@ -433,7 +433,7 @@ static __always_inline void offcpu_out(void *ctx, _Bool preempt, struct task_str
 	__u64 id = bpf_get_current_pid_tgid(), cgroup_id;
 	__u32 pid = id >> 32, tid = (__u32)id;
 	struct offcpu_task *r;
-	int state, nr;
+	int state, nr, kthread;
 
 	if (tid == 0) /* the idle task */
 		return;
@@ -453,6 +453,11 @@ static __always_inline void offcpu_out(void *ctx, _Bool preempt, struct task_str
 		return;
 	}
 	offcpu_count(EMBER_OFFCPU_CNT_SWITCHES);
+	kthread = !pid || kernel_thread(prev) || (prev->flags & EMBER_PF_USER_WORKER);
+	if (kthread && !ember_offcpu_cfg.kernel_threads) {
+		offcpu_count(EMBER_OFFCPU_CNT_KTHREAD_SKIPPED);
+		return;
+	}
 	if (ember_offcpu_cfg.sample_threshold <= 0xffffffffULL &&
 	    (__u64)bpf_get_prandom_u32() >= ember_offcpu_cfg.sample_threshold)
 		return;
@@ -463,7 +468,7 @@ static __always_inline void offcpu_out(void *ctx, _Bool preempt, struct task_str
 	r->wake_ns = 0;
 	r->cgroup_id = cgroup_id;
 	r->state = state;
-	if (!pid || kernel_thread(prev) || (prev->flags & EMBER_PF_USER_WORKER)) {
+	if (kthread) {
 		r->syscall = -1;
 		r->path = EMBER_OFFCPU_PATH_KTHREAD;
 		offcpu_count(EMBER_OFFCPU_CNT_KTHREAD);

@@ -637,3 +637,68 @@ fn a_short_block_storm_walks_no_stack() {
         e("short")
     );
 }
+
+/// Whether `pid` is a kernel thread (`PF_KTHREAD` in /proc/PID/stat's flags); `None` once
+/// it is gone.
+fn kernel_thread(pid: i64) -> Option<bool> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised comm: state ppid pgrp session tty tpgid flags.
+    let flags: u64 = stat.rsplit_once(')')?.1.split_whitespace().nth(6)?.parse().ok()?;
+    Some(flags & 0x0020_0000 != 0)
+}
+
+#[test]
+fn kernel_threads_are_followed_only_when_asked() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    // Whole host, 4 s each way: kworkers and rcu's grace-period thread sleep and wake
+    // every few milliseconds on any host.
+    let record = |follow: bool| -> Vec<Stack> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = dir.path().join("ember.yaml");
+        let yaml = format!(
+            "offcpu:\n  enabled: true\n  kernel_threads: {follow}\nkubernetes:\n  enabled: false\n"
+        );
+        fs::write(&cfg, yaml).expect("config");
+        let out = dir.path().join("offcpu.pb.gz");
+        let args = [
+            "record",
+            "--type",
+            "offcpu",
+            "--config",
+            cfg.to_str().expect("utf-8"),
+            "--duration",
+            "4s",
+            "-o",
+            out.to_str().expect("utf-8"),
+        ];
+        let mut ember = Ember::spawn(&args, dir.path()).expect("starting ember record");
+        let status = ember.wait(Duration::from_secs(60));
+        assert!(status.success(), "ember record: {status}\n{}", ember.stderr());
+        stacks(&read_profile(&out).expect("the off-CPU profile"))
+    };
+    let of_kernel_threads = |stacks: &[Stack]| -> Vec<String> {
+        stacks
+            .iter()
+            .filter(|s| s.pid.and_then(kernel_thread) == Some(true))
+            .map(|s| s.comm.clone().unwrap_or_default())
+            .collect()
+    };
+    let followed = record(true);
+    let skipped = record(false);
+    let (k_followed, k_skipped) = (of_kernel_threads(&followed), of_kernel_threads(&skipped));
+    println!(
+        "kernel threads' stacks: {} of {} followed ({:?}…), {} of {} by default",
+        k_followed.len(),
+        followed.len(),
+        k_followed.iter().take(5).collect::<Vec<_>>(),
+        k_skipped.len(),
+        skipped.len()
+    );
+    assert!(!k_followed.is_empty(), "no kernel thread's block with kernel_threads: true");
+    assert!(k_skipped.is_empty(), "kernel threads' blocks by default: {k_skipped:?}");
+    // The rest of the host is still followed.
+    assert!(!skipped.is_empty(), "no blocks at all by default");
+}

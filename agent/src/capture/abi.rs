@@ -115,7 +115,7 @@ shared_struct!(ember_unwind_file: size 128, align 8 {
     segments @ 32,
 });
 
-shared_struct!(ember_offcpu_config: size 48, align 8 {
+shared_struct!(ember_offcpu_config: size 56, align 8 {
     min_block_ns @ 0,
     sample_threshold @ 8,
     fallback_threshold @ 16,
@@ -125,6 +125,8 @@ shared_struct!(ember_offcpu_config: size 48, align 8 {
     wakers @ 36,
     klocks @ 40,
     self_tgid @ 44,
+    kernel_threads @ 48,
+    pad @ 52,
 });
 
 shared_struct!(ember_offcpu_head: size 48, align 8 {
@@ -250,7 +252,8 @@ shared_enum!(ember_offcpu_counter {
     EMBER_OFFCPU_CNT_WAKER = 16,
     EMBER_OFFCPU_CNT_KLOCK = 17,
     EMBER_OFFCPU_CNT_KLOCK_SHORT = 18,
-    EMBER_OFFCPU_CNT_MAX = 19,
+    EMBER_OFFCPU_CNT_KTHREAD_SKIPPED = 19,
+    EMBER_OFFCPU_CNT_MAX = 20,
 });
 
 shared_struct!(ember_py_proc: size 80, align 8 {

@@ -111,6 +111,10 @@ impl CounterSync {
             (C::EMBER_OFFCPU_CNT_SYSCALL, OffCpuEvent::Syscall),
             (C::EMBER_OFFCPU_CNT_RSEQ, OffCpuEvent::Rseq),
             (C::EMBER_OFFCPU_CNT_KTHREAD, OffCpuEvent::KernelThread),
+            (
+                C::EMBER_OFFCPU_CNT_KTHREAD_SKIPPED,
+                OffCpuEvent::KernelThreadSkipped,
+            ),
             (C::EMBER_OFFCPU_CNT_SKIPPED, OffCpuEvent::FallbackSkipped),
             (C::EMBER_OFFCPU_CNT_EXIT_WALK, OffCpuEvent::ExitWalk),
             (C::EMBER_OFFCPU_CNT_MERGED, OffCpuEvent::Merged),

@@ -232,6 +232,7 @@ fn prepare_offcpu(
         cfg.klocks = u32::from(klocks == Some(true));
         // The kernel's tgid, as the programs read it: ember runs in the host's pid namespace.
         cfg.self_tgid = std::process::id();
+        cfg.kernel_threads = u32::from(offcpu.kernel_threads);
     }
     // The off-CPU programs are BTF tracepoints too; off, their maps are kept minimal.
     let on = offcpu.enabled && kernel_btf();

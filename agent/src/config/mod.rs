@@ -201,6 +201,9 @@ pub struct OffCpu {
     /// contention of `min_block` or more (lock:contention_begin/end, where the kernel has
     /// them).
     pub locks: bool,
+    /// Follow kernel threads' blocks too (kworkers, ksoftirqd, rcu: idle by design and in
+    /// no container); false: skipped at switch-out, counted `kernel_thread_skipped`.
+    pub kernel_threads: bool,
     /// Long blocks whose stacks are held at once (BPF map entries, ~2.2 KiB each while
     /// used); more are counted as dropped.
     pub max_threads: u32,
@@ -222,6 +225,7 @@ impl Default for OffCpu {
             rseq: true,
             wakers: true,
             locks: true,
+            kernel_threads: false,
             max_threads: 8192,
             max_tasks: 65536,
             ring_buffer_bytes: 1 << 20,
@@ -783,7 +787,7 @@ mod tests {
         // readings, jit, counters, otlp_metrics, symbols, health, interpreters.
         assert_eq!(
             count,
-            9 + 11 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 11 + 1 + 1
+            9 + 12 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 11 + 1 + 1
         );
         let python = &v["interpreters"]["python"];
         assert_eq!(python.as_mapping().map_or(0, |m| m.len()), 3);

@@ -185,8 +185,11 @@ label_enum! {
         /// ... of a thread with rseq registered (`offcpu.rseq`): nothing walked until it is
         /// back, after `offcpu.min_block`, on its way to user mode.
         Rseq => "rseq",
-        /// ... a kernel thread: nothing walked until it runs again after `offcpu.min_block`.
+        /// ... a kernel thread, with `offcpu.kernel_threads`: nothing walked until it runs
+        /// again after `offcpu.min_block`.
         KernelThread => "kernel_thread",
+        /// ... a kernel thread, not followed (`offcpu.kernel_threads` false; not a loss).
+        KernelThreadSkipped => "kernel_thread_skipped",
         /// ... elsewhere (page fault, preemption in user mode), and walked at switch-out (the
         /// fallback; `offcpu.fallback_rate` drew it).
         Fallback => "fallback",
