@@ -643,7 +643,13 @@ fn a_short_block_storm_walks_no_stack() {
 fn kernel_thread(pid: i64) -> Option<bool> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the parenthesised comm: state ppid pgrp session tty tpgid flags.
-    let flags: u64 = stat.rsplit_once(')')?.1.split_whitespace().nth(6)?.parse().ok()?;
+    let flags: u64 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(6)?
+        .parse()
+        .ok()?;
     Some(flags & 0x0020_0000 != 0)
 }
 
@@ -676,7 +682,11 @@ fn kernel_threads_are_followed_only_when_asked() {
         ];
         let mut ember = Ember::spawn(&args, dir.path()).expect("starting ember record");
         let status = ember.wait(Duration::from_secs(60));
-        assert!(status.success(), "ember record: {status}\n{}", ember.stderr());
+        assert!(
+            status.success(),
+            "ember record: {status}\n{}",
+            ember.stderr()
+        );
         stacks(&read_profile(&out).expect("the off-CPU profile"))
     };
     let of_kernel_threads = |stacks: &[Stack]| -> Vec<String> {
@@ -697,8 +707,14 @@ fn kernel_threads_are_followed_only_when_asked() {
         k_skipped.len(),
         skipped.len()
     );
-    assert!(!k_followed.is_empty(), "no kernel thread's block with kernel_threads: true");
-    assert!(k_skipped.is_empty(), "kernel threads' blocks by default: {k_skipped:?}");
+    assert!(
+        !k_followed.is_empty(),
+        "no kernel thread's block with kernel_threads: true"
+    );
+    assert!(
+        k_skipped.is_empty(),
+        "kernel threads' blocks by default: {k_skipped:?}"
+    );
     // The rest of the host is still followed.
     assert!(!skipped.is_empty(), "no blocks at all by default");
 }
