@@ -29,7 +29,8 @@ Then, per run, "off" and "on" started together (their own data and unwind cache 
 and measured over the same --steady seconds, after --warm: the steady host as it is changes
 from one 10 s to the next on a shared machine (builds start and end), so the ratio of two agents
 watching the same seconds is the one that tells off-CPU's cost apart from the host's; medians of
-the per-pair ratios.
+the per-pair ratios. Each runs from a copy of the binary named for its mode and excludes the
+other by name, so neither profiles the other (a host has one agent).
 `perf sched record -a` on the same ping-pong, once, for scale. Prints a markdown table;
 --write puts it into BENCHMARKS.md between the offcpu markers.
 
@@ -42,6 +43,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -180,14 +182,23 @@ def pair(args, tmp, run_no):
     """ember "off" and "on" at once over the same seconds: CPU % of one core of each."""
     procs = {}
     order = ["off", "on"] if run_no % 2 == 0 else ["on", "off"]
+    # Each agent runs from a copy named for its mode and leaves the other out
+    # (filters.exclude_processes): a host has one agent, and the on agent walking and
+    # naming the off agent's blocks (a 120 MB binary's DWARF) is a cost no host pays.
+    names = {m: f"ember-pair-{m}" for m in order}
     try:
         for mode in order:
+            binary = os.path.join(tmp, names[mode])
+            if not os.path.exists(binary):
+                shutil.copy2(EMBER, binary)
+            other = names["on" if mode == "off" else "off"]
             cfg = os.path.join(tmp, f"pair-{mode}.yaml")
             with open(cfg, "w") as f:
                 f.write(MODES[mode] + "kubernetes:\n  enabled: false\nserver:\n  enabled: false\n"
-                        f"sampling:\n  unwind_cache_dir: {os.path.join(tmp, 'uc-' + mode)}\n")
+                        f"sampling:\n  unwind_cache_dir: {os.path.join(tmp, 'uc-' + mode)}\n"
+                        f"filters:\n  exclude_processes: [{other}]\n")
             procs[mode] = subprocess.Popen(
-                [EMBER, "run", "--config", cfg, "--data-dir", os.path.join(tmp, f"p-{mode}")],
+                [binary, "run", "--config", cfg, "--data-dir", os.path.join(tmp, f"p-{mode}")],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for p in procs.values():
             if not attached(p.pid):
@@ -290,8 +301,9 @@ def main():
     ap.add_argument("--syscalls", type=int, default=3_000_000)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--steady", type=float, default=10.0)
-    ap.add_argument("--steady-pair", type=float, default=30.0)
-    ap.add_argument("--warm", type=float, default=30.0)
+    ap.add_argument("--steady-pair", type=float, default=120.0)
+    # Both agents name new stacks and page in DWARF for minutes after they start.
+    ap.add_argument("--warm", type=float, default=180.0)
     ap.add_argument("--no-pair", action="store_true")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()

@@ -453,7 +453,7 @@ struct ember_offcpu_head {
 	__u64 block_ns;    /* WAKER: the woken block's switch-out (its record's time_ns) */
 };
 
-/* Indexes of the per-CPU `offcpu_counters` map. */
+/* Slots of the one per-CPU entry of `offcpu_counters` (a __u64 each, in this order). */
 enum ember_offcpu_counter {
 	EMBER_OFFCPU_CNT_SWITCHES = 0,  /* switch-outs of threads that were not filtered out */
 	EMBER_OFFCPU_CNT_TAKEN = 1,     /* ... walked at switch-out (the fallback path) */

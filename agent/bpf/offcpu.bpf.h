@@ -177,19 +177,25 @@ struct {
 	__uint(max_entries, 1 << 20); /* resized from the config before load */
 } offcpu_samples SEC(".maps");
 
+/* All off-CPU counters in one per-CPU entry: the agent reads them with one syscall a second. */
+struct offcpu_counts {
+	__u64 c[EMBER_OFFCPU_CNT_MAX];
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, EMBER_OFFCPU_CNT_MAX);
+	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct offcpu_counts);
 } offcpu_counters SEC(".maps");
 
 static __always_inline void offcpu_count(__u32 which)
 {
-	__u64 *v = bpf_map_lookup_elem(&offcpu_counters, &which);
+	__u32 zero = 0;
+	struct offcpu_counts *v = bpf_map_lookup_elem(&offcpu_counters, &zero);
 
-	if (v)
-		*v += 1;
+	if (v && which < EMBER_OFFCPU_CNT_MAX)
+		v->c[which] += 1;
 }
 
 /* Why `prev` leaves the CPU; -1 for a thread that exits (nothing to keep). */

@@ -105,6 +105,13 @@ impl CounterSync {
             return;
         }
         type C = ember_offcpu_counter;
+        // One entry holds every counter (one syscall a second, not one per counter).
+        let Some(all) = read_percpu_slots(
+            &sampler.skel.maps.offcpu_counters,
+            C::EMBER_OFFCPU_CNT_MAX.0 as usize,
+        ) else {
+            return;
+        };
         for (idx, event) in [
             (C::EMBER_OFFCPU_CNT_SWITCHES, OffCpuEvent::Switch),
             (C::EMBER_OFFCPU_CNT_TAKEN, OffCpuEvent::Fallback),
@@ -134,7 +141,7 @@ impl CounterSync {
             ),
         ] {
             let i = idx.0 as usize;
-            let Some(now) = read_percpu(&sampler.skel.maps.offcpu_counters, idx.0) else {
+            let Some(&now) = all.get(i) else {
                 continue;
             };
             // Every series exists from the start (at zero), so alerts have one to read.
@@ -160,6 +167,28 @@ fn read_counter(sampler: &Sampler<'_>, idx: u32) -> Option<u64> {
     read_percpu(&sampler.skel.maps.counters, idx)
 }
 
+/// The sums over CPUs of the `slots` u64 counters the one entry of a per-CPU array holds.
+fn read_percpu_slots(map: &impl MapCore, slots: usize) -> Option<Vec<u64>> {
+    let per_cpu = map
+        .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+        .ok()??;
+    Some(sum_slots(&per_cpu, slots))
+}
+
+/// Slot-wise sums of per-CPU values that each hold `slots` native-endian u64s (a short
+/// value counts as zeros for what it lacks).
+fn sum_slots(per_cpu: &[Vec<u8>], slots: usize) -> Vec<u64> {
+    let mut sums = vec![0u64; slots];
+    for value in per_cpu {
+        for (sum, b) in sums.iter_mut().zip(value.chunks_exact(8)) {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(b);
+            *sum = sum.wrapping_add(u64::from_ne_bytes(word));
+        }
+    }
+    sums
+}
+
 /// The sum over CPUs of slot `idx` of a per-CPU array of u64 counters.
 fn read_percpu(map: &impl MapCore, idx: u32) -> Option<u64> {
     let per_cpu = map
@@ -175,4 +204,18 @@ fn read_percpu(map: &impl MapCore, idx: u32) -> Option<u64> {
             })
             .sum(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sum_slots;
+
+    #[test]
+    fn slots_are_summed_over_cpus() {
+        let cpu = |v: &[u64]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        let per_cpu = vec![cpu(&[1, 2, 3]), cpu(&[10, 20, 30]), cpu(&[100])];
+        assert_eq!(sum_slots(&per_cpu, 3), [111, 22, 33]);
+        assert_eq!(sum_slots(&per_cpu, 2), [111, 22]);
+        assert_eq!(sum_slots(&[], 2), [0, 0]);
+    }
 }
