@@ -30,16 +30,21 @@ const MAX_TSD_OFFSET: u32 = 4096;
 pub fn musl_tsd_offset<R: ReadAt + ?Sized>(
     reader: &mut ElfReader<'_, R>,
 ) -> Result<Option<u32>, ElfError> {
-    let Some(syms) = reader.symbol_data(elf::SHT_DYNSYM)? else {
-        return Ok(None);
-    };
+    // The shared libc exports it; a static executable (musl linked in) has it in `.symtab`.
     let mut at = None;
-    syms.functions(|f| {
-        if f.name == b"pthread_getspecific" && at.is_none() {
-            at = Some(f.addr);
+    for kind in [elf::SHT_DYNSYM, elf::SHT_SYMTAB] {
+        let Some(syms) = reader.symbol_data(kind)? else {
+            continue;
+        };
+        syms.functions(|f| {
+            if f.name == b"pthread_getspecific" && at.is_none() {
+                at = Some(f.addr);
+            }
+        });
+        if at.is_some() {
+            break;
         }
-    });
-    drop(syms);
+    }
     let Some(at) = at else {
         return Ok(None);
     };
@@ -160,6 +165,44 @@ mod tests {
         let glibc = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
         let mut reader = ElfReader::new(&glibc[..], limits).unwrap();
         assert_eq!(musl_tsd_offset(&mut reader).unwrap(), None);
+    }
+
+    /// A static musl executable (musl linked in, found in `.symtab`), built with Debian's
+    /// `musl-gcc -static` where it is installed (the Makefile's musl CPython build needs it).
+    #[test]
+    fn real_static_musl_executable() {
+        let dir = std::env::temp_dir().join(format!("ember-static-musl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("key.c");
+        std::fs::write(
+            &src,
+            "#include <pthread.h>\nstatic pthread_key_t k;\n\
+             int main(void) { pthread_key_create(&k, 0); return pthread_getspecific(k) != 0; }\n",
+        )
+        .unwrap();
+        let exe = dir.join("key");
+        let built = std::process::Command::new("musl-gcc")
+            .args(["-static", "-O2", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .status();
+        if !matches!(built, Ok(s) if s.success()) {
+            eprintln!("SKIP: musl-gcc -static unavailable (musl-tools not installed)");
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+        let data = std::fs::read(&exe).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let limits = crate::elf_file::Limits {
+            max_read_bytes: 8 << 20,
+            max_section_bytes: 4 << 20,
+        };
+        let mut reader = ElfReader::new(&data[..], limits).unwrap();
+        assert!(
+            !reader.info().interp,
+            "a static executable has no PT_INTERP"
+        );
+        assert_eq!(musl_tsd_offset(&mut reader).unwrap(), Some(0x80));
     }
 
     #[test]

@@ -81,11 +81,13 @@ impl Attacher {
         let mut found = None;
         // `Some(None)`: a musl libc whose thread keys were not found.
         let mut musl = None;
+        let mut maps_glibc = false;
         for region in &snap.regions {
             let e = &region.map;
             if e.kind != RegionKind::File {
                 continue;
             }
+            maps_glibc |= is_glibc(&e.path);
             let Mapped::Open(file) = &region.file else {
                 continue;
             };
@@ -99,16 +101,21 @@ impl Attacher {
             match self.interpreter(file, e.inode, e.path.as_bytes()) {
                 Ok(Some(interp)) => {
                     if let Some(bias) = load_bias(file, e.start, e.offset) {
-                        found = Some((interp, bias));
+                        found = Some((interp, bias, file));
                     }
                 }
                 Ok(None) => {}
                 Err(reason) => return self.refused(reason),
             }
         }
-        let Some((interp, bias)) = found else {
+        let Some((interp, bias, interp_file)) = found else {
             return Attach::NotPython;
         };
+        // No C library mapped at all: a static interpreter, with musl's linked in if its own
+        // `pthread_getspecific` has musl's shape (python-build-standalone's musl builds).
+        if musl.is_none() && !maps_glibc {
+            musl = self.musl_tsd(interp_file).map(Some);
+        }
         let libc = match musl {
             None => Libc::Glibc,
             Some(Some(tsd)) => Libc::Musl { tsd },
@@ -202,6 +209,12 @@ enum Libc {
 fn is_musl(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     name.starts_with("ld-musl-") || name.starts_with("libc.musl-") || path.contains("-linux-musl/")
+}
+
+/// Whether a mapped file's path names glibc's libc or dynamic loader.
+fn is_glibc(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.starts_with("libc.so.") || name.starts_with("libc-2.") || name.starts_with("ld-linux-")
 }
 
 /// The metric reason of a detection error.
@@ -382,7 +395,7 @@ fn fill_layout(e: &mut ember_py_proc, l: &Layout) {
 
 #[cfg(test)]
 mod tests {
-    use super::is_musl;
+    use super::{is_glibc, is_musl};
 
     #[test]
     fn musl_is_told_by_its_file_name() {
@@ -390,5 +403,15 @@ mod tests {
         assert!(is_musl("/usr/lib/x86_64-linux-musl/libc.so"));
         assert!(!is_musl("/usr/lib/x86_64-linux-gnu/libc.so.6"));
         assert!(!is_musl("/opt/musl-notes/libfoo.so"));
+    }
+
+    #[test]
+    fn glibc_is_told_by_its_file_name() {
+        assert!(is_glibc("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+        assert!(is_glibc("/lib64/ld-linux-x86-64.so.2"));
+        assert!(is_glibc("/lib/libc-2.17.so"));
+        assert!(!is_glibc("/usr/lib/x86_64-linux-musl/libc.so"));
+        assert!(!is_glibc("/lib/libc.musl-x86_64.so.1"));
+        assert!(!is_glibc("/lib/ld-musl-x86_64.so.1"));
     }
 }
