@@ -31,6 +31,11 @@ from one 10 s to the next on a shared machine (builds start and end), so the rat
 watching the same seconds is the one that tells off-CPU's cost apart from the host's; medians of
 the per-pair ratios. Each runs from a copy of the binary named for its mode and excludes the
 other by name, so neither profiles the other (a host has one agent).
+The pair runs twice per run: on the host as it is, and with a service that blocks (the
+wakers fixture, tests/fixtures/wakers.c, built with clang into target/bench/: a consumer on a
+condition variable fed by two producers that each sleep 3 ms a round, about 300 rounds a
+second, each round two blocks over min_block and a wakeup), whose rounds per second the row
+shows: what off-CPU costs grows with the blocks a host makes, not with its CPU samples.
 `perf sched record -a` on the same ping-pong, once, for scale. Prints a markdown table;
 --write puts it into BENCHMARKS.md between the offcpu markers.
 
@@ -178,9 +183,29 @@ def run(mode, args, tmp):
             ember.kill()
 
 
-def pair(args, tmp, run_no):
-    """ember "off" and "on" at once over the same seconds: CPU % of one core of each."""
+def build_wakers():
+    """The wakers fixture, built into target/bench/."""
+    clang = os.environ.get("CLANG", "clang")
+    if not shutil.which(clang):
+        sys.exit(f"{clang} not found: run `make deps`")
+    out = os.path.join(ROOT, "target", "bench")
+    os.makedirs(out, exist_ok=True)
+    exe = os.path.join(out, "wakers")
+    subprocess.run([clang, "-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", exe,
+                    os.path.join(ROOT, "tests", "fixtures", "wakers.c")], check=True)
+    return exe
+
+
+def pair(args, tmp, run_no, service=None):
+    """ember "off" and "on" at once over the same seconds: CPU % of one core of each (and,
+    with `service`, the wakers fixture's rounds per second, which runs throughout)."""
     procs = {}
+    work = None
+    if service:
+        # It ends by itself soon after the measured seconds, with its totals.
+        life = args.warm + args.steady_pair + 20
+        work = subprocess.Popen([service, "--seconds", str(life)],
+                                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     order = ["off", "on"] if run_no % 2 == 0 else ["on", "off"]
     # Each agent runs from a copy named for its mode and leaves the other out
     # (filters.exclude_processes): a host has one agent, and the on agent walking and
@@ -207,8 +232,15 @@ def pair(args, tmp, run_no):
         c0 = {m: cpu_seconds(p.pid) for m, p in procs.items()}
         time.sleep(args.steady_pair)
         c1 = {m: cpu_seconds(p.pid) for m, p in procs.items()}
-        return {m: (c1[m] - c0[m]) / args.steady_pair for m in procs}
+        out = {m: (c1[m] - c0[m]) / args.steady_pair for m in procs}
+        if work:
+            text, _ = work.communicate(timeout=120)
+            rounds = sum(int(x) for x in re.findall(r"signals \w+ (\d+)", text))
+            out["rounds"] = rounds / life if rounds else None
+        return out
     finally:
+        if work and work.poll() is None:
+            work.kill()
         for p in procs.values():
             p.send_signal(signal.SIGINT)
         for p in procs.values():
@@ -241,7 +273,17 @@ def fmt(v, spec, unit=""):
     return "-" if v is None else f"{v:{spec}}{unit}"
 
 
-def table(res, perf, pairs, args):
+def pair_row(label, pairs, args, extra=""):
+    off_p = statistics.median(p["off"] for p in pairs)
+    on_p = statistics.median(p["on"] for p in pairs)
+    ratio = statistics.median(p["on"] / p["off"] for p in pairs if p["off"] > 0)
+    each = ", ".join(f"{100 * p['off']:.2f}/{100 * p['on']:.2f}" for p in pairs)
+    return (f"| ember CPU, {label}, off and on started together ({args.steady_pair:.0f} s after "
+            f"{args.warm:.0f} s), % of one core (median of on ÷ off per pair){extra} | {100 * off_p:.2f} | "
+            f"{100 * on_p:.2f} ({ratio:.2f}×) | - | - | runs off/on: {each} |")
+
+
+def table(res, perf, pairs, args, service_pairs=()):
     m = {mode: {k: median(runs, k) for k in runs[0]} for mode, runs in res.items()}
     off = m["off"]
     cols = ["off", "on", "sysexit", "every"]
@@ -285,13 +327,11 @@ def table(res, perf, pairs, args):
             100, ratio=True),
     ]
     if pairs:
-        off_p = statistics.median(p["off"] for p in pairs)
-        on_p = statistics.median(p["on"] for p in pairs)
-        ratio = statistics.median(p["on"] / p["off"] for p in pairs if p["off"] > 0)
-        each = ", ".join(f"{100 * p['off']:.2f}/{100 * p['on']:.2f}" for p in pairs)
-        rows.append(f"| ember CPU, steady host, off and on started together ({args.steady_pair:.0f} s after "
-                    f"{args.warm:.0f} s), % of one core (median of on ÷ off per pair) | {100 * off_p:.2f} | "
-                    f"{100 * on_p:.2f} ({ratio:.2f}×) | - | - | runs off/on: {each} |")
+        rows.append(pair_row("steady host", pairs, args))
+    if service_pairs:
+        rounds = median(service_pairs, "rounds")
+        rows.append(pair_row("host with a blocking service (wakers fixture)", service_pairs, args,
+                             f"; {fmt(rounds, ',.0f')} rounds/s"))
     return "\n".join(rows)
 
 
@@ -312,7 +352,8 @@ def main():
     with open("/proc/sys/kernel/bpf_stats_enabled") as f:
         old = f.read().strip()
     res = {mode: [] for mode in MODES}
-    pairs = []
+    pairs, service_pairs = [], []
+    service = None if args.no_pair else build_wakers()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for i in range(args.runs):
@@ -326,12 +367,16 @@ def main():
                     pairs.append(pair(args, tmp, i))
                     print(f"run {i + 1} pair: off {100 * pairs[-1]['off']:.2f} %, on "
                           f"{100 * pairs[-1]['on']:.2f} %", flush=True)
+                    service_pairs.append(pair(args, tmp, i, service))
+                    print(f"run {i + 1} pair with the service: off "
+                          f"{100 * service_pairs[-1]['off']:.2f} %, on "
+                          f"{100 * service_pairs[-1]['on']:.2f} %", flush=True)
             stats(False)
             perf = perf_sched(args.loops, tmp)
     finally:
         with open("/proc/sys/kernel/bpf_stats_enabled", "w") as f:
             f.write(old)
-    text = table(res, perf, pairs, args)
+    text = table(res, perf, pairs, args, service_pairs)
     print(text)
     if args.write:
         path = os.path.join(ROOT, "BENCHMARKS.md")

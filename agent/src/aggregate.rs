@@ -64,9 +64,15 @@ struct Key {
     off: Option<OffState>,
     /// The window the stack goes to.
     kind: ProfileKind,
-    /// `offwake` and `lock` stacks: the thread that woke the block.
+    /// Off-CPU stacks: the lock waited for, if any (it picks the `lock` window).
+    lock: Option<LockWait>,
+    /// `offwake` and `lock` stacks: the thread that woke the block (every off-CPU stack
+    /// while counted: see [`Aggregator::fan_out`]).
     waker: Option<Box<WakerKey>>,
 }
+
+/// A window's counts by stack.
+type Counts = HashMap<Key, Tally, foldhash::quality::RandomState>;
 
 /// The waker of an off-CPU block, as its stack's key holds it (its tid left out: wakers
 /// are told apart by process, name and stack).
@@ -113,7 +119,7 @@ type Judged = Arc<Labels>;
 /// Per-window sample counts plus the process table they are normalized against.
 pub struct Aggregator {
     table: ProcessTable,
-    counts: HashMap<Key, Tally, foldhash::quality::RandomState>,
+    counts: Counts,
     max_stacks: usize,
     /// The off-CPU kinds whose windows are made beside the CPU window.
     off_kinds: Vec<ProfileKind>,
@@ -222,18 +228,26 @@ impl Aggregator {
             self.metrics.python_walked(r, 1);
         }
         let ns = s.off_cpu.map_or(0, |o| o.ns);
-        let waker = s.waker.as_deref().map(|w| {
+        let waker = s.waker.map(|w| {
             self.table.touch(w.pid, w.tid, &w.comm, w.cgroup_id);
             Box::new(WakerKey {
                 pid: w.pid,
                 comm: w.comm,
-                kernel: w.kernel.clone().into_boxed_slice(),
-                user: w.user.clone().into_boxed_slice(),
+                kernel: w.kernel.into_boxed_slice(),
+                user: w.user.into_boxed_slice(),
                 user_exact: w.user_exact,
             })
         });
-        let kinds = self.kinds_of(&s);
-        let mut key = Key {
+        // An off-CPU sample is counted once, with its waker and lock wait; the windows it
+        // goes to are told apart at the close, once per distinct stack
+        // ([`Aggregator::fan_out`]), not at every sample: a host with a thousand blocks a
+        // second hashed and copied each stack three times.
+        let kind = if s.off_cpu.is_some() {
+            ProfileKind::OffCpu
+        } else {
+            ProfileKind::Cpu
+        };
+        let key = Key {
             pid: s.pid,
             tid: s.tid,
             comm: s.comm,
@@ -245,46 +259,65 @@ impl Aggregator {
             py: s.py_result,
             end: s.user_end,
             off: s.off_cpu.map(|o| o.state),
-            kind: ProfileKind::Cpu,
-            waker: None,
+            kind,
+            lock: s.off_cpu.and(s.lock),
+            waker,
         };
-        for (i, &(kind, joined)) in kinds.iter().enumerate() {
-            let k = if i + 1 == kinds.len() {
-                std::mem::replace(&mut key, empty_key())
-            } else {
-                key.clone()
-            };
-            let waker = if joined { waker.clone() } else { None };
-            self.count(Key { kind, waker, ..k }, ns);
-        }
+        self.count(key, ns);
     }
 
-    /// The windows a sample goes to, and whether with its waker: a CPU sample to the CPU
-    /// window; an off-CPU block to the off-CPU one, its blocked time with its waker to
-    /// `offwake` (the runnable part after the wakeup is not the waker's doing), and a futex
+    /// The windows an off-CPU stack counted in `counts` goes to, and whether with its
+    /// waker: to the off-CPU window (without it); its blocked time with its waker to
+    /// `offwake` (the runnable part after the wakeup is not the waker's doing); a futex
     /// wait (both parts, with the waker if any) to `lock`; kernel lock contention to `lock`
-    /// only.
-    fn kinds_of(&self, s: &Sample) -> Vec<(ProfileKind, bool)> {
-        if s.off_cpu.is_none() {
-            return vec![(ProfileKind::Cpu, false)];
-        }
+    /// only. Only the kinds configured.
+    fn kinds_of(&self, key: &Key) -> Vec<(ProfileKind, bool)> {
         let on = |k| self.off_kinds.contains(&k);
-        if s.lock == Some(LockWait::Kernel) {
+        if key.lock == Some(LockWait::Kernel) {
             return [(ProfileKind::Lock, false)]
                 .into_iter()
                 .filter(|(k, _)| on(*k))
                 .collect();
         }
-        let woken = s.waker.is_some() && s.off_cpu.is_some_and(|o| o.state != OffState::Runnable);
+        let woken = key.waker.is_some() && key.off != Some(OffState::Runnable);
         [
             (ProfileKind::OffCpu, true, false),
             (ProfileKind::OffWake, woken, true),
-            (ProfileKind::Lock, s.lock == Some(LockWait::Futex), true),
+            (ProfileKind::Lock, key.lock == Some(LockWait::Futex), true),
         ]
         .into_iter()
         .filter(|&(k, wanted, _)| wanted && on(k))
         .map(|(k, _, joined)| (k, joined))
         .collect()
+    }
+
+    /// Spreads the off-CPU stacks of `counts` over the windows they go to
+    /// ([`Aggregator::kinds_of`]): stacks that differ only by their waker are one in the
+    /// off-CPU window. CPU stacks stay as they are.
+    fn fan_out(&self, counts: Counts) -> Counts {
+        let mut out = Counts::with_capacity_and_hasher(counts.len(), Default::default());
+        for (key, tally) in counts {
+            if key.kind == ProfileKind::Cpu {
+                out.insert(key, tally);
+                continue;
+            }
+            let kinds = self.kinds_of(&key);
+            let mut key = Some(key);
+            for (i, &(kind, joined)) in kinds.iter().enumerate() {
+                let Some(k) = (if i + 1 == kinds.len() {
+                    key.take()
+                } else {
+                    key.clone()
+                }) else {
+                    break;
+                };
+                let waker = if joined { k.waker } else { None };
+                let t = out.entry(Key { kind, waker, ..k }).or_default();
+                t.count += tally.count;
+                t.ns += tally.ns;
+            }
+        }
+        out
     }
 
     /// Adds one sample of `key` (and its off-CPU nanoseconds), within the window's caps.
@@ -420,6 +453,7 @@ impl Aggregator {
     /// Closes the window: the CPU window, then (with `offcpu.enabled`) the off-CPU one.
     pub fn close_windows(&mut self) -> Vec<Window> {
         let counts = std::mem::take(&mut self.counts);
+        let counts = self.fan_out(counts);
         self.stack_bytes = 0;
         let verdicts = self.judge(counts.keys().map(|k| k.pid).collect());
         let mut stacks = Vec::with_capacity(counts.len());
@@ -667,25 +701,6 @@ fn stack_bytes(key: &Key) -> u64 {
         as u64
 }
 
-/// A key that holds nothing (what is left of one moved out).
-fn empty_key() -> Key {
-    Key {
-        pid: 0,
-        tid: 0,
-        comm: [0; 16],
-        kernel: Box::default(),
-        user: Box::default(),
-        user_exact: 0,
-        user_eval: 0,
-        python: Box::default(),
-        py: None,
-        end: StackEnd::Complete,
-        off: None,
-        kind: ProfileKind::Cpu,
-        waker: None,
-    }
-}
-
 /// Time until the next window boundary: a multiple of `window` since the epoch when
 /// aligned (so windows of many hosts line up), else a full window.
 fn until_boundary(window: Duration, align: bool) -> Duration {
@@ -822,7 +837,16 @@ mod tests {
         // A nanosleep woken by a timer, and a kernel lock wait.
         let timer = Sample {
             off_cpu: off(OffState::Sleep, 50),
-            waker: Some(Box::new(waker)),
+            waker: Some(Box::new(waker.clone())),
+            ..sample(pid, pid, &[0x20])
+        };
+        // The same wait again, woken by another stack: one off-CPU stack, two wakers.
+        let timer_too = Sample {
+            off_cpu: off(OffState::Sleep, 40),
+            waker: Some(Box::new(Sample {
+                kernel: vec![0xffff_ffff_8100_0200],
+                ..waker
+            })),
             ..sample(pid, pid, &[0x20])
         };
         let klock = Sample {
@@ -830,7 +854,7 @@ mod tests {
             lock: Some(LockWait::Kernel),
             ..sample(pid, pid, &[0x30])
         };
-        for s in [asleep, runnable, timer, klock] {
+        for s in [asleep, runnable, timer, timer_too, klock] {
             a.add(s);
         }
         let windows = a.close_windows();
@@ -842,10 +866,10 @@ mod tests {
                 .map(|s| s.off_cpu.map_or(0, |o| o.ns))
                 .collect()
         };
-        assert_eq!(ns(&windows[1]), [700, 300, 50], "off-CPU: every block part");
+        assert_eq!(ns(&windows[1]), [700, 300, 90], "off-CPU: every block part");
         assert_eq!(
             ns(&windows[2]),
-            [700, 50],
+            [700, 50, 40],
             "offwake: blocked time with a waker"
         );
         assert_eq!(
