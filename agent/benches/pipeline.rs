@@ -20,13 +20,18 @@ fn limits() -> Limits {
 }
 
 fn aggregator() -> Aggregator {
+    aggregator_with(false)
+}
+
+/// An aggregator, with all three off-CPU windows when `offcpu`.
+fn aggregator_with(offcpu: bool) -> Aggregator {
     Aggregator::new(Parts {
         frequency_hz: 99,
         limits: limits(),
         jit: Jit::default(),
-        offcpu: false,
-        offwake: false,
-        lock: false,
+        offcpu,
+        offwake: offcpu,
+        lock: offcpu,
         python: Default::default(),
         queue_bytes: None,
         metrics: Metrics::new(),
@@ -79,6 +84,36 @@ fn samples() -> Vec<Sample> {
         .collect()
 }
 
+/// 2000 off-CPU block parts (a second of a host whose threads block 1,000 times a second
+/// past `min_block`): the samples above, each with 12 kernel frames, asleep or (every third)
+/// runnable, every other one a futex wait, each woken by one of 8 waker stacks.
+fn offcpu_samples() -> Vec<Sample> {
+    use ember::model::{LockWait, OffCpu, OffState};
+    let kernel: Vec<u64> = (0..12).map(|f| 0xffff_ffff_8100_0000 + f * 0x40).collect();
+    let wakers: Vec<Sample> = samples().into_iter().take(8).collect();
+    samples()
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let state = if i % 3 == 2 {
+                OffState::Runnable
+            } else {
+                OffState::Sleep
+            };
+            Sample {
+                kernel: kernel.clone(),
+                off_cpu: Some(OffCpu { state, ns: 1_000_000 }),
+                lock: (i % 2 == 0).then_some(LockWait::Futex),
+                waker: Some(Box::new(Sample {
+                    kernel: kernel[..6].to_vec(),
+                    ..wakers[i % 8].clone()
+                })),
+                ..s
+            }
+        })
+        .collect()
+}
+
 fn window() -> Window {
     let mut agg = aggregator();
     for s in samples() {
@@ -96,6 +131,19 @@ fn benches(c: &mut Criterion) {
                     agg.add(s);
                 }
                 black_box(agg.close())
+            },
+            BatchSize::LargeInput,
+        )
+    });
+
+    c.bench_function("aggregate 2000 off-CPU samples (wakers, futex) + normalize", |b| {
+        b.iter_batched(
+            || (aggregator_with(true), offcpu_samples()),
+            |(mut agg, samples)| {
+                for s in samples {
+                    agg.add(s);
+                }
+                black_box(agg.close_windows())
             },
             BatchSize::LargeInput,
         )

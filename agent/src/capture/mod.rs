@@ -392,8 +392,13 @@ fn join_waker(record: OffRecord, wakers: &mut Wakers, metrics: &Metrics) -> Vec<
             match wakers.take(first.tid, first.time_ns) {
                 Ok(Some(w)) => {
                     metrics.offcpu(OffCpuEvent::WakerJoined, 1);
-                    let w = Box::new(w);
-                    samples.iter_mut().for_each(|s| s.waker = Some(w.clone()));
+                    // Each part of the block (asleep, then runnable) carries the waker:
+                    // copied for all but the last, which takes it.
+                    if let Some((last, rest)) = samples.split_last_mut() {
+                        rest.iter_mut()
+                            .for_each(|s| s.waker = Some(Box::new(w.clone())));
+                        last.waker = Some(Box::new(w));
+                    }
                 }
                 Ok(None) => {}
                 Err(u) => unjoined(u),
