@@ -102,7 +102,10 @@ fn offcpu_samples() -> Vec<Sample> {
             };
             Sample {
                 kernel: kernel.clone(),
-                off_cpu: Some(OffCpu { state, ns: 1_000_000 }),
+                off_cpu: Some(OffCpu {
+                    state,
+                    ns: 1_000_000,
+                }),
                 lock: (i % 2 == 0).then_some(LockWait::Futex),
                 waker: Some(Box::new(Sample {
                     kernel: kernel[..6].to_vec(),
@@ -136,18 +139,21 @@ fn benches(c: &mut Criterion) {
         )
     });
 
-    c.bench_function("aggregate 2000 off-CPU samples (wakers, futex) + normalize", |b| {
-        b.iter_batched(
-            || (aggregator_with(true), offcpu_samples()),
-            |(mut agg, samples)| {
-                for s in samples {
-                    agg.add(s);
-                }
-                black_box(agg.close_windows())
-            },
-            BatchSize::LargeInput,
-        )
-    });
+    c.bench_function(
+        "aggregate 2000 off-CPU samples (wakers, futex) + normalize",
+        |b| {
+            b.iter_batched(
+                || (aggregator_with(true), offcpu_samples()),
+                |(mut agg, samples)| {
+                    for s in samples {
+                        agg.add(s);
+                    }
+                    black_box(agg.close_windows())
+                },
+                BatchSize::LargeInput,
+            )
+        },
+    );
 
     let w = window();
     let mut sym = Symbolizer::new(100_000, Metrics::new());
