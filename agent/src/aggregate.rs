@@ -312,7 +312,15 @@ impl Aggregator {
                     break;
                 };
                 let waker = if joined { k.waker } else { None };
-                let t = out.entry(Key { kind, waker, ..k }).or_default();
+                // The lock waited for only picks the window: not part of a stack.
+                let t = out
+                    .entry(Key {
+                        kind,
+                        waker,
+                        lock: None,
+                        ..k
+                    })
+                    .or_default();
                 t.count += tally.count;
                 t.ns += tally.ns;
             }
@@ -854,7 +862,14 @@ mod tests {
             lock: Some(LockWait::Kernel),
             ..sample(pid, pid, &[0x30])
         };
-        for s in [asleep, runnable, timer, timer_too, klock] {
+        // The same stack asleep outside a futex: one off-CPU stack with the futex wait.
+        let plain = Sample {
+            off_cpu: off(OffState::Sleep, 100),
+            waker: None,
+            lock: None,
+            ..asleep.clone()
+        };
+        for s in [asleep, runnable, timer, timer_too, klock, plain] {
             a.add(s);
         }
         let windows = a.close_windows();
@@ -866,7 +881,7 @@ mod tests {
                 .map(|s| s.off_cpu.map_or(0, |o| o.ns))
                 .collect()
         };
-        assert_eq!(ns(&windows[1]), [700, 300, 90], "off-CPU: every block part");
+        assert_eq!(ns(&windows[1]), [800, 300, 90], "off-CPU: every block part");
         assert_eq!(
             ns(&windows[2]),
             [700, 50, 40],
