@@ -52,7 +52,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--service", action="store_true",
-                    help=f"one fixture busy {SERVICE_BUSY:.0%} of the time (whole-host CPU)")
+                    help=f"one fixture busy {SERVICE_BUSY * 100:.0f} %% of the time (whole-host CPU)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         oh.die("needs root (BPF, perf events, sysctl)")

@@ -105,6 +105,7 @@ fn offcpu_samples() -> Vec<Sample> {
                 off_cpu: Some(OffCpu {
                     state,
                     ns: 1_000_000,
+                    blocks: 1,
                 }),
                 lock: (i % 2 == 0).then_some(LockWait::Futex),
                 waker: Some(Box::new(Sample {

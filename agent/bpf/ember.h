@@ -437,9 +437,15 @@ enum ember_offcpu_kind {
 /*
  * An off-CPU record on the `offcpu_samples` ring: this head, then a struct
  * ember_record and its kernel and user ips. A block's record has time_ns the
- * switch-out; a waker's record describes the waker (time_ns the wakeup) and names
- * the block it ended by (wakee, block_ns): the block's tid and time_ns. A waker's
- * record is sent before its block's (the wakeup comes before the block ends).
+ * switch-out; a waker's record describes the waker (time_ns the wakeup).
+ *
+ * Records are counted in the kernel: `key` hashes everything the agent counts a
+ * record by (kind, state, path, syscall, waker_key, cgroup, pid, tid, name, both
+ * stacks, the interpreter tail; not the times or the CPU). The first record of a
+ * key since the agent last drained `offcpu_sums` is sent whole, with its own
+ * times, and leaves an entry under its key; later ones only add their times to
+ * that entry. The agent drains the map once a second (after the ring), and each
+ * entry's sums count as copies of the record it kept for the key.
  */
 struct ember_offcpu_head {
 	__u64 off_ns;      /* time off CPU in `state`: switch-out to wakeup (or to switch-in); KLOCK: the wait */
@@ -448,9 +454,20 @@ struct ember_offcpu_head {
 	__u32 path;        /* enum ember_offcpu_path */
 	__u32 kind;        /* enum ember_offcpu_kind */
 	__s32 syscall;     /* the syscall the block's thread blocked in, -1 outside one */
-	__u32 wakee;       /* WAKER: the woken thread */
-	__u32 pad;
-	__u64 block_ns;    /* WAKER: the woken block's switch-out (its record's time_ns) */
+	__u64 key;         /* the record's key in `offcpu_sums` */
+	__u64 waker_key;   /* BLOCK: the key of the waker record that woke it (sent earlier); 0: none */
+};
+
+/*
+ * Value of `offcpu_sums` (key: a record's key): what the records of that key sent
+ * after the first add up to. A waker's entry stays at zero: its key is only a name
+ * its blocks join on.
+ */
+struct ember_offcpu_sum {
+	__u64 off_ns;      /* sum of their off_ns */
+	__u64 runnable_ns; /* sum of their runnable_ns */
+	__u32 count;       /* how many */
+	__u32 runnable;    /* ... of them with a runnable part */
 };
 
 /* Slots of the one per-CPU entry of `offcpu_counters` (a __u64 each, in this order). */
@@ -475,7 +492,9 @@ enum ember_offcpu_counter {
 	EMBER_OFFCPU_CNT_KLOCK = 17,    /* kernel lock waits of min_block or more walked */
 	EMBER_OFFCPU_CNT_KLOCK_SHORT = 18, /* kernel lock waits under min_block (not a loss) */
 	EMBER_OFFCPU_CNT_KTHREAD_SKIPPED = 19, /* switch-outs of kernel threads, not followed (offcpu.kernel_threads) */
-	EMBER_OFFCPU_CNT_MAX = 20,
+	EMBER_OFFCPU_CNT_SUMMED = 20,   /* records counted in `offcpu_sums` instead of sent */
+	EMBER_OFFCPU_CNT_SUMS_FULL = 21, /* a record's key found no room in `offcpu_sums`: its next ones are sent too */
+	EMBER_OFFCPU_CNT_MAX = 22,
 };
 
 #endif /* EMBER_H */

@@ -35,8 +35,11 @@
  * task even where the final switch-out was missed, so none can leak. The number
  * of records is capped (max_tasks, counted in ember_offcpu_tasks), and a
  * thread's final switch-out (TASK_DEAD) deletes its record and anything it held.
- * A block is named by (tid, the record's start_ns), which is also the record's
- * time_ns: what a waker's sample can join on.
+ *
+ * Every record ends in offcpu_send, which counts it in the kernel (`offcpu_sums`)
+ * when a record of the same key went out since the agent last drained the sums: the
+ * agent reads a record per distinct stack a second, not one per block. A waker's
+ * key is left in its wakee's record, and the block's key includes it.
  */
 
 /* The kernel's task states (include/linux/sched.h), stable since 4.14. */
@@ -48,6 +51,7 @@
 #ifndef BPF_EXIST
 #define BPF_EXIST 2
 #endif
+#define EMBER_EEXIST 17
 #define EMBER_MAP_TYPE_TASK_STORAGE 29
 #define EMBER_STORAGE_CREATE 1 /* BPF_LOCAL_STORAGE_GET_F_CREATE */
 /* pt_regs.ax while a syscall runs: the entry code stores -ENOSYS there until it returns. */
@@ -63,6 +67,7 @@ enum ember_offcpu_counter ember_offcpu_counter_layout = EMBER_OFFCPU_CNT_MAX;
 enum ember_offcpu_state ember_offcpu_state_layout = EMBER_OFFCPU_SLEEP;
 enum ember_offcpu_path ember_offcpu_path_layout = EMBER_OFFCPU_PATH_EXIT;
 enum ember_offcpu_kind ember_offcpu_kind_layout = EMBER_OFFCPU_BLOCK;
+struct ember_offcpu_sum ember_offcpu_sum_layout = {};
 
 /* Entries of `offcpu_threads` (stacks held) right now. */
 __u64 ember_offcpu_live = 0;
@@ -122,13 +127,14 @@ enum offcpu_held {
 /* Not taken at switch-out: a block outside a syscall the fallback did not draw. */
 #define OFFCPU_PATH_SKIP 3
 
-/* A thread's own record: 56 bytes, plus the kernel's task storage overhead. */
+/* A thread's own record: 64 bytes, plus the kernel's task storage overhead. */
 struct offcpu_task {
 	__u64 start_ns;  /* switch-out of the block under way; 0: on CPU */
 	__u64 wake_ns;   /* first wakeup since start_ns, 0 if none yet */
 	__u64 cgroup_id; /* at switch-out (the filters' key) */
 	__u64 lock_ns;   /* contention_begin of the kernel lock it waits for; 0: none */
 	__u64 lock_addr; /* ... that lock (a nested contention, inside its slow path, is not timed) */
+	__u64 waker_key; /* the key of the waker record of the block under way; 0: none yet */
 	__s32 syscall;   /* the syscall it blocked in, -1 outside one */
 	__u8 state;      /* enum ember_offcpu_state */
 	__u8 path;       /* enum ember_offcpu_path, or OFFCPU_PATH_SKIP */
@@ -176,6 +182,20 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 20); /* resized from the config before load */
 } offcpu_samples SEC(".maps");
+
+/*
+ * Records counted in the kernel, by key (see struct ember_offcpu_head): a host's blocks
+ * repeat a few stacks, and each one sent whole cost the agent microseconds to read and
+ * count. Not preallocated: an entry the agent deletes while a program adds to it is
+ * freed after that program, and the add is lost, never made to another key.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 8192); /* resized from the config before load */
+	__type(key, __u64);
+	__type(value, struct ember_offcpu_sum);
+} offcpu_sums SEC(".maps");
 
 /* All off-CPU counters in one per-CPU entry: the agent reads them with one syscall a second. */
 struct offcpu_counts {
@@ -329,26 +349,102 @@ static __always_inline void offcpu_current(struct scratch *s, __u64 cgroup_id)
 	bpf_get_current_comm(s->rec.comm, sizeof(s->rec.comm));
 }
 
-/* Sends a long block's record: head, record, k + u ips and the interpreter tail if any. */
-static __always_inline void offcpu_send(struct offcpu_thread *t)
+/* One word into a record's key (a multiply-xorshift: keys are compared whole, never ordered). */
+static __always_inline __u64 offcpu_mix(__u64 h, __u64 v)
+{
+	h = (h ^ v) * 0x9e3779b97f4a7c15ULL;
+	return h ^ (h >> 31);
+}
+
+struct offcpu_hash {
+	struct offcpu_thread *t;
+	__u64 h;
+	__u32 n; /* ips words to take: kernel, user, then the interpreter tail */
+};
+
+/* bpf_loop callback: one ips word into the key (i taken whole: its bounds check is the one the index uses). */
+static long offcpu_hash_word(__u64 i, void *arg)
+{
+	struct offcpu_hash *c = arg;
+
+	if (i >= c->n || i >= 2 * EMBER_MAX_FRAMES + PY_TAIL_WORDS)
+		return 1;
+	c->h = offcpu_mix(c->h, c->t->s.ips[i]);
+	return 0;
+}
+
+/* The record's key: everything the agent counts it by (struct ember_offcpu_head). */
+static __always_inline __u64 offcpu_key(struct offcpu_thread *t, __u32 words)
+{
+	struct ember_record *rec = &t->s.rec;
+	struct offcpu_hash c = { .t = t, .n = words };
+	__u64 comm[2];
+
+	__builtin_memcpy(comm, rec->comm, sizeof(comm));
+	c.h = offcpu_mix(0x5ca1ab1e, (__u64)t->head.kind | (__u64)t->head.state << 8 | (__u64)t->head.path << 16 |
+					   (__u64)(__u32)t->head.syscall << 32);
+	c.h = offcpu_mix(c.h, t->head.waker_key);
+	c.h = offcpu_mix(c.h, rec->cgroup_id);
+	c.h = offcpu_mix(c.h, (__u64)rec->pid << 32 | rec->tid);
+	c.h = offcpu_mix(c.h, comm[0]);
+	c.h = offcpu_mix(c.h, comm[1]);
+	c.h = offcpu_mix(c.h, (__u64)rec->kern_frames | (__u64)rec->user_frames << 16 | (__u64)rec->user_result << 32 |
+				      (__u64)rec->user_flags << 40 | (__u64)rec->py_result << 48);
+	bpf_loop(2 * EMBER_MAX_FRAMES + PY_TAIL_WORDS, offcpu_hash_word, &c, 0);
+	/* 0 says "no key" (a block without a waker). */
+	return c.h ? c.h : 1;
+}
+
+/*
+ * A record done: added to its key's sums if that key's record went out since the agent
+ * last drained them, else sent whole (head, record, k + u ips and the interpreter tail
+ * if any) and its key entered. A record that asks the agent for something is always
+ * sent. Returns the key, or 0 if the record was lost.
+ */
+static __always_inline __u64 offcpu_send(struct offcpu_thread *t)
 {
 	__u32 k = t->s.rec.kern_frames, u = t->s.rec.user_frames;
-	__u64 size, tail = t->s.rec.py_result != EMBER_PY_NONE ? sizeof(struct ember_py_tail) : 0;
+	__u64 size, key, tail = t->s.rec.py_result != EMBER_PY_NONE ? sizeof(struct ember_py_tail) : 0;
+	struct ember_offcpu_sum fresh = {}, *sum;
+	long err;
 
 	if (k > EMBER_MAX_FRAMES)
 		k = EMBER_MAX_FRAMES;
 	if (u > EMBER_MAX_FRAMES)
 		u = EMBER_MAX_FRAMES;
+	key = offcpu_key(t, k + u + tail / sizeof(__u64));
+	t->head.key = key;
+	if (!t->s.rec.user_flags) {
+		sum = bpf_map_lookup_elem(&offcpu_sums, &key);
+		if (sum) {
+			/* A waker's entry only says its record went out: its blocks carry the times. */
+			if (t->head.kind != EMBER_OFFCPU_WAKER) {
+				__sync_fetch_and_add(&sum->off_ns, t->head.off_ns);
+				__sync_fetch_and_add(&sum->runnable_ns, t->head.runnable_ns);
+				__sync_fetch_and_add(&sum->count, 1);
+				if (t->head.runnable_ns)
+					__sync_fetch_and_add(&sum->runnable, 1);
+			}
+			offcpu_count(EMBER_OFFCPU_CNT_SUMMED);
+			return key;
+		}
+	}
 	size = sizeof(struct ember_offcpu_head) + sizeof(struct ember_record) + (k + u) * sizeof(__u64) + tail;
 	if (bpf_ringbuf_output(&offcpu_samples, &t->head, size,
 			       t->s.rec.user_flags ||
 					       bpf_ringbuf_query(&offcpu_samples, BPF_RB_AVAIL_DATA) >=
 						       ember_cfg.wakeup_bytes ?
 				       BPF_RB_FORCE_WAKEUP :
-				       BPF_RB_NO_WAKEUP))
+				       BPF_RB_NO_WAKEUP)) {
 		offcpu_count(EMBER_OFFCPU_CNT_LOST_RINGBUF);
-	else
-		offcpu_count(EMBER_OFFCPU_CNT_SENT);
+		return 0;
+	}
+	offcpu_count(EMBER_OFFCPU_CNT_SENT);
+	/* After the record: an entry means the agent has its record (or will, ring first). */
+	err = bpf_map_update_elem(&offcpu_sums, &key, &fresh, BPF_NOEXIST);
+	if (err && err != -EMBER_EEXIST)
+		offcpu_count(EMBER_OFFCPU_CNT_SUMS_FULL);
+	return key;
 }
 
 /* Puts t under tid in `offcpu_threads`; 0 if there was no room. */
@@ -472,6 +568,7 @@ static __always_inline void offcpu_out(void *ctx, _Bool preempt, struct task_str
 		return;
 	r->start_ns = now;
 	r->wake_ns = 0;
+	r->waker_key = 0;
 	r->cgroup_id = cgroup_id;
 	r->state = state;
 	if (kthread) {
@@ -512,9 +609,8 @@ static __always_inline void offcpu_times(struct ember_offcpu_head *h, struct off
 	h->path = r->path;
 	h->kind = EMBER_OFFCPU_BLOCK;
 	h->syscall = r->syscall;
-	h->wakee = 0;
-	h->pad = 0;
-	h->block_ns = 0;
+	h->key = 0;
+	h->waker_key = r->waker_key;
 	if (r->state != EMBER_OFFCPU_RUNNABLE && r->wake_ns > start && r->wake_ns <= now) {
 		h->off_ns = r->wake_ns - start;
 		h->runnable_ns = now - r->wake_ns;
@@ -544,6 +640,9 @@ static __always_inline void offcpu_in_syscall(struct task_struct *next, struct o
 			else
 				t->head.off_ns += h.off_ns;
 			t->head.runnable_ns += h.runnable_ns;
+			/* The waker that ended the later block is the one the thread runs on. */
+			if (r->waker_key)
+				t->head.waker_key = r->waker_key;
 			offcpu_count(EMBER_OFFCPU_CNT_MERGED);
 			return;
 		}
@@ -660,15 +759,14 @@ int BPF_PROG(ember_offcpu_switch, _Bool preempt, struct task_struct *prev, struc
 
 /*
  * The current thread wakes `p`, whose block already lasted at least min_block: the
- * waker's stacks, as it wakes it, go out now, naming the block (its tid and
- * switch-out), for the agent to join to the block's own record, which follows.
+ * waker's stacks, as it wakes it, go out now (or were sent since the last drain: the
+ * same key), and the key is left in p's record for the block's own, which follows.
  * sched_waking runs in the waker (try_to_wake_up, under p's pi_lock: interrupts off),
  * so its user stack is the current one; a wakeup from an interrupt (a timer, an I/O
  * completion) has the interrupted thread as `current`: its kernel stack says so.
  */
 static __always_inline void offcpu_waker(void *ctx, struct task_struct *p, struct offcpu_task *r, __u64 now)
 {
-	struct task_struct___offcpu *w = (void *)p;
 	struct task_struct *cur = bpf_get_current_task_btf();
 	struct offcpu_thread *t;
 	struct scratch *s;
@@ -688,9 +786,8 @@ static __always_inline void offcpu_waker(void *ctx, struct task_struct *p, struc
 	t->head.path = r->path;
 	t->head.kind = EMBER_OFFCPU_WAKER;
 	t->head.syscall = r->syscall;
-	t->head.wakee = w->pid;
-	t->head.pad = 0;
-	t->head.block_ns = r->start_ns;
+	t->head.key = 0;
+	t->head.waker_key = 0;
 	s->rec.time_ns = now;
 	offcpu_current(s, bpf_get_current_cgroup_id());
 	kbytes = bpf_get_stack(ctx, s->ips, STACK_BYTES, 0);
@@ -704,7 +801,7 @@ static __always_inline void offcpu_waker(void *ctx, struct task_struct *p, struc
 	s->rec.user_frames = ubytes / sizeof(__u64);
 	if (!ubytes)
 		s->rec.py_result = EMBER_PY_NONE;
-	offcpu_send(t);
+	r->waker_key = offcpu_send(t);
 }
 
 /*
@@ -781,9 +878,8 @@ int BPF_PROG(ember_offcpu_lock_end, void *lock, int ret)
 	t->head.path = EMBER_OFFCPU_PATH_EXIT;
 	t->head.kind = EMBER_OFFCPU_KLOCK;
 	t->head.syscall = -1;
-	t->head.wakee = 0;
-	t->head.pad = 0;
-	t->head.block_ns = 0;
+	t->head.key = 0;
+	t->head.waker_key = 0;
 	s->rec.time_ns = now - waited;
 	offcpu_current(s, r->cgroup_id);
 	kbytes = bpf_get_stack(ctx, s->ips, STACK_BYTES, 0);

@@ -227,7 +227,7 @@ impl Aggregator {
         if let Some(r) = s.py_result {
             self.metrics.python_walked(r, 1);
         }
-        let ns = s.off_cpu.map_or(0, |o| o.ns);
+        let (ns, blocks) = s.off_cpu.map_or((0, 1), |o| (o.ns, o.blocks.max(1)));
         let waker = s.waker.map(|w| {
             self.table.touch(w.pid, w.tid, &w.comm, w.cgroup_id);
             Box::new(WakerKey {
@@ -263,7 +263,7 @@ impl Aggregator {
             lock: s.off_cpu.and(s.lock),
             waker,
         };
-        self.count(key, ns);
+        self.count(key, ns, blocks);
     }
 
     /// The windows an off-CPU stack counted in `counts` goes to, and whether with its
@@ -328,19 +328,19 @@ impl Aggregator {
         out
     }
 
-    /// Adds one sample of `key` (and its off-CPU nanoseconds), within the window's caps.
-    fn count(&mut self, key: Key, ns: u64) {
+    /// Adds `blocks` samples of `key` (and their off-CPU nanoseconds), within the window's caps.
+    fn count(&mut self, key: Key, ns: u64, blocks: u64) {
         let bytes = stack_bytes(&key);
         let full = self.counts.len() >= self.max_stacks
             || self.stack_bytes.saturating_add(bytes) > self.max_stack_bytes;
         match self.counts.get_mut(&key) {
             Some(t) => {
-                t.count += 1;
+                t.count += blocks;
                 t.ns += ns;
             }
-            None if full => self.metrics.lost(Loss::StackCap, 1),
+            None if full => self.metrics.lost(Loss::StackCap, blocks),
             None => {
-                self.counts.insert(key, Tally { count: 1, ns });
+                self.counts.insert(key, Tally { count: blocks, ns });
                 self.stack_bytes += bytes;
             }
         }
@@ -476,6 +476,7 @@ impl Aggregator {
             let off_cpu = key.off.map(|state| OffCpu {
                 state,
                 ns: tally.ns,
+                blocks: count,
             });
             match off_cpu {
                 None => {
@@ -826,7 +827,13 @@ mod tests {
             ..parts(limits(100), Workloads::default())
         });
         let pid = std::process::id();
-        let off = |state, ns| Some(OffCpu { state, ns });
+        let off = |state, ns| {
+            Some(OffCpu {
+                state,
+                ns,
+                blocks: 1,
+            })
+        };
         let waker = Sample {
             kernel: vec![0xffff_ffff_8100_0100],
             ..sample(pid, pid + 9, &[0x50, 0x60])

@@ -150,6 +150,9 @@ pub struct OffCpu {
     pub state: OffState,
     /// Nanoseconds.
     pub ns: u64,
+    /// How many blocks the nanoseconds add up: 1 for a record as it came, more for the
+    /// sums the kernel counted under its key (and for a window's stack, its count).
+    pub blocks: u64,
 }
 
 named_enum! {
@@ -579,6 +582,7 @@ mod tests {
             off_cpu: Some(OffCpu {
                 state: OffState::Disk,
                 ns: 7,
+                blocks: count,
             }),
             runtime: None,
         }

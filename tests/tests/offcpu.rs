@@ -20,8 +20,21 @@ const OFFCPU: &str = env!("FIXTURE_OFFCPU");
 struct Off {
     tid: i64,
     state: String,
+    /// Blocks (the `samples` value).
+    count: i64,
     ns: i64,
     stack: Stack,
+}
+
+/// The mean block, in ms, of the samples that pass `pred`: their time over their count.
+/// The kernel counts most blocks under a key, sending one record a second: a block
+/// count gone wrong there shows here.
+fn mean_block_ms(samples: &[&Off], pred: &dyn Fn(&Off) -> bool) -> f64 {
+    let (ns, n) = samples
+        .iter()
+        .filter(|s| pred(s))
+        .fold((0, 0), |(ns, n), s| (ns + s.ns, n + s.count));
+    ns as f64 / 1e6 / n.max(1) as f64
 }
 
 /// The samples of an off-CPU profile, with their `state` labels.
@@ -42,6 +55,7 @@ fn off_samples(p: &Profile) -> Vec<Off> {
         .zip(states)
         .map(|(stack, state)| Off {
             tid: stack.tid.unwrap_or(0),
+            count: stack.values.first().copied().unwrap_or(0),
             ns: stack.values.get(1).copied().unwrap_or(0),
             state,
             stack,
@@ -191,6 +205,15 @@ fn sleep_pipe_and_runnable(offcpu_keys: &[&str]) {
         (a + b) as f64 >= 0.95 * all as f64,
         "stacks of the sleeper that reach neither path: {} of {all} ns",
         all - a - b
+    );
+    // Each nanosleep of path A lasts 7 ms and a bit (the timer's slack).
+    let mean_a = mean_block_ms(&sleeper, &|s| {
+        s.state == "sleep" && s.stack.has("sleep_path_a")
+    });
+    println!("sleeper: path A's mean block {mean_a:.2} ms");
+    assert!(
+        (7.0..=8.5).contains(&mean_a),
+        "path A's blocks average {mean_a:.2} ms (want 7 to 8.5)"
     );
     let reach_main = ns(&|s| s.stack.has("sleeper"), &sleeper);
     assert!(
@@ -542,6 +565,13 @@ fn the_fallback_alone_keeps_the_shares() {
         "the fallback walked {fallback} switch-outs"
     );
     assert_eq!(deferred + exit_walk, 0.0, "a deferred path ran");
+    // The sleeper's blocks repeat two stacks: nearly all are counted in the kernel.
+    let (sent, summed) = (event(&body, "sent"), event(&body, "summed"));
+    println!("records sent {sent}, counted in the kernel {summed}");
+    assert!(
+        summed >= 4.0 * sent,
+        "the kernel counted {summed} records and sent {sent}"
+    );
     let sleeper: Vec<Off> = profiles
         .iter()
         .flat_map(off_samples)
@@ -556,6 +586,13 @@ fn the_fallback_alone_keeps_the_shares() {
     };
     let (a, b) = (ns("sleep_path_a"), ns("sleep_path_b"));
     let all: i64 = sleeper.iter().map(|s| s.ns).sum();
+    let refs: Vec<&Off> = sleeper.iter().collect();
+    let mean_b = mean_block_ms(&refs, &|s| s.stack.has("sleep_path_b"));
+    println!("sleeper: path B's mean block {mean_b:.2} ms");
+    assert!(
+        (3.0..=4.5).contains(&mean_b),
+        "path B's blocks average {mean_b:.2} ms (want 3 to 4.5)"
+    );
     println!("sleeper: A {a} ns, B {b} ns, all {all} ns");
     assert!(a + b > 0, "no sleeper stacks");
     let share_a = 100.0 * a as f64 / (a + b) as f64;

@@ -14,8 +14,8 @@ use std::mem::{align_of, offset_of, size_of};
 
 use super::skel::types::{
     ember_cfa_rule, ember_config, ember_counter, ember_offcpu_config, ember_offcpu_counter,
-    ember_offcpu_head, ember_offcpu_kind, ember_offcpu_path, ember_offcpu_state, ember_rbp_rule,
-    ember_record, ember_unwind_chunk, ember_unwind_file, ember_unwind_file_key,
+    ember_offcpu_head, ember_offcpu_kind, ember_offcpu_path, ember_offcpu_state, ember_offcpu_sum,
+    ember_rbp_rule, ember_record, ember_unwind_chunk, ember_unwind_file, ember_unwind_file_key,
     ember_unwind_header, ember_unwind_mode, ember_unwind_page, ember_unwind_proc,
     ember_unwind_range, ember_unwind_result, ember_unwind_row, ember_unwind_segment, scratch,
 };
@@ -136,9 +136,15 @@ shared_struct!(ember_offcpu_head: size 48, align 8 {
     path @ 20,
     kind @ 24,
     syscall @ 28,
-    wakee @ 32,
-    pad @ 36,
-    block_ns @ 40,
+    key @ 32,
+    waker_key @ 40,
+});
+
+shared_struct!(ember_offcpu_sum: size 24, align 8 {
+    off_ns @ 0,
+    runnable_ns @ 8,
+    count @ 16,
+    runnable @ 20,
 });
 
 // The `#define`s the constants of `capture` and `capture::unwind` state.
@@ -253,7 +259,9 @@ shared_enum!(ember_offcpu_counter {
     EMBER_OFFCPU_CNT_KLOCK = 17,
     EMBER_OFFCPU_CNT_KLOCK_SHORT = 18,
     EMBER_OFFCPU_CNT_KTHREAD_SKIPPED = 19,
-    EMBER_OFFCPU_CNT_MAX = 20,
+    EMBER_OFFCPU_CNT_SUMMED = 20,
+    EMBER_OFFCPU_CNT_SUMS_FULL = 21,
+    EMBER_OFFCPU_CNT_MAX = 22,
 });
 
 shared_struct!(ember_py_proc: size 80, align 8 {

@@ -130,6 +130,8 @@ impl CounterSync {
             (C::EMBER_OFFCPU_CNT_MAP_FULL, OffCpuEvent::MapFull),
             (C::EMBER_OFFCPU_CNT_SHORT, OffCpuEvent::Short),
             (C::EMBER_OFFCPU_CNT_SENT, OffCpuEvent::Sent),
+            (C::EMBER_OFFCPU_CNT_SUMMED, OffCpuEvent::Summed),
+            (C::EMBER_OFFCPU_CNT_SUMS_FULL, OffCpuEvent::SumsFull),
             (C::EMBER_OFFCPU_CNT_LOST_RINGBUF, OffCpuEvent::RingbufFull),
             (C::EMBER_OFFCPU_CNT_NO_SCRATCH, OffCpuEvent::NoScratch),
             (C::EMBER_OFFCPU_CNT_FILTERED, OffCpuEvent::Filtered),

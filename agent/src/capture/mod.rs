@@ -7,7 +7,8 @@
 //! `counters.rs`, the BPF counters mirrored into the metrics; `queue.rs`, the batches'
 //! byte budget and the unwind loader's work queue. Beside it: [`unwind`], the sampler's
 //! unwind maps and the one code that writes them (for the unwind loader); [`tasks`], the
-//! kernel's exec/mmap/fork/exit records and their reader thread; `abi.rs`, the
+//! kernel's exec/mmap/fork/exit records and their reader thread; `kept.rs`, the off-CPU
+//! records kept for the kernel's sums (read at every drain); `abi.rs`, the
 //! compile-time check of every struct `bpf/ember.h` shares with Rust.
 //! Batches go out with `try_send`: a full queue drops the batch and counts it, so the
 //! sampler never waits on a slow stage.
@@ -26,15 +27,14 @@ use tracing::warn;
 
 use crate::config::{OffCpu as OffCpuSettings, Sampling};
 use crate::metrics::{Cache, Loss, Metrics, OffCpuEvent};
-use crate::model::Sample;
-use wakers::{Unjoined, Wakers};
+use kept::Kept;
 
 mod abi;
 mod counters;
+mod kept;
 mod queue;
 mod record;
 mod sampler;
-mod wakers;
 pub use ember_parse::perf_record;
 pub mod tasks;
 pub mod unwind;
@@ -52,6 +52,7 @@ mod skel {
 use counters::CounterSync;
 use record::{REC_RANGE_MISS, REC_UNKNOWN_PROCESS, REC_UNREAD};
 use sampler::Sampler;
+use skel::types::ember_offcpu_sum;
 
 /// Entries of the BPF `cgroup_deny` map (set before load): the aggregator denies at most
 /// this many cgroups at once and denies further excluded processes by pid.
@@ -212,7 +213,10 @@ fn run(
     };
     let batch: Rc<RefCell<Batch>> = Rc::default();
     let malformed = Rc::new(RefCell::new(0u64));
-    let ring = match ring_buffer(&sampler, &offcpu, asks, &batch, &malformed, &metrics) {
+    // Records kept for the kernel's off-CPU sums: twice the keys it counts, two periods.
+    let kept = Rc::new(RefCell::new(Kept::new(2 * offcpu.max_stacks as usize)));
+    let scale = OffCpuScale::of(&offcpu);
+    let ring = match ring_buffer(&sampler, scale, asks, &batch, &malformed, &kept, &metrics) {
         Ok(r) => r,
         Err(e) => {
             let _ = ready.send(Err(CaptureError::Load(e)));
@@ -270,6 +274,7 @@ fn run(
                 warn!("ring buffer poll failed (counted, retrying): {e}");
             }
         }
+        drain_sums(&sampler, &ring, &kept, scale, &batch, &metrics);
         flush(false);
         apply_orders(&sampler, &control, &metrics);
         if last_sync.elapsed() >= Duration::from_secs(1) {
@@ -287,8 +292,57 @@ fn run(
     sampler.links.clear();
     sampler.offcpu_links.clear();
     let _ = ring.consume();
+    drain_sums(&sampler, &ring, &kept, scale, &batch, &metrics);
     flush(true);
     counters.sync(&sampler, &metrics);
+}
+
+/// Entries of `offcpu_sums` read and deleted per syscall.
+const SUMS_BATCH: u32 = 256;
+
+/// Reads and deletes the kernel's off-CPU sums (`offcpu_sums`) into `batch`, as copies of
+/// the records kept for their keys. The ring is drained first (in the caller) and again
+/// right after the read: an entry is made just after its key's record is sent.
+fn drain_sums(
+    sampler: &Sampler<'_>,
+    ring: &RingBuffer<'_>,
+    kept: &RefCell<Kept>,
+    scale: OffCpuScale,
+    batch: &RefCell<Batch>,
+    metrics: &Metrics,
+) {
+    use libbpf_rs::{MapCore, MapFlags};
+    if sampler.offcpu_links.is_empty() {
+        return;
+    }
+    let sums: Vec<(u64, ember_offcpu_sum)> = match sampler
+        .skel
+        .maps
+        .offcpu_sums
+        .lookup_and_delete_batch(SUMS_BATCH, MapFlags::ANY, MapFlags::ANY)
+    {
+        Ok(entries) => entries.filter_map(|(k, v)| parse_sum(&k, &v)).collect(),
+        Err(e) => {
+            warn!("reading the off-CPU sums failed: {e}");
+            Vec::new()
+        }
+    };
+    let _ = ring.consume();
+    let samples = kept
+        .borrow_mut()
+        .sums(sums, scale, &mut |e, n| metrics.offcpu(e, n));
+    batch.borrow_mut().extend(samples);
+}
+
+/// One `offcpu_sums` entry as the batch read returns it.
+fn parse_sum(key: &[u8], value: &[u8]) -> Option<(u64, ember_offcpu_sum)> {
+    let key = u64::from_ne_bytes(key.try_into().ok()?);
+    if value.len() != std::mem::size_of::<ember_offcpu_sum>() {
+        return None;
+    }
+    // SAFETY: the length was checked; ember_offcpu_sum is plain old data.
+    let sum = unsafe { std::ptr::read_unaligned(value.as_ptr().cast::<ember_offcpu_sum>()) };
+    Some((key, sum))
 }
 
 /// Reads the ring buffers (samples, and off-CPU samples when those programs are attached)
@@ -296,10 +350,11 @@ fn run(
 /// process the walker holds no ranges for asks the unwind loader at once, through `asks`.
 fn ring_buffer(
     sampler: &Sampler<'_>,
-    offcpu: &OffCpuSettings,
+    scale: OffCpuScale,
     asks: WorkSender,
     batch: &Rc<RefCell<Batch>>,
     malformed: &Rc<RefCell<u64>>,
+    kept: &Rc<RefCell<Kept>>,
     metrics: &Metrics,
 ) -> Result<RingBuffer<'static>, libbpf_rs::Error> {
     let mut builder = RingBufferBuilder::new();
@@ -336,12 +391,7 @@ fn ring_buffer(
         if sampler.klocks_unsupported {
             metrics.offcpu(OffCpuEvent::KernelLockUnsupported, 1);
         }
-        let (cb_batch, cb_metrics) = (batch.clone(), metrics.clone());
-        let scale = OffCpuScale {
-            exact: 1.0 / offcpu.sample_rate,
-            fallback: 1.0 / (offcpu.sample_rate * offcpu.fallback_rate),
-        };
-        let mut wakers = Wakers::new(offcpu.max_threads as usize);
+        let (cb_batch, cb_metrics, cb_kept) = (batch.clone(), metrics.clone(), kept.clone());
         added = added.and_then(|()| {
             builder
                 .add(&sampler.skel.maps.offcpu_samples, move |data: &[u8]| {
@@ -349,7 +399,9 @@ fn ring_buffer(
                         Some((record, flags)) => {
                             // Off-CPU records never ask for an unread process.
                             ask(record.pid(), flags, u64::MAX, &cb_metrics);
-                            let samples = join_waker(record, &mut wakers, &cb_metrics);
+                            let samples = cb_kept
+                                .borrow_mut()
+                                .take(data, record, &mut |e| cb_metrics.offcpu(e, 1));
                             cb_batch.borrow_mut().extend(samples);
                         }
                         None => cb_metrics.offcpu(OffCpuEvent::Malformed, 1),
@@ -360,52 +412,6 @@ fn ring_buffer(
         });
     }
     added.and_then(|()| builder.build())
-}
-
-/// The samples of one off-CPU record: a block's, with the waker held for it if any; none
-/// for a waker's, which waits in `wakers` for its block.
-fn join_waker(record: OffRecord, wakers: &mut Wakers, metrics: &Metrics) -> Vec<Sample> {
-    let unjoined = |u: Unjoined| match u {
-        Unjoined::Unmatched => metrics.offcpu(OffCpuEvent::WakerUnmatched, 1),
-        Unjoined::Full => metrics.offcpu(OffCpuEvent::WakerFull, 1),
-    };
-    match record {
-        OffRecord::Waker {
-            wakee,
-            block_ns,
-            sample,
-        } => {
-            wakers
-                .hold(wakee, block_ns, sample, Instant::now())
-                .into_iter()
-                .for_each(unjoined);
-            Vec::new()
-        }
-        OffRecord::KernelLock(sample) => vec![sample],
-        OffRecord::Block(mut samples) => {
-            if wakers.is_empty() {
-                return samples;
-            }
-            let Some(first) = samples.first() else {
-                return samples;
-            };
-            match wakers.take(first.tid, first.time_ns) {
-                Ok(Some(w)) => {
-                    metrics.offcpu(OffCpuEvent::WakerJoined, 1);
-                    // Each part of the block (asleep, then runnable) carries the waker:
-                    // copied for all but the last, which takes it.
-                    if let Some((last, rest)) = samples.split_last_mut() {
-                        rest.iter_mut()
-                            .for_each(|s| s.waker = Some(Box::new(w.clone())));
-                        last.waker = Some(Box::new(w));
-                    }
-                }
-                Ok(None) => {}
-                Err(u) => unjoined(u),
-            }
-            samples
-        }
-    }
 }
 
 /// Applies the aggregator's queued [`Control`] orders to the BPF maps.

@@ -3,8 +3,8 @@
 //! `EMBER_REC_*` flags by which a record asks the unwind loader for its process.
 
 use super::skel::types::{
-    ember_offcpu_head, ember_offcpu_kind, ember_offcpu_path, ember_offcpu_state, ember_py_result,
-    ember_py_tail, ember_record, ember_unwind_result,
+    ember_offcpu_head, ember_offcpu_kind, ember_offcpu_path, ember_offcpu_state, ember_offcpu_sum,
+    ember_py_result, ember_py_tail, ember_record, ember_unwind_result,
 };
 use crate::model::{LockWait, OffCpu, OffState, PyFrameRef, PyWalk, Sample, StackEnd};
 
@@ -160,34 +160,86 @@ pub struct OffCpuScale {
     pub fallback: f64,
 }
 
-/// One off-CPU record (`enum ember_offcpu_kind`).
+impl OffCpuScale {
+    /// The scales `offcpu:`'s rates give.
+    pub fn of(offcpu: &crate::config::OffCpu) -> Self {
+        Self {
+            exact: 1.0 / offcpu.sample_rate,
+            fallback: 1.0 / (offcpu.sample_rate * offcpu.fallback_rate),
+        }
+    }
+}
+
+/// One off-CPU record (`enum ember_offcpu_kind`), with the key the kernel counts its
+/// like under (`struct ember_offcpu_head`).
 #[derive(Debug, PartialEq)]
 pub enum OffRecord {
     /// A block: the time in its state, then the time runnable after a wakeup, if any (a
     /// waker joins both); both carry [`LockWait::Futex`] when the thread blocked in a
     /// futex syscall.
-    Block(Vec<Sample>),
-    /// The thread that woke the block of `wakee` that began at `block_ns`, as it woke it.
+    Block {
+        /// Its key.
+        key: u64,
+        /// The key of the waker record that woke it (sent before it); 0: none.
+        waker_key: u64,
+        /// Its parts.
+        samples: Vec<Sample>,
+    },
+    /// The thread that woke a block past `min_block`, as it woke it: the blocks it woke
+    /// name it by its key.
     Waker {
-        /// The woken thread.
-        wakee: u32,
-        /// The woken block's start: its record's `time_ns`.
-        block_ns: u64,
+        /// Its key.
+        key: u64,
         /// The waker's stacks.
         sample: Sample,
     },
     /// Kernel lock contention: the waiting thread's stacks as it got the lock.
-    KernelLock(Sample),
+    KernelLock {
+        /// Its key.
+        key: u64,
+        /// The stacks and the wait.
+        sample: Sample,
+    },
 }
 
 impl OffRecord {
     /// The process whose stacks the record holds (the waker's, for a waker).
     pub fn pid(&self) -> u32 {
         match self {
-            OffRecord::Block(samples) => samples.first().map_or(0, |s| s.pid),
-            OffRecord::Waker { sample, .. } | OffRecord::KernelLock(sample) => sample.pid,
+            OffRecord::Block { samples, .. } => samples.first().map_or(0, |s| s.pid),
+            OffRecord::Waker { sample, .. } | OffRecord::KernelLock { sample, .. } => sample.pid,
         }
     }
+}
+
+/// The samples the kernel's sums of a key stand for: the key's record `data` (a block's or a
+/// kernel lock's, as it came from the ring) with the sums' times and block counts in place
+/// of its own. `None` if the record is malformed, a waker's, or the sums count nothing.
+pub fn summed_samples(
+    data: &[u8],
+    sum: &ember_offcpu_sum,
+    scale: OffCpuScale,
+) -> Option<Vec<Sample>> {
+    if sum.count == 0 || data.len() < OFFCPU_HEAD {
+        return None;
+    }
+    let mut patched = data.to_vec();
+    patched[..8].copy_from_slice(&sum.off_ns.to_ne_bytes());
+    patched[8..16].copy_from_slice(&sum.runnable_ns.to_ne_bytes());
+    let (record, _) = parse_offcpu_record(&patched, scale)?;
+    let mut samples = match record {
+        OffRecord::Block { samples, .. } => samples,
+        OffRecord::KernelLock { sample, .. } => vec![sample],
+        OffRecord::Waker { .. } => return None,
+    };
+    for (i, s) in samples.iter_mut().enumerate() {
+        if let Some(o) = &mut s.off_cpu {
+            // Every block has the first part; the runnable time after a wakeup, only those
+            // woken while asleep.
+            o.blocks = u64::from(if i == 0 { sum.count } else { sum.runnable });
+        }
+    }
+    Some(samples)
 }
 
 /// Syscall numbers of futex waits (`futex`, `futex_waitv`, `futex_wait`) on this target.
@@ -214,15 +266,8 @@ pub fn parse_offcpu_record(data: &[u8], scale: OffCpuScale) -> Option<(OffRecord
                 py_result: None,
                 ..sample
             };
-            let (wakee, block_ns) = (head.wakee, head.block_ns);
-            return Some((
-                OffRecord::Waker {
-                    wakee,
-                    block_ns,
-                    sample,
-                },
-                flags,
-            ));
+            let key = head.key;
+            return Some((OffRecord::Waker { key, sample }, flags));
         }
         K::EMBER_OFFCPU_KLOCK => {
             let sample = Sample {
@@ -230,11 +275,13 @@ pub fn parse_offcpu_record(data: &[u8], scale: OffCpuScale) -> Option<(OffRecord
                     state: OffState::Sleep,
                     // Timed for every thread with a record: not drawn by sample_rate.
                     ns: head.off_ns,
+                    blocks: 1,
                 }),
                 lock: Some(LockWait::Kernel),
                 ..sample
             };
-            return Some((OffRecord::KernelLock(sample), flags));
+            let key = head.key;
+            return Some((OffRecord::KernelLock { key, sample }, flags));
         }
         _ => return None,
     }
@@ -263,6 +310,7 @@ pub fn parse_offcpu_record(data: &[u8], scale: OffCpuScale) -> Option<(OffRecord
         woken.off_cpu = Some(OffCpu {
             state: OffState::Runnable,
             ns: scaled(head.runnable_ns),
+            blocks: 1,
         });
         out.push(woken);
     }
@@ -272,11 +320,20 @@ pub fn parse_offcpu_record(data: &[u8], scale: OffCpuScale) -> Option<(OffRecord
             off_cpu: Some(OffCpu {
                 state,
                 ns: scaled(head.off_ns),
+                blocks: 1,
             }),
             ..sample
         },
     );
-    Some((OffRecord::Block(out), flags))
+    let (key, waker_key) = (head.key, head.waker_key);
+    Some((
+        OffRecord::Block {
+            key,
+            waker_key,
+            samples: out,
+        },
+        flags,
+    ))
 }
 
 /// The metric label of a record's `enum ember_unwind_result`.
@@ -451,7 +508,7 @@ mod tests {
 
     fn block(data: &[u8], scale: OffCpuScale) -> (Vec<Sample>, u8) {
         match parse_offcpu_record(data, scale) {
-            Some((OffRecord::Block(samples), flags)) => (samples, flags),
+            Some((OffRecord::Block { samples, .. }, flags)) => (samples, flags),
             other => panic!("not a block: {other:?}"),
         }
     }
@@ -465,20 +522,12 @@ mod tests {
         let waker = head_record(ember_offcpu_head {
             off_ns: 5000,
             kind: ember_offcpu_kind::EMBER_OFFCPU_WAKER.0,
-            wakee: 77,
-            block_ns: 1234,
+            key: 77,
             path: 1,
             ..Default::default()
         });
         match parse_offcpu_record(&waker, one) {
-            Some((
-                OffRecord::Waker {
-                    wakee: 77,
-                    block_ns: 1234,
-                    sample,
-                },
-                0,
-            )) => {
+            Some((OffRecord::Waker { key: 77, sample }, 0)) => {
                 assert_eq!(sample.off_cpu, None, "a waker is no block");
                 assert_eq!((sample.pid, sample.user.as_slice()), (100, &[0x401000][..]));
             }
@@ -504,7 +553,7 @@ mod tests {
             ..Default::default()
         });
         match parse_offcpu_record(&klock, one) {
-            Some((OffRecord::KernelLock(s), _)) => {
+            Some((OffRecord::KernelLock { sample: s, .. }, _)) => {
                 assert_eq!(s.lock, Some(LockWait::Kernel));
                 assert_eq!(s.off_cpu.map(|o| o.ns), Some(9000));
             }
@@ -528,11 +577,13 @@ mod tests {
             [
                 Some(OffCpu {
                     state: OffState::Sleep,
-                    ns: 700
+                    ns: 700,
+                    blocks: 1,
                 }),
                 Some(OffCpu {
                     state: OffState::Runnable,
-                    ns: 300
+                    ns: 300,
+                    blocks: 1,
                 }),
             ]
         );
@@ -549,6 +600,7 @@ mod tests {
             vec![Some(OffCpu {
                 state: OffState::Disk,
                 ns,
+                blocks: 1,
             })]
         };
         assert_eq!(

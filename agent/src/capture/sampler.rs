@@ -263,6 +263,10 @@ fn prepare_offcpu(
         .offcpu_samples
         .set_max_entries(if on { offcpu.ring_buffer_bytes } else { 4096 })
         .map_err(CaptureError::Load)?;
+    open.maps
+        .offcpu_sums
+        .set_max_entries(if on { offcpu.max_stacks } else { 1 })
+        .map_err(CaptureError::Load)?;
     // The walker's row caches, per CPU: the sampler's, and off-CPU's when it is on.
     open.maps
         .row_cache

@@ -212,6 +212,11 @@ pub struct OffCpu {
     pub max_tasks: u32,
     /// The off-CPU ring buffer, in bytes (power of two).
     pub ring_buffer_bytes: u32,
+    /// Distinct off-CPU records (a thread's stacks, state and waker) counted in the kernel
+    /// between two reads a second apart (BPF hash entries, ~100 bytes of kernel memory
+    /// each); the agent keeps as many records for them. A record past it is sent whole
+    /// every time, counted `sums_full`.
+    pub max_stacks: u32,
 }
 
 impl Default for OffCpu {
@@ -229,6 +234,7 @@ impl Default for OffCpu {
             max_threads: 8192,
             max_tasks: 65536,
             ring_buffer_bytes: 1 << 20,
+            max_stacks: 8192,
         }
     }
 }
@@ -787,7 +793,7 @@ mod tests {
         // readings, jit, counters, otlp_metrics, symbols, health, interpreters.
         assert_eq!(
             count,
-            9 + 12 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 11 + 1 + 1
+            9 + 13 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 11 + 1 + 1
         );
         let python = &v["interpreters"]["python"];
         assert_eq!(python.as_mapping().map_or(0, |m| m.len()), 3);

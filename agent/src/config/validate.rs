@@ -102,6 +102,11 @@ fn offcpu(o: &OffCpu) -> Result<(), Invalid> {
         "must be between 1 and 1048576",
     )?;
     refuse(
+        !(1..=1 << 20).contains(&o.max_stacks),
+        "offcpu.max_stacks",
+        "must be between 1 and 1048576",
+    )?;
+    refuse(
         !o.ring_buffer_bytes.is_power_of_two() || o.ring_buffer_bytes < 4096,
         "offcpu.ring_buffer_bytes",
         "must be a power of two of at least 4096",

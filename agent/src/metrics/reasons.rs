@@ -204,6 +204,15 @@ label_enum! {
         Merged => "merged",
         /// Reported: a record went to userspace.
         Sent => "sent",
+        /// Reported: a record was counted in the kernel, under the key of one sent since
+        /// the agent last read the sums (`offcpu.max_stacks`).
+        Summed => "summed",
+        /// A record's key found `offcpu.max_stacks` keys counted already: the next ones of
+        /// that key are sent whole too (not a loss; it costs the agent more).
+        SumsFull => "sums_full",
+        /// Lost: blocks the kernel counted under a key whose record the agent did not keep
+        /// (its record was lost, or `offcpu.max_stacks` records were kept already).
+        SumsOrphaned => "sums_orphaned",
         /// Lost: `offcpu.max_threads` threads were already held.
         MapFull => "map_full",
         /// Lost: the off-CPU ring buffer was full.
@@ -223,9 +232,10 @@ label_enum! {
         Waker => "waker",
         /// ... and joined to its block's record.
         WakerJoined => "waker_joined",
-        /// Lost: a waker whose block's record never came (lost, or its thread exited).
+        /// Lost: a block whose waker's record the agent did not keep (lost on the ring,
+        /// or kept too long ago).
         WakerUnmatched => "waker_unmatched",
-        /// Lost: `offcpu.max_threads` wakers already waited for their blocks.
+        /// Lost: `offcpu.max_stacks` records were kept already when a waker's came.
         WakerFull => "waker_full",
         /// A kernel lock wait of `offcpu.min_block` or more was walked (`offcpu.locks`).
         KernelLock => "kernel_lock",
