@@ -444,7 +444,7 @@ enum ember_offcpu_kind {
  * stacks, the interpreter tail; not the times or the CPU). The first record of a
  * key since the agent last drained `offcpu_sums` is sent whole, with its own
  * times, and leaves an entry under its key; later ones only add their times to
- * that entry. The agent drains the map once a second (after the ring), and each
+ * that entry. The agent drains the map at each drain of the ring (at least once a second), and each
  * entry's sums count as copies of the record it kept for the key.
  */
 struct ember_offcpu_head {

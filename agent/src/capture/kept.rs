@@ -1,7 +1,7 @@
 //! The off-CPU records the capture thread keeps, by key, for the kernel's sums to be
 //! counted against. The kernel sends the first record of a key after each read of its
 //! sums (`offcpu_sums`) and only adds the times of the later ones (see `struct
-//! ember_offcpu_head`); once a second the thread reads the sums, and each key's sums
+//! ember_offcpu_head`); at every drain of the ring (at least once a second) the thread reads the sums, and each key's sums
 //! become copies of the record kept for it. A waker's record is kept too: the blocks it
 //! woke name it by its key, and are joined to it as they come.
 //!
