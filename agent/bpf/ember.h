@@ -444,8 +444,9 @@ enum ember_offcpu_kind {
  * stacks, the interpreter tail; not the times or the CPU). The first record of a
  * key since the agent last drained `offcpu_sums` is sent whole, with its own
  * times, and leaves an entry under its key; later ones only add their times to
- * that entry. The agent drains the map at each drain of the ring (at least once a second), and each
- * entry's sums count as copies of the record it kept for the key.
+ * that entry. The agent drains the map once a window (at the window's last drain
+ * of the ring), and each entry's sums count as copies of the record it kept for
+ * the key.
  */
 struct ember_offcpu_head {
 	__u64 off_ns;      /* time off CPU in `state`: switch-out to wakeup (or to switch-in); KLOCK: the wait */

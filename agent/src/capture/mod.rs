@@ -261,6 +261,7 @@ fn run(
         }
     };
     let mut poll_errors = 0u64;
+    let mut sums_read = None;
     while !stop.load(Ordering::SeqCst) {
         metrics.progress.tick(crate::metrics::Stage::Capture);
         // The program wakes us only when the buffer fills up (or a record asks for a
@@ -274,7 +275,11 @@ fn run(
                 warn!("ring buffer poll failed (counted, retrying): {e}");
             }
         }
-        drain_sums(&sampler, &ring, &kept, scale, &batch, &metrics);
+        let window = sums_window(windows, SystemTime::now());
+        if window.is_none() || window != sums_read {
+            sums_read = window;
+            drain_sums(&sampler, &ring, &kept, scale, &batch, &metrics);
+        }
         flush(false);
         apply_orders(&sampler, &control, &metrics);
         if last_sync.elapsed() >= Duration::from_secs(1) {
@@ -443,6 +448,26 @@ const CPU_CHECK_EVERY: Duration = Duration::from_secs(5);
 /// samples are in it (those of these last milliseconds go to the next window).
 const BEFORE_BOUNDARY: Duration = Duration::from_millis(20);
 
+/// How far past [`BEFORE_BOUNDARY`] a drain still counts as the one before the boundary.
+const SUMS_SLACK: Duration = Duration::from_millis(25);
+
+/// The window whose end a drain at `now` reads the kernel's off-CPU sums for: the kernel
+/// counts a key's repeats from one read to the next, so reading once a window (at its
+/// last drain, or the first drain past its end if that one was late) sends each key's
+/// record once a window, not once a second; and a full read walks every bucket of the
+/// map (~100 µs for 8192), whether it holds anything or not. `None` (no wall-clock
+/// windows, as in `ember record`): every drain reads them.
+fn sums_window(windows: Option<Duration>, now: SystemTime) -> Option<u128> {
+    let w = windows?.as_nanos().max(1);
+    let soon = now + BEFORE_BOUNDARY + SUMS_SLACK;
+    Some(
+        soon.duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos()
+            / w,
+    )
+}
+
 /// How long to sleep before the next drain at `now`: [`DRAIN_EVERY`], or less to drain
 /// [`BEFORE_BOUNDARY`] ahead of the next boundary of wall-clock windows of `windows`.
 fn next_drain(windows: Option<Duration>, now: SystemTime) -> Duration {
@@ -483,5 +508,24 @@ mod tests {
         let short = Some(Duration::from_millis(500));
         assert_eq!(ms(next_drain(short, at(100))), 380);
         assert_eq!(ms(next_drain(short, at(490))), 490);
+    }
+
+    #[test]
+    fn reads_the_sums_once_a_window_at_its_last_drain() {
+        let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(1_800_000_000_000 + ms);
+        assert_eq!(sums_window(None, at(500)), None);
+        let w = Some(Duration::from_secs(10));
+        // Every drain of a window but the last falls in the same turn; the last one (20 ms
+        // before the boundary, or a little later) and any late one after it, in the next.
+        let drains = [980, 1_980, 8_980, 9_980, 9_990, 10_500, 10_980, 19_981];
+        let turns: Vec<u128> = drains
+            .iter()
+            .map(|&d| sums_window(w, at(d)).expect("windows"))
+            .collect();
+        let first = turns[0];
+        assert_eq!(
+            turns.iter().map(|t| t - first).collect::<Vec<_>>(),
+            [0, 0, 0, 1, 1, 1, 1, 2]
+        );
     }
 }
