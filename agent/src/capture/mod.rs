@@ -226,8 +226,7 @@ fn run(
     let _ = ready.send(Ok(maps));
 
     let mut counters = CounterSync::default();
-    let mut last_sync = Instant::now();
-    let mut last_cpu_check = Instant::now();
+    let (mut last_sync, mut last_cpu_check) = (Instant::now(), Instant::now());
     let flush = |blocking: bool| {
         let out = std::mem::take(&mut *batch.borrow_mut());
         let bad = std::mem::take(&mut *malformed.borrow_mut());
@@ -260,8 +259,7 @@ fn run(
             metrics.lost(Loss::QueueFull, n);
         }
     };
-    let mut poll_errors = 0u64;
-    let mut sums_read = None;
+    let (mut poll_errors, mut sums_read) = (0u64, None);
     while !stop.load(Ordering::SeqCst) {
         metrics.progress.tick(crate::metrics::Stage::Capture);
         // The program wakes us only when the buffer fills up (or a record asks for a
@@ -275,19 +273,15 @@ fn run(
                 warn!("ring buffer poll failed (counted, retrying): {e}");
             }
         }
-        let window = sums_window(windows, SystemTime::now());
-        if window.is_none() || window != sums_read {
-            sums_read = window;
+        if sums_due(windows, &mut sums_read) {
             drain_sums(&sampler, &ring, &kept, scale, &batch, &metrics);
         }
         flush(false);
         apply_orders(&sampler, &control, &metrics);
-        if last_sync.elapsed() >= Duration::from_secs(1) {
-            last_sync = Instant::now();
+        if due(&mut last_sync, Duration::from_secs(1)) {
             counters.sync(&sampler, &metrics);
         }
-        if last_cpu_check.elapsed() >= CPU_CHECK_EVERY {
-            last_cpu_check = Instant::now();
+        if due(&mut last_cpu_check, CPU_CHECK_EVERY) {
             if let Err(e) = sampler.sync_cpus(&settings, &metrics) {
                 warn!("CPU hotplug check failed: {e}");
             }
@@ -466,6 +460,23 @@ fn sums_window(windows: Option<Duration>, now: SystemTime) -> Option<u128> {
             .as_nanos()
             / w,
     )
+}
+
+/// Whether this drain reads the off-CPU sums (see [`sums_window`]); notes the window read.
+fn sums_due(windows: Option<Duration>, read: &mut Option<u128>) -> bool {
+    let window = sums_window(windows, SystemTime::now());
+    let due = window.is_none() || window != *read;
+    *read = window;
+    due
+}
+
+/// Whether `every` has passed since `last` (then `last` is now).
+fn due(last: &mut Instant, every: Duration) -> bool {
+    let due = last.elapsed() >= every;
+    if due {
+        *last = Instant::now();
+    }
+    due
 }
 
 /// How long to sleep before the next drain at `now`: [`DRAIN_EVERY`], or less to drain
