@@ -205,7 +205,7 @@ fn fixture() -> (Window, HashMap<FrameKey, Resolved>) {
 /// The fixture, named as the symbolizer names a window, and encoded as the output thread does.
 fn encoded() -> Encoded {
     let (window, symbols) = fixture();
-    Encoded::new(assemble(window, &symbols)).expect("encode")
+    Encoded::new(assemble(window, &symbols), &mut super::pprof::Gzip::new()).expect("encode")
 }
 
 /// Compares `bytes` with the golden file `name` (or writes it under `EMBER_BLESS=1`).

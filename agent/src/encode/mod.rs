@@ -41,10 +41,10 @@ pub struct Encoded {
 }
 
 impl Encoded {
-    /// Encodes `window` as pprof (and gzips it, as window files are stored).
-    pub fn new(window: Symbolized) -> std::io::Result<Self> {
+    /// Encodes `window` as pprof (and gzips it with `gzip`, as window files are stored).
+    pub fn new(window: Symbolized, gzip: &mut pprof::Gzip) -> std::io::Result<Self> {
         let profile = pprof::encode(&window);
-        let gz = pprof::to_gzip(&profile)?;
+        let gz = gzip.profile(&profile)?;
         Ok(Self {
             start: window.start,
             duration: window.duration,

@@ -23,6 +23,7 @@ pub fn run<F: FnMut(Encoded)>(
     metrics: Metrics,
     mut on_window: F,
 ) {
+    let mut gzip = crate::encode::pprof::Gzip::new();
     for windows in rx {
         let started = Instant::now();
         metrics.progress.begin(Stage::Output);
@@ -31,7 +32,7 @@ pub fn run<F: FnMut(Encoded)>(
         let share = started.elapsed() / u32::try_from(named.len()).unwrap_or(1).max(1);
         for window in named {
             let started = Instant::now();
-            let encoded = match Encoded::new(window) {
+            let encoded = match Encoded::new(window, &mut gzip) {
                 Ok(encoded) => encoded,
                 Err(e) => {
                     tracing::error!("could not compress a window, dropped: {e}");
