@@ -2,13 +2,14 @@
 //! counted against. The kernel sends the first record of a key after each read of its
 //! sums (`offcpu_sums`) and only adds the times of the later ones (see `struct
 //! ember_offcpu_head`); once a window, at its last drain of the ring, the thread reads
-//! the sums, and each key's sums become copies of the record kept for it. A waker's record is kept too: the blocks it
-//! woke name it by its key, and are joined to it as they come.
+//! the sums, and each key's sums become copies of the record kept for it. A waker's
+//! record is kept too: the blocks it woke name it by its key, and are joined to it as
+//! they come.
 //!
-//! A record is kept for the period (between two reads: a window) it came in and the next one: a
-//! key's entry is made just after its record is sent, so a read may fall between the two
-//! and find the entry only the next time. At most `cap` records are kept at once; the
-//! sums of a key whose record was not kept are counted lost.
+//! A record is kept for the period (between two reads: a window) it came in and the
+//! next one: a key's entry is made just after its record is sent, so a read may fall
+//! between the two and find the entry only the next time. At most `cap` records are
+//! kept at once; the sums of a key whose record was not kept are counted lost.
 
 use std::collections::HashMap;
 
