@@ -149,9 +149,13 @@ EOF2
     dir=$WORK/agent-run
     rm -rf "$dir" && mkdir -p "$dir"
     manifests config deploy/ember.yaml "$dir/ember.yaml" || return 1
-    port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    mport=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    hport=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    # Three ports held open together, so they differ: picked one by one, the kernel may hand
+    # out a just-closed port again (then the agent refuses metrics_listen == listen).
+    read -r port mport hport < <("$PY" -c 'import socket
+socks = [socket.socket() for _ in range(3)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))')
     # timeout: it ends even if this script is interrupted.
     NODE_NAME=deploy-check timeout -s INT 60 \
         ${SECCOMP_PROFILE:+/usr/bin/python3 "$HERE/seccomp_run.py" "$SECCOMP_PROFILE" --} \
