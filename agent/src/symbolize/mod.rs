@@ -20,9 +20,9 @@
 //! `symbols.dwarf_bytes`, and dropped once they are looked up). Names are demangled (Rust, C++) when first looked up, within a byte cap ([`demangle`]). The kernel
 //! is named from a compact kallsyms table, reloaded when the module list changes. Results
 //! are cached by `(file identity, file offset)`; a file opened for a mapping must be the
-//! inode the mapping names, and what is cached of a file is dropped once no object of it is
-//! held any more (its last process gone), so nothing of a freed inode names the next file
-//! on it. Addresses with no name keep a placeholder (`libc.so.6+0x1a2b`) and count in
+//! inode the mapping names. What is cached of a file outlives its last process for a few
+//! minutes ([`GONE_PERIODS`]: a program run again is not read again), found only by the
+//! whole identity: a new file on a freed inode has a new ctime, and is named from itself. Addresses with no name keep a placeholder (`libc.so.6+0x1a2b`) and count in
 //! `ember_symbol_misses_total{reason}`; objects refused (unreadable, malformed, over a cap,
 //! a parser panic, not the mapped inode) count in `ember_object_refusals_total{reason}`.
 
@@ -120,11 +120,22 @@ impl Hash for FileKey {
     }
 }
 
-/// A file whose names may be cached: the last object of it seen, and its serial number.
+/// A file whose names may be cached: the last object of it seen, its serial number, and
+/// the last period an object of it was held.
 struct Live {
     object: Weak<Object>,
     serial: u64,
+    held: u64,
 }
+
+/// Periods a file's names are kept once no object of it is held: a program run again
+/// (a probe, a cron job, a shell's commands) is named from them, not read again. Off-CPU
+/// sees nearly every short-lived process (each blocks), so without this each run of the
+/// same binary rebuilt its symbol table and read its DWARF again.
+const GONE_PERIODS: u64 = 30;
+
+/// Files kept with no object held, at most: past it the least recently held go first.
+const MAX_GONE: usize = 512;
 
 /// The path column of the vDSO's mapping, the label of its frames.
 const VDSO: &str = "[vdso]";
@@ -144,7 +155,8 @@ pub struct Symbolizer {
     /// (`Some(None)`: the agent has none, or it did not parse).
     vdso: Option<Option<SymTable>>,
     /// Every file whose names are cached, with the last object of it seen: once no object
-    /// of a file is held (by the process table or a window), its table and frames go.
+    /// of a file has been held (by the process table or a window) for [`GONE_PERIODS`], its
+    /// table and frames go.
     live: HashMap<FileKey, Live>,
     /// The serial number the next file gets.
     serial: u64,
@@ -375,8 +387,10 @@ impl Symbolizer {
             Live {
                 object: Weak::new(),
                 serial: *next,
+                held: 0,
             }
         });
+        live.held = self.window;
         // Most frames are of the object already noted: no reference count to touch.
         if live.object.as_ptr() != Arc::as_ptr(o) {
             live.object = Arc::downgrade(o);
@@ -393,22 +407,36 @@ impl Symbolizer {
         })
     }
 
-    /// Drops the tables and frames of files no object is held of any more (every process
-    /// mapping them is gone, and no window carries them): a freed inode is the next file's,
-    /// and the names of the old one must not outlive it. Files seen in this window were
-    /// marked held before this runs.
+    /// Drops the tables and frames of files no object has been held of (every process
+    /// mapping them gone, and no window carrying them) for [`GONE_PERIODS`], and of the
+    /// least recently held past [`MAX_GONE`]. What is kept is found only by the whole
+    /// [`FileId`]: a file on a freed and reused inode has a new ctime, so it is another
+    /// file and is named from its own bytes. Files seen in this window were marked held
+    /// before this runs.
     fn forget_gone(&mut self) {
-        let mut gone: HashSet<u64> = HashSet::new();
-        let (tables, lines) = (&mut self.tables, &mut self.lines);
-        self.live.retain(|id, live| {
+        let window = self.window;
+        let mut idle: Vec<(u64, FileKey)> = Vec::new();
+        for (id, live) in &mut self.live {
             if live.object.strong_count() > 0 {
-                return true;
+                live.held = window;
+            } else {
+                idle.push((live.held, *id));
             }
-            gone.insert(live.serial);
-            tables.remove(&id.0);
-            lines.forget(&id.0);
-            false
-        });
+        }
+        let stale = window.saturating_sub(GONE_PERIODS);
+        // Newest first: what is past the cap, or held too long ago, goes.
+        idle.sort_unstable_by_key(|a| std::cmp::Reverse(a.0));
+        let mut gone: HashSet<u64> = HashSet::new();
+        for (i, (held, id)) in idle.into_iter().enumerate() {
+            if held > stale && i < MAX_GONE {
+                continue;
+            }
+            if let Some(live) = self.live.remove(&id) {
+                gone.insert(live.serial);
+            }
+            self.tables.remove(&id.0);
+            self.lines.forget(&id.0);
+        }
         if !gone.is_empty() {
             self.cache
                 .retain(|k, _| !matches!(k, CacheKey::Object(s, _) if gone.contains(s)));
@@ -1116,15 +1144,86 @@ mod tests {
         assert_ne!(a_id, b.id, "the file identity tells A from B");
         let r = s.resolve(&w(&b));
         assert_eq!(name_of(&r, &b, 0x1010), "tenant_b_public_fn");
-        // A is gone: nothing of it is kept.
-        assert!(!s.tables.map.contains_key(&a_id));
-        assert!(!s.live.contains_key(&FileKey(a_id)));
-        assert!(!s.cache.contains_key(&CacheKey::Object(a_serial, 0x1010)));
-        // B, still held, keeps its cache.
+        // B has its own serial and table: nothing of A's names it.
         assert!(s.tables.map.contains_key(&b.id));
         let b_serial = s.live[&FileKey(b.id)].serial;
         assert_ne!(a_serial, b_serial);
         assert!(s.cache.contains_key(&CacheKey::Object(b_serial, 0x1010)));
+        // A's names are kept a while after it is gone, then forgotten.
+        assert!(s.live.contains_key(&FileKey(a_id)));
+        for _ in 0..GONE_PERIODS {
+            let _ = s.resolve(&w(&b));
+        }
+        assert!(!s.tables.map.contains_key(&a_id));
+        assert!(!s.live.contains_key(&FileKey(a_id)));
+        assert!(!s.cache.contains_key(&CacheKey::Object(a_serial, 0x1010)));
+        assert!(s.cache.contains_key(&CacheKey::Object(b_serial, 0x1010)));
+    }
+
+    /// A program run again soon after its last process exited is named from what was kept:
+    /// no table is built again. Past [`MAX_GONE`] files with no process, the least recently
+    /// held go first.
+    #[test]
+    fn a_program_run_again_is_named_from_what_was_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let m = Metrics::new();
+        let mut s = Symbolizer::new(1000, m.clone());
+        let path = dir.path().join("probe");
+        std::fs::write(&path, b"").expect("touch");
+        let first = object_named(dir.path(), "probe", "probe_main", key_of(&path));
+        let w = |o: &Arc<Object>| window(vec![Frame::User(UserAddr::Object(o.clone(), 0x1010))]);
+        let from_symtab = |m: &Metrics| {
+            m.encode()
+                .lines()
+                .find(|l| l.starts_with("ember_symbols_total{source=\"symtab\"}"))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        assert_eq!(
+            name_of(&s.resolve(&w(&first)), &first, 0x1010),
+            "probe_main"
+        );
+        assert_eq!(from_symtab(&m), 1);
+        drop(first);
+        let _ = s.resolve(&window(Vec::new()));
+        // The same file, opened again for a new process.
+        let f = std::fs::File::open(&path).expect("open object");
+        let again = Arc::new(Object::new(
+            key_of(&path),
+            path.display().to_string(),
+            f,
+            None,
+        ));
+        assert_eq!(
+            name_of(&s.resolve(&w(&again)), &again, 0x1010),
+            "probe_main"
+        );
+        assert_eq!(
+            from_symtab(&m),
+            1,
+            "named from the frames kept, not looked up again"
+        );
+        drop(again);
+        // Many other files gone since: the probe, held longest ago, goes first.
+        let others: Vec<Arc<Object>> = (0..MAX_GONE)
+            .map(|i| {
+                let name = format!("other{i}");
+                let p = dir.path().join(&name);
+                std::fs::write(&p, b"").expect("touch");
+                object_named(dir.path(), &name, "other_fn", key_of(&p))
+            })
+            .collect();
+        let frames = others
+            .iter()
+            .map(|o| Frame::User(UserAddr::Object(o.clone(), 0x1010)))
+            .collect();
+        let _ = s.resolve(&window(frames));
+        let probe = key_of(&path);
+        assert!(s.live.keys().any(|k| k.0.ino == probe.inode));
+        drop(others);
+        let _ = s.resolve(&window(Vec::new()));
+        assert_eq!(s.live.len(), MAX_GONE);
+        assert!(!s.live.keys().any(|k| k.0.ino == probe.inode));
     }
 
     /// A file opened for a mapping that is not the mapping's inode (a path opened where
