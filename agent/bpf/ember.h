@@ -495,7 +495,8 @@ enum ember_offcpu_counter {
 	EMBER_OFFCPU_CNT_KTHREAD_SKIPPED = 19, /* switch-outs of kernel threads, not followed (offcpu.kernel_threads) */
 	EMBER_OFFCPU_CNT_SUMMED = 20,   /* records counted in `offcpu_sums` instead of sent */
 	EMBER_OFFCPU_CNT_SUMS_FULL = 21, /* a record's key found no room in `offcpu_sums`: its next ones are sent too */
-	EMBER_OFFCPU_CNT_MAX = 22,
+	EMBER_OFFCPU_CNT_WAKER_IRQ = 22, /* ... of them, wakeups from an interrupt: its frames only, no thread */
+	EMBER_OFFCPU_CNT_MAX = 23,
 };
 
 #endif /* EMBER_H */

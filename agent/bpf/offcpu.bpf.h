@@ -758,12 +758,63 @@ int BPF_PROG(ember_offcpu_switch, _Bool preempt, struct task_struct *prev, struc
 }
 
 /*
+ * The kernel's interrupt entry code (asm_sysvec_*, asm_common_interrupt): typeless (void)
+ * so libbpf takes their addresses from kallsyms at load; 0 where the kernel has none.
+ */
+extern const void __irqentry_text_start __ksym __weak;
+extern const void __irqentry_text_end __ksym __weak;
+
+/*
+ * The number of kernel frames up to and with the first interrupt entry of `ips`, or 0 if
+ * none: the stack was taken in an interrupt, and the frames beyond are of whatever it
+ * interrupted.
+ */
+struct offcpu_irq_scan {
+	const __u64 *ips;
+	__u64 lo, hi;
+	__u32 frames, found;
+};
+
+/* bpf_loop callback: is kernel frame i an interrupt entry? (a loop the verifier walks once) */
+static long offcpu_irq_frame(__u64 i, void *arg)
+{
+	struct offcpu_irq_scan *c = arg;
+	__u64 ip;
+
+	if (i >= c->frames || i >= STACK_BYTES / sizeof(__u64))
+		return 1;
+	ip = c->ips[i];
+	if (ip >= c->lo && ip < c->hi) {
+		c->found = i + 1;
+		return 1;
+	}
+	return 0;
+}
+
+static __always_inline __u32 offcpu_irq_frames(const __u64 *ips, __u32 frames)
+{
+	struct offcpu_irq_scan c = {
+		.ips = ips,
+		.lo = (__u64)&__irqentry_text_start,
+		.hi = (__u64)&__irqentry_text_end,
+		.frames = frames,
+	};
+
+	if (!c.lo || c.hi <= c.lo)
+		return 0;
+	bpf_loop(STACK_BYTES / sizeof(__u64), offcpu_irq_frame, &c, 0);
+	return c.found;
+}
+
+/*
  * The current thread wakes `p`, whose block already lasted at least min_block: the
  * waker's stacks, as it wakes it, go out now (or were sent since the last drain: the
  * same key), and the key is left in p's record for the block's own, which follows.
  * sched_waking runs in the waker (try_to_wake_up, under p's pi_lock: interrupts off),
- * so its user stack is the current one; a wakeup from an interrupt (a timer, an I/O
- * completion) has the interrupted thread as `current`: its kernel stack says so.
+ * so its user stack is the current one. A wakeup from an interrupt (a timer, an I/O
+ * completion) has the interrupted thread as `current`, which is no waker: its kernel
+ * stack, cut at the interrupt's entry, is all that is sent, as no process's (one key
+ * for each interrupt path, not one per thread and place it happened to interrupt).
  */
 static __always_inline void offcpu_waker(void *ctx, struct task_struct *p, struct offcpu_task *r, __u64 now)
 {
@@ -771,7 +822,7 @@ static __always_inline void offcpu_waker(void *ctx, struct task_struct *p, struc
 	struct offcpu_thread *t;
 	struct scratch *s;
 	long kbytes, ubytes;
-	__u32 zero = 0;
+	__u32 zero = 0, irq;
 
 	t = bpf_map_lookup_elem(&offcpu_scratch, &zero);
 	if (!t) {
@@ -797,6 +848,19 @@ static __always_inline void offcpu_waker(void *ctx, struct task_struct *p, struc
 		kbytes = STACK_BYTES;
 	kbytes &= ~7L;
 	s->rec.kern_frames = kbytes / sizeof(__u64);
+	irq = offcpu_irq_frames(s->ips, s->rec.kern_frames);
+	if (irq) {
+		offcpu_count(EMBER_OFFCPU_CNT_WAKER_IRQ);
+		/* Masked, not only compared: the verifier keeps the bound. */
+		_Static_assert(STACK_BYTES == 0x3f8, "STACK_BYTES is a mask of whole words");
+		kbytes = ((long)irq * sizeof(__u64)) & STACK_BYTES;
+		s->rec.kern_frames = kbytes / sizeof(__u64);
+		s->rec.cgroup_id = 0;
+		s->rec.pid = 0;
+		s->rec.tid = 0;
+		__builtin_memset(s->rec.comm, 0, sizeof(s->rec.comm));
+		__builtin_memcpy(s->rec.comm, "[interrupt]", sizeof("[interrupt]"));
+	}
 	ubytes = s->rec.pid && !kernel_thread(cur) ? offcpu_user_stack(ctx, cur, s, kbytes, 0) : 0;
 	s->rec.user_frames = ubytes / sizeof(__u64);
 	if (!ubytes)

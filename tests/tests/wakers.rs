@@ -176,6 +176,29 @@ fn offwake_names_each_producer_by_its_share_of_wakeups() {
         "waker sides ending at try_to_wake_up: {at_wakeup} of {} ns",
         hot + cold
     );
+    // The producers' 3 ms sleeps end in the timer interrupt: their waker side is the
+    // interrupt's kernel frames only, from its entry (the thread it happened to interrupt is
+    // no waker; its frames are not there).
+    let slept: Vec<&Stack> = all
+        .iter()
+        .filter(|s| s.pid == Some(i64::from(f.pid)))
+        .filter(|s| match (at(s, "--"), at(s, "hrtimer_nanosleep")) {
+            (Some(sep), Some(b)) => sep < b,
+            _ => false,
+        })
+        .collect();
+    let from_irq = ns(&slept, |s| {
+        let sep = at(s, "--").unwrap_or(0);
+        let entry = |n: &str| n.starts_with("asm_sysvec_") || n == "asm_common_interrupt";
+        sep > 0 && entry(&s.frames[0].name) && s.frames[1..sep].iter().all(|f| !entry(&f.name))
+    });
+    let timed = ns(&slept, |_| true);
+    println!("sleeps woken: {timed} ns, from an interrupt's entry: {from_irq} ns");
+    assert!(timed > 0, "no producer sleep with a waker");
+    assert!(
+        from_irq as f64 >= 0.9 * timed as f64,
+        "sleeps whose waker side starts at the interrupt entry: {from_irq} of {timed} ns"
+    );
 }
 
 #[test]

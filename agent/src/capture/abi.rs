@@ -261,7 +261,8 @@ shared_enum!(ember_offcpu_counter {
     EMBER_OFFCPU_CNT_KTHREAD_SKIPPED = 19,
     EMBER_OFFCPU_CNT_SUMMED = 20,
     EMBER_OFFCPU_CNT_SUMS_FULL = 21,
-    EMBER_OFFCPU_CNT_MAX = 22,
+    EMBER_OFFCPU_CNT_WAKER_IRQ = 22,
+    EMBER_OFFCPU_CNT_MAX = 23,
 });
 
 shared_struct!(ember_py_proc: size 80, align 8 {

@@ -136,6 +136,7 @@ impl CounterSync {
             (C::EMBER_OFFCPU_CNT_NO_SCRATCH, OffCpuEvent::NoScratch),
             (C::EMBER_OFFCPU_CNT_FILTERED, OffCpuEvent::Filtered),
             (C::EMBER_OFFCPU_CNT_WAKER, OffCpuEvent::Waker),
+            (C::EMBER_OFFCPU_CNT_WAKER_IRQ, OffCpuEvent::WakerInterrupt),
             (C::EMBER_OFFCPU_CNT_KLOCK, OffCpuEvent::KernelLock),
             (
                 C::EMBER_OFFCPU_CNT_KLOCK_SHORT,

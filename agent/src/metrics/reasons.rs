@@ -230,6 +230,10 @@ label_enum! {
         /// The stacks of a thread waking a block past `offcpu.min_block` were walked
         /// (`offcpu.wakers`).
         Waker => "waker",
+        /// ... of them, wakeups from an interrupt (a timer, an I/O completion): the
+        /// interrupt's kernel frames only, as no process's (the thread it interrupted is no
+        /// waker, and its stack is not walked).
+        WakerInterrupt => "waker_interrupt",
         /// ... and joined to its block's record.
         WakerJoined => "waker_joined",
         /// Lost: a block whose waker's record the agent did not keep (lost on the ring,
