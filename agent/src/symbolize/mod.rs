@@ -390,7 +390,6 @@ impl Symbolizer {
                 held: 0,
             }
         });
-        live.held = self.window;
         // Most frames are of the object already noted: no reference count to touch.
         if live.object.as_ptr() != Arc::as_ptr(o) {
             live.object = Arc::downgrade(o);
@@ -1064,13 +1063,8 @@ mod tests {
         };
         let mut s = Symbolizer::with_settings(1000, settings, metrics.clone());
         let key = FrameKey::Object(obj.id, off);
-        let refusals = |m: &Metrics| {
-            m.encode()
-                .lines()
-                .find(|l| l.starts_with("ember_object_refusals_total{reason=\"over_budget\"}"))
-                .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
+        let refusals =
+            |m: &Metrics| counter(m, "ember_object_refusals_total{reason=\"over_budget\"}");
         let w = window(vec![Frame::User(ua)]);
         assert!(s.resolve(&w)[&key].named, "the first window is named");
         assert_eq!(refusals(&metrics), 1);
@@ -1106,6 +1100,15 @@ mod tests {
             dev: (libc::major(m.dev()), libc::minor(m.dev())),
             inode: m.ino(),
         }
+    }
+
+    /// The value of the counter `series` (name and labels) in `m`'s exposition, 0 if absent.
+    fn counter(m: &Metrics, series: &str) -> u64 {
+        m.encode()
+            .lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
     }
 
     fn name_of(r: &HashMap<FrameKey, Resolved>, o: &Object, off: u64) -> String {
@@ -1172,13 +1175,7 @@ mod tests {
         std::fs::write(&path, b"").expect("touch");
         let first = object_named(dir.path(), "probe", "probe_main", key_of(&path));
         let w = |o: &Arc<Object>| window(vec![Frame::User(UserAddr::Object(o.clone(), 0x1010))]);
-        let from_symtab = |m: &Metrics| {
-            m.encode()
-                .lines()
-                .find(|l| l.starts_with("ember_symbols_total{source=\"symtab\"}"))
-                .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
+        let from_symtab = |m: &Metrics| counter(m, "ember_symbols_total{source=\"symtab\"}");
         assert_eq!(
             name_of(&s.resolve(&w(&first)), &first, 0x1010),
             "probe_main"
