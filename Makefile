@@ -43,6 +43,9 @@ PYTHON314_DIR := $(TARGET_DIR)/python314
 # CPython 3.11 built against musl with a shared libpython (as Alpine's), for the Python tests'
 # musl run; see tests/python-musl/build.sh.
 PYTHON_MUSL_DIR := $(TARGET_DIR)/python-musl
+# Free-threaded CPython 3.13t and 3.14t built from source (no archive here ships one), for the
+# Python tests' free-threaded runs; see tests/python-ft/build.sh.
+PYTHON_FT_DIR := $(TARGET_DIR)/python-ft
 
 # Debian/Ubuntu packages: build (clang, llvm, libelf, zlib, pkg-config, make),
 # the Go pprof tools the tests validate profiles with, and perf + bpftool for
@@ -132,7 +135,7 @@ endef
 
 .PHONY: deps bench-deps rust-deps build run test bench clean \
 	fmt-check modgraph clippy pprofcheck test-only bench-only k8s-apiserver k8s-node k8s-images deploy-check \
-	otlp-venv pyspy-venv python314-root python-musl fuzz
+	otlp-venv pyspy-venv python314-root python-musl python-ft fuzz
 
 deps: rust-deps
 	$(call ensure_pkgs,$(DEB_PKGS))
@@ -207,11 +210,16 @@ $(PYTHON_MUSL_DIR)/.complete: tests/python-musl/build.sh
 	@if [ "$$(id -u)" = 0 ]; then tests/python-musl/build.sh $(PYTHON_MUSL_DIR); \
 	else echo "skipping the musl CPython build (needs root: apt-get)"; fi
 
+# Made once per minor (network to deb.debian.org); remove a directory to rebuild it.
+python-ft: $(PYTHON_FT_DIR)313/.complete $(PYTHON_FT_DIR)314/.complete
+$(PYTHON_FT_DIR)%/.complete: tests/python-ft/build.sh
+	tests/python-ft/build.sh $(PYTHON_FT_DIR)$* $(shell echo $* | sed 's/^3/3./')
+
 # --no-fail-fast: every suite runs and every failure is reported, not just the first.
 test-only:
 	EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) EMBER_OTLP_PYTHON=$(OTLP_VENV)/bin/python \
 		EMBER_PYSPY=$(PYSPY_VENV)/bin/py-spy EMBER_PYTHON314_ROOT=$(PYTHON314_DIR)/root \
-		EMBER_PYTHON_MUSL=$(PYTHON_MUSL_DIR) \
+		EMBER_PYTHON_MUSL=$(PYTHON_MUSL_DIR) EMBER_PYTHON_FT=$(PYTHON_FT_DIR) \
 		$(CARGO) test --release --workspace --no-fail-fast
 
 # A real kube-apiserver (built once from Debian's source, cached outside the tree) for the
@@ -247,6 +255,7 @@ test: deps
 	$(MAKE) --no-print-directory pyspy-venv
 	$(MAKE) --no-print-directory python314-root
 	$(MAKE) --no-print-directory python-musl
+	$(MAKE) --no-print-directory python-ft
 	$(MAKE) --no-print-directory test-only
 
 # cargo-fuzz targets of the parsers of container input in parse/ (perf map, jitdump, unwind

@@ -145,7 +145,10 @@ struct ember_py_proc {
 	__u16 frame_size;     /* bytes read per frame, <= EMBER_PY_FRAME_BYTES */
 	__u16 code_firstlineno;
 	__u16 code_adaptive;  /* 3.11+: where the bytecode starts in the code object */
-	__u16 pad;
+	__u16 object_type;    /* PyObject.ob_type: 8, 24 in free-threaded builds */
+	__u16 frame_tlbc;     /* 3.14t: the frame's tlbc_index (an int), or EMBER_PY_NO_FIELD */
+	__u16 code_tlbc;      /* 3.14t: the code's co_tlbc, {size, entries[size]} of bytecode copies */
+	__u16 pad[2];
 };
 
 /* How a sample's interpreter frames came out. */

@@ -79,6 +79,29 @@ static __always_inline __u8 buf_u8(struct py_frame_buf *b, __u16 off)
 }
 
 /*
+ * Where the bytecode the frame runs starts: the code object's own (`co_code_adaptive`), or
+ * in a free-threaded 3.14+ build the thread's copy, `co_tlbc->entries[tlbc_index]` (index 0
+ * is the code object's own). 0 if the copy cannot be read: the offset is then out of range
+ * and recorded as unknown.
+ */
+static __always_inline __u64 py_bytecode(struct ember_py_proc *py, struct py_frame_buf *b, __u64 code)
+{
+	__u64 arr, size, base = 0;
+	__u32 index;
+
+	if (py->frame_tlbc == EMBER_PY_NO_FIELD || !code)
+		return code + py->code_adaptive;
+	index = buf_u32(b, py->frame_tlbc);
+	if (index == 0)
+		return code + py->code_adaptive;
+	if (bpf_probe_read_user(&arr, sizeof(arr), (void *)(code + py->code_tlbc)) || !arr ||
+	    bpf_probe_read_user(&size, sizeof(size), (void *)arr) || index >= size ||
+	    bpf_probe_read_user(&base, sizeof(base), (void *)(arr + 8 + 8 * (__u64)index)))
+		return 0;
+	return base;
+}
+
+/*
  * Ends the current eval frame's interpreter frames: its own frame is recorded next. An
  * append keeps its result: EMBER_PY_APPENDED says where its frames stand.
  */
@@ -146,7 +169,8 @@ static __always_inline long py_step(struct walk_ctx *c)
 	 * forged chain): nothing from here on is trusted, so no frame is recorded. A code
 	 * object not resident keeps its address, fingerprint 0 (unknown).
 	 */
-	if (code && !bpf_probe_read_user(&type, sizeof(type), (void *)(code + 8)) && type != py->code_type) {
+	if (code && !bpf_probe_read_user(&type, sizeof(type), (void *)(code + py->object_type)) &&
+	    type != py->code_type) {
 		w->interp.frame = 0;
 		return py_done(w, EMBER_PY_MISMATCH);
 	}
@@ -157,7 +181,7 @@ static __always_inline long py_step(struct walk_ctx *c)
 		if ((__s32)unit < 0)
 			unit = 0; /* -1: not started */
 	} else {
-		instr = buf_word(b, py->frame_instr) - code - py->code_adaptive;
+		instr = buf_word(b, py->frame_instr) - py_bytecode(py, b, code);
 		unit = instr < (1ULL << 32) ? instr / 2 : 0;
 	}
 	barrier_var(at);

@@ -5,7 +5,9 @@
 //! interpreter in its own pid and mount namespace, Debian sid's static `python3.14` in its
 //! own root, pid and mount namespace, and a 3.11 built against musl), and records it with
 //! `ember record` and `py-spy record` over the same seconds (py-spy pausing the process for
-//! each sample, see [`record_both`]). Then:
+//! each sample, see [`record_both`]). Free-threaded 3.13t and 3.14t, which py-spy cannot
+//! read, are checked against the fixture's own clock and source instead (see
+//! [`free_threaded`]). Then:
 //! 1. at least 99 % of ember's samples reach their thread's root (`<module>` in the main
 //!    thread, see [`reaches_root`]);
 //! 2. each Python function's inclusive share is within 3 points of py-spy's;
@@ -188,6 +190,203 @@ fn python_musl_3_11() {
     );
 }
 
+/// Free-threaded CPython 3.13t (`make python-ft`, `$EMBER_PYTHON_FT`313): see
+/// [`free_threaded`].
+#[test]
+fn python_3_13_free_threaded() {
+    free_threaded("313", "3.13t");
+}
+
+/// Free-threaded CPython 3.14t, whose threads run their own copies of the bytecode.
+#[test]
+fn python_3_14_free_threaded() {
+    free_threaded("314", "3.14t");
+}
+
+/// The fixture on a free-threaded build (static, with symbols, built from source: no archive
+/// here ships one), with a second thread (`work` under `_bootstrap`) running the same rounds
+/// as the main thread, at the same time: no GIL. py-spy 0.4.3 cannot read these builds (it
+/// panics), so the oracles are the fixture's own clock and source:
+/// 1. at least 99 % of ember's samples reach their thread's root;
+/// 2. in each of the two busy threads, each leaf's inclusive share is within 3 points of the
+///    time the fixture's rounds give it by the clock (40/30/30: see `py_hot.py`);
+/// 3. the hottest line of `leaf_c`, `leaf_cb` and `key_fn` is the line of their one
+///    statement in the fixture's source, in both threads, and every function's hottest line
+///    in the second thread is the main thread's: on 3.14t that thread runs a copy of each
+///    code object's bytecode (`co_tlbc`), so its offsets count from the copy;
+/// 4. the interleaving bars of [`check_interleaving`], per thread.
+fn free_threaded(minor: &str, label: &str) {
+    if !require_privileged() {
+        return;
+    }
+    let dir = std::env::var_os("EMBER_PYTHON_FT")
+        .map(|p| PathBuf::from(format!("{}{minor}", p.to_string_lossy())))
+        .unwrap_or_else(|| workspace_root().join(format!("target/python-ft{minor}")));
+    if !dir.join(".complete").exists() {
+        eprintln!("skipped: {} not built (make python-ft)", dir.display());
+        return;
+    }
+    let python = dir.join("build/python");
+    let python = python.to_str().expect("utf-8 path");
+    let _lock = sampling_lock();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let fixture = start_fixture(python, Launch::Plain, 2);
+    thread::sleep(Duration::from_secs(1));
+    let out = tmp.path().join("ember.folded");
+    let (pid, hz, secs) = (
+        fixture.host_pid.to_string(),
+        HZ.to_string(),
+        format!("{RECORD_SECS}s"),
+    );
+    let mut ember = Ember::spawn(
+        &[
+            "record",
+            "--pid",
+            &pid,
+            "--frequency",
+            &hz,
+            "-d",
+            &secs,
+            "-o",
+            out.to_str().expect("utf-8 path"),
+        ],
+        tmp.path(),
+    )
+    .expect("starting ember record");
+    let status = ember.wait(Duration::from_secs(RECORD_SECS + 90));
+    assert!(
+        status.success(),
+        "ember record exited with {status}\n{}",
+        ember.stderr()
+    );
+    drop(fixture);
+    let text = fs::read_to_string(&out).expect("ember's folded output");
+    let samples = parse_folded(&text, "ember");
+    let failures = check_free_threaded(label, &samples);
+    assert!(
+        failures.is_empty(),
+        "{label}: {} bar(s) failed:\n{}\n--- ember's heaviest stacks ---\n{}",
+        failures.len(),
+        failures.join("\n"),
+        heaviest(&samples, 15)
+    );
+    println!("{label}: all bars hold");
+}
+
+/// The share of a round each leaf gets by the fixture's clock (`mid` in `py_hot.py`).
+const CLOCK_SPLIT: &[(&str, f64)] = &[("leaf_py", 40.0), ("leaf_c", 30.0), ("leaf_cb", 30.0)];
+
+/// The line of the fixture's source holding `needle` (1-based).
+fn source_line(needle: &str) -> u32 {
+    let src = fs::read_to_string(fixture_script()).expect("reading py_hot.py");
+    let i = src
+        .lines()
+        .position(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("py_hot.py has no line with {needle:?}"));
+    u32::try_from(i + 1).expect("line number")
+}
+
+/// The bars of [`free_threaded`]; prints the table, returns the failures.
+fn check_free_threaded(label: &str, ember: &[Sample]) -> Vec<String> {
+    let mut failures = Vec::new();
+    let n = total_count(ember);
+    let rooted: u64 = ember
+        .iter()
+        .filter(|s| reaches_root(s))
+        .map(|s| s.count)
+        .sum();
+    println!(
+        "{label}: ember {n} samples, {:.2} % reach their thread's root",
+        pct(rooted, n)
+    );
+    if pct(rooted, n) < 99.0 {
+        let example = ember
+            .iter()
+            .filter(|s| !reaches_root(s))
+            .max_by_key(|s| s.count)
+            .map(|s| s.frames.join(";"));
+        failures.push(format!(
+            "bar 1: {rooted} of {n} samples reach their thread's root, want >= 99 %; e.g. \
+             {example:?}"
+        ));
+    }
+    let threads: [(&str, Vec<Sample>); 2] = [
+        (
+            "main",
+            ember
+                .iter()
+                .filter(|s| s.has_python("<module>"))
+                .cloned()
+                .collect(),
+        ),
+        (
+            "second",
+            ember
+                .iter()
+                .filter(|s| s.has_python("work") && !s.has_python("<module>"))
+                .cloned()
+                .collect(),
+        ),
+    ];
+    let expected_lines = [
+        ("leaf_c", source_line("zlib.compress(")),
+        ("leaf_cb", source_line("sorted(items")),
+        ("key_fn", source_line("2654435761")),
+    ];
+    let mut main_top: BTreeMap<&str, (u32, bool)> = BTreeMap::new();
+    for (thread, samples) in &threads {
+        let total = total_count(samples);
+        if total < 1000 {
+            failures.push(format!(
+                "{thread} thread: {total} samples, want >= 1000 (is the second thread running?)"
+            ));
+            continue;
+        }
+        for &(leaf, want) in CLOCK_SPLIT {
+            let share = pct(inclusive(samples, leaf), total);
+            println!("{label}: {thread} thread ({total}): {leaf} {share:.2} % (clock {want:.0} %)");
+            if (share - want).abs() > SHARE_POINTS {
+                failures.push(format!(
+                    "bar 2: {thread} thread: {leaf} {share:.2} % of {total}, the clock gives \
+                     {want:.0} %: want within {SHARE_POINTS} points"
+                ));
+            }
+        }
+        for &f in FUNCTIONS {
+            let lines = lines_of(samples, f);
+            let Some((top, count)) = top_line(&lines) else {
+                continue;
+            };
+            let clear = count as f64 >= TOP_LINE_CLEAR * inclusive(samples, f) as f64;
+            println!("{label}: {thread} thread: {f} hottest line {top} (lines {lines:?})");
+            if let Some(&(_, want)) = expected_lines.iter().find(|(name, _)| *name == f) {
+                if top != want {
+                    failures.push(format!(
+                        "bar 3: {thread} thread: {f}'s hottest line {top}, its statement is on \
+                         {want} (lines {lines:?})"
+                    ));
+                }
+            }
+            match main_top.get(f) {
+                None => {
+                    main_top.insert(f, (top, clear));
+                }
+                Some(&(main_line, true)) if main_line != top => failures.push(format!(
+                    "bar 3: {thread} thread: {f}'s hottest line {top}, the main thread's \
+                     {main_line} (lines {lines:?})"
+                )),
+                Some(_) => {}
+            }
+        }
+        failures.extend(check_interleaving(
+            &format!("{label} {thread}"),
+            samples,
+            true,
+        ));
+    }
+    failures
+}
+
 /// How the fixture's interpreter is started.
 #[derive(Clone, Copy)]
 enum Launch<'a> {
@@ -259,9 +458,10 @@ impl Drop for PyFixture {
 
 /// Starts py_hot.py as `how` says and waits for the pid it prints, which it does once the
 /// interpreter runs the script.
-fn start_fixture(python: &str, how: Launch) -> PyFixture {
+fn start_fixture(python: &str, how: Launch, threads: u32) -> PyFixture {
     let mut script = fixture_script();
     let secs = (RECORD_SECS + SLACK_SECS).to_string();
+    let threads = threads.to_string();
     let unshare = ["--pid", "--fork", "--mount", "--mount-proc"];
     let mut cmd = match how {
         Launch::Plain => Command::new(python),
@@ -287,7 +487,7 @@ fn start_fixture(python: &str, how: Launch) -> PyFixture {
     let namespaced = !matches!(how, Launch::Plain);
     let mut child = cmd
         .arg(&script)
-        .args(["--seconds", secs.as_str()])
+        .args(["--seconds", secs.as_str(), "--threads", threads.as_str()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -360,7 +560,7 @@ fn child_of(parent: u32) -> Option<u32> {
 /// Starts the fixture, then ember, then (once ember samples) py-spy, on the same pid for the
 /// same number of seconds; waits for both and returns what they wrote.
 fn record_both(python: &str, how: Launch, pyspy: &Path, dir: &Path) -> Run {
-    let fixture = start_fixture(python, how);
+    let fixture = start_fixture(python, how, 1);
     // The interpreter is up (it printed); let it settle into its rounds.
     thread::sleep(Duration::from_secs(1));
     let pid = fixture.host_pid.to_string();
@@ -566,14 +766,15 @@ fn top_line(lines: &BTreeMap<u32, u64>) -> Option<(u32, u64)> {
 }
 
 /// Whether a sample reaches its thread's root: `<module>` in the main thread, the threading
-/// module's `_bootstrap` (`Thread._bootstrap` from 3.11, qualified names) in `idle`.
+/// module's `_bootstrap` (`Thread._bootstrap` from 3.11, qualified names) in `idle` and in
+/// the free-threaded runs' second thread (`work`).
 ///
 /// The idle thread is on a CPU now and then: waking from its sleep, and each time py-spy stops
 /// it for a sample (ptrace's signal-delivery path in the kernel). Those samples are right when
 /// they end in `_bootstrap`.
 fn reaches_root(s: &Sample) -> bool {
     s.has_python("<module>")
-        || (s.has_python("idle")
+        || ((s.has_python("idle") || s.has_python("work"))
             && s.python_frames()
                 .any(|f| f.name == "_bootstrap" || f.name.ends_with("._bootstrap")))
 }

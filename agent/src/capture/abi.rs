@@ -265,7 +265,7 @@ shared_enum!(ember_offcpu_counter {
     EMBER_OFFCPU_CNT_MAX = 23,
 });
 
-shared_struct!(ember_py_proc: size 80, align 8 {
+shared_struct!(ember_py_proc: size 88, align 8 {
     eval_start @ 0,
     eval_end @ 16,
     tls_offset @ 32,
@@ -284,7 +284,10 @@ shared_struct!(ember_py_proc: size 80, align 8 {
     frame_size @ 72,
     code_firstlineno @ 74,
     code_adaptive @ 76,
-    pad @ 78,
+    object_type @ 78,
+    frame_tlbc @ 80,
+    code_tlbc @ 82,
+    pad @ 84,
 });
 
 shared_struct!(ember_py_tail: size 32, align 8 {

@@ -195,30 +195,43 @@ const CODE_314: &[&str] = &[
 
 const UNICODE: &[&str] = &["state", "length", "asciiobject_size"];
 
-/// Per minor: its groups, the `owner` value from which a frame marks an eval call's entry
-/// (see [`Layout::owner_cstack`]), and whether `f_executable` is a tagged `_PyStackRef`.
-fn minor_spec(minor: u8) -> Option<(&'static [Group], u8, bool)> {
+/// What a minor's table does not say, beside its groups.
+struct MinorSpec {
+    groups: &'static [Group],
+    /// The `owner` value from which a frame marks an eval call's entry (see
+    /// [`Layout::owner_cstack`]).
+    owner_cstack: u8,
+    /// Whether `f_executable` is a tagged `_PyStackRef`.
+    tagged: bool,
+    /// `_PyRuntime`'s `autoTSSkey` offset, the same in GIL and free-threaded builds.
+    autotss: u32,
+}
+
+/// Per minor, what its table does not carry. The `autoTSSkey` offsets were read off
+/// `PyGILState_GetThisThreadState`, which tests whether the key is created before reading
+/// it: 0x870 in 3.13.0 (`lea 0x870(%rax)` on `_PyRuntime`) and in a free-threaded 3.13.15;
+/// 0x920 in Debian's 3.14.10 (`cmpl $0, _PyRuntime+0x920`) and in a free-threaded 3.14.7
+/// (`lea _PyRuntime+0x920`). 3.14 still keeps the thread's own state under the key, set
+/// while the GIL is released (or, free-threaded, while the thread is detached).
+fn minor_spec(minor: u8) -> Option<MinorSpec> {
     match minor {
         // FRAME_OWNED_BY_CSTACK = 3: `_PyEval_EvalFrameDefault`'s entry frame.
-        13 => Some((GROUPS_313, 3, false)),
+        13 => Some(MinorSpec {
+            groups: GROUPS_313,
+            owner_cstack: 3,
+            tagged: false,
+            autotss: 0x870,
+        }),
         // 3.14 inserts FRAME_OWNED_BY_INTERPRETER = 3 before FRAME_OWNED_BY_CSTACK = 4 and
         // gives the eval call's entry frame the new value (`entry.frame.owner` in ceval.c);
         // 4 is assigned nowhere. Both mark the end of an eval call's run.
-        14 => Some((GROUPS_314, 3, true)),
+        14 => Some(MinorSpec {
+            groups: GROUPS_314,
+            owner_cstack: 3,
+            tagged: true,
+            autotss: 0x920,
+        }),
         _ => None,
-    }
-}
-
-/// `_PyRuntime`'s `autoTSSkey` offset (not in the table), where verified: 0x870 in 3.13.0
-/// (its `PyGILState_GetThisThreadState` does `lea 0x870(%rax)` on `_PyRuntime`), 0x920 in
-/// Debian's 3.14.10 (`cmpl $0, _PyRuntime+0x920` then `PyThread_tss_get` of it; 3.14 still
-/// keeps the thread's own state under the key, set while the GIL is released). 0 where
-/// unknown (3.13t, 3.14t): 3.12+ threads are then found through `_Py_tss_tstate`.
-fn autotss(v: Version) -> u32 {
-    match (v.minor, v.free_threaded) {
-        (13, false) => 0x870,
-        (14, false) => 0x920,
-        _ => 0,
     }
 }
 
@@ -232,7 +245,7 @@ pub fn parses(version: Version) -> bool {
 pub struct DebugOffsets {
     /// `PY_VERSION_HEX` from the table, with its `free_threaded` flag.
     pub version: Version,
-    /// The offsets ember reads. `runtime_autotss` is 0 where unknown (see the module doc).
+    /// The offsets ember reads.
     pub layout: Layout,
 }
 
@@ -373,14 +386,14 @@ pub fn parse(bytes: &[u8]) -> Result<DebugOffsets, DebugOffsetsError> {
     if version.major != 3 {
         return Err(DebugOffsetsError::Version(hex));
     }
-    let (groups, owner_cstack, tagged) =
-        minor_spec(version.minor).ok_or(DebugOffsetsError::Version(hex))?;
+    let spec = minor_spec(version.minor).ok_or(DebugOffsetsError::Version(hex))?;
     version.free_threaded = match ft {
         0 => false,
         1 => true,
         _ => return Err(DebugOffsetsError::FreeThreaded(ft)),
     };
-    let words: usize = groups
+    let words: usize = spec
+        .groups
         .iter()
         .map(|g| usize::from(g.sized) + g.fields.len())
         .sum();
@@ -388,9 +401,12 @@ pub fn parse(bytes: &[u8]) -> Result<DebugOffsets, DebugOffsetsError> {
         .map(word)
         .collect::<Option<Vec<u64>>>()
         .ok_or(short(8 * (3 + words)))?;
-    let table = Table { groups, values };
+    let table = Table {
+        groups: spec.groups,
+        values,
+    };
     validate(&table)?;
-    let layout = layout(&table, version, owner_cstack, tagged)?;
+    let layout = layout(&table, version, &spec)?;
     Ok(DebugOffsets { version, layout })
 }
 
@@ -426,12 +442,7 @@ fn cover(fields: &[(u16, u16)]) -> u16 {
 }
 
 /// The layout a validated table gives.
-fn layout(
-    t: &Table,
-    v: Version,
-    owner_cstack: u8,
-    tagged: bool,
-) -> Result<Layout, DebugOffsetsError> {
+fn layout(t: &Table, v: Version, spec: &MinorSpec) -> Result<Layout, DebugOffsetsError> {
     let (frame_code, frame_previous) = (
         t.offset("interpreter_frame", "executable")?,
         t.offset("interpreter_frame", "previous")?,
@@ -445,9 +456,20 @@ fn layout(
         (code("filename")?, code("name")?, code("qualname")?);
     let (code_linetable, code_firstlineno) = (code("linetable")?, code("firstlineno")?);
     let ascii = t.offset("unicode_object", "asciiobject_size")?;
+    // A free-threaded 3.14+ thread runs its own copy of the bytecode (`co_tlbc`, picked by
+    // the frame's `tlbc_index`); GIL builds publish 0 for both.
+    let (frame_tlbc_index, code_tlbc) = if v.free_threaded && v.minor >= 14 {
+        (
+            Some(t.offset("interpreter_frame", "tlbc_index")?),
+            Some(code("co_tlbc")?),
+        )
+    } else {
+        (None, None)
+    };
+    let tlbc_cover = frame_tlbc_index.map_or((0, 0), |o| (o, 4));
     Ok(Layout {
         model: FrameModel::CStack,
-        runtime_autotss: autotss(v),
+        runtime_autotss: spec.autotss,
         tstate_frame: t.offset("thread_state", "current_frame")?,
         cframe_current: None,
         tstate_native_id: Some(t.offset("thread_state", "native_thread_id")?),
@@ -457,12 +479,13 @@ fn layout(
         frame_previous,
         frame_instr,
         frame_owner,
-        owner_cstack,
+        owner_cstack: spec.owner_cstack,
         frame_size: cover(&[
             (frame_code, 8),
             (frame_previous, 8),
             (frame_instr, 8),
             (frame_owner, 1),
+            tlbc_cover,
         ]),
         code_firstlineno,
         code_filename,
@@ -485,7 +508,9 @@ fn layout(
         bytes_size: t.offset("bytes_object", "ob_size")?,
         bytes_data: t.offset("bytes_object", "ob_sval")?,
         object_type: t.offset("pyobject", "ob_type")?,
-        frame_code_tagged: tagged,
+        frame_code_tagged: spec.tagged,
+        frame_tlbc_index,
+        code_tlbc,
         runtime_interp_head: t.far_offset("runtime_state", "interpreters_head")?,
         interp_threads_head: t.far_offset("interpreter_state", "threads_head")?,
         tstate_next: t.offset("thread_state", "next")?,

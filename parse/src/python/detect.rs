@@ -253,8 +253,9 @@ fn published_layout<R: ReadAt + ?Sized>(
     Ok(table.layout)
 }
 
-/// The version from `Py_Version` (3.11+, read from the file) or else the name; free-threaded
-/// and debug builds refused (a version without a layout is refused by the caller).
+/// The version from `Py_Version` (3.11+, read from the file) or else the name; debug builds
+/// and free-threaded builds before 3.13 refused (a version without a layout is refused by
+/// the caller).
 fn version<R: ReadAt + ?Sized>(
     reader: &mut ElfReader<'_, R>,
     found: &Found,
@@ -278,7 +279,9 @@ fn version<R: ReadAt + ?Sized>(
         None => named.ok_or(DetectError::NoVersion)?.version,
     };
     v.free_threaded = found.free_threaded || named.is_some_and(|n| n.version.free_threaded);
-    if v.free_threaded {
+    // Free-threaded builds move every object's fields (a 32-byte head): only a build that
+    // publishes its own offsets (3.13+) is walked.
+    if v.free_threaded && !debug_offsets::parses(v) {
         return Err(DetectError::FreeThreaded(v));
     }
     Ok(v)

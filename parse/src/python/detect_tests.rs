@@ -300,20 +300,24 @@ fn built_objects_are_detected_or_refused() {
             DetectError::UnknownVersion(v(7, 0)),
         ),
         (fake("", &[], None, &[]), "uwsgi", DetectError::NoVersion),
+        // A free-threaded 3.13+ build is read from its own `_Py_DebugOffsets` (none here);
+        // one older than the table is refused as such.
         (
             fake("", &[], Some(0x030d00f0), &[]),
             "python3.13t",
-            DetectError::FreeThreaded(Version {
-                free_threaded: true,
-                ..v(13, 0)
-            }),
+            DetectError::BadSymbol("_Py_DebugOffsets"),
         ),
         (
             fake("", &["_Py_DecRefShared"], Some(0x030d00f0), &[]),
             "python3",
+            DetectError::BadSymbol("_Py_DebugOffsets"),
+        ),
+        (
+            fake("", &["_Py_DecRefShared"], Some(0x030c00f0), &[]),
+            "python3",
             DetectError::FreeThreaded(Version {
                 free_threaded: true,
-                ..v(13, 0)
+                ..v(12, 0)
             }),
         ),
         (

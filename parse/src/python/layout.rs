@@ -80,6 +80,12 @@ pub struct Layout {
     /// Whether `frame_code` holds a tagged `_PyStackRef` (3.14+): clear its low bits
     /// ([`super::debug_offsets::STACKREF_TAG_MASK`]) before using it as an address.
     pub frame_code_tagged: bool,
+    /// Frame: `tlbc_index` (3.14+ free-threaded builds): which copy of the bytecode the
+    /// thread runs (`co_tlbc->entries[i]`; 0 is `co_code_adaptive`); `None` elsewhere.
+    pub frame_tlbc_index: Option<u16>,
+    /// Code: `co_tlbc` (3.14+ free-threaded builds), the `_PyCodeArray` of the threads'
+    /// bytecode copies (`{size, entries[size]}`); `None` elsewhere.
+    pub code_tlbc: Option<u16>,
     /// Offset in `_PyRuntime` of `interpreters.head`, the newest interpreter (the main
     /// one in a process without subinterpreters): where the attach check starts.
     pub runtime_interp_head: u32,
@@ -145,6 +151,8 @@ const V3_8: Layout = Layout {
     bytes_data: 32,
     object_type: 8,
     frame_code_tagged: false,
+    frame_tlbc_index: None,
+    code_tlbc: None,
     runtime_interp_head: 32,
     interp_threads_head: 8,
     tstate_next: 8,

@@ -253,7 +253,12 @@ fn attach_live(
     // The layout is this binary's if its code type says so (a forged or patched build
     // whose objects differ is refused, not walked wrong).
     let code_type = interp.code_type.wrapping_add(bias);
-    let basic = mem.u64_at(code_type + 32).map_err(|_| PyAttach::Memory)?;
+    // `tp_basicsize` follows the type's `PyVarObject` head (`ob_type`, `ob_size`) and
+    // `tp_name`: 32 in GIL builds, 48 in free-threaded ones.
+    let basicsize_at = u64::from(layout.object_type) + 24;
+    let basic = mem
+        .u64_at(code_type + basicsize_at)
+        .map_err(|_| PyAttach::Memory)?;
     // A layout from the file's `_Py_DebugOffsets` (3.14) reads only the code fields it
     // names; its code object ends where the bytecode starts (`tp_basicsize` is
     // `co_code_adaptive`'s offset: 208 in 3.14.10, as 200 in 3.13.0).
@@ -391,6 +396,9 @@ fn fill_layout(e: &mut ember_py_proc, l: &Layout) {
     e.frame_size = l.frame_size;
     e.code_firstlineno = l.code_firstlineno;
     e.code_adaptive = l.code_adaptive.unwrap_or(0);
+    e.object_type = l.object_type;
+    e.frame_tlbc = l.frame_tlbc_index.unwrap_or(0xffff);
+    e.code_tlbc = l.code_tlbc.unwrap_or(0);
 }
 
 #[cfg(test)]

@@ -37,6 +37,8 @@ pub fn gil_layout(minor: u8) -> Layout {
         bytes_data: 32,
         object_type: 8,
         frame_code_tagged: false,
+        frame_tlbc_index: None,
+        code_tlbc: None,
         runtime_interp_head: 0,
         interp_threads_head: 0,
         tstate_next: 8,

@@ -1,6 +1,6 @@
 //! The parser against tables written field by field in each header's order (3.13, 3.13t,
-//! 3.14, 3.14t: no such interpreter here but 3.13.0), against the real 3.13.0 libpython,
-//! and against corrupt tables.
+//! 3.14, 3.14t), against the real 3.13.0 libpython, Debian's 3.14.10 and the free-threaded
+//! 3.13.15t and 3.14.7t `make python-ft` builds, and against corrupt tables.
 //!
 //! The images are transcribed from the headers independently of the parser's group lists,
 //! so a field missing or out of order there shifts every later value and fails. Values of
@@ -220,11 +220,7 @@ fn expect(fields: &[(&str, u64)], minor: u8, ft: bool) -> Layout {
     let code_end = v("code_object.linetable").max(v("code_object.qualname")) + 8;
     Layout {
         model: FrameModel::CStack,
-        runtime_autotss: match (minor, ft) {
-            (13, false) => 0x870,
-            (14, false) => 0x920,
-            _ => 0,
-        },
+        runtime_autotss: if minor == 13 { 0x870 } else { 0x920 },
         tstate_frame: v("thread_state.current_frame"),
         cframe_current: None,
         tstate_native_id: Some(v("thread_state.native_thread_id")),
@@ -235,7 +231,14 @@ fn expect(fields: &[(&str, u64)], minor: u8, ft: bool) -> Layout {
         frame_instr: v("interpreter_frame.instr_ptr"),
         frame_owner: v("interpreter_frame.owner"),
         owner_cstack: 3,
-        frame_size: (v("interpreter_frame.owner") + 1).div_ceil(8) * 8,
+        frame_size: (v("interpreter_frame.owner") + 1)
+            .max(if ft && minor >= 14 {
+                v("interpreter_frame.tlbc_index") + 4
+            } else {
+                0
+            })
+            .div_ceil(8)
+            * 8,
         code_firstlineno: v("code_object.firstlineno"),
         code_filename: v("code_object.filename"),
         code_name: v("code_object.name"),
@@ -251,6 +254,8 @@ fn expect(fields: &[(&str, u64)], minor: u8, ft: bool) -> Layout {
         bytes_data: v("bytes_object.ob_sval"),
         object_type: v("pyobject.ob_type"),
         frame_code_tagged: minor >= 14,
+        frame_tlbc_index: (ft && minor >= 14).then(|| v("interpreter_frame.tlbc_index")),
+        code_tlbc: (ft && minor >= 14).then(|| v("code_object.co_tlbc")),
         runtime_interp_head: u32::from(v("runtime_state.interpreters_head")),
         interp_threads_head: u32::from(v("interpreter_state.threads_head")),
         tstate_next: v("thread_state.next"),
@@ -285,7 +290,7 @@ fn header_images_of_each_build() {
         // Every field of the header, used by the layout or not, where the parser's
         // group list says.
         let table = Table {
-            groups: minor_spec(minor).unwrap().0,
+            groups: minor_spec(minor).unwrap().groups,
             values: fields.iter().map(|(_, v)| *v).collect(),
         };
         for (name, want) in &fields {
@@ -484,4 +489,68 @@ fn real_debian_314() {
     let target = sym("PyGILState_GetThisThreadState") + 11;
     let target = target.wrapping_add_signed(i64::from(rel));
     assert_eq!(target - sym("_PyRuntime"), u64::from(l.runtime_autotss));
+}
+
+/// The free-threaded builds `make python-ft` makes (static, with symbols).
+const FREE_THREADED: [(&str, u8); 2] = [
+    (
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../target/python-ft313/build/python"
+        ),
+        13,
+    ),
+    (
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../target/python-ft314/build/python"
+        ),
+        14,
+    ),
+];
+
+#[test]
+fn real_free_threaded_builds() {
+    for (path, minor) in FREE_THREADED {
+        let Ok(data) = std::fs::read(path) else {
+            eprintln!("SKIP {path}: not built (make python-ft)");
+            continue;
+        };
+        let file = object::File::parse(&*data).unwrap();
+        let got = parse(symbol_bytes(&file, "_PyRuntime", READ_LEN)).unwrap();
+        assert_eq!(
+            (got.version.minor, got.version.free_threaded),
+            (minor, true)
+        );
+        let l = got.layout;
+        // The free-threaded object head: ob_tid, flags, ob_ref_local, ob_ref_shared, ob_type.
+        assert_eq!(l.object_type, 24, "{path}");
+        // 3.14t threads run their own bytecode copies; 3.13t has none.
+        assert_eq!(l.frame_tlbc_index.is_some(), minor >= 14, "{path}");
+        assert_eq!(l.code_tlbc.is_some(), minor >= 14, "{path}");
+        if let (Some(index), Some(tlbc)) = (l.frame_tlbc_index, l.code_tlbc) {
+            assert!(
+                index + 4 <= l.frame_size,
+                "{path}: frame read covers tlbc_index"
+            );
+            assert!(tlbc > l.code_firstlineno, "{path}: co_tlbc {tlbc}");
+        }
+        // autoTSSkey: PyGILState_GetThisThreadState starts `push %rbx; lea rel32(%rip),%rbx`
+        // on `_PyRuntime + autotss`, then calls `PyThread_tss_is_created` on it.
+        let code = symbol_bytes(&file, "PyGILState_GetThisThreadState", 8);
+        assert_eq!(code[..4], [0x53, 0x48, 0x8d, 0x1d], "{path}: {code:02x?}");
+        let rel = i32::from_le_bytes(code[4..8].try_into().unwrap());
+        let sym = |n: &str| {
+            file.dynamic_symbols()
+                .find(|s| s.name() == Ok(n))
+                .unwrap()
+                .address()
+        };
+        let target = (sym("PyGILState_GetThisThreadState") + 8).wrapping_add_signed(i64::from(rel));
+        assert_eq!(
+            target - sym("_PyRuntime"),
+            u64::from(l.runtime_autotss),
+            "{path}"
+        );
+    }
 }
