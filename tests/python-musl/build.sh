@@ -7,7 +7,8 @@
 #   tests/python-musl/build.sh OUT_DIR      (root for apt; network to deb.debian.org)
 #
 # Leaves OUT_DIR/build/python (its rpath finds OUT_DIR/build/libpython3.11.so.1.0),
-# OUT_DIR/version and OUT_DIR/.complete (the Makefile's stamp). Always starts from an empty
+# OUT_DIR/static/python (the same, fully static), OUT_DIR/version and OUT_DIR/.complete
+# (the Makefile's stamp). Always starts from an empty
 # OUT_DIR. About 5 minutes on 2 cores; modules whose libraries musl lacks are left out
 # (ssl, sqlite...; the fixture needs none of them), as are ensurepip and the test modules.
 set -euo pipefail
@@ -76,4 +77,36 @@ case "$interp" in
 *) echo "build.sh: $out/build/python is not a musl program ($interp)" >&2; exit 1 ;;
 esac
 "$out/build/python" -c 'import threading, zlib, argparse, sys; print(sys.version)' >"$out/version"
+
+# The same source linked fully static (no dynamic loader, no libc mapped: musl inside the
+# binary, as python-build-standalone's musl builds are); a static musl program cannot
+# dlopen, so the modules it needs are built in.
+# 3.11 builds its other modules with setup.py, as shared objects: the fixture's (zlib) and a
+# few the standard library's pure modules import are listed here instead.
+mkdir -p "$out/static/Modules"
+cd "$out/static"
+cat >Modules/Setup.local <<'SETUP'
+*static*
+zlib zlibmodule.c -lz
+binascii binascii.c
+math mathmodule.c
+_struct _struct.c
+_heapq _heapqmodule.c
+_bisect _bisectmodule.c
+select selectmodule.c
+fcntl fcntlmodule.c
+_posixsubprocess _posixsubprocess.c
+_random _randommodule.c
+SETUP
+"$src/configure" -q CC="$out/musl-cc" \
+	CFLAGS="-O2 -idirafter $out/kheaders" CPPFLAGS="-I$out/zlib/include" \
+	LDFLAGS="-static -L$out/zlib/lib" \
+	--disable-shared --without-ensurepip --disable-test-modules >"$out/configure-static.log" 2>&1 \
+	|| { tail -n 30 "$out/configure-static.log" >&2; exit 1; }
+make -s -j"$(nproc)" >"$out/make-static.log" 2>&1 || { tail -n 40 "$out/make-static.log" >&2; exit 1; }
+if readelf -l "$out/static/python" | grep -q 'INTERP'; then
+	echo "build.sh: $out/static/python is not static" >&2
+	exit 1
+fi
+"$out/static/python" -c 'import threading, zlib, argparse, sys; print(sys.version)' >"$out/version-static"
 touch "$out/.complete"

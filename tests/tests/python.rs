@@ -3,7 +3,7 @@
 //! Each test runs `tests/fixtures/py_hot.py` on one interpreter (every pyenv build 3.8 to
 //! 3.13 with its shared libpython, Debian's static `python3.11` without frame pointers, one
 //! interpreter in its own pid and mount namespace, Debian sid's static `python3.14` in its
-//! own root, pid and mount namespace, and a 3.11 built against musl), and records it with
+//! own root, pid and mount namespace, and a 3.11 built against musl, shared and static), and records it with
 //! `ember record` and `py-spy record` over the same seconds (py-spy pausing the process for
 //! each sample, see [`record_both`]). Free-threaded 3.13t and 3.14t, which py-spy cannot
 //! read, are checked against the fixture's own clock and source instead (see
@@ -185,6 +185,29 @@ fn python_musl_3_11() {
     compare(
         python.to_str().expect("utf-8 path"),
         "musl 3.11 (shared libpython)",
+        Launch::Plain,
+        true,
+    );
+}
+
+/// The same musl 3.11 linked fully static (`$EMBER_PYTHON_MUSL/static/python`): no C
+/// library is mapped, so ember takes musl from the binary's own `pthread_getspecific` and
+/// finds `self->tsd` there.
+#[test]
+fn python_musl_static_3_11() {
+    let build = std::env::var_os("EMBER_PYTHON_MUSL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/python-musl"));
+    let python = build.join("static/python");
+    if !build.join(".complete").exists() || !python.exists() {
+        if require_privileged() {
+            eprintln!("skipped: {} not built (make python-musl)", python.display());
+        }
+        return;
+    }
+    compare(
+        python.to_str().expect("utf-8 path"),
+        "musl 3.11 (static)",
         Launch::Plain,
         true,
     );
