@@ -21,6 +21,7 @@ use ember_parse::python::detect::{detect, DetectError, Interpreter};
 use ember_parse::python::layout::{FrameModel, Layout};
 
 use super::check::{check_main_chain, Chain};
+use super::members::{check_code_members, MembersError};
 use super::memory::ProcMem;
 pub use super::PyProcess;
 use crate::capture::unwind::{ember_py_model, ember_py_proc, ember_py_tls};
@@ -269,6 +270,10 @@ fn attach_live(
     if basic != u64::from(size) {
         return Err(PyAttach::LayoutMismatch);
     }
+    check_code_members(mem, code_type, layout, interp.version).map_err(|e| match e {
+        MembersError::Unreadable => PyAttach::Memory,
+        MembersError::Moved(_) | MembersError::Missing(_) => PyAttach::LayoutMismatch,
+    })?;
     let runtime = interp.runtime.wrapping_add(bias);
     if interp.version.minor >= 13 {
         check_debug_offsets(mem, runtime, layout)?;

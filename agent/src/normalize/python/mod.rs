@@ -46,6 +46,7 @@ impl PyFrame {
 
 pub mod attach;
 pub mod check;
+pub mod members;
 pub mod memory;
 pub mod names;
 
