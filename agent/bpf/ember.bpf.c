@@ -90,6 +90,13 @@ struct {
 } cgroup_deny SEC(".maps");
 
 /*
+ * Set by the agent before its first deny order, never cleared: until then both deny maps
+ * are empty and their lookups are skipped (two hash lookups at every context switch with
+ * off-CPU on, most of which a host without filters never needs).
+ */
+__u32 ember_deny_used = 0;
+
+/*
  * A walk's interpreter frames in progress, whichever the runtime (interp.bpf.h): a native
  * frame of an interpreter's loop first records the interpreter frames that loop runs.
  */
@@ -882,7 +889,8 @@ int ember_sample(struct ember_perf_ctx *ctx)
 		return 0;
 	}
 	cgroup_id = bpf_get_current_cgroup_id();
-	if (bpf_map_lookup_elem(&pid_deny, &pid) || bpf_map_lookup_elem(&cgroup_deny, &cgroup_id)) {
+	if (ember_deny_used &&
+	    (bpf_map_lookup_elem(&pid_deny, &pid) || bpf_map_lookup_elem(&cgroup_deny, &cgroup_id))) {
 		count(EMBER_CNT_FILTERED);
 		return 0;
 	}

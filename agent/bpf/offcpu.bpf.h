@@ -549,8 +549,9 @@ static __always_inline void offcpu_out(void *ctx, _Bool preempt, struct task_str
 		return;
 	}
 	cgroup_id = bpf_get_current_cgroup_id();
-	if (pid == ember_offcpu_cfg.self_tgid || bpf_map_lookup_elem(&pid_deny, &pid) ||
-	    bpf_map_lookup_elem(&cgroup_deny, &cgroup_id)) {
+	if (pid == ember_offcpu_cfg.self_tgid ||
+	    (ember_deny_used &&
+	     (bpf_map_lookup_elem(&pid_deny, &pid) || bpf_map_lookup_elem(&cgroup_deny, &cgroup_id)))) {
 		offcpu_count(EMBER_OFFCPU_CNT_FILTERED);
 		return;
 	}

@@ -277,7 +277,7 @@ fn run(
             drain_sums(&sampler, &ring, &kept, scale, &batch, &metrics);
         }
         flush(false);
-        apply_orders(&sampler, &control, &metrics);
+        apply_orders(&mut sampler, &control, &metrics);
         if due(&mut last_sync, Duration::from_secs(1)) {
             counters.sync(&sampler, &metrics);
         }
@@ -414,7 +414,7 @@ fn ring_buffer(
 }
 
 /// Applies the aggregator's queued [`Control`] orders to the BPF maps.
-fn apply_orders(sampler: &Sampler<'_>, control: &Receiver<Control>, metrics: &Metrics) {
+fn apply_orders(sampler: &mut Sampler<'_>, control: &Receiver<Control>, metrics: &Metrics) {
     while let Ok(order) = control.try_recv() {
         // A refused deny leaves the workload sampled (dropped in userspace); a failed
         // delete of a cgroup leaves its entry taking room. A delete of an entry that

@@ -142,7 +142,10 @@ impl<'obj> Sampler<'obj> {
 
     /// Applies an order to the deny maps. A failed update (a full map) leaves a workload
     /// sampled and dropped in userspace (never a loss); the caller counts it.
-    pub(super) fn apply(&self, order: Control) -> Result<(), libbpf_rs::Error> {
+    pub(super) fn apply(&mut self, order: Control) -> Result<(), libbpf_rs::Error> {
+        if matches!(order, Control::DenyPid(_) | Control::DenyCgroup(_)) {
+            self.deny_used()?;
+        }
         let maps = &self.skel.maps;
         match order {
             Control::DenyPid(pid) => maps
@@ -155,6 +158,19 @@ impl<'obj> Sampler<'obj> {
             }
             Control::AllowCgroup(id) => maps.cgroup_deny.delete(&id.to_ne_bytes()),
         }
+    }
+
+    /// Tells the programs the deny maps are in use (`ember_deny_used`): until then they skip
+    /// the lookups. Set before the first entry goes in, never cleared.
+    fn deny_used(&mut self) -> Result<(), libbpf_rs::Error> {
+        let Some(bss) = self.skel.maps.bss_data.as_deref_mut() else {
+            return Err(libbpf_rs::Error::from(std::io::Error::other(
+                "no mmapped .bss to flag the deny maps in",
+            )));
+        };
+        // SAFETY: a plain u32 of the mmapped .bss, which the programs only read.
+        unsafe { std::ptr::write_volatile(&mut bss.ember_deny_used, 1) };
+        Ok(())
     }
 
     /// Attaches to CPUs that came online and lets go of CPUs that went away.
