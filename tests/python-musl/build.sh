@@ -62,14 +62,22 @@ zsrc=$(find "$out/src" -maxdepth 1 -mindepth 1 -type d -name 'zlib-*' | head -n1
 	&& make -s -j"$(nproc)" && make -s install) >"$out/zlib.log" 2>&1 \
 	|| { tail -n 30 "$out/zlib.log" >&2; exit 1; }
 
+# Configures and builds the source in the current directory with musl-gcc: LDFLAGS, then
+# configure's own options; logs go to $out/configure$1.log and $out/make$1.log.
+build() {
+	local logs=$1 ldflags=$2
+	shift 2
+	"$src/configure" -q CC="$out/musl-cc" \
+		CFLAGS="-O2 -idirafter $out/kheaders" CPPFLAGS="-I$out/zlib/include" \
+		LDFLAGS="$ldflags -L$out/zlib/lib" \
+		"$@" --without-ensurepip --disable-test-modules >"$out/configure$logs.log" 2>&1 \
+		|| { tail -n 30 "$out/configure$logs.log" >&2; exit 1; }
+	make -s -j"$(nproc)" >"$out/make$logs.log" 2>&1 || { tail -n 40 "$out/make$logs.log" >&2; exit 1; }
+}
+
 mkdir -p "$out/build"
 cd "$out/build"
-"$src/configure" -q CC="$out/musl-cc" \
-	CFLAGS="-O2 -idirafter $out/kheaders" CPPFLAGS="-I$out/zlib/include" \
-	LDFLAGS="-Wl,-rpath,$out/build -L$out/zlib/lib" \
-	--enable-shared --without-ensurepip --disable-test-modules >"$out/configure.log" 2>&1 \
-	|| { tail -n 30 "$out/configure.log" >&2; exit 1; }
-make -s -j"$(nproc)" >"$out/make.log" 2>&1 || { tail -n 40 "$out/make.log" >&2; exit 1; }
+build "" "-Wl,-rpath,$out/build" --enable-shared
 
 interp=$(readelf -l "$out/build/python" | sed -n 's/.*interpreter: \(.*\)]/\1/p')
 case "$interp" in
@@ -98,12 +106,7 @@ fcntl fcntlmodule.c
 _posixsubprocess _posixsubprocess.c
 _random _randommodule.c
 SETUP
-"$src/configure" -q CC="$out/musl-cc" \
-	CFLAGS="-O2 -idirafter $out/kheaders" CPPFLAGS="-I$out/zlib/include" \
-	LDFLAGS="-static -L$out/zlib/lib" \
-	--disable-shared --without-ensurepip --disable-test-modules >"$out/configure-static.log" 2>&1 \
-	|| { tail -n 30 "$out/configure-static.log" >&2; exit 1; }
-make -s -j"$(nproc)" >"$out/make-static.log" 2>&1 || { tail -n 40 "$out/make-static.log" >&2; exit 1; }
+build -static -static --disable-shared
 if readelf -l "$out/static/python" | grep -q 'INTERP'; then
 	echo "build.sh: $out/static/python is not static" >&2
 	exit 1
