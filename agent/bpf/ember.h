@@ -413,7 +413,12 @@ struct ember_offcpu_config {
 	 * design, in no container); zero: skipped at switch-out, counted, no record kept.
 	 */
 	__u32 kernel_threads;
-	__u32 pad;
+	/*
+	 * Non-zero: every block of a user thread is walked on its return to user mode by a
+	 * task work the switch-in schedules for long blocks (bpf_task_work, 6.18+), so no
+	 * program runs per switch or per syscall for it; rseq and syscall_exit are then unused.
+	 */
+	__u32 task_work;
 };
 
 /* Why a thread was off CPU, from its state at switch-out. */
@@ -499,7 +504,9 @@ enum ember_offcpu_counter {
 	EMBER_OFFCPU_CNT_SUMMED = 20,   /* records counted in `offcpu_sums` instead of sent */
 	EMBER_OFFCPU_CNT_SUMS_FULL = 21, /* a record's key found no room in `offcpu_sums`: its next ones are sent too */
 	EMBER_OFFCPU_CNT_WAKER_IRQ = 22, /* ... of them, wakeups from an interrupt: its frames only, no thread */
-	EMBER_OFFCPU_CNT_MAX = 23,
+	EMBER_OFFCPU_CNT_TASK_WORK = 23, /* switch-outs of user threads: walked by a task work if long */
+	EMBER_OFFCPU_CNT_WORK_FAILED = 24, /* a long block's task work could not be scheduled: lost */
+	EMBER_OFFCPU_CNT_MAX = 25,
 };
 
 #endif /* EMBER_H */

@@ -13,12 +13,16 @@
  * storage). When the thread runs again (it is `next` of a switch, on any CPU),
  * a block under min_block costs nothing more. A longer one is taken by where the
  * thread was:
- * - inside a syscall (futex, epoll, read, nanosleep: most off-CPU time): its
- *   kernel stack now, from the sleeping task (bpf_get_task_stack), into
- *   `offcpu_threads`; its user stack at the syscall's exit (tp_btf/sys_exit), in
- *   the thread itself, whose user registers and stack are still those it blocked
- *   with. There the thread's memory is the current one, so the table walker and
- *   the interpreter walk run as in a CPU sample.
+ * - a user thread on a kernel with BPF task works (6.18+): its kernel stack now,
+ *   from the sleeping task (bpf_get_task_stack), into `offcpu_threads`, and a task
+ *   work scheduled on it that walks its user stack in the thread as it returns to
+ *   user mode, whose user registers and stack are still those it blocked with. There
+ *   the thread's memory is the current one, so the table walker and the interpreter
+ *   walk run as in a CPU sample. No program runs per switch or per syscall for it.
+ * - older kernels, inside a syscall (futex, epoll, read, nanosleep: most off-CPU
+ *   time) or any block of a thread with rseq: the same, but the user stack is walked
+ *   by tp_btf/rseq_update (once per switch of such a thread) or at the syscall's
+ *   exit (tp_btf/sys_exit, every syscall).
  * - a kernel thread: its kernel stack now, sent at once (it has no user side).
  * - anywhere else (a page fault's I/O, preemption in user mode), no hook runs in
  *   the thread before it is back in user mode: the fallback walks both stacks at
@@ -131,7 +135,7 @@ enum offcpu_held {
 struct offcpu_task {
 	__u64 start_ns;  /* switch-out of the block under way; 0: on CPU */
 	__u64 wake_ns;   /* first wakeup since start_ns, 0 if none yet */
-	__u64 cgroup_id; /* at switch-out (the filters' key) */
+	__u64 cgroup_id; /* a kernel thread's, at switch-out (user threads': read when walked) */
 	__u64 lock_ns;   /* contention_begin of the kernel lock it waits for; 0: none */
 	__u64 lock_addr; /* ... that lock (a nested contention, inside its slow path, is not timed) */
 	__u64 waker_key; /* the key of the waker record of the block under way; 0: none yet */
@@ -156,14 +160,48 @@ struct {
 struct offcpu_thread {
 	struct ember_offcpu_head head;
 	struct scratch s;
+	__u64 work; /* room for offcpu_entry.tw: never read or written through this type */
 };
+
+/*
+ * The kernel's handle of a task work a program schedules (6.18+); the verifier knows it
+ * by this name in a map value. 8 opaque bytes.
+ */
+struct bpf_task_work {
+	__u64 __opaque;
+} __attribute__((aligned(8)));
+
+/*
+ * As the kernel's bpf_task_work_callback_t: libbpf resolves the kfunc only if its types
+ * match, and a forward declaration does not match the kernel's struct.
+ */
+struct bpf_map {
+	int unused;
+};
+typedef int (*offcpu_work_fn)(struct bpf_map *map, void *key, void *value);
+extern int bpf_task_work_schedule_resume_impl(struct task_struct *task, struct bpf_task_work *tw, void *map__map,
+					      offcpu_work_fn callback, void *aux__prog) __weak __ksym;
+extern void bpf_preempt_disable(void) __weak __ksym;
+extern void bpf_preempt_enable(void) __weak __ksym;
+
+/*
+ * An entry of `offcpu_threads`: an offcpu_thread whose last word is the task work that
+ * walks it. A per-CPU map may not hold a task work, so the scratch is an offcpu_thread
+ * and is copied in whole (the kernel skips the task work's bytes on update).
+ */
+struct offcpu_entry {
+	struct ember_offcpu_head head;
+	struct scratch s;
+	struct bpf_task_work tw;
+};
+_Static_assert(sizeof(struct offcpu_entry) == sizeof(struct offcpu_thread), "offcpu_entry mirrors offcpu_thread");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 8192); /* resized from the config before load */
 	__type(key, __u32);
-	__type(value, struct offcpu_thread);
+	__type(value, struct offcpu_entry);
 } offcpu_threads SEC(".maps");
 
 /*
@@ -326,7 +364,11 @@ static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *tas
 			}
 		}
 	}
-	ubytes = bpf_get_stack(ctx, (void *)s->ips + kbytes, STACK_BYTES, BPF_F_USER_STACK);
+	/* A task work has no context: the task's own user registers, as bpf_get_stack takes them. */
+	if (ctx)
+		ubytes = bpf_get_stack(ctx, (void *)s->ips + kbytes, STACK_BYTES, BPF_F_USER_STACK);
+	else
+		ubytes = bpf_get_task_stack(task, (void *)s->ips + kbytes, STACK_BYTES, BPF_F_USER_STACK);
 	if (ubytes < 0)
 		ubytes = 0; /* kernel threads have none */
 	if (ubytes > STACK_BYTES)
@@ -335,9 +377,9 @@ static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *tas
 }
 
 /* Fills the record's fields that name the current task. */
-static __always_inline void offcpu_current(struct scratch *s, __u64 cgroup_id)
+static __always_inline void offcpu_current(struct scratch *s)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 cgroup_id = bpf_get_current_cgroup_id(), id = bpf_get_current_pid_tgid();
 
 	s->rec.cgroup_id = cgroup_id;
 	s->rec.pid = id >> 32;
@@ -478,7 +520,7 @@ static __always_inline void offcpu_walk_out(void *ctx, struct task_struct *prev,
 	offcpu_count(EMBER_OFFCPU_CNT_TAKEN);
 	s = &t->s;
 	s->rec.time_ns = now;
-	offcpu_current(s, r->cgroup_id);
+	offcpu_current(s);
 	kbytes = bpf_get_stack(ctx, s->ips, STACK_BYTES, 0);
 	if (kbytes < 0)
 		kbytes = 0;
@@ -548,10 +590,10 @@ static __always_inline void offcpu_out(void *ctx, _Bool preempt, struct task_str
 		offcpu_count(EMBER_OFFCPU_CNT_FILTERED);
 		return;
 	}
-	cgroup_id = bpf_get_current_cgroup_id();
 	if (pid == ember_offcpu_cfg.self_tgid ||
 	    (ember_deny_used &&
-	     (bpf_map_lookup_elem(&pid_deny, &pid) || bpf_map_lookup_elem(&cgroup_deny, &cgroup_id)))) {
+	     (bpf_map_lookup_elem(&pid_deny, &pid) ||
+	      (cgroup_id = bpf_get_current_cgroup_id(), bpf_map_lookup_elem(&cgroup_deny, &cgroup_id))))) {
 		offcpu_count(EMBER_OFFCPU_CNT_FILTERED);
 		return;
 	}
@@ -570,9 +612,10 @@ static __always_inline void offcpu_out(void *ctx, _Bool preempt, struct task_str
 	r->start_ns = now;
 	r->wake_ns = 0;
 	r->waker_key = 0;
-	r->cgroup_id = cgroup_id;
 	r->state = state;
 	if (kthread) {
+		/* Its cgroup now: at its switch-in another task is current. */
+		r->cgroup_id = bpf_get_current_cgroup_id();
 		r->syscall = -1;
 		r->path = EMBER_OFFCPU_PATH_KTHREAD;
 		offcpu_count(EMBER_OFFCPU_CNT_KTHREAD);
@@ -581,6 +624,12 @@ static __always_inline void offcpu_out(void *ctx, _Bool preempt, struct task_str
 	/* A record waiting for its syscall's exit: the thread is still inside that syscall. */
 	nr = r->held == HELD_EXIT ? r->syscall : offcpu_syscall(prev);
 	r->syscall = nr;
+	/* Any block of a user thread: a task work walks it on the way back to user mode. */
+	if (ember_offcpu_cfg.task_work) {
+		r->path = EMBER_OFFCPU_PATH_EXIT;
+		offcpu_count(EMBER_OFFCPU_CNT_TASK_WORK);
+		return;
+	}
 	/* Any block of a thread with rseq: rseq_update runs in it before it is back in user mode. */
 	if (ember_offcpu_cfg.rseq && offcpu_has_rseq(prev)) {
 		r->path = EMBER_OFFCPU_PATH_EXIT;
@@ -621,6 +670,57 @@ static __always_inline void offcpu_times(struct ember_offcpu_head *h, struct off
 	}
 }
 
+/*
+ * A held long block's user stack, walked in its thread on the way back to user mode, and
+ * the record sent: the rest of offcpu_in_syscall once the thread is back (by rseq_update,
+ * sys_exit, or the task work). `ctx` is 0 in a task work.
+ */
+static __always_inline void offcpu_walk_back(void *ctx, struct task_struct *task, struct offcpu_thread *t)
+{
+	long kbytes, ubytes;
+	__u64 start;
+
+	offcpu_count(EMBER_OFFCPU_CNT_EXIT_WALK);
+	offcpu_current(&t->s);
+	kbytes = t->s.rec.kern_frames;
+	if (kbytes > EMBER_MAX_FRAMES)
+		kbytes = EMBER_MAX_FRAMES;
+	kbytes *= sizeof(__u64);
+	/* The walker's clock (asks, table stamps) is now; the record keeps the block's start. */
+	start = t->s.rec.time_ns;
+	t->s.rec.time_ns = bpf_ktime_get_ns();
+	ubytes = offcpu_user_stack(ctx, task, &t->s, kbytes, !!ctx);
+	t->s.rec.time_ns = start;
+	t->s.rec.user_frames = ubytes / sizeof(__u64);
+	if (!ubytes)
+		t->s.rec.py_result = EMBER_PY_NONE;
+	offcpu_send(t);
+}
+
+/*
+ * The task work a long block's switch-in schedules: it runs in the thread as it returns to
+ * user mode, its user registers and stack those it blocked with. Preemptible where the
+ * kernel runs it, so the walk (per-CPU read buffers) runs with preemption off; the row cache
+ * is left alone (another thread's work may have been preempted halfway through an entry).
+ */
+static int offcpu_work(struct bpf_map *map, void *key, void *value)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct offcpu_task *r;
+
+	r = bpf_task_storage_get(&offcpu_tasks, task, 0, 0);
+	/* Released meanwhile (its thread was seen exiting, or the entry was replaced). */
+	if (!r || r->held != HELD_EXIT || *(__u32 *)key != tid)
+		return 0;
+	bpf_preempt_disable();
+	offcpu_walk_back(0, task, value);
+	/* Last: the entry (this work's own) may be reused as soon as it is deleted. */
+	offcpu_release(r, tid);
+	bpf_preempt_enable();
+	return 0;
+}
+
 /* A long block inside a syscall ended: its kernel stack now, held for the syscall's exit. */
 static __always_inline void offcpu_in_syscall(struct task_struct *next, struct offcpu_task *r, __u32 tid,
 					      __u64 start, __u64 now)
@@ -656,7 +756,6 @@ static __always_inline void offcpu_in_syscall(struct task_struct *next, struct o
 	}
 	offcpu_times(&t->head, r, start, now);
 	t->s.rec.time_ns = start;
-	t->s.rec.cgroup_id = r->cgroup_id;
 	kbytes = bpf_get_task_stack(next, t->s.ips, STACK_BYTES, 0);
 	if (kbytes < 0)
 		kbytes = 0;
@@ -664,8 +763,17 @@ static __always_inline void offcpu_in_syscall(struct task_struct *next, struct o
 		kbytes = STACK_BYTES;
 	t->s.rec.kern_frames = kbytes / sizeof(__u64);
 	t->s.rec.user_frames = 0;
-	if (offcpu_hold(tid, t))
-		offcpu_set_held(r, HELD_EXIT);
+	if (!offcpu_hold(tid, t))
+		return;
+	offcpu_set_held(r, HELD_EXIT);
+	if (ember_offcpu_cfg.task_work && bpf_ksym_exists(bpf_task_work_schedule_resume_impl)) {
+		struct offcpu_entry *h = bpf_map_lookup_elem(&offcpu_threads, &tid);
+
+		if (!h || bpf_task_work_schedule_resume_impl(next, &h->tw, &offcpu_threads, offcpu_work, 0)) {
+			offcpu_count(EMBER_OFFCPU_CNT_WORK_FAILED);
+			offcpu_release(r, tid);
+		}
+	}
 }
 
 /* A kernel thread's long block: its kernel stack, sent now. */
@@ -841,7 +949,7 @@ static __always_inline void offcpu_waker(void *ctx, struct task_struct *p, struc
 	t->head.key = 0;
 	t->head.waker_key = 0;
 	s->rec.time_ns = now;
-	offcpu_current(s, bpf_get_current_cgroup_id());
+	offcpu_current(s);
 	kbytes = bpf_get_stack(ctx, s->ips, STACK_BYTES, 0);
 	if (kbytes < 0)
 		kbytes = 0;
@@ -877,9 +985,10 @@ static __always_inline void offcpu_waker(void *ctx, struct task_struct *p, struc
 SEC("tp_btf/sched_waking")
 int BPF_PROG(ember_offcpu_waking, struct task_struct *p)
 {
-	struct offcpu_task *r = bpf_task_storage_get(&offcpu_tasks, p, 0, 0);
+	struct offcpu_task *r;
 	__u64 now;
 
+	r = bpf_task_storage_get(&offcpu_tasks, p, 0, 0);
 	if (!r || !r->start_ns || r->wake_ns)
 		return 0;
 	now = bpf_ktime_get_ns();
@@ -946,7 +1055,7 @@ int BPF_PROG(ember_offcpu_lock_end, void *lock, int ret)
 	t->head.key = 0;
 	t->head.waker_key = 0;
 	s->rec.time_ns = now - waited;
-	offcpu_current(s, r->cgroup_id);
+	offcpu_current(s);
 	kbytes = bpf_get_stack(ctx, s->ips, STACK_BYTES, 0);
 	if (kbytes < 0)
 		kbytes = 0;
@@ -973,8 +1082,6 @@ static __always_inline void offcpu_resume(void *ctx)
 	struct task_struct *task;
 	struct offcpu_task *r;
 	struct offcpu_thread *t;
-	long kbytes, ubytes;
-	__u64 start;
 	__u32 tid;
 
 	if (!ember_offcpu_exits)
@@ -985,23 +1092,8 @@ static __always_inline void offcpu_resume(void *ctx)
 		return;
 	tid = (__u32)bpf_get_current_pid_tgid();
 	t = bpf_map_lookup_elem(&offcpu_threads, &tid);
-	if (t) {
-		offcpu_count(EMBER_OFFCPU_CNT_EXIT_WALK);
-		offcpu_current(&t->s, t->s.rec.cgroup_id);
-		kbytes = t->s.rec.kern_frames;
-		if (kbytes > EMBER_MAX_FRAMES)
-			kbytes = EMBER_MAX_FRAMES;
-		kbytes *= sizeof(__u64);
-		/* The walker's clock (asks, table stamps) is now; the record keeps the block's start. */
-		start = t->s.rec.time_ns;
-		t->s.rec.time_ns = bpf_ktime_get_ns();
-		ubytes = offcpu_user_stack(ctx, task, &t->s, kbytes, 1);
-		t->s.rec.time_ns = start;
-		t->s.rec.user_frames = ubytes / sizeof(__u64);
-		if (!ubytes)
-			t->s.rec.py_result = EMBER_PY_NONE;
-		offcpu_send(t);
-	}
+	if (t)
+		offcpu_walk_back(ctx, task, t);
 	offcpu_release(r, tid);
 }
 

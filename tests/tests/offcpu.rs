@@ -116,9 +116,16 @@ fn record_offcpu(dir: &Path, f: &mut Fixture, config: &str, seconds: &str) -> Pr
 
 #[test]
 fn sleep_pipe_and_runnable_threads_with_why() {
-    // The defaults: the fixture's threads (glibc registers rseq) are walked on their way
-    // back to user mode, whether they blocked in a syscall or were preempted.
+    // The defaults: on this kernel (6.18) a task work walks each long block on its way back
+    // to user mode, whether it blocked in a syscall or was preempted.
     sleep_pipe_and_runnable(&[]);
+}
+
+#[test]
+fn the_same_with_the_rseq_path() {
+    // Kernels without BPF task works: the fixture's threads (glibc registers rseq) are
+    // walked by the rseq_update program on their way back to user mode.
+    sleep_pipe_and_runnable(&["  task_work: false"]);
 }
 
 #[test]
@@ -127,6 +134,7 @@ fn the_same_with_the_syscall_exit_path() {
     // fallback, every one (a tenth, scaled, put hog0 at 0.86-1.17x its run-queue wait in
     // three runs: the scaling itself is tested in capture::record).
     sleep_pipe_and_runnable(&[
+        "  task_work: false",
         "  rseq: false",
         "  syscall_exit: true",
         "  fallback_rate: 1.0",
@@ -441,7 +449,11 @@ fn thread_churn_keeps_the_map_bounded() {
     );
     // Every switch-out recorded ends short, sent, merged, skipped, dropped or still held;
     // the counters are mirrored once a second, so this is printed, not asserted.
-    let recorded = event("rseq") + event("syscall") + event("kernel_thread") + event("fallback");
+    let recorded = event("task_work")
+        + event("rseq")
+        + event("syscall")
+        + event("kernel_thread")
+        + event("fallback");
     let ended = event("sent")
         + event("short")
         + event("merged")
@@ -546,7 +558,7 @@ fn the_fallback_alone_keeps_the_shares() {
     let (body, profiles, lines) = run_offcpu(
         dir.path(),
         &mut f,
-        "  min_block: 0s\n  rseq: false\n  syscall_exit: false\n  fallback_rate: 1.0\n",
+        "  min_block: 0s\n  task_work: false\n  rseq: false\n  syscall_exit: false\n  fallback_rate: 1.0\n",
     );
     let tids: HashMap<String, i64> = lines
         .iter()
@@ -556,7 +568,7 @@ fn the_fallback_alone_keeps_the_shares() {
         .collect();
     let (fallback, deferred, exit_walk) = (
         event(&body, "fallback"),
-        event(&body, "syscall") + event(&body, "rseq"),
+        event(&body, "syscall") + event(&body, "rseq") + event(&body, "task_work"),
         event(&body, "exit_walk"),
     );
     println!("fallback {fallback}, deferred {deferred}, exit_walk {exit_walk}");
@@ -623,7 +635,8 @@ fn a_short_block_storm_walks_no_stack() {
     let mut f =
         Fixture::spawn(OFFCPU, &["--wait-start", "--storm", "--seconds", "4"]).expect("fixture");
     // Blocks of microseconds inside read() against a 50 ms min_block, with the defaults
-    // (rseq); a switch-out the fallback took would be walked, so it shows.
+    // (a task work, or rseq on kernels without); a switch-out the fallback took would be
+    // walked, so it shows.
     let (body, _, lines) = run_offcpu(
         dir.path(),
         &mut f,
@@ -636,10 +649,10 @@ fn a_short_block_storm_walks_no_stack() {
         .expect("the storm's round trips");
     let e = |r| event(&body, r);
     println!(
-        "round trips {trips}; switch {}, rseq {}, short {}, exit_walk {}, fallback {}, \
+        "round trips {trips}; switch {}, deferred {}, short {}, exit_walk {}, fallback {}, \
          fallback_skipped {}, sent {}",
         e("switch"),
-        e("rseq"),
+        e("task_work") + e("rseq"),
         e("short"),
         e("exit_walk"),
         e("fallback"),
@@ -653,10 +666,22 @@ fn a_short_block_storm_walks_no_stack() {
         "switch-outs {} for {trips} round trips",
         e("switch")
     );
+    // This kernel (6.18) has BPF task works: no program runs per switch for the walk.
+    let task_work = std::fs::read_to_string("/proc/kallsyms")
+        .is_ok_and(|k| k.contains(" bpf_task_work_schedule_resume_impl\n"));
+    if task_work {
+        assert!(
+            e("task_work") >= 0.99 * e("switch") && e("rseq") == 0.0,
+            "task work deferrals {} and rseq {} of {} switch-outs",
+            e("task_work"),
+            e("rseq"),
+            e("switch")
+        );
+    }
     assert!(
-        e("rseq") >= 0.99 * e("switch"),
+        e("task_work") + e("rseq") >= 0.99 * e("switch"),
         "switch-outs deferred to the thread's return: {} of {}",
-        e("rseq"),
+        e("task_work") + e("rseq"),
         e("switch")
     );
     assert!(

@@ -126,7 +126,7 @@ shared_struct!(ember_offcpu_config: size 56, align 8 {
     klocks @ 40,
     self_tgid @ 44,
     kernel_threads @ 48,
-    pad @ 52,
+    task_work @ 52,
 });
 
 shared_struct!(ember_offcpu_head: size 48, align 8 {
@@ -262,7 +262,9 @@ shared_enum!(ember_offcpu_counter {
     EMBER_OFFCPU_CNT_SUMMED = 20,
     EMBER_OFFCPU_CNT_SUMS_FULL = 21,
     EMBER_OFFCPU_CNT_WAKER_IRQ = 22,
-    EMBER_OFFCPU_CNT_MAX = 23,
+    EMBER_OFFCPU_CNT_TASK_WORK = 23,
+    EMBER_OFFCPU_CNT_WORK_FAILED = 24,
+    EMBER_OFFCPU_CNT_MAX = 25,
 });
 
 shared_struct!(ember_py_proc: size 88, align 8 {

@@ -117,6 +117,8 @@ impl CounterSync {
             (C::EMBER_OFFCPU_CNT_TAKEN, OffCpuEvent::Fallback),
             (C::EMBER_OFFCPU_CNT_SYSCALL, OffCpuEvent::Syscall),
             (C::EMBER_OFFCPU_CNT_RSEQ, OffCpuEvent::Rseq),
+            (C::EMBER_OFFCPU_CNT_TASK_WORK, OffCpuEvent::TaskWork),
+            (C::EMBER_OFFCPU_CNT_WORK_FAILED, OffCpuEvent::TaskWorkFailed),
             (C::EMBER_OFFCPU_CNT_KTHREAD, OffCpuEvent::KernelThread),
             (
                 C::EMBER_OFFCPU_CNT_KTHREAD_SKIPPED,

@@ -52,7 +52,11 @@ impl<'obj> Sampler<'obj> {
             };
             rodata.ember_cfg.task_regs = u32::from(kernel_btf());
         }
-        let (offcpu_on, klocks) = prepare_offcpu(&mut open, offcpu)?;
+        let OffCpuPlan {
+            on: offcpu_on,
+            klocks,
+            task_work,
+        } = prepare_offcpu(&mut open, offcpu)?;
         // The exec hook is a BTF tracepoint: without kernel BTF it would fail the whole load.
         let exec_hook = settings.unwind != UnwindMode::FramePointer && kernel_btf();
         open.progs.ember_exec.set_autoload(exec_hook);
@@ -94,8 +98,11 @@ impl<'obj> Sampler<'obj> {
         if offcpu_on {
             // The hooks of a thread's return first: a record waiting for one always finds it.
             for (prog, on) in [
-                (&skel.progs.ember_offcpu_exit, offcpu.syscall_exit),
-                (&skel.progs.ember_offcpu_rseq, offcpu.rseq),
+                (
+                    &skel.progs.ember_offcpu_exit,
+                    !task_work && offcpu.syscall_exit,
+                ),
+                (&skel.progs.ember_offcpu_rseq, !task_work && offcpu.rseq),
                 (&skel.progs.ember_offcpu_switch, true),
                 (&skel.progs.ember_offcpu_waking, true),
                 (&skel.progs.ember_offcpu_lock_begin, klocks == Some(true)),
@@ -227,15 +234,29 @@ impl<'obj> Sampler<'obj> {
     }
 }
 
+/// What `prepare_offcpu` decided.
+struct OffCpuPlan {
+    /// Off-CPU profiling is on.
+    on: bool,
+    /// Kernel lock contention is followed (`None`: not asked for).
+    klocks: Option<bool>,
+    /// Long blocks are walked by a task work (so neither rseq nor sys_exit is hooked).
+    task_work: bool,
+}
+
 /// The off-CPU settings written into the object before load: its rodata, which programs
-/// load, and its maps' sizes (minimal when off). Whether off-CPU profiling is on, and
-/// whether kernel lock contention is (`None`: not asked for).
+/// load, and its maps' sizes (minimal when off).
 fn prepare_offcpu(
     open: &mut skel::OpenEmberSkel<'_>,
     offcpu: &OffCpuSettings,
-) -> Result<(bool, Option<bool>), CaptureError> {
+) -> Result<OffCpuPlan, CaptureError> {
     // The lock tracepoints exist since 5.19: a program on a missing one fails the whole load.
     let klocks = (offcpu.enabled && offcpu.locks).then(|| kernel_has("btf_trace_contention_begin"));
+    // BPF task works (6.18; bpf_preempt_disable is 6.10): without them, rseq or sys_exit.
+    let task_work = offcpu.enabled
+        && offcpu.task_work
+        && kernel_has("bpf_task_work_schedule_resume_impl")
+        && kernel_has("bpf_preempt_disable");
     if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
         let cfg = &mut rodata.ember_offcpu_cfg;
         cfg.min_block_ns = u64::try_from(offcpu.min_block.as_nanos()).unwrap_or(u64::MAX);
@@ -249,6 +270,7 @@ fn prepare_offcpu(
         // The kernel's tgid, as the programs read it: ember runs in the host's pid namespace.
         cfg.self_tgid = std::process::id();
         cfg.kernel_threads = u32::from(offcpu.kernel_threads);
+        cfg.task_work = u32::from(task_work);
     }
     // The off-CPU programs are BTF tracepoints too; off, their maps are kept minimal.
     let on = offcpu.enabled && kernel_btf();
@@ -269,8 +291,10 @@ fn prepare_offcpu(
     // Without them, blocks take the fallback (their rodata switches are 0 too).
     open.progs
         .ember_offcpu_exit
-        .set_autoload(on && offcpu.syscall_exit);
-    open.progs.ember_offcpu_rseq.set_autoload(on && offcpu.rseq);
+        .set_autoload(on && !task_work && offcpu.syscall_exit);
+    open.progs
+        .ember_offcpu_rseq
+        .set_autoload(on && !task_work && offcpu.rseq);
     open.maps
         .offcpu_threads
         .set_max_entries(if on { offcpu.max_threads } else { 1 })
@@ -288,7 +312,14 @@ fn prepare_offcpu(
         .row_cache
         .set_max_entries(if on { 2 } else { 1 })
         .map_err(CaptureError::Load)?;
-    Ok((on, klocks))
+    if task_work {
+        info!("off-CPU: long blocks walked by a BPF task work on the way back to user mode");
+    }
+    Ok(OffCpuPlan {
+        on,
+        klocks,
+        task_work,
+    })
 }
 
 fn open_perf_event(cpu: u32, event: SampleEvent, hz: u64) -> std::io::Result<i32> {

@@ -194,6 +194,11 @@ pub struct OffCpu {
     /// registers it for every thread) on its return to user mode (tp_btf/rseq_update),
     /// whether it blocked in a syscall or not: one program run per context switch.
     pub rseq: bool,
+    /// On kernels with BPF task works (6.18+), walk the user stack of every long block of
+    /// a user thread on its return to user mode by a task work its switch-in schedules:
+    /// nothing runs per switch or per syscall for it, and neither `rseq` nor
+    /// `syscall_exit` is hooked. Older kernels use `rseq`, `syscall_exit` and the fallback.
+    pub task_work: bool,
     /// Walk the stacks of the thread that wakes a block already past `min_block`
     /// (tp_btf/sched_waking), joined to the block: the `offwake` windows.
     pub wakers: bool,
@@ -228,6 +233,7 @@ impl Default for OffCpu {
             fallback_rate: 0.1,
             syscall_exit: false,
             rseq: true,
+            task_work: true,
             wakers: true,
             locks: true,
             kernel_threads: false,
@@ -793,7 +799,7 @@ mod tests {
         // readings, jit, counters, otlp_metrics, symbols, health, interpreters.
         assert_eq!(
             count,
-            9 + 13 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 11 + 1 + 1
+            9 + 14 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 11 + 1 + 1
         );
         let python = &v["interpreters"]["python"];
         assert_eq!(python.as_mapping().map_or(0, |m| m.len()), 3);

@@ -357,7 +357,7 @@ metric_table! {
         /// Kernel memory of unwind tables and ranges (counts against the agent's cgroup).
         pub unwind_map_bytes: Gauge<i64, AtomicI64> = metric("unwind_map", unit Bytes),
         /// Off-CPU switch-outs and blocks, by what became of them (losses: map_full,
-        /// ringbuf_full, no_scratch, malformed, task_full, exited).
+        /// ringbuf_full, no_scratch, malformed, task_full, task_work_failed, exited).
         pub offcpu_events: Family<ResultLabel<OffCpuEvent>, Counter> = metric(
             "offcpu_events",
             labels ["result"]

@@ -185,20 +185,21 @@ label_enum! {
         /// ... of a thread with rseq registered (`offcpu.rseq`): nothing walked until it is
         /// back, after `offcpu.min_block`, on its way to user mode.
         Rseq => "rseq",
-        /// ... a kernel thread, with `offcpu.kernel_threads`: nothing walked until it runs
-        /// again after `offcpu.min_block`.
+        /// ... of a user thread (`offcpu.task_work`): a task work walks it if it is long.
+        TaskWork => "task_work",
+        /// Lost: a long block whose task work could not be scheduled (no kernel memory).
+        TaskWorkFailed => "task_work_failed",
+        /// ... a kernel thread (`offcpu.kernel_threads`): its kernel stack taken if it is long.
         KernelThread => "kernel_thread",
         /// ... a kernel thread, not followed (`offcpu.kernel_threads` false; not a loss).
         KernelThreadSkipped => "kernel_thread_skipped",
-        /// ... elsewhere (page fault, preemption in user mode), and walked at switch-out (the
-        /// fallback; `offcpu.fallback_rate` drew it).
+        /// ... elsewhere (page fault, preemption), walked at switch-out (the fallback drew it).
         Fallback => "fallback",
         /// ... elsewhere, and not drawn by `offcpu.fallback_rate` (not walked; not a loss).
         FallbackSkipped => "fallback_skipped",
         /// It ran again sooner than `offcpu.min_block` (not reported; not a loss).
         Short => "short",
-        /// A long block had its user stack walked in its thread once back (the syscall's exit,
-        /// or rseq on the way to user mode).
+        /// A long block's user stack walked in its thread once back (task work, rseq, sys_exit).
         ExitWalk => "exit_walk",
         /// A long block added to the one of the same syscall still waiting for its exit.
         Merged => "merged",
@@ -227,8 +228,7 @@ label_enum! {
         Exited => "exited",
         /// Excluded by `--pid`, the filters, or as the agent's own thread (not a loss).
         Filtered => "filtered",
-        /// The stacks of a thread waking a block past `offcpu.min_block` were walked
-        /// (`offcpu.wakers`).
+        /// A thread waking a block past `offcpu.min_block` had its stacks walked (wakers).
         Waker => "waker",
         /// ... of them, wakeups from an interrupt (a timer, an I/O completion): the
         /// interrupt's kernel frames only, as no process's (the thread it interrupted is no
