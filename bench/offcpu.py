@@ -3,15 +3,17 @@
 
 Run by `make bench` (as root). Python 3 stdlib only.
 
-Four agent settings, interleaved run by run (--runs of each; medians reported):
+Five agent settings, interleaved run by run (--runs of each; medians reported):
   off        offcpu.enabled false
   on         offcpu.enabled true with the defaults (stacks only for blocks of min_block
-             or more; threads with rseq walked on their way back to user mode, others
-             by the fallback at fallback_rate)
-  sysexit    on, but rseq false and syscall_exit true: blocks inside a syscall walked at
+             or more, walked on the thread's way back to user mode by a BPF task work
+             its switch-in schedules, on kernels that have them: 6.18+)
+  rseq       on, task_work false (older kernels): threads with rseq walked by the
+             rseq_update program, others by the fallback at fallback_rate
+  sysexit    rseq, but rseq false and syscall_exit true: blocks inside a syscall walked at
              its exit (a program on every syscall of the host), the rest by the fallback
-  every      offcpu.enabled true, rseq and syscall_exit false, fallback_rate 1: every
-             switch-out walks both stacks (what off-CPU did before; for scale)
+  every      offcpu.enabled true, task_work, rseq and syscall_exit false, fallback_rate 1:
+             every switch-out walks both stacks (what off-CPU did before; for scale)
 For each run: starts `ember run` (whole host), waits for its perf events and 3 s more, then
   1. ping-pong: `taskset -c 0 perf bench sched pipe -T` (two threads of one process pass a
      token over two pipes, both on CPU 0: every hand-off is a context switch, every block
@@ -70,8 +72,9 @@ PROGS = {
 MODES = {
     "off": "offcpu:\n  enabled: false\n",
     "on": "offcpu:\n  enabled: true\n",
-    "sysexit": "offcpu:\n  enabled: true\n  rseq: false\n  syscall_exit: true\n",
-    "every": "offcpu:\n  enabled: true\n  rseq: false\n  syscall_exit: false\n  fallback_rate: 1.0\n",
+    "rseq": "offcpu:\n  enabled: true\n  task_work: false\n",
+    "sysexit": "offcpu:\n  enabled: true\n  task_work: false\n  rseq: false\n  syscall_exit: true\n",
+    "every": "offcpu:\n  enabled: true\n  task_work: false\n  rseq: false\n  syscall_exit: false\n  fallback_rate: 1.0\n",
 }
 
 
@@ -292,7 +295,7 @@ def pair_row(label, pairs, args, extra=""):
 def table(res, perf, pairs, args, service_pairs=()):
     m = {mode: {k: median(runs, k) for k in runs[0]} for mode, runs in res.items()}
     off = m["off"]
-    cols = ["off", "on", "sysexit", "every"]
+    cols = ["off", "on", "rseq", "sysexit", "every"]
     load = open("/proc/loadavg").read().split()[:3]
     rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True).stdout.strip()
@@ -315,9 +318,9 @@ def table(res, perf, pairs, args, service_pairs=()):
         "on one CPU, blocks of a few µs, all under `min_block`). Rates, syscall times and CPU with "
         "`kernel.bpf_stats_enabled` off; BPF times in a second pass with it on.",
         "",
-        "| | offcpu off | on (defaults: rseq) | sys_exit instead of rseq | walk at every switch-out (before) "
-        "| perf sched record |",
-        "|---|---|---|---|---|---|",
+        "| | offcpu off | on (defaults: task work) | rseq instead (kernels before 6.18) "
+        "| sys_exit instead of rseq | walk at every switch-out (before) | perf sched record |",
+        "|---|---|---|---|---|---|---|",
         row("ping-pong context switches/s (× off)", "rate", ",.0f", ratio=True,
             perf_cell=f"{perf['rate']:,.0f}"),
         row("BPF ns per sched_switch, ember_offcpu_switch", "switch_ns", ",.0f"),

@@ -256,6 +256,86 @@ static __always_inline void offcpu_count(__u32 which)
 		v->c[which] += 1;
 }
 
+/*
+ * Block lengths are on the scheduler's clock (sched_clock), which __schedule has just read
+ * into its run queue: at sched_switch, "now" is a few loads, where bpf_ktime_get_ns cost
+ * 44 ns of the switch program's 200 here. The run queue is reached from `prev` (its
+ * cfs_rq's, this CPU's): a typed `runqueues` ksym needs data symbols in kallsyms, which
+ * kernels without CONFIG_KALLSYMS_ALL (this one) lack. Record times stay on ktime (the
+ * agent's clock): each CPU keeps ktime minus the scheduler's clock, read again every 10 ms
+ * at a switch.
+ */
+struct rq___offcpu {
+	__u64 clock;
+} __attribute__((preserve_access_index));
+
+struct cfs_rq___offcpu {
+	struct rq___offcpu *rq;
+} __attribute__((preserve_access_index));
+
+struct sched_entity___offcpu {
+	struct cfs_rq___offcpu *cfs_rq;
+} __attribute__((preserve_access_index));
+
+/* se.cfs_rq is set for every task, of any class, when it is put on a CPU (group scheduling). */
+struct task_struct___clock {
+	struct sched_entity___offcpu se;
+} __attribute__((preserve_access_index));
+
+#define OFFCPU_CLOCK_EVERY_NS 10000000ULL
+
+struct offcpu_clock {
+	__u64 off; /* ktime - the scheduler's clock on this CPU */
+	__u64 at;  /* when it was read, on the scheduler's clock; 0: not yet */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct offcpu_clock);
+} offcpu_clocks SEC(".maps");
+
+/* Now on the scheduler's clock, in sched_switch (ktime on kernels without group scheduling). */
+static __always_inline __u64 offcpu_switch_now(struct task_struct *prev)
+{
+	struct task_struct___clock *t = (void *)prev;
+	struct rq___offcpu *rq;
+	struct offcpu_clock *c;
+	__u32 zero = 0;
+	__u64 now;
+
+	if (!bpf_core_field_exists(t->se.cfs_rq))
+		return bpf_ktime_get_ns();
+	rq = t->se.cfs_rq ? t->se.cfs_rq->rq : 0;
+	if (!rq)
+		return bpf_ktime_get_ns();
+	now = rq->clock;
+	c = bpf_map_lookup_elem(&offcpu_clocks, &zero);
+	if (c && (!c->at || now - c->at > OFFCPU_CLOCK_EVERY_NS)) {
+		c->off = bpf_ktime_get_ns() - now;
+		c->at = now;
+	}
+	return now;
+}
+
+/* This CPU's clock entry, once a switch has set it; 0 before. */
+static __always_inline struct offcpu_clock *offcpu_clock(void)
+{
+	__u32 zero = 0;
+	struct offcpu_clock *c = bpf_map_lookup_elem(&offcpu_clocks, &zero);
+
+	return c && c->at ? c : 0;
+}
+
+/* A time on the scheduler's clock as ktime, for a record (exact to this CPU's drift since its last read). */
+static __always_inline __u64 offcpu_ktime(__u64 sched_ns)
+{
+	struct offcpu_clock *c = offcpu_clock();
+
+	return c ? sched_ns + c->off : bpf_ktime_get_ns();
+}
+
 /* Why `prev` leaves the CPU; -1 for a thread that exits (nothing to keep). */
 static __always_inline int offcpu_state(_Bool preempt, struct task_struct___offcpu *prev)
 {
@@ -519,7 +599,7 @@ static __always_inline void offcpu_walk_out(void *ctx, struct task_struct *prev,
 	}
 	offcpu_count(EMBER_OFFCPU_CNT_TAKEN);
 	s = &t->s;
-	s->rec.time_ns = now;
+	s->rec.time_ns = offcpu_ktime(now);
 	offcpu_current(s);
 	kbytes = bpf_get_stack(ctx, s->ips, STACK_BYTES, 0);
 	if (kbytes < 0)
@@ -755,7 +835,7 @@ static __always_inline void offcpu_in_syscall(struct task_struct *next, struct o
 		return;
 	}
 	offcpu_times(&t->head, r, start, now);
-	t->s.rec.time_ns = start;
+	t->s.rec.time_ns = offcpu_ktime(start);
 	kbytes = bpf_get_task_stack(next, t->s.ips, STACK_BYTES, 0);
 	if (kbytes < 0)
 		kbytes = 0;
@@ -793,7 +873,7 @@ static __always_inline void offcpu_in_kthread(struct task_struct *next, struct o
 	}
 	s = &t->s;
 	offcpu_times(&t->head, r, start, now);
-	s->rec.time_ns = start;
+	s->rec.time_ns = offcpu_ktime(start);
 	s->rec.cgroup_id = r->cgroup_id;
 	s->rec.pid = n->tgid;
 	s->rec.tid = n->pid;
@@ -859,7 +939,7 @@ static __always_inline void offcpu_in(struct task_struct *next, __u64 now)
 SEC("tp_btf/sched_switch")
 int BPF_PROG(ember_offcpu_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = offcpu_switch_now(prev);
 
 	offcpu_out(ctx, preempt, prev, now);
 	offcpu_in(next, now);
@@ -925,7 +1005,8 @@ static __always_inline __u32 offcpu_irq_frames(const __u64 *ips, __u32 frames)
  * stack, cut at the interrupt's entry, is all that is sent, as no process's (one key
  * for each interrupt path, not one per thread and place it happened to interrupt).
  */
-static __always_inline void offcpu_waker(void *ctx, struct task_struct *p, struct offcpu_task *r, __u64 now)
+static __always_inline void offcpu_waker(void *ctx, struct task_struct *p, struct offcpu_task *r, __u64 now,
+					 __u64 ktime)
 {
 	struct task_struct *cur = bpf_get_current_task_btf();
 	struct offcpu_thread *t;
@@ -948,7 +1029,7 @@ static __always_inline void offcpu_waker(void *ctx, struct task_struct *p, struc
 	t->head.syscall = r->syscall;
 	t->head.key = 0;
 	t->head.waker_key = 0;
-	s->rec.time_ns = now;
+	s->rec.time_ns = ktime;
 	offcpu_current(s);
 	kbytes = bpf_get_stack(ctx, s->ips, STACK_BYTES, 0);
 	if (kbytes < 0)
@@ -986,17 +1067,23 @@ SEC("tp_btf/sched_waking")
 int BPF_PROG(ember_offcpu_waking, struct task_struct *p)
 {
 	struct offcpu_task *r;
-	__u64 now;
+	struct offcpu_clock *c;
+	__u64 now, ktime;
 
 	r = bpf_task_storage_get(&offcpu_tasks, p, 0, 0);
 	if (!r || !r->start_ns || r->wake_ns)
 		return 0;
-	now = bpf_ktime_get_ns();
+	/* The scheduler's clock of this CPU may be a tick old here: ktime, brought to it. */
+	c = offcpu_clock();
+	if (!c)
+		return 0;
+	ktime = bpf_ktime_get_ns();
+	now = ktime - c->off;
 	r->wake_ns = now;
 	/* A block the fallback did not draw is not reported: neither is its waker. */
 	if (ember_offcpu_cfg.wakers && r->path != OFFCPU_PATH_SKIP && now - r->start_ns >= ember_offcpu_cfg.min_block_ns &&
 	    (__s64)(now - r->start_ns) > 0)
-		offcpu_waker(ctx, p, r, now);
+		offcpu_waker(ctx, p, r, now, ktime);
 	return 0;
 }
 
