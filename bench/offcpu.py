@@ -289,7 +289,7 @@ def pair_row(label, pairs, args, extra=""):
     each = ", ".join(f"{100 * p['off']:.2f}/{100 * p['on']:.2f}" for p in pairs)
     return (f"| ember CPU, {label}, off and on started together ({args.steady_pair:.0f} s after "
             f"{args.warm:.0f} s), % of one core (median of on ÷ off per pair){extra} | {100 * off_p:.2f} | "
-            f"{100 * on_p:.2f} ({ratio:.2f}×) | - | - | runs off/on: {each} |")
+            f"{100 * on_p:.2f} ({ratio:.2f}×) | - | - | - | runs off/on: {each} |")
 
 
 def table(res, perf, pairs, args, service_pairs=()):

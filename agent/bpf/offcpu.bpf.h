@@ -29,7 +29,7 @@
  *   switch-out, as before, for a fraction of such switch-outs (fallback_threshold;
  *   their times are scaled by its inverse), and holds them in `offcpu_threads`
  *   until the thread runs again.
- * tp_btf/sched_wakeup stamps the wakeup of a sleeping thread, so the time from
+ * tp_btf/sched_waking stamps the wakeup of a sleeping thread, so the time from
  * its wakeup to running is reported as `runnable` (waiting for a CPU) apart
  * from its sleep.
  *
