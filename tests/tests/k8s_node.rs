@@ -434,8 +434,9 @@ fn compare_cpu(windows: &Path, container_id: &str) -> (f64, f64) {
     let file = cgroup_cpu_file(container_id);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop2 = stop.clone();
+    // The first reading is taken here, before `begun`, so every picked window has one below.
+    let mut readings = vec![(now_ns(), cgroup_cpu(&file))];
     let reader = std::thread::spawn(move || {
-        let mut readings = Vec::new();
         while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
             readings.push((now_ns(), cgroup_cpu(&file)));
             std::thread::sleep(Duration::from_millis(50));
@@ -483,6 +484,13 @@ fn compare_cpu(windows: &Path, container_id: &str) -> (f64, f64) {
                 .map(|s| s.value.get(1).copied().unwrap_or(0))
                 .sum();
             picked.push((start, start + p.duration_nanos as f64, ns as f64 / 1e9));
+        }
+    }
+    // A window's file can be read within one reading period of its end: keep the reader
+    // going until a reading lies past the last end, or `at` has nothing to interpolate to.
+    if let Some(last_end) = picked.iter().map(|w| w.1).reduce(f64::max) {
+        while now_ns() < last_end + 3e8 {
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
