@@ -206,8 +206,11 @@ def build_wakers():
 
 
 def pair(args, tmp, run_no, service=None):
-    """ember "off" and "on" at once over the same seconds: CPU % of one core of each (and,
-    with `service`, the wakers fixture's rounds per second, which runs throughout)."""
+    """`args.agents` embers with off-CPU off and as many with it on, all at once over the
+    same seconds: the median CPU % of one core of each mode (and, with `service`, the wakers
+    fixture's rounds per second, which runs throughout). Several of each at once, because on
+    this host one agent's CPU over two minutes moves by 2x with what else runs: the medians
+    of agents that met the same host are what compares."""
     procs = {}
     work = None
     if service:
@@ -216,32 +219,34 @@ def pair(args, tmp, run_no, service=None):
         work = subprocess.Popen([service, "--seconds", str(life)],
                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     order = ["off", "on"] if run_no % 2 == 0 else ["on", "off"]
-    # Each agent runs from a copy named for its mode and leaves the other out
-    # (filters.exclude_processes): a host has one agent, and the on agent walking and
-    # naming the off agent's blocks (a 120 MB binary's DWARF) is a cost no host pays.
-    names = {m: f"ember-pair-{m}" for m in order}
+    # Each agent runs from a copy named for it and leaves all the others out
+    # (filters.exclude_processes): a host has one agent, and an agent walking and naming
+    # another's blocks (a 120 MB binary's DWARF) is a cost no host pays.
+    names = {(m, k): f"ember-pair-{m}{k}" for m in order for k in range(args.agents)}
     try:
-        for mode in order:
-            binary = os.path.join(tmp, names[mode])
+        for (mode, k), name in names.items():
+            binary = os.path.join(tmp, name)
             if not os.path.exists(binary):
                 shutil.copy2(EMBER, binary)
-            other = names["on" if mode == "off" else "off"]
-            cfg = os.path.join(tmp, f"pair-{mode}.yaml")
+            cfg = os.path.join(tmp, f"{name}.yaml")
             with open(cfg, "w") as f:
                 f.write(MODES[mode] + "kubernetes:\n  enabled: false\nserver:\n  enabled: false\n"
-                        f"sampling:\n  unwind_cache_dir: {os.path.join(tmp, 'uc-' + mode)}\n"
-                        f"filters:\n  exclude_processes: [{other}]\n")
-            procs[mode] = subprocess.Popen(
-                [binary, "run", "--config", cfg, "--data-dir", os.path.join(tmp, f"p-{mode}")],
+                        f"sampling:\n  unwind_cache_dir: {os.path.join(tmp, 'uc-' + name)}\n"
+                        f"filters:\n  exclude_processes: [{', '.join(names.values())}]\n")
+            procs[(mode, k)] = subprocess.Popen(
+                [binary, "run", "--config", cfg, "--data-dir", os.path.join(tmp, f"d-{name}")],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for p in procs.values():
             if not attached(p.pid):
                 sys.exit("ember did not attach")
         time.sleep(args.warm)
-        c0 = {m: cpu_seconds(p.pid) for m, p in procs.items()}
+        c0 = {key: cpu_seconds(p.pid) for key, p in procs.items()}
         time.sleep(args.steady_pair)
-        c1 = {m: cpu_seconds(p.pid) for m, p in procs.items()}
-        out = {m: (c1[m] - c0[m]) / args.steady_pair for m in procs}
+        c1 = {key: cpu_seconds(p.pid) for key, p in procs.items()}
+        each = {m: [(c1[key] - c0[key]) / args.steady_pair for key in procs if key[0] == m]
+                for m in order}
+        out = {m: statistics.median(v) for m, v in each.items()}
+        out["each"] = each
         if work:
             text, _ = work.communicate(timeout=120)
             rounds = sum(int(x) for x in re.findall(r"signals \w+ (\d+)", text))
@@ -286,10 +291,12 @@ def pair_row(label, pairs, args, extra=""):
     off_p = statistics.median(p["off"] for p in pairs)
     on_p = statistics.median(p["on"] for p in pairs)
     ratio = statistics.median(p["on"] / p["off"] for p in pairs if p["off"] > 0)
-    each = ", ".join(f"{100 * p['off']:.2f}/{100 * p['on']:.2f}" for p in pairs)
-    return (f"| ember CPU, {label}, off and on started together ({args.steady_pair:.0f} s after "
-            f"{args.warm:.0f} s), % of one core (median of on ÷ off per pair){extra} | {100 * off_p:.2f} | "
-            f"{100 * on_p:.2f} ({ratio:.2f}×) | - | - | - | runs off/on: {each} |")
+    each = "; ".join(" ".join(f"{100 * v:.3f}" for v in p["each"]["off"]) + " / "
+                     + " ".join(f"{100 * v:.3f}" for v in p["each"]["on"]) for p in pairs)
+    return (f"| ember CPU, {label}, {args.agents} agents off and {args.agents} on at once "
+            f"({args.steady_pair:.0f} s after {args.warm:.0f} s), % of one core (median of each "
+            f"run's on ÷ off medians){extra} | {100 * off_p:.3f} | {100 * on_p:.3f} ({ratio:.2f}×) "
+            f"| - | - | - | runs, each agent off / on: {each} |")
 
 
 def table(res, perf, pairs, args, service_pairs=()):
@@ -350,10 +357,14 @@ def main():
     ap.add_argument("--syscalls", type=int, default=3_000_000)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--steady", type=float, default=10.0)
-    ap.add_argument("--steady-pair", type=float, default=120.0)
-    # Both agents name new stacks and page in DWARF for minutes after they start.
-    ap.add_argument("--warm", type=float, default=180.0)
+    ap.add_argument("--steady-pair", type=float, default=180.0)
+    ap.add_argument("--agents", type=int, default=3, help="agents of each mode per pair run")
+    # Agents name new stacks and page in DWARF for minutes after they start (paced: at most
+    # symbols.dwarf_bytes per 320 s), and off-CPU stacks bring in objects CPU samples do not.
+    ap.add_argument("--warm", type=float, default=240.0)
     ap.add_argument("--no-pair", action="store_true")
+    ap.add_argument("--only-pairs", action="store_true",
+                    help="only the agents' steady CPU, printed (not written)")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -366,7 +377,7 @@ def main():
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for i in range(args.runs):
-                for mode in MODES:
+                for mode in [] if args.only_pairs else MODES:
                     r = run(mode, args, tmp)
                     res[mode].append(r)
                     print(f"run {i + 1} {mode}: " + ", ".join(
@@ -381,10 +392,14 @@ def main():
                           f"{100 * service_pairs[-1]['off']:.2f} %, on "
                           f"{100 * service_pairs[-1]['on']:.2f} %", flush=True)
             stats(False)
-            perf = perf_sched(args.loops, tmp)
+            perf = None if args.only_pairs else perf_sched(args.loops, tmp)
     finally:
         with open("/proc/sys/kernel/bpf_stats_enabled", "w") as f:
             f.write(old)
+    if args.only_pairs:
+        print(pair_row("steady host", pairs, args))
+        print(pair_row("host with a blocking service (wakers fixture)", service_pairs, args))
+        return
     text = table(res, perf, pairs, args, service_pairs)
     print(text)
     if args.write:

@@ -270,14 +270,21 @@ static __always_inline void ask(struct scratch *s, __u8 flag)
 	s->rec.user_flags |= flag;
 }
 
-/* Copies the record out at its used size; a record that asks for something wakes the agent. */
+/*
+ * Copies the record out at its used size. A record that asks for a process's ranges
+ * wakes the agent (the process may live milliseconds); a range miss waits for the next
+ * drain (a second at most): a process whose miss no read fixes (code in memfd or
+ * anonymous memory) asks every second for as long as it runs, and woke the agent,
+ * and through it the aggregator, as often.
+ */
 static __always_inline void emit(struct scratch *s, __u64 kbytes, __u64 ubytes)
 {
 	__u64 size = sizeof(struct ember_record) + kbytes + ubytes, wake;
 
 	if (size > sizeof(struct ember_record) + sizeof(s->ips))
 		size = sizeof(struct ember_record) + sizeof(s->ips);
-	wake = s->rec.user_flags || bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >= ember_cfg.wakeup_bytes ?
+	wake = (s->rec.user_flags & ~EMBER_REC_RANGE_MISS) ||
+			       bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >= ember_cfg.wakeup_bytes ?
 		       BPF_RB_FORCE_WAKEUP :
 		       BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_output(&samples, s, size, wake)) {

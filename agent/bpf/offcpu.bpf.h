@@ -552,9 +552,9 @@ static __always_inline __u64 offcpu_send(struct offcpu_thread *t)
 		}
 	}
 	size = sizeof(struct ember_offcpu_head) + sizeof(struct ember_record) + (k + u) * sizeof(__u64) + tail;
+	/* Asks wait for the next drain (a second at most): they serve its later blocks, not this one. */
 	if (bpf_ringbuf_output(&offcpu_samples, &t->head, size,
-			       t->s.rec.user_flags ||
-					       bpf_ringbuf_query(&offcpu_samples, BPF_RB_AVAIL_DATA) >=
+			       bpf_ringbuf_query(&offcpu_samples, BPF_RB_AVAIL_DATA) >=
 						       ember_cfg.wakeup_bytes ?
 				       BPF_RB_FORCE_WAKEUP :
 				       BPF_RB_NO_WAKEUP)) {
