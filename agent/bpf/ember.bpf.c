@@ -219,12 +219,23 @@ extern int bpf_iter_task_vma_new(struct bpf_iter_task_vma *it, struct task_struc
 extern struct vm_area_struct *bpf_iter_task_vma_next(struct bpf_iter_task_vma *it) __weak __ksym;
 extern void bpf_iter_task_vma_destroy(struct bpf_iter_task_vma *it) __weak __ksym;
 
-/* When each pid last asked the agent for its ranges: at most one ask a second per pid. */
+/* When a pid last asked the agent for its ranges, and how long until it may ask again. */
+struct ask_state {
+	__u64 at;
+	__u64 gap;
+};
+
+/*
+ * Per pid: the first ask goes out at once, the next after a second, then after twice the
+ * last gap, up to a minute: a process whose miss no read fixes (code in memfd or
+ * anonymous memory, an unreadable binary) asked every second for as long as it ran, and
+ * each ask is a whole record and a read for the agent. An exec starts the pid afresh.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 8192);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct ask_state);
 } unwind_asked SEC(".maps");
 
 int ember_walk(struct ember_perf_ctx *ctx);
@@ -257,16 +268,21 @@ static __always_inline void count(__u32 which)
 
 #define STACK_BYTES (EMBER_MAX_FRAMES * sizeof(__u64))
 #define ASK_EVERY_NS 1000000000ULL
+#define ASK_MAX_NS (64 * ASK_EVERY_NS)
 
-/* Sets `flag` in the record unless this pid asked less than a second ago. */
+/* Sets `flag` in the record unless this pid's last ask was less than its gap ago. */
 static __always_inline void ask(struct scratch *s, __u8 flag)
 {
 	__u32 pid = s->rec.pid;
-	__u64 now = s->rec.time_ns, *last = bpf_map_lookup_elem(&unwind_asked, &pid);
+	__u64 now = s->rec.time_ns;
+	struct ask_state *last = bpf_map_lookup_elem(&unwind_asked, &pid), next = { .at = now, .gap = ASK_EVERY_NS };
 
-	if (last && now - *last < ASK_EVERY_NS)
-		return;
-	bpf_map_update_elem(&unwind_asked, &pid, &now, 0);
+	if (last) {
+		if (now - last->at < last->gap)
+			return;
+		next.gap = last->gap < ASK_MAX_NS / 2 ? 2 * last->gap : ASK_MAX_NS;
+	}
+	bpf_map_update_elem(&unwind_asked, &pid, &next, 0);
 	s->rec.user_flags |= flag;
 }
 
@@ -984,6 +1000,8 @@ int BPF_PROG(ember_exec, struct task_struct *task)
 	struct bpf_iter_task_vma it;
 	struct vm_area_struct *vma;
 
+	/* A new program asks at once: it may live milliseconds (a reused pid's gap is not its). */
+	bpf_map_delete_elem(&unwind_asked, &pid);
 	if (!p || ember_cfg.unwind_mode == EMBER_MODE_FRAME_POINTER)
 		return 0;
 	if (ember_cfg.filter_pids && !bpf_map_lookup_elem(&pid_filter, &pid))

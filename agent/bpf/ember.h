@@ -87,11 +87,11 @@ enum ember_unwind_result {
 };
 
 /* user_flags bits: what the sampler asks the agent to load. */
-#define EMBER_REC_UNKNOWN_PROCESS 1 /* no unwind ranges for this pid yet (asked at most once a second) */
-#define EMBER_REC_RANGE_MISS 2      /* a pc outside every known range (asked at most once a second) */
+#define EMBER_REC_UNKNOWN_PROCESS 1 /* no unwind ranges for this pid yet (asks back off: see ask()) */
+#define EMBER_REC_RANGE_MISS 2      /* a pc outside every known range (asks back off: see ask()) */
 /*
  * A process whose ranges the exec hook wrote and the agent has not read since (asked at
- * most once a second): it may live milliseconds, so the agent reads it at once, ahead of
+ * once after its exec, then backing off): it may live milliseconds, so the agent reads it at once, ahead of
  * the exec records it paces.
  */
 #define EMBER_REC_UNREAD 4

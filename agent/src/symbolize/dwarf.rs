@@ -218,6 +218,7 @@ impl Lines {
                 .map(|(id, _)| *id);
             let Some(id) = oldest else { break };
             if let Some(h) = self.held.remove(&id) {
+                tracing::debug!("DWARF over the budget: let go of {} bytes", h.dwarf.bytes());
                 total = total.saturating_sub(h.dwarf.bytes());
                 metrics.dropped(Cache::Dwarf, 1);
             }
@@ -282,6 +283,14 @@ impl Lines {
             }
         }?;
         let charged = cost(opened + looked.bytes_read, started.elapsed());
+        tracing::debug!(
+            "lines of {}: {} addresses, {opened} bytes opened, {} read, {} deferred, in {:?}",
+            obj.path,
+            offsets.len(),
+            looked.bytes_read,
+            looked.deferred.len(),
+            started.elapsed()
+        );
         self.spend(charged.saturating_sub(opened));
         count(&looked, metrics);
         let deferred = looked
