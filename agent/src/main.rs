@@ -82,7 +82,7 @@ struct RecordArgs {
     /// What to record: cpu (samples of running threads), offcpu (where threads wait, how
     /// long and why), offwake (blocked time under the stack of the thread that woke it) or
     /// lock (futex waits with their wakers, kernel lock contention); the last three turn on
-    /// offcpu.enabled (and offcpu.wakers, offcpu.locks).
+    /// offcpu.enabled (and offcpu.wakers, offcpu.locks), cpu turns it off.
     #[arg(long = "type", value_enum, default_value_t = RecordType::Cpu)]
     kind: RecordType,
 }
@@ -228,7 +228,11 @@ fn format_of(path: &Path) -> Result<Format> {
 fn record(args: RecordArgs) -> Result<()> {
     let mut cfg = load(&args.common)?;
     let kind = match args.kind {
-        RecordType::Cpu => ProfileKind::Cpu,
+        RecordType::Cpu => {
+            // Its windows would be thrown away: no off-CPU programs for a CPU recording.
+            cfg.offcpu.enabled = false;
+            ProfileKind::Cpu
+        }
         RecordType::Offcpu => {
             cfg.offcpu.enabled = true;
             ProfileKind::OffCpu

@@ -239,6 +239,12 @@ def policy(docs):
             + int(jit.get("max_total_bytes", 67108864)) + int(smp.get("unwind_max_bytes", 33554432))
             + 2 * int(smp.get("ring_buffer_bytes", 1048576))
             + enabled_sinks * int(sinks.get("queue_bytes", 16777216)))
+    off = cfg.get("offcpu", {})
+    if off.get("enabled", False):
+        # Its BPF maps (charged to the pod), its sums with two records kept per sum, and
+        # its ring buffer mapped twice.
+        held += (2304 * int(off.get("max_threads", 8192)) + 320 * int(off.get("max_tasks", 65536))
+                 + 4864 * int(off.get("max_stacks", 8192)) + 2 * int(off.get("ring_buffer_bytes", 1048576)))
     memory = res.get("limits", {}).get("memory")
     if memory is not None and parse_quantity(memory) < held:
         fail(f"resources.limits.memory {memory} is below what the caps let ember hold ({held >> 20} Mi)")

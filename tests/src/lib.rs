@@ -50,6 +50,15 @@ pub const BURST_LAUNCHER: &str = env!("FIXTURE_BURST_LAUNCHER");
 /// The sampling frequency ember uses by default.
 pub const DEFAULT_HZ: f64 = 99.0;
 
+/// Whether `path` names a CPU window file (`<start>Z.pb.gz`), not an off-CPU kind's
+/// (`<start>Z.offcpu.pb.gz`, `.offwake.`, `.lock.`) or a file still being written (`.name`).
+pub fn is_cpu_window(path: impl AsRef<Path>) -> bool {
+    path.as_ref()
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.ends_with("Z.pb.gz") && !n.starts_with('.'))
+}
+
 /// Root of the Cargo workspace.
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -149,7 +149,7 @@ fn windows_keep_closing_and_the_storm_is_named_under_a_cpu_limit() {
             .flatten()
             .flatten()
             .map(|e| e.path())
-            .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+            .filter(|p| ember_tests::is_cpu_window(p))
             .collect();
         files.sort();
         for f in files {

@@ -146,9 +146,7 @@ fn windows_naming(dir: &Path, pid: u32, function: &str) -> (usize, usize) {
     let mut files: Vec<PathBuf> = fs::read_dir(dir)
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
-    files.retain(|p| {
-        p.to_string_lossy().ends_with(".pb.gz") && !p.to_string_lossy().contains("offcpu")
-    });
+    files.retain(|p| ember_tests::is_cpu_window(p));
     let naming = files
         .iter()
         .filter_map(|p| read_profile(p).ok())

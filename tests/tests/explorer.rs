@@ -4,8 +4,8 @@
 //! - `/api/profile` filtered by each container returns only that fixture's stacks, and
 //!   `go tool pprof -top URL` and pprof's `CheckValid` (target/pprofcheck) accept it;
 //! - a range across 3 windows equals the sum of the 3 window files;
-//! - `/api/labels` lists both containers, `type=offcpu` answers with a valid empty profile
-//!   until off-CPU windows exist;
+//! - `/api/labels` lists both containers, `type=offcpu` answers with a valid empty off-CPU
+//!   profile until off-CPU windows exist;
 //! - in Debian's chromium (selenium + chromedriver, `tests/browser/explorer.py`): the page
 //!   loads, a range is picked, a container filtered, a function searched, a differential
 //!   graph opened; screenshots go to `target/explorer-screens/`.
@@ -168,7 +168,7 @@ fn window_files(data: &Path) -> Vec<String> {
         .map(|d| {
             d.flatten()
                 .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| n.ends_with(".pb.gz") && !n.starts_with('.'))
+                .filter(|n| ember_tests::is_cpu_window(n))
                 .collect()
         })
         .unwrap_or_default();
@@ -318,7 +318,15 @@ fn api_filters_merges_and_feeds_pprof() {
             .is_some_and(|a| a.iter().any(|v| v == ID_A) && a.iter().any(|v| v == ID_B)),
         "{labels}"
     );
+    // Off-CPU (off by default): its profile of the same range is valid, typed as off-CPU
+    // time, and empty.
     let (path, p) = fetch_profile(&s, &format!("/api/profile?{wide}&type=offcpu"), "off.pb.gz");
+    let types: Vec<&str> = p
+        .sample_type
+        .iter()
+        .filter_map(|t| p.string_table.get(t.r#type as usize).map(String::as_str))
+        .collect();
+    assert_eq!(types, ["samples", "off_cpu"], "{types:?}");
     assert!(p.sample.is_empty());
     assert_eq!(pprofcheck(&path), 0);
     let (code, _) = http_get(&s.addr, "/api/profile?from=yesterday").expect("bad param");

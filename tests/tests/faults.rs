@@ -152,7 +152,7 @@ fn windows(dir: &Path) -> usize {
     fs::read_dir(dir)
         .map(|d| {
             d.filter_map(Result::ok)
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".pb.gz"))
+                .filter(|e| ember_tests::is_cpu_window(e.file_name()))
                 .count()
         })
         .unwrap_or(0)
@@ -312,7 +312,7 @@ fn window_profiles(dir: &Path) -> Vec<(String, ember::proto::Profile)> {
         .map(|d| {
             d.filter_map(Result::ok)
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.ends_with(".pb.gz") && !n.starts_with('.') && !n.contains("offcpu"))
+                .filter(|n| ember_tests::is_cpu_window(n))
                 .collect()
         })
         .unwrap_or_default();

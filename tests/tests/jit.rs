@@ -130,7 +130,7 @@ impl Run {
         let mut files: Vec<PathBuf> = fs::read_dir(&self.data)
             .expect("data dir")
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+            .filter(|p| ember_tests::is_cpu_window(p))
             .collect();
         files.sort();
         let profiles = files

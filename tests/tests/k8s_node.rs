@@ -275,7 +275,7 @@ fn newest_window(windows: &Path, after: Option<&Path>) -> Option<(PathBuf, Sampl
         .ok()?
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+        .filter(|p| ember_tests::is_cpu_window(p))
         .collect();
     files.sort();
     let newest = files.pop()?;
@@ -457,7 +457,7 @@ fn compare_cpu(windows: &Path, container_id: &str) -> (f64, f64) {
             .flatten()
             .flatten()
             .map(|e| e.path())
-            .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+            .filter(|p| ember_tests::is_cpu_window(p))
             .collect();
         files.sort();
         for f in files {

@@ -102,7 +102,7 @@ fn newest_labels(
     let mut files: Vec<PathBuf> = fs::read_dir(windows)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+        .filter(|p| ember_tests::is_cpu_window(p))
         .collect();
     files.sort();
     let newest = files.pop()?;

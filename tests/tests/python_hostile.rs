@@ -237,7 +237,7 @@ fn python_frames_are_appended_where_the_native_walk_stops() {
             let p = e.path();
             if p.is_dir() {
                 dirs.push(p);
-            } else if p.to_string_lossy().ends_with(".pb.gz") {
+            } else if ember_tests::is_cpu_window(&p) {
                 files.push(p);
             }
         }

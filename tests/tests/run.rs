@@ -97,7 +97,7 @@ fn run_writes_windows_serves_metrics_and_stops_on_sigterm() {
     let mut windows: Vec<PathBuf> = fs::read_dir(&data)
         .unwrap_or_else(|e| panic!("reading {}: {e}", data.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+        .filter(|p| ember_tests::is_cpu_window(p))
         .collect();
     windows.sort();
     println!("windows: {windows:?}");

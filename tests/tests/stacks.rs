@@ -1058,7 +1058,7 @@ fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
     let mut windows: Vec<_> = fs::read_dir(&data)
         .expect("window dir")
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+        .filter(|p| ember_tests::is_cpu_window(p))
         .collect();
     windows.sort();
     for w in &windows {

@@ -626,7 +626,7 @@ fn debug_files_inside_the_process_root_name_stripped_programs() {
     let mut windows: Vec<PathBuf> = fs::read_dir(&data)
         .expect("data dir")
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+        .filter(|p| ember_tests::is_cpu_window(p))
         .collect();
     windows.sort();
     let (mut good_stacks, mut link_stacks) = (Vec::new(), Vec::new());
@@ -799,7 +799,7 @@ fn window_stacks(data: &Path, pid: u32) -> Vec<Stack> {
     let mut windows: Vec<PathBuf> = fs::read_dir(data)
         .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();
-    windows.retain(|p| p.to_string_lossy().ends_with(".pb.gz"));
+    windows.retain(|p| ember_tests::is_cpu_window(p));
     windows.sort();
     windows
         .iter()

@@ -80,6 +80,10 @@ so that the caps bite (counted drops) before the OOM killer does. */}}
 {{- if $c.sinks.pyroscope.enabled }}{{ $sinks = add $sinks 1 }}{{ end }}
 {{- if $c.sinks.otlp.enabled }}{{ $sinks = add $sinks 1 }}{{ end }}
 {{- $bytes := add $c.limits.sample_queue_bytes (mul 2 $c.limits.max_stack_bytes_per_window) $c.jit.max_total_bytes $c.sampling.unwind_max_bytes (mul 2 $c.sampling.ring_buffer_bytes) (mul $sinks $c.sinks.queue_bytes) }}
+{{- $o := $c.offcpu }}
+{{- if $o.enabled }}
+{{- $bytes = add $bytes (mul 2304 $o.max_threads) (mul 320 $o.max_tasks) (mul 4864 $o.max_stacks) (mul 2 $o.ring_buffer_bytes) }}
+{{- end }}
 {{- printf "%dMi" (add (div (add $bytes 1048575) 1048576) .Values.memoryBaselineMi | int64) }}
 {{- end }}
 

@@ -83,13 +83,7 @@ fn cpu_windows(dir: &Path) -> Vec<(f64, f64, f64)> {
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| {
-            let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            n.ends_with(".pb.gz")
-                && !n.contains(".offcpu.")
-                && !n.contains(".offwake.")
-                && !n.contains(".lock.")
-        })
+        .filter(|p| ember_tests::is_cpu_window(p))
         .collect();
     files.sort();
     files
