@@ -289,9 +289,8 @@ static __always_inline void ask(struct scratch *s, __u8 flag)
 /*
  * Copies the record out at its used size. A record that asks for a process's ranges
  * wakes the agent (the process may live milliseconds); a range miss waits for the next
- * drain (a second at most): a process whose miss no read fixes (code in memfd or
- * anonymous memory) asks every second for as long as it runs, and woke the agent,
- * and through it the aggregator, as often.
+ * drain (a second at most): it is mostly a miss no read fixes (code in memfd or
+ * anonymous memory), and each forced wakeup woke the aggregator too.
  */
 static __always_inline void emit(struct scratch *s, __u64 kbytes, __u64 ubytes)
 {

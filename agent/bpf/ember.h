@@ -91,8 +91,8 @@ enum ember_unwind_result {
 #define EMBER_REC_RANGE_MISS 2      /* a pc outside every known range (asks back off: see ask()) */
 /*
  * A process whose ranges the exec hook wrote and the agent has not read since (asked at
- * once after its exec, then backing off): it may live milliseconds, so the agent reads it at once, ahead of
- * the exec records it paces.
+ * once after its exec, then backing off): it may live milliseconds, so the agent reads it
+ * at once, ahead of the exec records it paces.
  */
 #define EMBER_REC_UNREAD 4
 

@@ -282,14 +282,14 @@ impl Lines {
                     .lookup(&mut debug, &vaddrs, read_budget, &mut found)
             }
         }?;
-        let charged = cost(opened + looked.bytes_read, started.elapsed());
+        let took = started.elapsed();
+        let charged = cost(opened + looked.bytes_read, took);
         tracing::debug!(
-            "lines of {}: {} addresses, {opened} bytes opened, {} read, {} deferred, in {:?}",
+            "lines of {}: {} addresses, {opened} bytes opened, {} read, {} deferred, in {took:?}",
             obj.path,
             offsets.len(),
             looked.bytes_read,
             looked.deferred.len(),
-            started.elapsed()
         );
         self.spend(charged.saturating_sub(opened));
         count(&looked, metrics);
