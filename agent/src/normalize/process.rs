@@ -194,15 +194,24 @@ impl ProcessTable {
             let comm = &comm[..name_len];
             let renamed = tid == pid && p.name.as_bytes() != comm;
             let mut reread = moved;
+            // Another executable than the one read: an exec, read again at once even if
+            // this window read the process already (a child sampled between fork and exec
+            // was read with its parent's program). Bounded by the execs it does.
+            let mut exec = false;
             // A kernel thread renames itself with its work and never execs (with off-CPU
             // on, kworkers and the idle task wake threads hundreds of times a window); a
             // process whose executable was not read has nothing to compare with.
             if renamed && !moved {
-                let same = p.kthread || (p.exe.is_some() && exe_id(&self.proc_root, pid) == p.exe);
-                if same {
+                let now = if p.kthread {
+                    p.exe
+                } else {
+                    exe_id(&self.proc_root, pid)
+                };
+                if p.kthread || (p.exe.is_some() && now == p.exe) {
                     p.name = Arc::from(String::from_utf8_lossy(comm).as_ref());
                 } else {
                     reread = true;
+                    exec = p.exe.is_some() && now.is_some();
                 }
             }
             if first_this_window {
@@ -211,7 +220,7 @@ impl ProcessTable {
             let Some(p) = self.procs.get_mut(&pid) else {
                 return;
             };
-            if !reread || p.rescanned == window {
+            if !reread || (p.rescanned == window && !exec) {
                 return;
             }
             p.rescanned = window;
@@ -287,14 +296,18 @@ impl ProcessTable {
             // Also from a read that found nothing else new (an interpreter attached late).
             self.py_names.attach(snap.pid, snap.start_time, py.clone());
         }
-        let known = self
-            .procs
-            .get(&snap.pid)
-            .map(|p| (p.start_time, p.maps.len(), p.last_seen, p.cgroup.v2_id));
+        // A process keeps its start time across exec, so the same start time with a
+        // mapping the table lacks is a new program (or new code mapped since): take it.
+        let known = self.procs.get(&snap.pid).map(|p| {
+            let holds_all = snap.regions.iter().all(|r| {
+                find_map(&p.maps, r.map.start).is_some_and(|m| {
+                    (m.start, m.end, m.offset) == (r.map.start, r.map.end, r.map.offset)
+                })
+            });
+            (p.start_time, holds_all, p.last_seen, p.cgroup.v2_id)
+        });
         match known {
-            Some((start, maps, _, _)) if start == snap.start_time && maps >= snap.regions.len() => {
-                return;
-            }
+            Some((start, true, _, _)) if start == snap.start_time => return,
             None if self.procs.len() >= self.limits.max_processes => self.evict_least_recent(),
             _ => {}
         }
@@ -711,22 +724,22 @@ mod tests {
         assert_eq!(t.objects(), 0, "its objects are closed");
     }
 
-    #[test]
-    fn exec_is_noticed_by_the_new_name() {
-        // sh execs sleep: the same pid, a new name and new mappings.
-        let mut child = std::process::Command::new("sh")
+    /// A `sh` that execs `sleep 30` once [`exec_now`] writes to it.
+    fn sh_then_sleep() -> std::process::Child {
+        std::process::Command::new("sh")
             .args(["-c", "read x; exec sleep 30"])
             .stdin(std::process::Stdio::piped())
             .spawn()
-            .expect("spawn sh");
-        let pid = child.id();
-        let mut t = table();
-        t.touch(pid, pid, b"sh\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 1);
-        assert_eq!(t.name(pid).as_ref(), "sh");
+            .expect("spawn sh")
+    }
+
+    /// Lets `sh_then_sleep`'s shell exec, and waits until it has.
+    fn exec_now(child: &mut std::process::Child) {
         if let Some(stdin) = child.stdin.as_mut() {
             use std::io::Write;
             let _ = stdin.write_all(b"go\n");
         }
+        let pid = child.id();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .unwrap_or_default()
@@ -736,9 +749,57 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "sh did not exec");
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        t.end_window();
+    }
+
+    /// Whether the table maps `sleep`'s executable for `pid`.
+    fn maps_sleep(t: &ProcessTable, pid: u32) -> bool {
+        t.procs.get(&pid).is_some_and(|p| {
+            p.maps
+                .iter()
+                .any(|m| matches!(&m.target, Target::File(o) if o.base_name() == "sleep"))
+        })
+    }
+
+    #[test]
+    fn exec_is_noticed_by_the_new_name() {
+        // sh execs sleep: the same pid, a new name and new mappings.
+        let mut child = sh_then_sleep();
+        let pid = child.id();
+        let mut t = table();
+        t.touch(pid, pid, b"sh\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 1);
+        assert_eq!(t.name(pid).as_ref(), "sh");
+        exec_now(&mut child);
+        // In the same window as the first read (a recording is one window).
         t.touch(pid, pid, b"sleep\0\0\0\0\0\0\0\0\0\0\0", 1);
         assert_eq!(t.name(pid).as_ref(), "sleep");
+        assert!(maps_sleep(&t, pid), "the new program's mappings were read");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[test]
+    fn a_snapshot_after_exec_replaces_the_old_program() {
+        // The same start time, as few mappings or fewer: still another program.
+        let mut child = sh_then_sleep();
+        let pid = child.id();
+        let mut t = table();
+        t.touch(pid, pid, b"sh\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 1);
+        exec_now(&mut child);
+        let metrics = Metrics::new();
+        let snap = snapshot::read(
+            Path::new("/proc"),
+            pid,
+            ReadOptions::default(),
+            &metrics,
+            |_| true,
+        )
+        .expect("snapshot of sleep");
+        t.adopt(snap);
+        assert_eq!(t.name(pid).as_ref(), "sleep");
+        assert!(
+            maps_sleep(&t, pid),
+            "the loader's read of the new program was taken"
+        );
         let _ = child.kill();
         let _ = child.wait();
     }
