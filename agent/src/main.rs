@@ -150,25 +150,35 @@ fn init_logging(cfg: &Config) {
         .try_init();
 }
 
-/// One line per window: when, how many samples, how many lost, the three hottest functions.
-fn summary(w: &Encoded, lost: u64) -> String {
+/// One line per window: its kind (off-CPU ones), when, how many samples, how many lost,
+/// and with `top` the three hottest functions (counted over the whole profile: a running
+/// agent does so for CPU windows only, four windows a period being too many to read).
+fn summary(w: &Encoded, lost: u64, top: bool) -> String {
     let stamp = time::OffsetDateTime::from(w.start)
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default();
-    let top: Vec<String> = flamegraph::top_functions(&w.profile, 3)
-        .into_iter()
-        .map(|(name, n)| format!("{name} {:.1}%", 100.0 * n as f64 / w.samples.max(1) as f64))
-        .collect();
-    format!(
-        "ember: window {stamp} {:.1}s: {} samples, {lost} lost; top: {}",
+    let kind = match w.window.kind {
+        ProfileKind::Cpu => String::new(),
+        other => format!("{} ", other.as_str()),
+    };
+    let mut line = format!(
+        "ember: {kind}window {stamp} {:.1}s: {} samples, {lost} lost",
         w.duration.as_secs_f64(),
         w.samples,
-        if top.is_empty() {
+    );
+    if top {
+        let top: Vec<String> = flamegraph::top_functions(&w.profile, 3)
+            .into_iter()
+            .map(|(name, n)| format!("{name} {:.1}%", 100.0 * n as f64 / w.samples.max(1) as f64))
+            .collect();
+        line.push_str("; top: ");
+        line.push_str(&if top.is_empty() {
             "-".to_owned()
         } else {
             top.join(", ")
-        }
-    )
+        });
+    }
+    line
 }
 
 fn run(args: RunArgs) -> Result<()> {
@@ -194,7 +204,10 @@ fn run(args: RunArgs) -> Result<()> {
     init_logging(&cfg);
     let node = NodeName::resolve(&cfg.kubernetes);
     let agent = Agent::start(&cfg, &node, Mode::Run, |enc, lost| {
-        eprintln!("{}", summary(enc, lost));
+        eprintln!(
+            "{}",
+            summary(enc, lost, enc.window.kind == ProfileKind::Cpu)
+        );
     })?;
     agent.wait();
     agent.stop()?;
@@ -307,7 +320,7 @@ fn record(args: RecordArgs) -> Result<()> {
     };
     std::fs::write(&args.output, bytes)
         .with_context(|| format!("writing {}", args.output.display()))?;
-    eprintln!("{}", summary(&enc, lost));
+    eprintln!("{}", summary(&enc, lost, true));
     eprintln!(
         "ember: wrote {} ({:.1}s recorded, {} named / {} unnamed frames)",
         args.output.display(),

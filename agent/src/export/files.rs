@@ -244,30 +244,47 @@ impl WindowDir {
         kind: ProfileKind,
         gz: &[u8],
     ) -> Result<PathBuf, FilesError> {
-        if !self.dir.is_dir() {
-            // Removed under us (by hand, a node cleanup, a remounted volume): create
-            // it again, as `open` would.
-            DirBuilder::new()
-                .recursive(true)
-                .mode(0o750)
-                .create(&self.dir)
-                .map_err(|source| FilesError::CreateDir {
-                    dir: self.dir.clone(),
-                    source,
-                })?;
-            self.recreated.fetch_add(1, Ordering::Relaxed);
-            index.files = None;
-            tracing::warn!(dir = %self.dir.display(), "the window directory was gone; created it again");
-        }
-        let name = self.free_name(stamp, kind)?;
-        let path = self.dir.join(&name);
-        let temp = self.dir.join(temp_name(&name));
-        let written = write_file(&temp, gz).and_then(|()| fs::rename(&temp, &path));
-        if let Err(source) = written {
-            // Best effort: the temp file is ours and useless now.
+        // Written under a hidden name, then renamed to the first free window name: the
+        // rename (which never replaces) is the check that the name is free, so a write
+        // costs no stat of the directory or of the name.
+        let first = window_name(stamp, 0, kind);
+        let temp = self.dir.join(temp_name(&first));
+        let write_err = |source| {
+            // Best effort: the temp file is ours, and must not keep a full disk full.
             let _ = fs::remove_file(&temp);
-            return Err(FilesError::Write { path, source });
+            FilesError::Write {
+                path: self.dir.join(&first),
+                source,
+            }
+        };
+        match write_file(&temp, gz) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // Removed under us (by hand, a node cleanup, a remounted volume): create
+                // it again, as `open` would.
+                DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o750)
+                    .create(&self.dir)
+                    .map_err(|source| FilesError::CreateDir {
+                        dir: self.dir.clone(),
+                        source,
+                    })?;
+                self.recreated.fetch_add(1, Ordering::Relaxed);
+                index.files = None;
+                tracing::warn!(dir = %self.dir.display(), "the window directory was gone; created it again");
+                write_file(&temp, gz).map_err(write_err)?;
+            }
+            written => written.map_err(write_err)?,
         }
+        let name = match self.place(&temp, stamp, kind) {
+            Ok(name) => name,
+            Err(e) => {
+                // Best effort: the temp file is ours and useless now.
+                let _ = fs::remove_file(&temp);
+                return Err(e);
+            }
+        };
+        let path = self.dir.join(&name);
         let removed = self.prune(index, &name, gz.len() as u64, kind);
         if !removed.is_empty() {
             tracing::debug!(count = removed.len(), oldest = %removed[0], "removed old windows");
@@ -294,7 +311,7 @@ impl WindowDir {
 
     /// The window files, newest first.
     pub fn list(&self) -> Vec<WindowFile> {
-        let mut files = self.scan();
+        let mut files = self.scan(Vec::new());
         files.reverse();
         files
     }
@@ -332,19 +349,16 @@ impl WindowDir {
         Ok(bytes)
     }
 
-    /// The first of `<stamp>.pb.gz`, `<stamp>-1.pb.gz`, … not yet taken.
-    /// Called with the write lock held.
-    fn free_name(&self, stamp: &str, kind: ProfileKind) -> Result<String, FilesError> {
-        let tag = kind_tag(kind);
+    /// Renames `temp` to the first of `<stamp>.pb.gz`, `<stamp>-1.pb.gz`, … not yet taken,
+    /// and returns that name. Called with the write lock held.
+    fn place(&self, temp: &Path, stamp: &str, kind: ProfileKind) -> Result<String, FilesError> {
         for n in 0..=MAX_COLLISIONS {
-            let name = if n == 0 {
-                format!("{stamp}{tag}{SUFFIX}")
-            } else {
-                format!("{stamp}-{n}{tag}{SUFFIX}")
-            };
-            // symlink_metadata so a dangling symlink also counts as taken.
-            if fs::symlink_metadata(self.dir.join(&name)).is_err() {
-                return Ok(name);
+            let name = window_name(stamp, n, kind);
+            let path = self.dir.join(&name);
+            match rename_noreplace(temp, &path) {
+                Ok(()) => return Ok(name),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(source) => return Err(FilesError::Write { path, source }),
             }
         }
         Err(FilesError::Collisions(format!("{stamp}{SUFFIX}")))
@@ -352,35 +366,43 @@ impl WindowDir {
 
     /// Removes the oldest windows beyond the caps, never `newest` (the one just
     /// written, `bytes` long). Called with the write lock held, on its `index`: the
-    /// directory is listed again only every [`RESCAN_EVERY`] writes (a listing stats
-    /// every file: ~1 ms for 360 windows, at each of the period's windows).
+    /// directory is listed again only every [`RESCAN_EVERY`] writes (a listing with a stat
+    /// of every file took ~1 ms for 360 windows, at each of the period's windows).
     ///
-    /// Each name is parsed once a sort (`sort_by_cached_key`): parsing at every comparison
-    /// was a twelfth of the output thread's CPU with 360 windows.
+    /// Sorting parses every name (once a sort, `sort_by_cached_key`: parsing at every
+    /// comparison was a twelfth of the output thread's CPU with 360 windows), so it is
+    /// done only when the newest window does not sort last (a listing, a clock step).
     ///
     /// Oldest means oldest by name, except that after the wall clock stepped back the
     /// windows named after `newest` were written before it: they go first.
     fn prune(&self, index: &mut Index, newest: &str, bytes: u64, kind: ProfileKind) -> Vec<String> {
-        let mut files = match index.files.take() {
+        let (mut files, in_order) = match index.files.take() {
             Some(mut files) if index.writes < RESCAN_EVERY => {
                 index.writes += 1;
+                // The index is in name order, and the newest window almost always sorts
+                // last: then nothing needs sorting (two names parsed, not every one).
+                let in_order = files
+                    .last()
+                    .is_none_or(|last| sort_key(&last.name) < sort_key(newest));
                 files.push(WindowFile {
                     name: newest.to_string(),
                     bytes,
                     kind,
                 });
-                files
+                (files, in_order)
             }
-            _ => {
+            known => {
                 index.writes = 0;
-                self.scan()
+                (self.scan(known.unwrap_or_default()), false)
             }
         };
-        let newest_key = sort_key(newest);
-        files.sort_by_cached_key(|f| {
-            let key = sort_key(&f.name);
-            (key <= newest_key, key)
-        });
+        if !in_order {
+            let newest_key = sort_key(newest);
+            files.sort_by_cached_key(|f| {
+                let key = sort_key(&f.name);
+                (key <= newest_key, key)
+            });
+        }
         let mut count = files.len();
         let mut bytes: u64 = files.iter().map(|f| f.bytes).sum();
         let mut removed = Vec::new();
@@ -408,15 +430,18 @@ impl WindowDir {
         if !listed_wrong {
             // Kept in name order for the next write; a stuck file stays, as a listing would show it.
             files.retain(|f| !removed.contains(&f.name));
-            files.sort_by_cached_key(|f| sort_key(&f.name));
+            if !in_order {
+                files.sort_by_cached_key(|f| sort_key(&f.name));
+            }
             index.files = Some(files);
         }
         removed
     }
 
     /// The window files, oldest first. Errors are logged and give what
-    /// could be read, because listing is for humans and retention.
-    fn scan(&self) -> Vec<WindowFile> {
+    /// could be read, because listing is for humans and retention. The sizes of files in
+    /// `known` (an earlier listing) are taken from it: a listing stats only new files.
+    fn scan(&self, known: Vec<WindowFile>) -> Vec<WindowFile> {
         let entries = match fs::read_dir(&self.dir) {
             Ok(entries) => entries,
             Err(e) => {
@@ -424,18 +449,22 @@ impl WindowDir {
                 return Vec::new();
             }
         };
+        let known: std::collections::HashMap<String, u64> =
+            known.into_iter().map(|f| (f.name, f.bytes)).collect();
         let mut files: Vec<WindowFile> = entries
             .filter_map(|entry| {
                 let entry = entry.ok()?;
                 let name = entry.file_name().into_string().ok()?;
                 let (_, _, kind) = parse_name(&name)?;
-                // DirEntry::metadata does not follow symlinks.
-                let meta = entry.metadata().ok()?;
-                meta.is_file().then_some(WindowFile {
-                    name,
-                    bytes: meta.len(),
-                    kind,
-                })
+                // The directory entry's type: no stat, and symlinks are not followed.
+                if !entry.file_type().ok()?.is_file() {
+                    return None;
+                }
+                let bytes = match known.get(&name) {
+                    Some(&bytes) => bytes,
+                    None => entry.metadata().ok()?.len(),
+                };
+                Some(WindowFile { name, bytes, kind })
             })
             .collect();
         files.sort_by_cached_key(|f| sort_key(&f.name));
@@ -476,6 +505,49 @@ fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)?;
     file.write_all(bytes)
+}
+
+/// The name of the window of `kind` that started at `stamp`, the `n`th of that start.
+fn window_name(stamp: &str, n: u32, kind: ProfileKind) -> String {
+    let tag = kind_tag(kind);
+    if n == 0 {
+        format!("{stamp}{tag}{SUFFIX}")
+    } else {
+        format!("{stamp}-{n}{tag}{SUFFIX}")
+    }
+}
+
+/// Renames `from` to `to` unless `to` exists (`AlreadyExists` then). Where the file
+/// system cannot rename without replacing, a check of `to` comes first (racy against
+/// other writers, which the write lock excludes).
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other);
+    let (cfrom, cto) = (c(from)?, c(to)?);
+    // SAFETY: both are NUL-terminated paths that outlive the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            cfrom.as_ptr(),
+            libc::AT_FDCWD,
+            cto.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EINVAL) | Some(libc::ENOSYS) => {
+            // symlink_metadata so a dangling symlink also counts as taken.
+            if fs::symlink_metadata(to).is_ok() {
+                return Err(io::ErrorKind::AlreadyExists.into());
+            }
+            fs::rename(from, to)
+        }
+        _ => Err(e),
+    }
 }
 
 /// The hidden temp name a window is written under before its rename.

@@ -215,10 +215,9 @@ impl Symbolizer {
         let names = self.resolve(&window);
         let out = assemble(window, &names);
         drop(names);
-        // Hand freed buffers (section reads, the window itself) back to the kernel rather
-        // than keeping them in malloc's pools: steady RSS is what users budget for.
-        // SAFETY: malloc_trim only releases free heap memory.
-        unsafe { libc::malloc_trim(0) };
+        // Hand large freed buffers (section reads) back to the kernel rather than keeping
+        // them in malloc's pools: steady RSS is what users budget for.
+        crate::os::trim_heap();
         out
     }
 

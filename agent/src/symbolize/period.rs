@@ -13,10 +13,9 @@ impl Symbolizer {
         let names = self.resolve_all(&windows);
         let out = windows.into_iter().map(|w| assemble(w, &names)).collect();
         drop(names);
-        // Hand freed buffers (section reads, the windows themselves) back to the kernel
-        // rather than keeping them in malloc's pools: steady RSS is what users budget for.
-        // SAFETY: malloc_trim only releases free heap memory.
-        unsafe { libc::malloc_trim(0) };
+        // Hand large freed buffers (section reads) back to the kernel rather than keeping
+        // them in malloc's pools: steady RSS is what users budget for.
+        crate::os::trim_heap();
         out
     }
 }
