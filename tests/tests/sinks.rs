@@ -455,6 +455,9 @@ window:
   duration: 1s
 kubernetes:
   enabled: false
+# CPU windows only: each push is checked against the CPU window file of its start.
+offcpu:
+  enabled: false
 sinks:
   timeout: 5s
   pyroscope:
@@ -667,6 +670,9 @@ sampling:
 window:
   duration: 1s
 kubernetes:
+  enabled: false
+# CPU windows only: the queue is sized in CPU requests.
+offcpu:
   enabled: false
 sinks:
   queue_bytes: {queue_bytes}
