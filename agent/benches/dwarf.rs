@@ -75,6 +75,7 @@ fn window(pid: u32, (lo, hi): (u64, u64)) -> Window {
         offcpu: false,
         offwake: false,
         lock: false,
+        offcpu_window: Duration::from_secs(10),
         python: Default::default(),
         queue_bytes: None,
         metrics: Metrics::new(),

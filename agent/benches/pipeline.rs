@@ -32,6 +32,7 @@ fn aggregator_with(offcpu: bool) -> Aggregator {
         offcpu,
         offwake: offcpu,
         lock: offcpu,
+        offcpu_window: Duration::from_secs(10),
         python: Default::default(),
         queue_bytes: None,
         metrics: Metrics::new(),

@@ -579,6 +579,7 @@ impl Pipeline {
             offcpu: cfg.offcpu.enabled,
             offwake: cfg.offcpu.wakers,
             lock: cfg.offcpu.locks,
+            offcpu_window: cfg.offcpu.window,
             python: cfg.interpreters.python.clone(),
             queue_bytes: Some(queue_bytes.clone()),
             metrics: metrics.clone(),

@@ -18,6 +18,9 @@ use crate::model::{
 };
 use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
 
+mod offwindows;
+use offwindows::OffWindows;
+
 /// How often the aggregator looks for process snapshots while no samples arrive (it takes
 /// them before each batch, and batches come every second while anything is sampled): only
 /// bounds how long they wait in their queue on an idle host.
@@ -121,8 +124,12 @@ pub struct Aggregator {
     table: ProcessTable,
     counts: Counts,
     max_stacks: usize,
-    /// The off-CPU kinds whose windows are made beside the CPU window.
+    /// The off-CPU kinds whose windows are made beside the CPU windows.
     off_kinds: Vec<ProfileKind>,
+    /// Their stacks until their window (`offcpu.window`) ends.
+    off: OffWindows,
+    /// Windows end on multiples of their length on the wall clock (`run`).
+    align: bool,
     /// See [`Parts::keep_eval_frames`].
     keep_eval_frames: bool,
     period_ns: u64,
@@ -161,6 +168,8 @@ pub struct Parts {
     pub offwake: bool,
     /// `offcpu.locks` (with `offcpu`): a `lock` window too.
     pub lock: bool,
+    /// `offcpu.window`: the off-CPU windows' length.
+    pub offcpu_window: Duration,
     /// `interpreters.python`: eval loop frames kept or not, the names' cache.
     pub python: Python,
     /// The sample queue's byte budget, given back as batches arrive (see [`QueueBytes`]).
@@ -182,6 +191,7 @@ impl Aggregator {
             offcpu,
             offwake,
             lock,
+            offcpu_window,
             python,
             queue_bytes,
             metrics,
@@ -205,6 +215,12 @@ impl Aggregator {
             .into_iter()
             .filter_map(|(on, k)| on.then_some(k))
             .collect(),
+            off: OffWindows::new(
+                offcpu_window,
+                limits.max_stacks_per_window,
+                limits.max_stack_bytes_per_window,
+            ),
+            align: false,
             keep_eval_frames: python.keep_eval_frames,
             period_ns: 1_000_000_000 / frequency_hz.max(1),
             start: SystemTime::now(),
@@ -458,8 +474,16 @@ impl Aggregator {
         windows.swap_remove(0)
     }
 
-    /// Closes the window: the CPU window, then (with `offcpu.enabled`) the off-CPU one.
+    /// Closes the window: the CPU window, then (with `offcpu.enabled`) the off-CPU ones,
+    /// however long they have been open (see [`Aggregator::close_period`]).
     pub fn close_windows(&mut self) -> Vec<Window> {
+        self.close_period(true)
+    }
+
+    /// Closes the CPU window and starts the next; its off-CPU stacks join the off-CPU
+    /// windows, which close too when `off_due`. Returns the CPU window, then the off-CPU
+    /// windows if they closed.
+    fn close_period(&mut self, off_due: bool) -> Vec<Window> {
         let counts = std::mem::take(&mut self.counts);
         let counts = self.fan_out(counts);
         self.stack_bytes = 0;
@@ -539,9 +563,8 @@ impl Aggregator {
         }
         // Stable order makes output deterministic and diffable.
         stacks.sort_by(|a, b| (a.pid, a.tid, b.count).cmp(&(b.pid, b.tid, a.count)));
-        let ns = |s: &Stack| s.off_cpu.map_or(0, |o| o.ns);
-        for v in off_stacks.values_mut() {
-            v.sort_by(|a, b| (a.pid, a.tid, ns(b)).cmp(&(b.pid, b.tid, ns(a))));
+        for (kind, v) in off_stacks {
+            self.off.add(kind, v, &self.metrics);
         }
         if let Some(acc) = &mut self.workloads.accounting {
             // Only a synced watch tells a deleted pod from one not listed yet.
@@ -564,12 +587,9 @@ impl Aggregator {
             kind: ProfileKind::Cpu,
             stacks,
         }];
-        for &kind in &self.off_kinds {
-            let stacks = off_stacks.remove(&kind).unwrap_or_default();
-            windows.push(Window {
-                kind,
-                ..windows[0].with_stacks(stacks)
-            });
+        if off_due && !self.off_kinds.is_empty() {
+            let next = until_boundary(self.off.length(), self.align);
+            windows.extend(self.off.take(&self.off_kinds, self.period_ns, next));
         }
         self.start = now;
         self.started = Instant::now();
@@ -643,7 +663,9 @@ impl Aggregator {
         window: Duration,
         align: bool,
     ) {
+        self.align = align;
         let mut deadline = Instant::now() + until_boundary(window, align);
+        self.off.deadline = Instant::now() + until_boundary(self.off.length(), align);
         loop {
             self.metrics.progress.tick(crate::metrics::Stage::Aggregate);
             // Snapshots of processes come from the unwind loader's thread: taken before each
@@ -651,7 +673,7 @@ impl Aggregator {
             // are added), and every SNAPSHOT_POLL while none arrive.
             self.adopt_snapshots(&snapshots);
             if Instant::now() >= deadline {
-                self.close_into(&tx);
+                self.close_into(&tx, window);
                 deadline = Instant::now() + until_boundary(window, align);
                 continue;
             }
@@ -664,7 +686,7 @@ impl Aggregator {
                     }
                     for (i, s) in batch.into_iter().enumerate() {
                         if i % CLOSE_CHECK == CLOSE_CHECK - 1 && Instant::now() >= deadline {
-                            self.close_into(&tx);
+                            self.close_into(&tx, window);
                             deadline = Instant::now() + until_boundary(window, align);
                         }
                         self.add(s);
@@ -688,9 +710,11 @@ impl Aggregator {
     }
 
     /// Closes the period's windows and hands them on together; a full queue drops them,
-    /// counted.
-    fn close_into(&mut self, tx: &SyncSender<Vec<Window>>) {
-        let windows = self.close_windows();
+    /// counted. The off-CPU windows close at the first boundary of a `window` at or after
+    /// their deadline (half a window early counts: both are the same wall-clock boundary).
+    fn close_into(&mut self, tx: &SyncSender<Vec<Window>>, window: Duration) {
+        let off_due = Instant::now() + window / 2 >= self.off.deadline;
+        let windows = self.close_period(off_due);
         let n: u64 = windows.iter().map(Window::samples).sum();
         if let Err(TrySendError::Full(w)) = tx.try_send(windows) {
             self.metrics.dropped(Cache::WindowQueue, w.len() as u64);
@@ -781,6 +805,7 @@ mod tests {
             offcpu: false,
             offwake: false,
             lock: false,
+            offcpu_window: Duration::from_secs(10),
             python: Python::default(),
             queue_bytes: None,
             metrics: Metrics::new(),
@@ -927,6 +952,65 @@ mod tests {
             windows[1].stacks.iter().all(|s| s.frames.len() == 3),
             "off-CPU stacks carry no waker"
         );
+    }
+
+    #[test]
+    fn off_cpu_windows_sum_their_periods_within_the_cap() {
+        let mut a = Aggregator::new(Parts {
+            offcpu: true,
+            offwake: true,
+            ..parts(limits(3), Workloads::default())
+        });
+        let pid = std::process::id();
+        // An address in this binary: an object frame, as real stacks have.
+        let here = sample as *const () as u64;
+        let block = |ns, user: &[u64]| Sample {
+            off_cpu: Some(OffCpu {
+                state: OffState::Sleep,
+                ns,
+                blocks: 1,
+            }),
+            ..sample(pid, pid, user)
+        };
+        a.add(block(100, &[here]));
+        a.add(block(20, &[0x20]));
+        a.add(sample(pid, pid, &[here]));
+        let first = a.close_period(false);
+        let kinds: Vec<_> = first.iter().map(|w| w.kind).collect();
+        assert_eq!(kinds, [ProfileKind::Cpu], "off-CPU windows still open");
+        // The same wait again, one more stack, and one past the cap of 3.
+        a.add(block(50, &[here]));
+        a.add(block(7, &[0x30]));
+        a.add(block(9, &[0x40]));
+        let second = a.close_period(true);
+        let kinds: Vec<_> = second.iter().map(|w| w.kind).collect();
+        assert_eq!(
+            kinds,
+            [ProfileKind::Cpu, ProfileKind::OffCpu, ProfileKind::OffWake]
+        );
+        assert!(second[0].stacks.is_empty(), "no CPU sample this period");
+        let off = &second[1];
+        let sums: Vec<(u64, u64)> = off
+            .stacks
+            .iter()
+            .map(|s| (s.count, s.off_cpu.map_or(0, |o| o.ns)))
+            .collect();
+        // Which of the last two stacks the cap kept depends on the period's hash order.
+        assert_eq!(sums[..2], [(2, 150), (1, 20)], "summed, then by time");
+        assert!(matches!(sums[2], (1, 7 | 9)), "{sums:?}");
+        assert!(
+            off.duration >= first[0].duration + second[0].duration,
+            "the off-CPU window spans both periods"
+        );
+        assert!(second[2].stacks.is_empty(), "no waker");
+        let text = a.metrics.encode();
+        assert!(
+            text.contains("ember_samples_lost_total{reason=\"stack_cap\"} 1"),
+            "{text}"
+        );
+        // The next off-CPU window starts empty.
+        let third = a.close_period(true);
+        assert!(third[1].stacks.is_empty());
     }
 
     #[test]

@@ -178,6 +178,10 @@ pub struct OffCpu {
     /// Blocks shorter than this are not reported (counted as short).
     #[serde(deserialize_with = "duration")]
     pub min_block: Duration,
+    /// Length of the off-CPU windows: they end at the first `window.duration` boundary
+    /// at or after it (a multiple of `window.duration` lines them up with CPU windows).
+    #[serde(deserialize_with = "duration")]
+    pub window: Duration,
     /// Fraction of switch-outs considered at all (0 < rate <= 1); reported times are
     /// scaled by its inverse.
     pub sample_rate: f64,
@@ -229,6 +233,7 @@ impl Default for OffCpu {
         Self {
             enabled: false,
             min_block: Duration::from_micros(1000),
+            window: Duration::from_secs(60),
             sample_rate: 1.0,
             fallback_rate: 0.1,
             syscall_exit: false,
@@ -799,7 +804,7 @@ mod tests {
         // readings, jit, counters, otlp_metrics, symbols, health, interpreters.
         assert_eq!(
             count,
-            9 + 14 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 11 + 1 + 1
+            9 + 15 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 11 + 1 + 1
         );
         let python = &v["interpreters"]["python"];
         assert_eq!(python.as_mapping().map_or(0, |m| m.len()), 3);

@@ -82,6 +82,11 @@ fn sampling(s: &Sampling) -> Result<(), Invalid> {
 
 fn offcpu(o: &OffCpu) -> Result<(), Invalid> {
     refuse(
+        o.window < Duration::from_millis(100),
+        "offcpu.window",
+        "must be at least 100ms",
+    )?;
+    refuse(
         !(o.sample_rate > 0.0 && o.sample_rate <= 1.0),
         "offcpu.sample_rate",
         "must be above 0 and at most 1",
