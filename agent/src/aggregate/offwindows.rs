@@ -21,6 +21,9 @@ use crate::normalize::process::UserAddr;
 /// The off-CPU stacks of the current off-CPU window, summed by stack, one table per kind.
 pub(super) struct OffWindows {
     kinds: HashMap<ProfileKind, Sums>,
+    /// Stacks held, and their bytes, all kinds together.
+    len: usize,
+    bytes: u64,
     /// The off-CPU window's length.
     length: Duration,
     start: SystemTime,
@@ -37,15 +40,16 @@ pub(super) struct OffWindows {
 struct Sums {
     stacks: Vec<Stack>,
     index: HashMap<u64, Vec<usize>>,
-    bytes: u64,
 }
 
 impl OffWindows {
-    /// An empty window of `length`, each kind holding at most `max_stacks` stacks and
-    /// `max_bytes` bytes of them (a window's caps).
+    /// An empty window of `length`, holding at most `max_stacks` stacks and `max_bytes`
+    /// bytes of them, all kinds together (a window's caps).
     pub(super) fn new(length: Duration, max_stacks: usize, max_bytes: u64) -> Self {
         Self {
             kinds: HashMap::new(),
+            len: 0,
+            bytes: 0,
             length,
             start: SystemTime::now(),
             started: Instant::now(),
@@ -74,13 +78,14 @@ impl OffWindows {
                 continue;
             }
             let bytes = stack_bytes(&s);
-            if sums.stacks.len() >= self.max_stacks || sums.bytes + bytes > self.max_bytes {
+            if self.len >= self.max_stacks || self.bytes + bytes > self.max_bytes {
                 metrics.lost(Loss::StackCap, s.count);
                 continue;
             }
             slot.push(sums.stacks.len());
             sums.stacks.push(s);
-            sums.bytes += bytes;
+            self.len += 1;
+            self.bytes += bytes;
         }
     }
 
@@ -109,6 +114,7 @@ impl OffWindows {
             })
             .collect();
         self.kinds.clear();
+        (self.len, self.bytes) = (0, 0);
         self.start = SystemTime::now();
         self.started = Instant::now();
         self.deadline = self.started + next;
@@ -118,6 +124,16 @@ impl OffWindows {
     /// The off-CPU window's length.
     pub(super) fn length(&self) -> Duration {
         self.length
+    }
+
+    /// Stacks held, all kinds together.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Bytes of the stacks held ([`stack_bytes`]), all kinds together.
+    pub(super) fn bytes(&self) -> u64 {
+        self.bytes
     }
 }
 
