@@ -27,6 +27,8 @@ enum Counted {
 pub(super) struct CounterSync {
     last: [u64; ember_counter::EMBER_CNT_MAX.0 as usize],
     offcpu_last: [u64; ember_offcpu_counter::EMBER_OFFCPU_CNT_MAX.0 as usize],
+    /// Whether the off-CPU series were made (at zero) by a first read.
+    offcpu_made: bool,
 }
 
 impl CounterSync {
@@ -149,10 +151,15 @@ impl CounterSync {
             let Some(&now) = all.get(i) else {
                 continue;
             };
-            // Every series exists from the start (at zero), so alerts have one to read.
-            metrics.offcpu(event, now.saturating_sub(self.offcpu_last[i]));
+            let delta = now.saturating_sub(self.offcpu_last[i]);
             self.offcpu_last[i] = now;
+            // Every series exists from the first read (at zero), so alerts have one to
+            // read; after it only increases are counted (a label lookup each).
+            if delta > 0 || !self.offcpu_made {
+                metrics.offcpu(event, delta);
+            }
         }
+        self.offcpu_made = true;
         if let Some(bss) = sampler.skel.maps.bss_data.as_deref() {
             // SAFETY: the mmapped .bss is written by BPF atomics; a volatile read sees a whole u64.
             let live = unsafe { std::ptr::read_volatile(&bss.ember_offcpu_live) };
