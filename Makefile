@@ -278,7 +278,7 @@ bench-only:
 	$(CARGO) build -p ember
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py --dwarf-compare --debug-exe $(TARGET_DIR)/debug/ember
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/stacks.py
-	EMBER_BIN=$(EMBER) $(PYTHON) bench/offcpu.py --write
+	EMBER_BIN=$(EMBER) $(PYTHON) bench/offcpu.py --write --runs 3
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/python.py
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/python.py --service
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/churn.py --write
