@@ -465,10 +465,11 @@ impl ProcessTable {
             self.py_names.forget(*pid);
         }
         self.pending.retain(|_, (_, w)| *w == window);
-        if !evicted.is_empty() {
-            self.metrics.processes_evicted.inc_by(evicted.len() as u64);
-            self.gc_objects();
-        }
+        self.metrics.processes_evicted.inc_by(evicted.len() as u64);
+        // Every window, not only when a process goes: an object a window still held when
+        // its last process went (a minute's off-CPU sums do) is let go once that window is
+        // written, not kept open until some other process exits.
+        self.gc_objects();
         self.window += 1;
         self.metrics.processes.set(self.procs.len() as i64);
         self.metrics.objects.set(self.objects.len() as i64);
@@ -722,6 +723,38 @@ mod tests {
         assert_eq!(t.end_window(), [pid]);
         assert_eq!(t.len(), 0, "not seen, exited: evicted");
         assert_eq!(t.objects(), 0, "its objects are closed");
+    }
+
+    #[test]
+    fn an_object_a_window_held_when_its_process_went_is_closed_after() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id();
+        let mut t = table();
+        t.touch(pid, pid, &[0; 16], 1);
+        // A frame of it in a window still open (an off-CPU window lasts a minute).
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+        let addr = maps
+            .lines()
+            .find(|l| l.split_whitespace().nth(1).is_some_and(|p| p.contains('x')))
+            .and_then(|l| l.split('-').next())
+            .and_then(|a| u64::from_str_radix(a, 16).ok())
+            .expect("an executable mapping");
+        let held = t.normalize(pid, addr);
+        assert!(matches!(held, UserAddr::Object(..)), "{held:?}");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(t.end_window().is_empty());
+        assert_eq!(t.end_window(), [pid]);
+        assert!(
+            t.objects() > 0,
+            "the window's object stays open while it is held"
+        );
+        drop(held);
+        assert!(t.end_window().is_empty(), "no process went this window");
+        assert_eq!(t.objects(), 0, "closed once the window let go");
     }
 
     /// A `sh` that execs `sleep 30` once [`exec_now`] writes to it.
