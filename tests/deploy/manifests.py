@@ -240,7 +240,7 @@ def policy(docs):
             + 2 * int(smp.get("ring_buffer_bytes", 1048576))
             + enabled_sinks * int(sinks.get("queue_bytes", 16777216)))
     off = cfg.get("offcpu", {})
-    if off.get("enabled", False):
+    if off.get("enabled", True):
         # Its BPF maps (charged to the pod), its sums with two records kept per sum, and
         # its ring buffer mapped twice.
         held += (2304 * int(off.get("max_threads", 8192)) + 320 * int(off.get("max_tasks", 65536))

@@ -4,8 +4,8 @@
 //! - `/api/profile` filtered by each container returns only that fixture's stacks, and
 //!   `go tool pprof -top URL` and pprof's `CheckValid` (target/pprofcheck) accept it;
 //! - a range across 3 windows equals the sum of the 3 window files;
-//! - `/api/labels` lists both containers, `type=offcpu` answers with a valid empty off-CPU
-//!   profile until off-CPU windows exist;
+//! - `/api/labels` lists both containers, `type=offcpu` answers with a valid off-CPU
+//!   profile of the host's waits (off-CPU is on by default), each with its state;
 //! - in Debian's chromium (selenium + chromedriver, `tests/browser/explorer.py`): the page
 //!   loads, a range is picked, a container filtered, a function searched, a differential
 //!   graph opened; screenshots go to `target/explorer-screens/`.
@@ -127,7 +127,8 @@ fn setup(seconds: u32) -> Setup {
     let cfg = dir.path().join("ember.yaml");
     fs::write(
         &cfg,
-        "kubernetes:\n  enabled: false\nwindow:\n  duration: 1s\nreadings:\n  interval: 1s\n",
+        "kubernetes:\n  enabled: false\nwindow:\n  duration: 1s\nreadings:\n  interval: 1s\n\
+         offcpu:\n  window: 1s\n",
     )
     .expect("config");
     let addr = format!("127.0.0.1:{}", free_port());
@@ -308,7 +309,7 @@ fn api_filters_merges_and_feeds_pprof() {
         );
     }
 
-    // Label listing, and off-CPU before off-CPU windows exist.
+    // Label listing, and off-CPU.
     let (code, body) = http_get(&s.addr, &format!("/api/labels?{wide}")).expect("labels");
     assert_eq!(code, 200, "{body}");
     let labels: serde_json::Value = serde_json::from_str(&body).expect("json");
@@ -318,8 +319,9 @@ fn api_filters_merges_and_feeds_pprof() {
             .is_some_and(|a| a.iter().any(|v| v == ID_A) && a.iter().any(|v| v == ID_B)),
         "{labels}"
     );
-    // Off-CPU (off by default): its profile of the same range is valid, typed as off-CPU
-    // time, and empty.
+    // Off-CPU (on by default): its profile of the same range is valid, typed as off-CPU
+    // time, and holds the host's waits (a host always has threads that sleep), each
+    // labelled with its state.
     let (path, p) = fetch_profile(&s, &format!("/api/profile?{wide}&type=offcpu"), "off.pb.gz");
     let types: Vec<&str> = p
         .sample_type
@@ -327,8 +329,20 @@ fn api_filters_merges_and_feeds_pprof() {
         .filter_map(|t| p.string_table.get(t.r#type as usize).map(String::as_str))
         .collect();
     assert_eq!(types, ["samples", "off_cpu"], "{types:?}");
-    assert!(p.sample.is_empty());
-    assert_eq!(pprofcheck(&path), 0);
+    assert!(!p.sample.is_empty(), "no off-CPU samples over {wide}");
+    let state = p.string_table.iter().position(|s| s == "state");
+    assert!(
+        state.is_some_and(|k| p
+            .sample
+            .iter()
+            .all(|x| x.label.iter().any(|l| l.key == k as i64))),
+        "off-CPU samples without a state label"
+    );
+    assert_eq!(
+        pprofcheck(&path),
+        p.sample.len() as u64,
+        "Go pprof reads every sample"
+    );
     let (code, _) = http_get(&s.addr, "/api/profile?from=yesterday").expect("bad param");
     assert_eq!(code, 400);
 }

@@ -231,7 +231,7 @@ pub struct OffCpu {
 impl Default for OffCpu {
     fn default() -> Self {
         Self {
-            enabled: false,
+            enabled: true,
             min_block: Duration::from_micros(1000),
             window: Duration::from_secs(60),
             sample_rate: 1.0,
@@ -689,7 +689,7 @@ impl Default for Output {
     fn default() -> Self {
         Self {
             data_dir: PathBuf::from("/var/lib/ember/windows"),
-            keep_windows: 360,
+            keep_windows: 540,
             keep_bytes: 256 << 20,
         }
     }
@@ -832,7 +832,7 @@ mod tests {
         assert_eq!(c.window.duration, Duration::from_secs(2));
         assert_eq!(c.sampling.frequency_hz, 49);
         assert_eq!(
-            c.output.keep_windows, 360,
+            c.output.keep_windows, 540,
             "untouched keys keep their default"
         );
     }
