@@ -64,7 +64,7 @@ DEB_PKGS += g++ binutils
 # selenium (tests/browser/explorer.py, run by /usr/bin/python3); curl fetches profiles.
 DEB_PKGS += chromium chromium-driver python3-selenium curl
 # Only `make bench` needs these.
-BENCH_PKGS := python3
+BENCH_PKGS := python3 bpftrace
 # Daemons the resource-metrics tests start themselves on free loopback ports
 # (Prometheus scrapes ember, node_exporter is the cross-check; promtool comes with
 # prometheus). Installed with a policy-rc.d that forbids starting services, so
@@ -275,6 +275,7 @@ bench-only:
 	EMBER_BIN=$(EMBER) $(CARGO) bench -p ember -p ember-parse
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py --unwind-compare --seconds 20
+	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py --bpftrace-compare
 	$(CARGO) build -p ember
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/overhead.py --dwarf-compare --debug-exe $(TARGET_DIR)/debug/ember
 	EMBER_BIN=$(EMBER) $(PYTHON) bench/stacks.py

@@ -33,6 +33,13 @@ off and on, while ember's own debug build (--debug-exe, default target/debug/emb
 of full DWARF) runs whole-host beside the hogs (section "dwarf"): what DWARF lines cost, and
 the RSS they hold, on a host running a large binary with full debug info.
 
+With --bpftrace-compare it runs `ember run` (whole host, default config) and then
+`bpftrace -e 'profile:hz:99 { @[kstack, ustack, comm] = count(); }'`, each alone, interleaved,
+--runs times each, and compares their BPF time per sample (run_time_ns / run_cnt of the
+programs each holds, between a reading 10 s after its perf events are attached and one
+--seconds later: start-up excluded); section "bpftrace" of BENCHMARKS.md, with the ratio of
+the medians against its target (≤ 0.75×). bpftrace is not installed here: `make bench-deps`.
+
 Options: --seconds N (default 30), --frequency HZ (99), --runs N (3), --no-write (print only),
 --pids-only (profile only the cpu_hog pids: `ember run --pid ...` and
 `perf record -g -p ...`; for a busy shared machine, where whole-host numbers
@@ -64,6 +71,8 @@ MODES = {
     "unwind": "Whole host: unwind tables on and off (`bench/overhead.py --unwind-compare`)",
     "dwarf": "Whole host with a 100 MB+ full-debug binary running: DWARF lines on and off "
              "(`bench/overhead.py --dwarf-compare`)",
+    "bpftrace": "Whole host: BPF time per sample against bpftrace's "
+                "(`bench/overhead.py --bpftrace-compare`)",
     "host": "Whole host (what `make bench` runs)",
     "pids": "Only the workload's processes (`bench/overhead.py --pids-only`)",
     "python": "Python frames walked and not, on Python processes (`bench/python.py`)",
@@ -84,6 +93,11 @@ TARGET_RSS_MB = 24.0  # steady RSS
 TARGET_PEAK_MB = 48.0  # peak RSS, first window included
 TARGET_STACKS_PCT = 99.9  # samples with stacks
 TARGET_VS_PERF = 0.5  # ember CPU / perf record CPU
+TARGET_VS_BPFTRACE = 0.75  # ember's BPF time per sample / bpftrace's (medians)
+BPFTRACE_WARMUP_S = 10.0  # --bpftrace-compare: steady readings start this long after attaching
+# What a bpftrace user writes for a whole-host CPU profile (its ustack follows frame pointers,
+# as perf's does).
+BPFTRACE_SCRIPT = "profile:hz:{hz} {{ @[kstack, ustack, comm] = count(); }}"
 
 
 def log(msg):
@@ -668,6 +682,189 @@ def compare(kind, ember, hogs, seconds, hz, workdir, runs, load, debug_exe=None)
     return head + "\n" + "\n".join(rows) + "\n"
 
 
+def held_prog_ids(pid):
+    """Ids of the BPF programs whose fds `pid` holds, from /proc/PID/fdinfo (`bpftool prog
+    show` fills `pids` only when built with its skeletons, which Debian's bpftool 7.1 is not)."""
+    ids = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return ids
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:bpf-prog":
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                for line in f:
+                    if line.startswith("prog_id:"):
+                        ids.add(int(line.split()[1]))
+        except (OSError, ValueError, IndexError):
+            pass
+    return ids
+
+
+def progs_held(pid):
+    """{id: (type, name, run_time_ns, run_cnt)} of the BPF programs `pid` holds (bpftool -j)."""
+    out = subprocess.run(["bpftool", "prog", "show", "-j"], capture_output=True, text=True,
+                         check=True)
+    ids = held_prog_ids(pid)
+    held = {}
+    for p in json.loads(out.stdout):
+        if p.get("id") in ids or pid in [h.get("pid") for h in p.get("pids", [])]:
+            held[p["id"]] = (p.get("type", ""), str(p.get("name", "")),
+                             int(p.get("run_time_ns", 0)), int(p.get("run_cnt", 0)))
+    return held
+
+
+def steady_bpf(name, cmd, stop_sig, select, hogs, seconds, out, errf):
+    """Starts `cmd` (a sampler), waits until it has a perf event on every CPU, lets it run
+    BPFTRACE_WARMUP_S, then reads the programs it holds twice, `seconds` apart, and stops it
+    with `stop_sig`. Returns the differences (start-up and exit excluded): run time and runs of
+    the programs `select(type, name)` picks, and every held program's by name."""
+    log(" ".join(cmd))
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=errf)
+    t_start = time.monotonic()
+    ncpu = os.cpu_count() or 1
+    while count_perf_fds(proc.pid) < ncpu:
+        if proc.poll() is not None:
+            errf.seek(0)
+            die(f"{name} exited with {proc.returncode} before sampling:\n{errf.read()}")
+        if time.monotonic() - t_start > 60:
+            proc.kill()
+            die(f"{name} did not open its perf events within 60 s")
+        time.sleep(0.02)
+    startup = time.monotonic() - t_start
+    time.sleep(BPFTRACE_WARMUP_S)
+    r0 = progs_held(proc.pid)
+    t0 = time.monotonic()
+    busy0 = host_busy_seconds()
+    hog0 = sum(proc_ticks(h.pid) or 0 for h in hogs)
+    time.sleep(seconds)
+    r1 = progs_held(proc.pid)
+    t1 = time.monotonic()
+    busy1 = host_busy_seconds()
+    hog1 = sum(proc_ticks(h.pid) or 0 for h in hogs)
+    alive = proc.poll() is None
+    proc.send_signal(stop_sig)
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        # bpftrace prints its map on SIGINT, symbolizing every stack of a busy host (minutes);
+        # the readings are taken, so nothing measured is lost.
+        log(f"{name} still running 30 s after signal {stop_sig}: killed (readings taken)")
+        proc.kill()
+        proc.wait()
+        code = 0
+    errf.seek(0)
+    stderr = errf.read()
+    if not alive:
+        die(f"{name} exited ({proc.returncode}) during the steady readings:\n{stderr[-4000:]}")
+    if code != 0:
+        log(f"warning: {name} exited {code} after signal {stop_sig}:\n{stderr[-2000:]}")
+    ns = cnt = 0
+    picked, by_name = [], {}
+    for prog_id, (ptype, pname, pns, pcnt) in r1.items():
+        _, _, ns0, cnt0 = r0.get(prog_id, (ptype, pname, 0, 0))
+        d_ns, d_cnt = pns - ns0, pcnt - cnt0
+        key = f"{pname or '?'} ({ptype})"
+        a, b = by_name.get(key, (0, 0))
+        by_name[key] = (a + d_ns, b + d_cnt)
+        if select(ptype, pname):
+            picked.append(pname)
+            ns += d_ns
+            cnt += d_cnt
+    if not cnt:
+        die(f"{name}: no run of its sampling program between the readings (programs held: "
+            f"{by_name}); is kernel.bpf_stats_enabled on?")
+    return {"startup_s": startup, "elapsed_s": t1 - t0, "progs": sorted(picked), "ns": ns,
+            "cnt": cnt, "by_name": by_name, "host_busy_s": busy1 - busy0,
+            "hog_cpu_s": (hog1 - hog0) / CLK_TCK}
+
+
+def bpftrace_compare(ember, hogs, seconds, hz, workdir, runs, load):
+    """ember's and bpftrace's BPF time per sample, each alone, interleaved; the report section."""
+    bpftrace = shutil.which("bpftrace")
+    version = subprocess.run([bpftrace, "--version"], capture_output=True,
+                             text=True).stdout.strip() or "bpftrace (version unknown)"
+    script = BPFTRACE_SCRIPT.format(hz=hz)
+
+    # ember: its perf_event program ember_sample. ember_walk is reached only by bpf_tail_call
+    # (from ember_sample and from itself), and the kernel takes a program's run time and count
+    # in __bpf_prog_run() (include/linux/filter.h: sched_clock() around the call of the entry
+    # program's bpf_func, added to that program's stats); a tail call jumps into the next
+    # program's image without returning there, so the whole chain's time is ember_sample's and
+    # ember_walk's own run_cnt stays 0 (logged below, from bpftool: by_name).
+    def is_ember(ptype, pname):
+        return ptype == "perf_event" and pname.startswith("ember_sample")
+
+    # bpftrace: the program of its profile probe (perf_event; its name is the probe's, cut).
+    def is_bpftrace(ptype, _pname):
+        return ptype == "perf_event"
+
+    results = {"ember": [], "bpftrace": []}
+    for i in range(runs):
+        data = os.path.join(workdir, "windows")
+        shutil.rmtree(data, ignore_errors=True)
+        with open(os.path.join(workdir, "ember.stderr"), "w+") as errf:
+            e = steady_bpf("ember", [ember, "run", "--window", "10s", "--frequency", str(hz),
+                                     "--data-dir", data, "--listen", f"127.0.0.1:{free_port()}"],
+                           signal.SIGTERM, is_ember, hogs, seconds, errf, errf)
+        log(f"run {i + 1}/{runs} ember: {e['ns'] / e['cnt'] / 1000:.3f} µs/sample over "
+            f"{e['cnt']} runs of {e['progs']}; all held programs (ns, runs): {e['by_name']}")
+        results["ember"].append(e)
+        time.sleep(1)
+        with open(os.path.join(workdir, "bpftrace.stderr"), "w+") as errf, \
+                open(os.devnull, "w") as null:
+            b = steady_bpf("bpftrace", [bpftrace, "-e", script], signal.SIGINT, is_bpftrace,
+                           hogs, seconds, null, errf)
+        log(f"run {i + 1}/{runs} bpftrace: {b['ns'] / b['cnt'] / 1000:.3f} µs/sample over "
+            f"{b['cnt']} runs of {b['progs']}; all held programs (ns, runs): {b['by_name']}")
+        results["bpftrace"].append(b)
+        time.sleep(1)
+        for h in hogs:
+            if h.poll() is not None:
+                die(f"cpu_hog {h.pid} exited ({h.returncode}) during the comparison")
+
+    def us(r):
+        return r["ns"] / r["cnt"] / 1000
+
+    rows = ["| run | ember (`ember_sample`) | bpftrace (`profile:hz`) | ember ÷ bpftrace |",
+            "|---|---|---|---|"]
+    for i, (e, b) in enumerate(zip(results["ember"], results["bpftrace"])):
+        rows.append(f"| {i + 1} | {us(e):.2f} µs ({e['cnt']} samples) | {us(b):.2f} µs "
+                    f"({b['cnt']} samples) | {us(e) / us(b):.2f}× |")
+    me = statistics.median(us(e) for e in results["ember"])
+    mb = statistics.median(us(b) for b in results["bpftrace"])
+    ratio = me / mb
+    mark = " ✅" if ratio <= TARGET_VS_BPFTRACE else " ❌"
+    rows.append(f"| **median** | **{me:.2f} µs** | **{mb:.2f} µs** | **{ratio:.2f}×**{mark} "
+                f"(target ≤ {TARGET_VS_BPFTRACE}×) |")
+    walk = [e["by_name"].get("ember_walk (perf_event)", (0, 0))[1] for e in results["ember"]]
+    every = [r for rs in results.values() for r in rs]
+    busy = statistics.median(r["host_busy_s"] for r in every)
+    hog = statistics.median(r["hog_cpu_s"] for r in every)
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head = (
+        f"Measured {now} (`bench/overhead.py --bpftrace-compare`) on kernel {platform.release()}, "
+        f"{os.cpu_count()} CPUs ({cpu_model()}), ember {git_rev()}, {version}; load average "
+        f"before the run {load}.\n\n"
+        f"Workload: {len(hogs)} × `cpu_hog`. `ember run --window 10s --frequency {hz}` (whole "
+        f"host, default config) and `bpftrace -e '{script}'` (whole host; its `ustack` follows "
+        f"frame pointers, as perf's does), each alone, interleaved, {runs} run{'s' if runs > 1 else ''} each. BPF time "
+        f"per sample is run_time_ns / run_cnt (`kernel.bpf_stats_enabled=1`) of the "
+        f"perf_event program each holds, between a `bpftool prog show` reading "
+        f"{BPFTRACE_WARMUP_S:.0f} s after its perf events are attached and one {seconds} s "
+        f"later: start-up excluded. ember's is `ember_sample` with the `ember_walk` tail calls "
+        f"it makes: the kernel times a program around its whole tail-call chain (`ember_walk`'s "
+        f"own runs between the readings: {', '.join(str(w) for w in walk)}). Busy CPU per "
+        f"steady part: {busy:.1f} s (cpu_hog {hog:.1f} s).\n"
+    )
+    if busy - hog > 0.1 * busy:
+        head += (f"\n**Not a quiet machine:** other processes used {busy - hog:.1f} CPU s per "
+                 f"steady part (median); both samplers walk their stacks too.\n")
+    return head + "\n" + "\n".join(rows) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=int, default=30)
@@ -680,6 +877,8 @@ def main():
                     help="ember with unwind tables against frame pointers only (no perf)")
     ap.add_argument("--dwarf-compare", action="store_true",
                     help="ember with DWARF lines on against off, beside a debug build (no perf)")
+    ap.add_argument("--bpftrace-compare", action="store_true",
+                    help="ember's BPF time per sample against bpftrace's profile one-liner")
     ap.add_argument("--debug-exe", default=os.path.join(TARGET, "debug", "ember"),
                     help="the 100 MB+ full-debug binary run beside --dwarf-compare "
                          "(none: the hogs alone)")
@@ -694,6 +893,9 @@ def main():
         die(f"{ember} not found: `make build` first")
     if not shutil.which("bpftool"):
         die("bpftool not found: run `make deps`")
+    if args.bpftrace_compare and not shutil.which("bpftrace"):
+        die("bpftrace not found (--bpftrace-compare compares with it): run `make bench-deps`, "
+            "or `apt-get install bpftrace`")
 
     load = " ".join(open("/proc/loadavg").read().split()[:3])
     workdir = tempfile.mkdtemp(prefix="ember-overhead-")
@@ -726,9 +928,19 @@ def main():
         comparing = args.unwind_compare or args.dwarf_compare
         life = (2 * args.runs if comparing else args.runs + 2) * (
             args.seconds + WARMUP_S + 5) + 60
+        if args.bpftrace_compare:
+            # Each run: start-up, warm-up, the steady part, and bpftrace printing its map.
+            life = 2 * args.runs * (args.seconds + BPFTRACE_WARMUP_S + 45) + 60
         hogs = [start_hog(exe, life) for _ in range(args.hogs)]
         log(f"{args.hogs} cpu_hog running: pids {[h.pid for h in hogs]}")
         time.sleep(1)
+        if args.bpftrace_compare:
+            section = bpftrace_compare(ember, hogs, args.seconds, args.frequency, workdir,
+                                       max(args.runs, 1), load)
+            print(section)
+            if not args.no_write:
+                write_benchmarks(section, "bpftrace")
+            return
         if comparing:
             kind = "unwind" if args.unwind_compare else "dwarf"
             debug_exe = None

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * The walker's interface to interpreters: the table walker (walk_step) asks
+ * The walker's interface to interpreters: the table walker (walk_frame) asks
  * interp_at_pc at each native frame whether it is an interpreter loop's frame,
- * and then calls interp_step, a frame a step, until that runtime's frames of the
+ * and then calls interp_frame, a frame a step, until that runtime's frames of the
  * loop frame are recorded; the loop frame itself follows. Each runtime is one
  * header (python.bpf.h) that provides <rt>_begin, <rt>_at_pc, <rt>_step and <rt>_append; a
  * new runtime adds its header, its value of enum interp_runtime and one line in
@@ -32,6 +32,8 @@ static __always_inline void set_bit(__u64 *bits, __u32 i)
 	bits[(i >> 6) & 1] |= 1ULL << (i & 63);
 }
 
+int interp_frame(struct scratch *s, struct ember_py_proc *py, __u32 buf_key);
+
 #include "python.bpf.h"
 
 /* Each runtime's entry for the process `pid`, at the start of a walker run; buf_key 0 the sampler. */
@@ -43,23 +45,33 @@ static __always_inline void interp_begin(struct walk_ctx *c, __u32 pid, __u32 bu
 
 /*
  * At a frame about to be recorded: 1 if a runtime records its interpreter frames first
- * (the walk's next steps, by interp_step), 0 to record the native frame itself.
+ * (the walk's next steps, by interp_frame), 0 to record the native frame itself.
  */
 static __always_inline int interp_at_pc(struct walk_ctx *c, __u64 pc)
 {
 	return py_at_eval(c, pc);
 }
 
-/* One interpreter frame of the runtime that is recording (walk_step's return value). */
-static __always_inline long interp_step(struct walk_ctx *c)
+/* One interpreter frame of the runtime that is recording (the walker's step result). */
+static __always_inline int interp_one(struct scratch *s, struct ember_py_proc *py, __u32 buf_key)
 {
-	switch (c->s->w.interp.emitting) {
+	struct walk_ctx c = { .s = s, .py = py, .buf_key = buf_key };
+
+	switch (s->w.interp.emitting) {
 	case INTERP_PYTHON:
-		return py_step(c);
+		return py_step(&c);
 	default:
-		c->s->w.interp.emitting = INTERP_NONE;
+		s->w.interp.emitting = INTERP_NONE;
 		return 0;
 	}
+}
+
+/* interp_one as a global function, verified once on its own, like walk_frame. */
+__noinline int interp_frame(struct scratch *s, struct ember_py_proc *py, __u32 buf_key)
+{
+	if (!s)
+		return 1;
+	return interp_one(s, py, buf_key);
 }
 
 /*

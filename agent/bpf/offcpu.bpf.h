@@ -4,7 +4,7 @@
  *
  * Included at the end of ember.bpf.c, so it is part of the sampler's object:
  * it walks user stacks with the same unwind tables and the same walker
- * (walk_step), and sends what the walker asks for (ranges of a process) through
+ * (walk_frame), and sends what the walker asks for (ranges of a process) through
  * the same record flags. Loaded only with `offcpu.enabled`.
  *
  * A switch-out cannot know how long the thread will be away, so it takes no
@@ -431,8 +431,11 @@ static __always_inline long offcpu_user_stack(void *ctx, struct task_struct *tas
 				c.cache = cached ? bpf_map_lookup_elem(&row_cache, &one) : 0;
 				/* The walk runs in the thread (or as it leaves the CPU): its TLS is current. */
 				interp_begin(&c, pid, 1);
-				/* No tail calls from here: one bpf_loop takes the whole stack. */
-				bpf_loop(EMBER_MAX_FRAMES, walk_step, &c, 0);
+				/*
+				 * No tail calls from here: one loop takes the whole stack. A task
+				 * work (no ctx) may not call the global walk_frame.
+				 */
+				walk_frames(&c, EMBER_MAX_FRAMES);
 				if (w->running)
 					w->result = EMBER_UNWIND_TRUNCATED;
 				s->rec.user_result = w->result;

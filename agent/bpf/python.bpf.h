@@ -231,16 +231,6 @@ static __always_inline int py_at_eval(struct walk_ctx *c, __u64 pc)
 	return 1;
 }
 
-/* bpf_loop callback of py_append: one frame a step until the chain ends. */
-static long py_append_step(__u32 index, void *arg)
-{
-	struct walk_ctx *c = arg;
-
-	if (!c->s->w.interp.emitting)
-		return 1;
-	return py_step(c);
-}
-
 /*
  * The native walk stopped early: records the interpreter frames it did not reach (all of
  * the thread's if it met no eval frame), past entry frames, after its last native frame.
@@ -250,6 +240,7 @@ static __always_inline void py_append(struct walk_ctx *c)
 	struct walk *w = &c->s->w;
 	__u32 before = w->uframes;
 	__u8 started = w->interp.started, result = w->interp.result;
+	__u32 i;
 
 	if (!c->py)
 		return;
@@ -264,7 +255,8 @@ static __always_inline void py_append(struct walk_ctx *c)
 	w->interp.appending = 1;
 	w->interp.emitting = INTERP_PYTHON;
 	/* Each step records a frame or passes an entry frame; the frame cap ends it sooner. */
-	bpf_loop(2 * EMBER_MAX_FRAMES, py_append_step, c, 0);
+	for (i = 0; i < 2 * EMBER_MAX_FRAMES && w->interp.emitting; i++)
+		interp_frame(c->s, c->py, c->buf_key);
 	w->interp.emitting = INTERP_NONE;
 	w->interp.appending = 0;
 	if (w->uframes != before)

@@ -18,7 +18,8 @@
 //!    channels, and every `try_send` that finds a queue full counts what it dropped.
 //!    Stopping drains front to back, so the last window is complete;
 //! 8. the readings thread (`run`): USE readings, perf counters, run-queue latency;
-//! 9. the HTTP server (`run`).
+//! 9. the HTTP server (`run`), started before the pipeline (3.) so that /healthz answers
+//!    while the sampler loads, and stopped last.
 //!
 //! The window directory, metrics, the listener and the pod watcher need no stop of their
 //! own: they go with the agent (the listener with the server, the watcher with the runtime).
@@ -204,10 +205,13 @@ impl Agent {
         };
         let metrics = Metrics::new();
         let health = Health::new(cfg.window.duration);
+        let loading = Arc::new(AtomicBool::new(true));
         if run {
-            add_health_checks(&health, cfg, &metrics, windows.as_ref());
+            add_health_checks(&health, cfg, &metrics, windows.as_ref(), &loading);
         }
-        let rt = tokio::runtime::Builder::new_current_thread()
+        // One worker thread, so the server answers while this thread loads the sampler.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()
             .map_err(AgentError::Runtime)?;
@@ -220,6 +224,10 @@ impl Agent {
             None
         };
         let mut parts = Vec::new();
+        // The server first: it answers from the first second (and stops last).
+        if let (Some(listener), Some(windows)) = (listener, windows.clone()) {
+            parts.push(serve(&rt, listener, cfg, &metrics, windows, health.clone()));
+        }
         let mut dispatch = if run {
             let (dispatch, shutdown) =
                 crate::export::start(&cfg.sinks, windows.clone(), &node.name, &metrics)
@@ -271,6 +279,7 @@ impl Agent {
             },
         )?;
         parts.push(Part::Pipeline(pipeline));
+        loading.store(false, Ordering::Relaxed);
         if run {
             // After the sampler: its perf events are the first ember opens (tests wait on them).
             let sources = reading_sources(cfg, meta.as_ref(), &metrics)?;
@@ -285,9 +294,6 @@ impl Agent {
                 cfg.window.duration,
                 cfg.output.data_dir.display()
             );
-        }
-        if let (Some(listener), Some(windows)) = (listener, windows) {
-            parts.push(serve(&rt, listener, cfg, &metrics, windows, health));
         }
         Ok(Self {
             rt,
@@ -392,14 +398,32 @@ fn open_windows(o: &crate::config::Output) -> Result<Arc<WindowDir>, AgentError>
     Ok(Arc::new(dir))
 }
 
+/// `/readyz` while the sampler loads.
+#[derive(Debug, thiserror::Error)]
+#[error("loading the BPF programs")]
+struct Loading;
+
 /// The checks `/healthz` and `/readyz` run beside the window clock (`run`): stuck stages,
 /// and the window directory's faults.
+///
+/// Until the sampler runs (`loading`), /readyz fails and /healthz says so in its 200 body:
+/// a kernel's verifier may take seconds over the programs, and a probe must not mistake
+/// that for a hung agent.
 fn add_health_checks(
     health: &Health,
     cfg: &Config,
     metrics: &Metrics,
     windows: Option<&Arc<WindowDir>>,
+    loading: &Arc<AtomicBool>,
 ) {
+    let l = loading.clone();
+    health.add_readiness_check("bpf", move || {
+        if l.load(Ordering::Relaxed) {
+            Err(Loading)
+        } else {
+            Ok(())
+        }
+    });
     // A stage stuck this long fails /healthz (`health.stall_windows`, plus the
     // grace the window check allows a loaded machine).
     if cfg.health.stall_windows > 0 {
@@ -590,6 +614,17 @@ impl Pipeline {
                 control: Some(control_tx),
             },
         });
+        // The sampler before the aggregator: no window opens (and none is written, empty)
+        // while the kernel verifies the programs.
+        let (capture, link) = Capture::start(capture::Parts {
+            sampling: cfg.sampling.clone(),
+            offcpu: cfg.offcpu.clone(),
+            windows: align.then_some(window),
+            batches: batch_tx,
+            budget: queue_bytes,
+            control: control_rx,
+            metrics: metrics.clone(),
+        })?;
         let (snap_tx, snap_rx) = mpsc::sync_channel(SNAPSHOT_QUEUE);
         let aggregate = spawn("ember-aggregate", move || {
             agg.run(batch_rx, snap_rx, window_tx, window, align)
@@ -605,15 +640,6 @@ impl Pipeline {
             encode::output::run(window_rx, symbolizer, m, on_window)
         })?;
 
-        let (capture, link) = Capture::start(capture::Parts {
-            sampling: cfg.sampling.clone(),
-            offcpu: cfg.offcpu.clone(),
-            windows: align.then_some(window),
-            batches: batch_tx,
-            budget: queue_bytes,
-            control: control_rx,
-            metrics: metrics.clone(),
-        })?;
         let unwind = start_unwind(cfg, link, snap_tx, metrics)?;
         Ok(Self {
             capture,

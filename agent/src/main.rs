@@ -1,4 +1,4 @@
-//! The `ember` command: `run` (the agent), `record` (one-shot) and `check-config`.
+//! The `ember` command: `run` (the agent), `record` (one-shot), `features` and `check-config`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use ember::agent::{Agent, Mode};
+use ember::capture::{Feature, FeatureState, Reason};
 use ember::config::{Config, NodeName};
 use ember::encode::flamegraph;
 use ember::encode::Encoded;
@@ -27,6 +28,9 @@ enum Command {
     Run(RunArgs),
     /// Profile once for a while and write one profile (.pb.gz, .folded or .svg).
     Record(RecordArgs),
+    /// Say what runs on this kernel: every feature, the path chosen and why, and what each
+    /// BPF program cost the verifier (loads the programs as `run` would, samples nothing).
+    Features(FeaturesArgs),
     /// Check a configuration file; errors name the line and column.
     CheckConfig {
         /// The YAML file.
@@ -70,6 +74,16 @@ struct RunArgs {
 }
 
 #[derive(Args)]
+struct FeaturesArgs {
+    /// YAML configuration layered over the embedded default (what `run` would load).
+    #[arg(long, short = 'c')]
+    config: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
 struct RecordArgs {
     #[command(flatten)]
     common: Common,
@@ -107,6 +121,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args),
         Command::Record(args) => record(args),
         Command::CheckConfig { file } => check_config(&file),
+        Command::Features(args) => features(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -120,6 +135,84 @@ fn main() -> ExitCode {
 fn check_config(file: &Path) -> Result<()> {
     Config::load(file)?;
     println!("{}: ok", file.display());
+    Ok(())
+}
+
+fn features(args: FeaturesArgs) -> Result<()> {
+    let cfg = load(&Common {
+        config: args.config,
+        ..Common::default()
+    })?;
+    cfg.validate("the command line")?;
+    init_logging(&cfg);
+    let mut report = ember::capture::probe_features(&cfg.sampling, &cfg.offcpu)?;
+    let (enabled, reason, detail) = if !cfg.counters.runqueue_latency {
+        (
+            false,
+            Reason::Config,
+            "counters.runqueue_latency: false".to_owned(),
+        )
+    } else {
+        match ember::readings::probe_runqlat(&cfg.counters) {
+            Ok(()) => (true, Reason::Loaded, "loaded".to_owned()),
+            Err(e) => (false, Reason::Refused, e.to_string()),
+        }
+    };
+    report.features.push(FeatureState {
+        feature: Feature::RunqueueLatency,
+        enabled,
+        path: if enabled {
+            "tp_btf/sched_wakeup+switch".into()
+        } else {
+            "off".into()
+        },
+        reason,
+        detail,
+    });
+    if args.json {
+        let json = serde_json::json!({
+            "kernel": report.kernel,
+            "retries": report.retries,
+            "features": report.features.iter().map(|f| serde_json::json!({
+                "feature": f.feature.name(),
+                "enabled": f.enabled,
+                "path": f.path,
+                "reason": f.reason.as_str(),
+                "detail": f.detail,
+            })).collect::<Vec<_>>(),
+            "programs": report.programs.iter().map(|p| serde_json::json!({
+                "name": p.name,
+                "loaded": p.loaded,
+                "verified_insns": p.verified_insns,
+                "error": p.error,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{json:#}");
+        return Ok(());
+    }
+    println!("kernel {}", report.kernel);
+    println!("{:<18} {:<4} {:<28} why", "feature", "on", "path");
+    for f in &report.features {
+        println!(
+            "{:<18} {:<4} {:<28} {}: {}",
+            f.feature.name(),
+            if f.enabled { "yes" } else { "no" },
+            f.path,
+            f.reason.as_str(),
+            f.detail
+        );
+    }
+    println!();
+    println!("{:<26} {:>14}  verifier", "program", "insns processed");
+    for p in &report.programs {
+        let insns = p.verified_insns.map_or("-".to_owned(), |n| n.to_string());
+        let state = match (&p.error, p.loaded) {
+            (Some(e), true) => format!("loaded (a fuller variant was refused: {e})"),
+            (Some(e), false) => format!("refused: {e}"),
+            (None, _) => "loaded".to_owned(),
+        };
+        println!("{:<26} {:>14}  {}", p.name, insns, state);
+    }
     Ok(())
 }
 

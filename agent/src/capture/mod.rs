@@ -14,7 +14,6 @@
 //! sampler never waits on a slow stage.
 
 use std::cell::RefCell;
-use std::mem::MaybeUninit;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -22,7 +21,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use libbpf_rs::{OpenObject, RingBuffer, RingBufferBuilder};
+use libbpf_rs::{RingBuffer, RingBufferBuilder};
 use tracing::warn;
 
 use crate::config::{OffCpu as OffCpuSettings, Sampling};
@@ -31,13 +30,16 @@ use kept::Kept;
 
 mod abi;
 mod counters;
+mod features;
 mod kept;
+mod plan;
 mod queue;
 mod record;
 mod sampler;
 pub use ember_parse::perf_record;
 pub mod tasks;
 pub mod unwind;
+pub use features::{kernel_release, Feature, FeatureState, LoadReport, ProgramStat, Reason};
 pub use queue::{
     batch_bytes, work_queue, Ask, Batch, QueueBytes, Work, WorkReceiver, WorkSender, WORK_QUEUE,
 };
@@ -77,6 +79,16 @@ pub enum CaptureError {
     /// libbpf could not open, size or load the BPF object.
     #[error("loading the BPF sampler: {0}")]
     Load(#[source] libbpf_rs::Error),
+    /// The kernel refused the sampler itself (the one part with no simpler variant).
+    #[error("the kernel {kernel} refused {part}: {line}")]
+    Refused {
+        /// The program or map.
+        part: String,
+        /// `uname -r`.
+        kernel: String,
+        /// The verifier's (or libbpf's) last line about it.
+        line: String,
+    },
     /// No CPU could be sampled.
     #[error("could not open a sampling perf event on any CPU: {0}")]
     Attach(String),
@@ -123,6 +135,7 @@ pub struct Parts {
 pub struct Capture {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    report: LoadReport,
 }
 
 impl Capture {
@@ -140,10 +153,11 @@ impl Capture {
             .spawn(move || run(parts, ask_tx, thread_stop, ready_tx))
             .map_err(|_| CaptureError::Thread)?;
         match ready_rx.recv() {
-            Ok(Ok(maps)) => Ok((
+            Ok(Ok((maps, report))) => Ok((
                 Self {
                     stop,
                     thread: Some(thread),
+                    report,
                 },
                 UnwindLink {
                     maps,
@@ -157,6 +171,11 @@ impl Capture {
             }
             Err(_) => Err(CaptureError::Thread),
         }
+    }
+
+    /// What loaded on this kernel: each feature's state, each program's verifier cost.
+    pub fn report(&self) -> &LoadReport {
+        &self.report
     }
 
     /// Drains what the ring buffer still holds, sends it, detaches and returns.
@@ -180,7 +199,7 @@ fn run(
     parts: Parts,
     asks: WorkSender,
     stop: Arc<AtomicBool>,
-    ready: SyncSender<Result<Option<UnwindMaps>, CaptureError>>,
+    ready: SyncSender<Result<(Option<UnwindMaps>, LoadReport), CaptureError>>,
 ) {
     let Parts {
         sampling: settings,
@@ -191,20 +210,20 @@ fn run(
         control,
         metrics,
     } = parts;
-    let mut open_object = MaybeUninit::<OpenObject>::uninit();
-    let mut sampler = match Sampler::load(&settings, &offcpu, &mut open_object) {
+    let (mut sampler, report) = match Sampler::load(&settings, &offcpu) {
         Ok(s) => s,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
+    report.publish(&metrics);
     if let Err(e) = sampler.sync_cpus(&settings, &metrics) {
         let _ = ready.send(Err(e));
         return;
     }
 
-    let maps = match sampler.unwind_maps(&settings) {
+    let maps = match sampler.unwind_maps() {
         Ok(m) => m,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -223,7 +242,7 @@ fn run(
             return;
         }
     };
-    let _ = ready.send(Ok(maps));
+    let _ = ready.send(Ok((maps, report)));
 
     let mut counters = CounterSync::default();
     let (mut last_sync, mut last_cpu_check) = (Instant::now(), Instant::now());
@@ -294,6 +313,15 @@ fn run(
     drain_sums(&sampler, &ring, &kept, scale, &batch, &metrics);
     flush(true);
     counters.sync(&sampler, &metrics);
+}
+
+/// Loads the BPF object as `run` and `record` would with these settings, attaches nothing
+/// to CPUs, and says what loaded (`ember features`).
+pub fn probe_features(
+    sampling: &Sampling,
+    offcpu: &OffCpuSettings,
+) -> Result<LoadReport, CaptureError> {
+    Sampler::load(sampling, offcpu).map(|(_, report)| report)
 }
 
 /// Entries of `offcpu_sums` read and deleted per syscall.

@@ -10,6 +10,15 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
 use tracing::{info, warn};
 
+use std::os::fd::{AsFd, AsRawFd};
+
+use libbpf_rs::skel::Skel;
+
+use super::features::{
+    kernel_release, Culprit, Feature, LoadLog, LoadReport, Parsed, ProgramStat, LOG_STATS,
+    MAX_ATTEMPTS,
+};
+use super::plan::{OffPath, Plan, Probes, Walker};
 use super::record::sample_threshold;
 use super::skel::{self, EmberSkelBuilder};
 use super::unwind::UnwindMaps;
@@ -30,64 +39,94 @@ pub(super) struct Sampler<'obj> {
     /// lock:contention_begin/end (counted once by capture).
     pub(super) klocks_unsupported: bool,
     event: SampleEvent,
+    /// Features whose hooks failed to attach after the object loaded, and why.
+    attach_errors: BTreeMap<Feature, String>,
+    /// The table walker loaded (and its slot is set): the unwind loader has maps to fill.
+    tables: bool,
 }
 
-impl<'obj> Sampler<'obj> {
+impl Sampler<'static> {
+    /// Loads the object by a [`Plan`]: what the settings ask, less what the kernel lacks;
+    /// a part the kernel refuses is stepped down and the load tried again (see
+    /// `features.rs`). Fails only when the sampler itself cannot load.
     pub(super) fn load(
         settings: &Sampling,
         offcpu: &OffCpuSettings,
-        object: &'obj mut MaybeUninit<OpenObject>,
-    ) -> Result<Self, CaptureError> {
-        let mut open = EmberSkelBuilder::default()
-            .open(object)
-            .map_err(CaptureError::Load)?;
-        if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
-            rodata.ember_cfg.filter_pids = u32::from(!settings.pids.is_empty());
-            rodata.ember_cfg.include_idle = u32::from(settings.include_idle);
-            rodata.ember_cfg.wakeup_bytes = u64::from(settings.ring_buffer_bytes / 4);
-            rodata.ember_cfg.unwind_mode = match settings.unwind {
-                UnwindMode::FramePointer => 0,
-                UnwindMode::Auto => 1,
-                UnwindMode::Dwarf => 2,
+    ) -> Result<(Self, LoadReport), CaptureError> {
+        let probes = probe_kernel();
+        let mut plan = Plan::new(settings, offcpu, probes);
+        let kernel = kernel_release();
+        let mut refused: BTreeMap<String, (String, Option<u64>)> = BTreeMap::new();
+        for attempt in 0..MAX_ATTEMPTS {
+            // Each attempt opens the object afresh; a failed one is closed with its skeleton.
+            // The box (one pointer) outlives it: the loaded object lives as long as the agent.
+            let object = Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit()));
+            let open = open_with(settings, offcpu, &plan, object)?;
+            let log = LoadLog::start();
+            let loaded = open.load();
+            let parsed = log.take();
+            let e = match loaded {
+                Ok(skel) => {
+                    let sampler = Self::start(skel, settings, offcpu, &plan)?;
+                    let report = sampler.report(&plan, parsed, refused, kernel, attempt as u32);
+                    return Ok((sampler, report));
+                }
+                Err(e) => e,
             };
-            rodata.ember_cfg.task_regs = u32::from(kernel_btf());
+            let Some(culprit) = parsed.failed else {
+                return Err(CaptureError::Load(e));
+            };
+            let line = parsed.last_line.unwrap_or_else(|| e.to_string());
+            if let Culprit::Program(p) = &culprit {
+                refused.insert(p.clone(), (line.clone(), parsed.insns.get(p).copied()));
+            }
+            if !plan.step_down(&culprit, &line) {
+                return Err(CaptureError::Refused {
+                    part: culprit.to_string(),
+                    kernel,
+                    line,
+                });
+            }
+            warn!("kernel {kernel} refused {culprit} ({line}): loading again without it");
         }
-        let OffCpuPlan {
-            on: offcpu_on,
-            klocks,
-            task_work,
-        } = prepare_offcpu(&mut open, offcpu)?;
-        // The exec hook is a BTF tracepoint: without kernel BTF it would fail the whole load.
-        let exec_hook = settings.unwind != UnwindMode::FramePointer && kernel_btf();
-        open.progs.ember_exec.set_autoload(exec_hook);
-        open.maps
-            .samples
-            .set_max_entries(settings.ring_buffer_bytes)
-            .map_err(CaptureError::Load)?;
-        open.maps
-            .unwind_procs
-            .set_max_entries(settings.unwind_max_processes)
-            .map_err(CaptureError::Load)?;
-        open.maps
-            .py_procs
-            .set_max_entries(settings.unwind_max_processes)
-            .map_err(CaptureError::Load)?;
-        open.maps
-            .cgroup_deny
-            .set_max_entries(CGROUP_DENY_ENTRIES)
-            .map_err(CaptureError::Load)?;
-        let skel = open.load().map_err(CaptureError::Load)?;
+        Err(CaptureError::Refused {
+            part: "the BPF object".into(),
+            kernel,
+            line: format!("still refused after {MAX_ATTEMPTS} loads"),
+        })
+    }
+
+    /// Attaches the loaded object's hooks as the plan says; a hook that fails to attach
+    /// turns its feature off (noted in `attach_errors`).
+    fn start(
+        skel: skel::EmberSkel<'static>,
+        settings: &Sampling,
+        offcpu: &OffCpuSettings,
+        plan: &Plan,
+    ) -> Result<Self, CaptureError> {
         for pid in &settings.pids {
             skel.maps
                 .pid_filter
                 .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
                 .map_err(CaptureError::Load)?;
         }
-        let exec = if exec_hook {
+        let mut attach_errors = BTreeMap::new();
+        if matches!(plan.walker, Walker::Tables { .. }) {
+            // The sampler tail-calls the walker through slot 0; empty, it keeps frame pointers.
+            let fd = skel.progs.ember_walk.as_fd().as_raw_fd();
+            if let Err(e) =
+                skel.maps
+                    .walk_progs
+                    .update(&0u32.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
+            {
+                attach_errors.insert(Feature::UnwindTables, format!("walk_progs: {e}"));
+            }
+        }
+        let exec = if plan.exec {
             match skel.progs.ember_exec.attach() {
                 Ok(link) => Some(link),
                 Err(e) => {
-                    warn!("exec hook not attached ({e}): new processes are unwound once the agent has read them");
+                    attach_errors.insert(Feature::ExecTracking, e.to_string());
                     None
                 }
             }
@@ -95,22 +134,45 @@ impl<'obj> Sampler<'obj> {
             None
         };
         let mut offcpu_links = Vec::new();
-        if offcpu_on {
+        if let Some(path) = plan.offcpu {
+            let (rseq, exit) = match path {
+                OffPath::Hooks { rseq, exit } => (rseq, exit),
+                _ => (false, false),
+            };
             // The hooks of a thread's return first: a record waiting for one always finds it.
-            for (prog, on) in [
+            for (prog, on, feature) in [
+                (&skel.progs.ember_offcpu_exit, exit, Feature::OffCpu),
+                (&skel.progs.ember_offcpu_rseq, rseq, Feature::OffCpu),
+                (&skel.progs.ember_offcpu_switch, true, Feature::OffCpu),
                 (
-                    &skel.progs.ember_offcpu_exit,
-                    !task_work && offcpu.syscall_exit,
+                    &skel.progs.ember_offcpu_waking,
+                    plan.wakers,
+                    Feature::Wakers,
                 ),
-                (&skel.progs.ember_offcpu_rseq, !task_work && offcpu.rseq),
-                (&skel.progs.ember_offcpu_switch, true),
-                (&skel.progs.ember_offcpu_waking, true),
-                (&skel.progs.ember_offcpu_lock_begin, klocks == Some(true)),
-                (&skel.progs.ember_offcpu_lock_end, klocks == Some(true)),
+                (
+                    &skel.progs.ember_offcpu_lock_begin,
+                    plan.klocks,
+                    Feature::KernelLocks,
+                ),
+                (
+                    &skel.progs.ember_offcpu_lock_end,
+                    plan.klocks,
+                    Feature::KernelLocks,
+                ),
             ] {
-                if on {
-                    offcpu_links.push(prog.attach().map_err(CaptureError::Load)?);
+                if on && !attach_errors.contains_key(&feature) {
+                    match prog.attach() {
+                        Ok(link) => offcpu_links.push(link),
+                        Err(e) => {
+                            attach_errors
+                                .insert(feature, format!("{}: {e}", prog.name().to_string_lossy()));
+                        }
+                    }
                 }
+            }
+            if attach_errors.contains_key(&Feature::OffCpu) {
+                // Half of off-CPU's hooks would leave records nobody finishes.
+                offcpu_links.clear();
             }
         }
         Ok(Self {
@@ -118,17 +180,63 @@ impl<'obj> Sampler<'obj> {
             links: BTreeMap::new(),
             exec,
             offcpu_links,
-            klocks_unsupported: offcpu_on && klocks == Some(false),
+            klocks_unsupported: offcpu.enabled && offcpu.locks && !plan.klocks,
             event: settings.event,
+            tables: matches!(plan.walker, Walker::Tables { .. })
+                && !attach_errors.contains_key(&Feature::UnwindTables),
+            attach_errors,
         })
     }
 
-    /// Handles on the unwind maps for the loader (none when only frame pointers are used).
-    pub(super) fn unwind_maps(
+    /// What this load found: every feature's state, every program's verifier cost.
+    fn report(
         &self,
-        settings: &Sampling,
-    ) -> Result<Option<UnwindMaps>, CaptureError> {
-        if settings.unwind == UnwindMode::FramePointer {
+        plan: &Plan,
+        parsed: Parsed,
+        refused: BTreeMap<String, (String, Option<u64>)>,
+        kernel: String,
+        retries: u32,
+    ) -> LoadReport {
+        let mut programs: Vec<ProgramStat> = self
+            .skel
+            .object()
+            .progs()
+            .filter(|p| p.autoload())
+            .map(|p| {
+                let name = p.name().to_string_lossy().into_owned();
+                ProgramStat {
+                    verified_insns: parsed.insns.get(&name).copied(),
+                    loaded: true,
+                    error: None,
+                    name,
+                }
+            })
+            .collect();
+        for (name, (line, insns)) in refused {
+            if let Some(p) = programs.iter_mut().find(|p| p.name == name) {
+                p.error = Some(line);
+            } else {
+                programs.push(ProgramStat {
+                    name,
+                    loaded: false,
+                    verified_insns: insns,
+                    error: Some(line),
+                });
+            }
+        }
+        LoadReport {
+            kernel,
+            features: plan.report(&self.attach_errors),
+            programs,
+            retries,
+        }
+    }
+}
+
+impl Sampler<'_> {
+    /// Handles on the unwind maps for the loader (none when only frame pointers are used).
+    pub(super) fn unwind_maps(&self) -> Result<Option<UnwindMaps>, CaptureError> {
+        if !self.tables {
             return Ok(None);
         }
         let maps = &self.skel.maps;
@@ -234,92 +342,130 @@ impl<'obj> Sampler<'obj> {
     }
 }
 
-/// What `prepare_offcpu` decided.
-struct OffCpuPlan {
-    /// Off-CPU profiling is on.
-    on: bool,
-    /// Kernel lock contention is followed (`None`: not asked for).
-    klocks: Option<bool>,
-    /// Long blocks are walked by a task work (so neither rseq nor sys_exit is hooked).
-    task_work: bool,
-}
-
-/// The off-CPU settings written into the object before load: its rodata, which programs
-/// load, and its maps' sizes (minimal when off).
-fn prepare_offcpu(
-    open: &mut skel::OpenEmberSkel<'_>,
+/// Opens the object and writes the plan into it before load: its rodata, which programs
+/// load (each with the verifier's statistics), and its maps' sizes (minimal for a part
+/// that is off).
+fn open_with(
+    settings: &Sampling,
     offcpu: &OffCpuSettings,
-) -> Result<OffCpuPlan, CaptureError> {
-    // The lock tracepoints exist since 5.19: a program on a missing one fails the whole load.
-    let klocks = (offcpu.enabled && offcpu.locks).then(|| kernel_has("btf_trace_contention_begin"));
-    // BPF task works (6.18; bpf_preempt_disable is 6.10): without them, rseq or sys_exit.
-    let task_work = offcpu.enabled
-        && offcpu.task_work
-        && kernel_has("bpf_task_work_schedule_resume_impl")
-        && kernel_has("bpf_preempt_disable");
+    plan: &Plan,
+    object: &'static mut MaybeUninit<OpenObject>,
+) -> Result<skel::OpenEmberSkel<'static>, CaptureError> {
+    let mut open = EmberSkelBuilder::default()
+        .open(object)
+        .map_err(CaptureError::Load)?;
+    let tables = matches!(plan.walker, Walker::Tables { .. });
+    let (task_work, rseq, exit) = match plan.offcpu {
+        Some(OffPath::TaskWork) => (true, false, false),
+        Some(OffPath::Hooks { rseq, exit }) => (false, rseq, exit),
+        _ => (false, false, false),
+    };
     if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
+        let cfg = &mut rodata.ember_cfg;
+        cfg.filter_pids = u32::from(!settings.pids.is_empty());
+        cfg.include_idle = u32::from(settings.include_idle);
+        cfg.wakeup_bytes = u64::from(settings.ring_buffer_bytes / 4);
+        cfg.unwind_mode = match (tables, settings.unwind) {
+            (false, _) | (_, UnwindMode::FramePointer) => 0,
+            (true, UnwindMode::Auto) => 1,
+            (true, UnwindMode::Dwarf) => 2,
+        };
+        cfg.task_regs = u32::from(kernel_btf());
+        rodata.ember_walk_no_python = u32::from(plan.walker != (Walker::Tables { python: true }));
         let cfg = &mut rodata.ember_offcpu_cfg;
         cfg.min_block_ns = u64::try_from(offcpu.min_block.as_nanos()).unwrap_or(u64::MAX);
         cfg.sample_threshold = sample_threshold(offcpu.sample_rate);
         cfg.fallback_threshold = sample_threshold(offcpu.fallback_rate);
-        cfg.syscall_exit = u32::from(offcpu.syscall_exit);
+        cfg.syscall_exit = u32::from(exit);
         cfg.max_tasks = offcpu.max_tasks;
-        cfg.rseq = u32::from(offcpu.rseq);
-        cfg.wakers = u32::from(offcpu.wakers);
-        cfg.klocks = u32::from(klocks == Some(true));
+        cfg.rseq = u32::from(rseq);
+        cfg.wakers = u32::from(plan.wakers && offcpu.wakers);
+        cfg.klocks = u32::from(plan.klocks);
         // The kernel's tgid, as the programs read it: ember runs in the host's pid namespace.
         cfg.self_tgid = std::process::id();
         cfg.kernel_threads = u32::from(offcpu.kernel_threads);
         cfg.task_work = u32::from(task_work);
     }
-    // The off-CPU programs are BTF tracepoints too; off, their maps are kept minimal.
-    let on = offcpu.enabled && kernel_btf();
-    if offcpu.enabled && !on {
-        warn!("off-CPU profiling needs the kernel's BTF (/sys/kernel/btf/vmlinux): off");
+    let on = plan.offcpu.is_some();
+    for mut prog in open.open_object_mut().progs_mut() {
+        prog.set_log_level(LOG_STATS);
+        let load = match prog.name().to_str().unwrap_or_default() {
+            "ember_sample" => true,
+            "ember_walk" => tables,
+            "ember_exec" => plan.exec,
+            "ember_offcpu_switch" => on,
+            "ember_offcpu_waking" => on && plan.wakers,
+            "ember_offcpu_lock_begin" | "ember_offcpu_lock_end" => on && plan.klocks,
+            "ember_offcpu_exit" => on && exit,
+            "ember_offcpu_rseq" => on && rseq,
+            _ => false,
+        };
+        prog.set_autoload(load);
     }
-    open.progs.ember_offcpu_switch.set_autoload(on);
-    open.progs.ember_offcpu_waking.set_autoload(on);
-    open.progs
-        .ember_offcpu_lock_begin
-        .set_autoload(on && klocks == Some(true));
-    open.progs
-        .ember_offcpu_lock_end
-        .set_autoload(on && klocks == Some(true));
-    if on && klocks == Some(false) {
-        warn!("this kernel has no lock:contention_begin/end (5.19+): lock profiles have futex waits only");
+    // A part that is off creates no maps: a kernel without task storage loads the rest.
+    for mut map in open.open_object_mut().maps_mut() {
+        let name = map.name().to_string_lossy();
+        if name.starts_with("offcpu_") && !on {
+            map.set_autocreate(false).map_err(CaptureError::Load)?;
+        }
     }
-    // Without them, blocks take the fallback (their rodata switches are 0 too).
-    open.progs
-        .ember_offcpu_exit
-        .set_autoload(on && !task_work && offcpu.syscall_exit);
-    open.progs
-        .ember_offcpu_rseq
-        .set_autoload(on && !task_work && offcpu.rseq);
-    open.maps
-        .offcpu_threads
-        .set_max_entries(if on { offcpu.max_threads } else { 1 })
+    let maps = &mut open.maps;
+    maps.samples
+        .set_max_entries(settings.ring_buffer_bytes)
         .map_err(CaptureError::Load)?;
-    open.maps
-        .offcpu_samples
-        .set_max_entries(if on { offcpu.ring_buffer_bytes } else { 4096 })
+    maps.unwind_procs
+        .set_max_entries(settings.unwind_max_processes)
         .map_err(CaptureError::Load)?;
-    open.maps
-        .offcpu_sums
-        .set_max_entries(if on { offcpu.max_stacks } else { 1 })
+    maps.py_procs
+        .set_max_entries(settings.unwind_max_processes)
         .map_err(CaptureError::Load)?;
+    maps.cgroup_deny
+        .set_max_entries(CGROUP_DENY_ENTRIES)
+        .map_err(CaptureError::Load)?;
+    if on {
+        maps.offcpu_threads
+            .set_max_entries(offcpu.max_threads)
+            .map_err(CaptureError::Load)?;
+        maps.offcpu_samples
+            .set_max_entries(offcpu.ring_buffer_bytes)
+            .map_err(CaptureError::Load)?;
+        maps.offcpu_sums
+            .set_max_entries(offcpu.max_stacks)
+            .map_err(CaptureError::Load)?;
+    }
     // The walker's row caches, per CPU: the sampler's, and off-CPU's when it is on.
-    open.maps
-        .row_cache
+    maps.row_cache
         .set_max_entries(if on { 2 } else { 1 })
         .map_err(CaptureError::Load)?;
-    if task_work {
-        info!("off-CPU: long blocks walked by a BPF task work on the way back to user mode");
+    Ok(open)
+}
+
+/// What the kernel has, asked before the first load.
+fn probe_kernel() -> Probes {
+    use libbpf_rs::{MapType, ProgramType};
+    let btf = kernel_btf();
+    Probes {
+        btf,
+        task_storage: MapType::TaskStorage.is_supported().unwrap_or(false),
+        // The lock tracepoints exist since 5.19: a program on a missing one fails the load.
+        lock_tracepoints: btf && kernel_has("btf_trace_contention_begin"),
+        // BPF task works (6.18; bpf_preempt_disable is 6.10).
+        task_work: btf
+            && kernel_has("bpf_task_work_schedule_resume_impl")
+            && kernel_has("bpf_preempt_disable"),
+        bpf_loop: ProgramType::PerfEvent
+            .is_helper_supported(libbpf_sys::BPF_FUNC_loop)
+            .unwrap_or(false),
+        probe_read_bug: {
+            let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+            let signature = read("/proc/version_signature");
+            super::plan::probe_read_bug(&super::plan::upstream_version(
+                &kernel_release(),
+                &read("/proc/sys/kernel/version"),
+                Some(signature.trim()).filter(|s| !s.is_empty()),
+            ))
+        },
     }
-    Ok(OffCpuPlan {
-        on,
-        klocks,
-        task_work,
-    })
 }
 
 fn open_perf_event(cpu: u32, event: SampleEvent, hz: u64) -> std::io::Result<i32> {

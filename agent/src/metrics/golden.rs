@@ -45,6 +45,12 @@ pub(super) fn touch_every_family(m: &Metrics) {
             .inc_by(0.25);
     }
     m.containers.lock_wait.get_or_create(&c).inc_by(0.5);
+    m.feature_enabled
+        .get_or_create(&super::FeatureLabels {
+            feature: "offcpu",
+            reason: "refused",
+        })
+        .set(1);
     StackSide::ALL.iter().for_each(|&s| m.stack_error(s, 1));
     Cache::ALL.iter().for_each(|&c| m.dropped(c, 1));
     WindowFailure::ALL.iter().for_each(|&f| m.window_failed(f));

@@ -188,6 +188,12 @@ metric_table! {
         pub processes_evicted: Counter = metric("processes_evicted"),
         /// Online CPUs with a sampling perf event.
         pub cpus_sampled: Gauge<i64, AtomicI64> = metric("cpus_sampled"),
+        /// 1 for each part of the BPF object that runs on this kernel, 0 for each that
+        /// does not, with why (`ember features` says it in full).
+        pub feature_enabled: Family<FeatureLabels, Gauge<i64, AtomicI64>> = metric(
+            "feature_enabled",
+            labels ["feature", "reason"]
+        ),
         /// Unreadable or malformed /proc entries, counted and skipped.
         pub proc_read_errors: Family<ReasonLabel<ProcRead>, Counter> = metric(
             "proc_read_errors",
@@ -374,6 +380,15 @@ metric_table! {
         /// [`MAX_WORKLOADS`]).
         workloads: Arc<Mutex<HashSet<String>>> = plain(Arc::default()),
     }
+}
+
+/// Label set of `ember_feature_enabled`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FeatureLabels {
+    /// The feature (`sampler`, `unwind_tables`, `offcpu`...).
+    pub feature: &'static str,
+    /// Why it is on or off: `loaded`, `config`, `unsupported`, `refused`, `attach_failed`.
+    pub reason: &'static str,
 }
 
 /// Label set of `ember_unnamed_frames_total`.

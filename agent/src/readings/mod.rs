@@ -16,6 +16,12 @@ pub(crate) mod pmc;
 pub mod resources;
 pub(crate) mod runqlat;
 
+/// Loads and attaches the run-queue latency programs once and lets go of them: whether
+/// `counters.runqueue_latency` can run on this kernel (`ember features`).
+pub fn probe_runqlat(cfg: &crate::config::Counters) -> Result<(), libbpf_rs::Error> {
+    runqlat::Runqlat::start(cfg, None, crate::metrics::Metrics::new()).map(drop)
+}
+
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::mpsc::{RecvTimeoutError, SyncSender};
