@@ -46,6 +46,9 @@ PYTHON_MUSL_DIR := $(TARGET_DIR)/python-musl
 # Free-threaded CPython 3.13t and 3.14t built from source (no archive here ships one), for the
 # Python tests' free-threaded runs; see tests/python-ft/build.sh.
 PYTHON_FT_DIR := $(TARGET_DIR)/python-ft
+# Debian's cloud kernels the kernel matrix test boots (tests/kernels/fetch-kernels.sh); outside
+# the tree, so that they outlive `make clean` and are shared by every checkout.
+EMBER_KERNEL_CACHE ?= /var/cache/ember-kernels
 
 # Debian/Ubuntu packages: build (clang, llvm, libelf, zlib, pkg-config, make),
 # the Go pprof tools the tests validate profiles with, and perf + bpftool for
@@ -63,6 +66,8 @@ DEB_PKGS += g++ binutils
 # The explorer's browser test drives Debian's chromium through chromedriver with Debian's
 # selenium (tests/browser/explorer.py, run by /usr/bin/python3); curl fetches profiles.
 DEB_PKGS += chromium chromium-driver python3-selenium curl
+# The kernel matrix boots Debian's kernels under qemu on a busybox initramfs (tests/kernels/).
+DEB_PKGS += qemu-system-x86 busybox-static cpio
 # Only `make bench` needs these.
 BENCH_PKGS := python3 bpftrace
 # Daemons the resource-metrics tests start themselves on free loopback ports
@@ -135,7 +140,7 @@ endef
 
 .PHONY: deps bench-deps rust-deps build run test bench clean \
 	fmt-check modgraph clippy pprofcheck test-only bench-only k8s-apiserver k8s-node k8s-images deploy-check \
-	otlp-venv pyspy-venv python314-root python-musl python-ft fuzz
+	otlp-venv pyspy-venv python314-root python-musl python-ft fuzz kernels
 
 deps: rust-deps
 	$(call ensure_pkgs,$(DEB_PKGS))
@@ -220,7 +225,14 @@ test-only:
 	EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) EMBER_OTLP_PYTHON=$(OTLP_VENV)/bin/python \
 		EMBER_PYSPY=$(PYSPY_VENV)/bin/py-spy EMBER_PYTHON314_ROOT=$(PYTHON314_DIR)/root \
 		EMBER_PYTHON_MUSL=$(PYTHON_MUSL_DIR) EMBER_PYTHON_FT=$(PYTHON_FT_DIR) \
+		EMBER_KERNEL_CACHE=$(EMBER_KERNEL_CACHE) \
 		$(CARGO) test --release --workspace --no-fail-fast
+
+# The kernel matrix's kernels: each suite's cloud kernel, fetched once (root, network to
+# deb.debian.org); remove a suite's directory under EMBER_KERNEL_CACHE to fetch it again.
+kernels:
+	@if [ "$$(id -u)" = 0 ]; then tests/kernels/fetch-kernels.sh $(EMBER_KERNEL_CACHE); \
+	else echo "skipping the kernel matrix's kernels (needs root: apt-get into its own state)"; fi
 
 # A real kube-apiserver (built once from Debian's source, cached outside the tree) for the
 # pod watcher's end-to-end test; needs root for apt, like the BPF tests.
@@ -256,6 +268,7 @@ test: deps
 	$(MAKE) --no-print-directory python314-root
 	$(MAKE) --no-print-directory python-musl
 	$(MAKE) --no-print-directory python-ft
+	$(MAKE) --no-print-directory kernels
 	$(MAKE) --no-print-directory test-only
 
 # cargo-fuzz targets of the parsers of container input in parse/ (perf map, jitdump, unwind
