@@ -150,8 +150,13 @@ struct unwind_table_map {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_INNER_MAP | BPF_F_MMAPABLE);
 	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct ember_unwind_chunk);
+	/*
+	 * Sizes, not BTF types, as the agent's tables have none: before 6.2 the kernel
+	 * compares an inner map's BTF-derived fields with the template's, and refused every
+	 * table (EINVAL) while the template had BTF (Debian's 6.1 in the kernel matrix).
+	 */
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(struct ember_unwind_chunk));
 };
 
 struct {

@@ -303,6 +303,15 @@ impl Agent {
         })
     }
 
+    /// What loaded on this kernel: each feature's state (`record` says when the one it was
+    /// asked for does not run here).
+    pub fn features(&self) -> Option<&crate::capture::LoadReport> {
+        self.parts.iter().find_map(|p| match p {
+            Part::Pipeline(p) => Some(p.capture.report()),
+            _ => None,
+        })
+    }
+
     /// Blocks until SIGTERM or SIGINT (or, for `record`, until its duration has passed).
     /// The pod watcher, OTLP metrics and the HTTP server run meanwhile.
     pub fn wait(&self) {

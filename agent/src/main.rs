@@ -370,6 +370,18 @@ fn record(args: RecordArgs) -> Result<()> {
             let _ = tx.send((enc.clone(), lost));
         },
     )?;
+    // Off-CPU types need off-CPU: where this kernel cannot run it, say so and why, and stop.
+    if kind != ProfileKind::Cpu {
+        if let Some(f) = agent
+            .features()
+            .and_then(|r| r.feature(Feature::OffCpu))
+            .filter(|f| !f.enabled)
+        {
+            let why = f.detail.clone();
+            agent.stop()?;
+            bail!("off-CPU profiling does not run on this kernel: {why} (`ember features` says what does)");
+        }
+    }
     eprintln!(
         "ember: recording {}{} for {:?} at {} Hz",
         match kind {

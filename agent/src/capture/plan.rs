@@ -58,6 +58,25 @@ pub(super) struct Probes {
     pub(super) bpf_loop: bool,
     /// The release has the probe-read bug of 5.19–6.3 ([`probe_read_bug`]).
     pub(super) probe_read_bug: bool,
+    /// The release is past 6.18, where the kernel matrix saw task works scheduled from
+    /// sched_switch never run ([`task_work_runs`]).
+    pub(super) task_work_silent: bool,
+    /// `bpf_get_current_task_btf` (5.11) and `bpf_task_pt_regs` (5.15): the user registers
+    /// of a sample that interrupted the kernel, and the kernel-thread check.
+    pub(super) task_regs: bool,
+}
+
+/// Whether task works scheduled from a switch program run on this release: on Debian's
+/// 7.2 (the kernel matrix) they are scheduled without error and never run, so every long
+/// block waits forever and off-CPU records nothing; 6.18 is where they were verified to
+/// run. Past it, off-CPU takes its syscall hooks until a matrix kernel shows them working.
+pub(super) fn task_work_runs(release: &str) -> bool {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let num = |p: Option<&str>| p.and_then(|p| p.parse::<u32>().ok());
+    match (num(parts.next()), num(parts.next())) {
+        (Some(major), Some(minor)) => (major, minor) <= (6, 18),
+        _ => false,
+    }
 }
 
 /// Whether a kernel release has the `copy_from_user_nofault()` bug of 5.19 to 6.3 (fixed in
@@ -107,6 +126,14 @@ pub(super) struct Plan {
     pub(super) offcpu: Option<OffPath>,
     pub(super) wakers: bool,
     pub(super) klocks: bool,
+    /// The hashes the sampler and the walker name are preallocated: kernels before 6.1
+    /// refuse a perf_event program that names one that is not.
+    pub(super) prealloc: bool,
+    /// The programs may read the current task's saved user registers ([`Probes::task_regs`]).
+    pub(super) task_regs: bool,
+    /// The hooks the settings allow when the task work cannot run (`offcpu.rseq`,
+    /// `offcpu.syscall_exit`).
+    hooks: OffPath,
     /// Why a feature is below what was asked (or off), with the sentence.
     notes: BTreeMap<Feature, (Reason, String)>,
 }
@@ -120,6 +147,16 @@ impl Plan {
             offcpu: None,
             wakers: false,
             klocks: false,
+            prealloc: false,
+            task_regs: probes.btf && probes.task_regs,
+            hooks: if offcpu.rseq || offcpu.syscall_exit {
+                OffPath::Hooks {
+                    rseq: offcpu.rseq,
+                    exit: offcpu.syscall_exit,
+                }
+            } else {
+                OffPath::SwitchOut
+            },
             notes: BTreeMap::new(),
         };
         if settings.unwind == UnwindMode::FramePointer {
@@ -157,6 +194,12 @@ impl Plan {
                 Reason::Unsupported,
                 "no kernel BTF (/sys/kernel/btf/vmlinux)",
             );
+        } else if !probes.task_regs {
+            plan.note(
+                Feature::OffCpu,
+                Reason::Unsupported,
+                "the kernel lacks bpf_get_current_task_btf and bpf_task_pt_regs (5.15+)",
+            );
         } else if !probes.task_storage {
             plan.note(
                 Feature::OffCpu,
@@ -170,16 +213,21 @@ impl Plan {
                 "the kernel lacks bpf_loop (5.17+)",
             );
         } else {
-            plan.offcpu = Some(if offcpu.task_work && probes.task_work {
-                OffPath::TaskWork
-            } else if offcpu.rseq || offcpu.syscall_exit {
-                OffPath::Hooks {
-                    rseq: offcpu.rseq,
-                    exit: offcpu.syscall_exit,
-                }
-            } else {
-                OffPath::SwitchOut
-            });
+            if offcpu.task_work && probes.task_work && probes.task_work_silent {
+                plan.note(
+                    Feature::OffCpu,
+                    Reason::Unsupported,
+                    "task works scheduled at sched_switch never ran past 6.18 (Debian's 7.2 in \
+                     the kernel matrix): syscall hooks instead",
+                );
+            }
+            plan.offcpu = Some(
+                if offcpu.task_work && probes.task_work && !probes.task_work_silent {
+                    OffPath::TaskWork
+                } else {
+                    plan.hooks
+                },
+            );
             plan.wakers = true;
             if !offcpu.wakers {
                 plan.note(Feature::Wakers, Reason::Config, "offcpu.wakers: false");
@@ -207,6 +255,10 @@ impl Plan {
     /// part is the sampler itself, or one this plan does not load (nothing left to drop).
     pub(super) fn step_down(&mut self, culprit: &Culprit, line: &str) -> bool {
         let refused = |what: &str| format!("{what} refused: {line}");
+        if line.contains("preallocated hash map") && !self.prealloc {
+            self.prealloc = true;
+            return true;
+        }
         match culprit {
             Culprit::Program(p) => match p.as_str() {
                 "ember_walk" => match self.walker {
@@ -287,10 +339,7 @@ impl Plan {
     /// Off-CPU's next path after its switch program was refused in this one.
     fn offcpu_down(&mut self, why: String) -> bool {
         self.offcpu = match self.offcpu {
-            Some(OffPath::TaskWork) => Some(OffPath::Hooks {
-                rseq: true,
-                exit: true,
-            }),
+            Some(OffPath::TaskWork) => Some(self.hooks),
             Some(OffPath::Hooks { .. }) => Some(OffPath::SwitchOut),
             Some(OffPath::SwitchOut) | None => None,
         };
@@ -305,7 +354,14 @@ impl Plan {
     /// Every feature's state once this plan has loaded (`attach` notes failures after it).
     pub(super) fn report(&self, attach: &BTreeMap<Feature, String>) -> Vec<FeatureState> {
         let state = |feature: Feature, on: bool, path: &str| {
-            let (reason, detail) = match (attach.get(&feature), self.notes.get(&feature)) {
+            // Wakers and locks are off-CPU's: off with it, for its reason.
+            let note = self.notes.get(&feature).or_else(|| {
+                matches!(feature, Feature::Wakers | Feature::KernelLocks)
+                    .then(|| self.offcpu.is_none())
+                    .filter(|off| *off)
+                    .and_then(|_| self.notes.get(&Feature::OffCpu))
+            });
+            let (reason, detail) = match (attach.get(&feature), note) {
                 (Some(e), _) if on => (Reason::AttachFailed, e.clone()),
                 (_, Some((r, d))) => (*r, d.clone()),
                 _ if on => (Reason::Loaded, "loaded".to_owned()),
@@ -374,7 +430,35 @@ mod tests {
             task_work: true,
             bpf_loop: true,
             probe_read_bug: false,
+            task_work_silent: false,
+            task_regs: true,
         }
+    }
+
+    #[test]
+    fn task_works_are_used_up_to_6_18_only() {
+        assert!(task_work_runs("6.18.44-fc-v1300"));
+        assert!(task_work_runs("6.12.117+deb13-cloud-amd64"));
+        assert!(!task_work_runs("7.2.13+deb14-cloud-amd64"));
+        assert!(!task_work_runs("6.19.1"));
+        let plan = Plan::new(
+            &Sampling::default(),
+            &on(),
+            Probes {
+                task_work_silent: true,
+                ..probes()
+            },
+        );
+        assert!(matches!(
+            plan.offcpu,
+            Some(OffPath::Hooks { rseq: true, .. })
+        ));
+        let report = plan.report(&BTreeMap::new());
+        let off = report
+            .iter()
+            .find(|f| f.feature == Feature::OffCpu)
+            .unwrap();
+        assert!(off.enabled && off.detail.contains("never ran"), "{off:?}");
     }
 
     #[test]
@@ -461,8 +545,23 @@ mod tests {
     }
 
     #[test]
-    fn offcpu_steps_through_its_paths_then_off() {
+    fn a_kernel_that_wants_preallocated_hashes_gets_them() {
         let mut plan = Plan::new(&Sampling::default(), &on(), probes());
+        let line = "perf_event programs can only use preallocated hash map";
+        assert!(plan.step_down(&prog("ember_sample"), line));
+        assert!(plan.prealloc);
+        assert_eq!(plan.walker, Walker::Tables { python: true });
+        // Asked again, the sampler itself is refused: nothing left to try.
+        assert!(!plan.step_down(&prog("ember_sample"), line));
+    }
+
+    #[test]
+    fn offcpu_steps_through_its_paths_then_off() {
+        let settings = OffCpuSettings {
+            syscall_exit: true,
+            ..on()
+        };
+        let mut plan = Plan::new(&Sampling::default(), &settings, probes());
         assert_eq!(plan.offcpu, Some(OffPath::TaskWork));
         assert!(plan.step_down(&prog("ember_offcpu_switch"), "x"));
         assert_eq!(

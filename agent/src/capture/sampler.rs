@@ -370,7 +370,7 @@ fn open_with(
             (true, UnwindMode::Auto) => 1,
             (true, UnwindMode::Dwarf) => 2,
         };
-        cfg.task_regs = u32::from(kernel_btf());
+        cfg.task_regs = u32::from(plan.task_regs);
         rodata.ember_walk_no_python = u32::from(plan.walker != (Walker::Tables { python: true }));
         let cfg = &mut rodata.ember_offcpu_cfg;
         cfg.min_block_ns = u64::try_from(offcpu.min_block.as_nanos()).unwrap_or(u64::MAX);
@@ -410,15 +410,35 @@ fn open_with(
         }
     }
     let maps = &mut open.maps;
+    // Without the walker its hashes are named but unused: one preallocated entry each.
+    if !tables || plan.prealloc {
+        for map in [
+            &mut maps.unwind_procs,
+            &mut maps.py_procs,
+            &mut maps.unwind_files,
+        ] {
+            map.set_map_flags(0).map_err(CaptureError::Load)?;
+        }
+    }
+    let procs = if tables {
+        settings.unwind_max_processes
+    } else {
+        1
+    };
     maps.samples
         .set_max_entries(settings.ring_buffer_bytes)
         .map_err(CaptureError::Load)?;
     maps.unwind_procs
-        .set_max_entries(settings.unwind_max_processes)
+        .set_max_entries(procs)
         .map_err(CaptureError::Load)?;
     maps.py_procs
-        .set_max_entries(settings.unwind_max_processes)
+        .set_max_entries(procs)
         .map_err(CaptureError::Load)?;
+    if !tables {
+        maps.unwind_files
+            .set_max_entries(1)
+            .map_err(CaptureError::Load)?;
+    }
     maps.cgroup_deny
         .set_max_entries(CGROUP_DENY_ENTRIES)
         .map_err(CaptureError::Load)?;
@@ -456,6 +476,17 @@ fn probe_kernel() -> Probes {
         bpf_loop: ProgramType::PerfEvent
             .is_helper_supported(libbpf_sys::BPF_FUNC_loop)
             .unwrap_or(false),
+        task_work_silent: !super::plan::task_work_runs(&kernel_release()),
+        task_regs: [
+            libbpf_sys::BPF_FUNC_get_current_task_btf,
+            libbpf_sys::BPF_FUNC_task_pt_regs,
+        ]
+        .into_iter()
+        .all(|f| {
+            ProgramType::PerfEvent
+                .is_helper_supported(f)
+                .unwrap_or(false)
+        }),
         probe_read_bug: {
             let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
             let signature = read("/proc/version_signature");

@@ -230,6 +230,7 @@ impl UnwindIo for MapIo {
                 let fd = inner.as_fd().as_raw_fd();
                 tables
                     .update(&slot.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
+                    .inspect_err(|e| tracing::debug!("unwind table slot {slot} refused: {e}"))
                     .is_err()
             })
             .map(|(slot, _)| slot)
