@@ -66,8 +66,9 @@ DEB_PKGS += g++ binutils
 # The explorer's browser test drives Debian's chromium through chromedriver with Debian's
 # selenium (tests/browser/explorer.py, run by /usr/bin/python3); curl fetches profiles.
 DEB_PKGS += chromium chromium-driver python3-selenium curl
-# The kernel matrix boots Debian's kernels under qemu on a busybox initramfs (tests/kernels/).
-DEB_PKGS += qemu-system-x86 busybox-static cpio
+# The kernel matrix boots Debian's kernels under qemu on a busybox initramfs (tests/kernels/):
+# installed by `make kernels` (part of `make test`), not by `make run`.
+KERNEL_PKGS := qemu-system-x86 busybox-static cpio
 # Only `make bench` needs these.
 BENCH_PKGS := python3 bpftrace
 # Daemons the resource-metrics tests start themselves on free loopback ports
@@ -231,6 +232,7 @@ test-only:
 # The kernel matrix's kernels: each suite's cloud kernel, fetched once (root, network to
 # deb.debian.org); remove a suite's directory under EMBER_KERNEL_CACHE to fetch it again.
 kernels:
+	$(call ensure_pkgs,$(KERNEL_PKGS))
 	@if [ "$$(id -u)" = 0 ]; then tests/kernels/fetch-kernels.sh $(EMBER_KERNEL_CACHE); \
 	else echo "skipping the kernel matrix's kernels (needs root: apt-get into its own state)"; fi
 
