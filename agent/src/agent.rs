@@ -18,8 +18,8 @@
 //!    channels, and every `try_send` that finds a queue full counts what it dropped.
 //!    Stopping drains front to back, so the last window is complete;
 //! 8. the readings thread (`run`): USE readings, perf counters, run-queue latency;
-//! 9. the HTTP server (`run`), started before the pipeline (3.) so that /healthz answers
-//!    while the sampler loads, and stopped last.
+//! 9. the HTTP server (`run`), started right after the listener (3.) so that /healthz
+//!    answers while the sampler loads; it is stopped first, as if started here.
 //!
 //! The window directory, metrics, the listener and the pod watcher need no stop of their
 //! own: they go with the agent (the listener with the server, the watcher with the runtime).
@@ -171,6 +171,8 @@ pub struct Agent {
     /// Carries the pod watcher, OTLP metrics and the HTTP server, while [`Agent::wait`]
     /// and [`Agent::stop`] run on it.
     rt: tokio::runtime::Runtime,
+    /// SIGTERM and SIGINT, taken by [`Agent::wait`].
+    signals: std::sync::Mutex<Option<StopSignals>>,
     mode: Mode,
     /// Started parts with a stop of their own, in start order.
     parts: Vec<Part>,
@@ -198,23 +200,14 @@ impl Agent {
             tracing::warn!("{warning}");
         }
         let run = mode == Mode::Run;
-        let windows = if run {
-            Some(open_windows(&cfg.output)?)
-        } else {
-            None
-        };
+        let windows = run.then(|| open_windows(&cfg.output)).transpose()?;
         let metrics = Metrics::new();
         let health = Health::new(cfg.window.duration);
         let loading = Arc::new(AtomicBool::new(true));
         if run {
             add_health_checks(&health, cfg, &metrics, windows.as_ref(), &loading);
         }
-        // One worker thread, so the server answers while this thread loads the sampler.
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .map_err(AgentError::Runtime)?;
+        let (rt, signals) = runtime()?;
         let listener = if run && cfg.server.enabled {
             Some(
                 rt.block_on(server::bind(&cfg.server))
@@ -224,10 +217,16 @@ impl Agent {
             None
         };
         let mut parts = Vec::new();
-        // The server first: it answers from the first second (and stops last).
-        if let (Some(listener), Some(windows)) = (listener, windows.clone()) {
-            parts.push(serve(&rt, listener, cfg, &metrics, windows, health.clone()));
-        }
+        // The server first: it answers from the first second. It stops first too (it is
+        // put in `parts` last): its requests' drain must not wait behind the last window.
+        let server = serve(
+            &rt,
+            listener,
+            cfg,
+            &metrics,
+            windows.clone(),
+            health.clone(),
+        );
         let mut dispatch = if run {
             let (dispatch, shutdown) =
                 crate::export::start(&cfg.sinks, windows.clone(), &node.name, &metrics)
@@ -238,11 +237,10 @@ impl Agent {
             None
         };
         let filter = Filter::new(&cfg.filters)?;
-        let meta = if cfg.kubernetes.enabled {
-            Some(rt.block_on(kube::start(&cfg.kubernetes, &node.name)))
-        } else {
-            None
-        };
+        let meta = cfg
+            .kubernetes
+            .enabled
+            .then(|| rt.block_on(kube::start(&cfg.kubernetes, &node.name)));
         if run && cfg.otlp_metrics.enabled {
             parts.push(otlp_metrics(&rt, cfg, node, &metrics)?);
         }
@@ -280,6 +278,7 @@ impl Agent {
         )?;
         parts.push(Part::Pipeline(pipeline));
         loading.store(false, Ordering::Relaxed);
+        parts.extend(server);
         if run {
             // After the sampler: its perf events are the first ember opens (tests wait on them).
             let sources = reading_sources(cfg, meta.as_ref(), &metrics)?;
@@ -297,6 +296,7 @@ impl Agent {
         }
         Ok(Self {
             rt,
+            signals: std::sync::Mutex::new(signals),
             mode,
             parts,
             deadline: stop_deadline(cfg, run, deadline_window),
@@ -315,12 +315,17 @@ impl Agent {
     /// Blocks until SIGTERM or SIGINT (or, for `record`, until its duration has passed).
     /// The pod watcher, OTLP metrics and the HTTP server run meanwhile.
     pub fn wait(&self) {
+        let signals = self
+            .signals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         self.rt.block_on(async {
             match self.mode {
-                Mode::Run => stop_signal().await,
+                Mode::Run => stop_signal(signals).await,
                 Mode::Record { duration } => tokio::select! {
                     _ = tokio::time::sleep(duration) => {}
-                    _ = stop_signal() => {}
+                    _ = stop_signal(signals) => {}
                 },
             }
         });
@@ -335,6 +340,7 @@ impl Agent {
             mode,
             parts,
             deadline,
+            signals: _,
         } = self;
         if mode == Mode::Run {
             tracing::info!("stopping: flushing the current window");
@@ -452,15 +458,19 @@ fn add_health_checks(
     }
 }
 
-/// Starts the HTTP server on `listener` (on the agent's runtime), saying where it serves.
+/// Starts the HTTP server on `listener` (on the agent's runtime), saying where it serves;
+/// none without a listener (`record`, `server.enabled: false`).
 fn serve(
     rt: &tokio::runtime::Runtime,
-    listener: server::Listeners,
+    listener: Option<server::Listeners>,
     cfg: &Config,
     metrics: &Metrics,
-    windows: Arc<WindowDir>,
+    windows: Option<Arc<WindowDir>>,
     health: Arc<Health>,
-) -> Part {
+) -> Option<Part> {
+    let (Some(listener), Some(windows)) = (listener, windows) else {
+        return None;
+    };
     let token = if cfg.server.token_file.as_os_str().is_empty() {
         ""
     } else {
@@ -489,16 +499,43 @@ fn serve(
             let _ = stopped.await;
         },
     ));
-    Part::Server { stop, task }
+    Some(Part::Server { stop, task })
 }
 
-async fn stop_signal() {
+/// SIGTERM and SIGINT handlers.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+/// The agent's runtime, with one worker thread so the server answers while the calling
+/// thread loads the sampler, and the stop signals' handlers, installed before anything
+/// starts: the server answers (and a probe or a client may send SIGTERM) from the first
+/// second, long before [`Agent::wait`]. None when they cannot be installed (the default
+/// action then still ends the process).
+fn runtime() -> Result<(tokio::runtime::Runtime, Option<StopSignals>), AgentError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        // Without signal handlers, wait forever: the default action still ends the process.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(AgentError::Runtime)?;
+    let signals = {
+        let _in_rt = rt.enter();
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => Some(StopSignals { term, int }),
+            _ => None,
+        }
+    };
+    Ok((rt, signals))
+}
+
+/// Until SIGTERM or SIGINT (forever without handlers).
+async fn stop_signal(signals: Option<StopSignals>) {
+    let Some(StopSignals { mut term, mut int }) = signals else {
         std::future::pending::<()>().await;
         return;
     };
