@@ -233,16 +233,24 @@ enum ember_rq_counter {
  *
  * One table per object. Addresses are the object's own virtual addresses (the
  * sampler subtracts the mapping's bias first). The object's code is cut into
- * 64 KiB pages, numbered from the table's first page; page i's rows are
+ * 4 KiB pages, numbered from the table's first page; page i's rows are
  * rows[first_row .. first_row + row_count), sorted by pc_low, and the first
- * one always has pc_low 0, so a binary search of at most 17 steps always
- * finds the row in force: the last one with pc_low <= (pc & 0xffff).
+ * one always has pc_low 0, so a binary search of at most 13 steps always
+ * finds the row in force: the last one with pc_low <= (pc & 0xfff).
+ *
+ * Why 4 KiB: a sample's cost is the cold pages it touches (at 99 Hz nothing a
+ * sample reads is still cached), and a page's rows then fit one 4 KiB chunk of
+ * the table: a search reads the header, one index chunk and one row chunk
+ * (with 64 KiB pages, a large library's ~1,000 rows a page spread over 2-4).
+ * The index costs 8 bytes per 4 KiB of code.
  *
  * Rust mirrors these in parse/src/unwind/row.rs (the compiler is fuzzed without
  * the BPF build); agent/src/normalize/unwind/abi.rs checks the mirrors against the
  * skeleton's types at compile time.
  */
-#define EMBER_UNWIND_PAGE_SHIFT 16
+enum ember_unwind_page_shift {
+	EMBER_UNWIND_PAGE_SHIFT = 12,
+};
 
 /* How to find the caller's frame (the CFA, canonical frame address). */
 enum ember_cfa_rule {
@@ -266,7 +274,7 @@ enum ember_rbp_rule {
 
 /* 8 bytes, so a table costs 8 bytes per row plus 8 per page. */
 struct ember_unwind_row {
-	__u16 pc_low;     /* address & 0xffff of the row's first instruction */
+	__u16 pc_low;     /* address & 0xfff of the row's first instruction */
 	__u8 cfa_rule;    /* enum ember_cfa_rule */
 	__u8 rbp_rule;    /* enum ember_rbp_rule */
 	__u16 cfa_offset;
@@ -319,8 +327,16 @@ struct ember_unwind_range {
 	__u32 table;  /* the table's id (slot and generation), or EMBER_TABLE_NONE */
 };
 
-/* `ember_unwind_proc.flags`: written by the exec hook, not read by the agent yet. */
-#define EMBER_PROC_UNREAD 1
+/* Bits of `ember_unwind_proc.flags`. */
+enum ember_proc_flag {
+	/* Written by the exec hook: ranges from the new memory map, not yet read by the agent. */
+	EMBER_PROC_UNREAD = 1,
+	/*
+	 * Written by the agent: the process has a `py_procs` entry. The walker looks there only
+	 * when it is set: a lookup of a pid the map lacks still costs a sample a cold page.
+	 */
+	EMBER_PROC_PYTHON = 2,
+};
 
 /* Executable ranges per process the sampler can hold; more are dropped (counted by the agent). */
 #define EMBER_UNWIND_RANGES 64
@@ -328,7 +344,7 @@ struct ember_unwind_range {
 /* Value of the `unwind_procs` hash (key: tgid), written whole by the agent. */
 struct ember_unwind_proc {
 	__u32 count; /* ranges used, sorted by start, not overlapping */
-	__u32 flags; /* EMBER_PROC_*; the agent writes 0 */
+	__u32 flags; /* enum ember_proc_flag bits */
 	struct ember_unwind_range ranges[EMBER_UNWIND_RANGES];
 };
 

@@ -270,5 +270,5 @@ none:
 /* The process's interpreter entry for this run of the walker, or 0. */
 static __always_inline void py_begin(struct walk_ctx *c, __u32 pid)
 {
-	c->py = bpf_map_lookup_elem(&py_procs, &pid);
+	c->py = c->proc && (c->proc->flags & EMBER_PROC_PYTHON) ? bpf_map_lookup_elem(&py_procs, &pid) : 0;
 }

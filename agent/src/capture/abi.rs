@@ -15,9 +15,10 @@ use std::mem::{align_of, offset_of, size_of};
 use super::skel::types::{
     ember_cfa_rule, ember_config, ember_counter, ember_offcpu_config, ember_offcpu_counter,
     ember_offcpu_head, ember_offcpu_kind, ember_offcpu_path, ember_offcpu_state, ember_offcpu_sum,
-    ember_rbp_rule, ember_record, ember_unwind_chunk, ember_unwind_file, ember_unwind_file_key,
-    ember_unwind_header, ember_unwind_mode, ember_unwind_page, ember_unwind_proc,
-    ember_unwind_range, ember_unwind_result, ember_unwind_row, ember_unwind_segment, scratch,
+    ember_proc_flag, ember_rbp_rule, ember_record, ember_unwind_chunk, ember_unwind_file,
+    ember_unwind_file_key, ember_unwind_header, ember_unwind_mode, ember_unwind_page,
+    ember_unwind_proc, ember_unwind_range, ember_unwind_result, ember_unwind_row,
+    ember_unwind_segment, scratch,
 };
 use super::skel::types::{
     ember_py_model, ember_py_proc, ember_py_result, ember_py_tail, ember_py_tls,
@@ -160,6 +161,11 @@ const _: () = {
     assert!(CHUNK_SLOTS == 512, "EMBER_UNWIND_CHUNK_SLOTS");
     assert!(PROC_BYTES == 8 + RANGES * size_of::<ember_unwind_range>());
 };
+
+shared_enum!(ember_proc_flag {
+    EMBER_PROC_UNREAD = 1,
+    EMBER_PROC_PYTHON = 2,
+});
 
 shared_enum!(ember_unwind_mode {
     EMBER_MODE_FRAME_POINTER = 0,

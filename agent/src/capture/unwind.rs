@@ -19,9 +19,9 @@ use libbpf_rs::{libbpf_sys, MapCore, MapFlags, MapHandle, MapType};
 use tracing::warn;
 
 pub use super::skel::types::{
-    ember_cfa_rule, ember_rbp_rule, ember_unwind_chunk, ember_unwind_file, ember_unwind_file_key,
-    ember_unwind_header, ember_unwind_page, ember_unwind_proc, ember_unwind_range,
-    ember_unwind_row, ember_unwind_segment,
+    ember_cfa_rule, ember_proc_flag, ember_rbp_rule, ember_unwind_chunk, ember_unwind_file,
+    ember_unwind_file_key, ember_unwind_header, ember_unwind_page, ember_unwind_page_shift,
+    ember_unwind_proc, ember_unwind_range, ember_unwind_row, ember_unwind_segment,
 };
 pub use super::skel::types::{ember_py_model, ember_py_proc, ember_py_tls};
 

@@ -8,7 +8,7 @@
 //!    that describe code in an executable segment;
 //! 3. lay the FDEs end to end (`.eh_frame` first, then `.debug_frame` where no
 //!    `.eh_frame` FDE covers), mark gaps as frame-pointer rows, drop rows that repeat the
-//!    rule before them, and cut the result into 64 KiB pages, each starting with a row
+//!    rule before them, and cut the result into 4 KiB pages, each starting with a row
 //!    at offset 0.
 
 use std::collections::HashMap;
@@ -34,7 +34,7 @@ pub struct Limits {
     pub max_rows: usize,
     /// Most CIEs and FDEs read, over both sections.
     pub max_entries: usize,
-    /// Most 64 KiB pages a table may span (8 bytes each in BPF).
+    /// Most 4 KiB pages a table may span (8 bytes each in BPF, and a row each at most).
     pub max_pages: u64,
     /// Most CIEs kept per section for their FDEs to refer to (`.debug_frame` has one per
     /// compilation unit; linkers merge `.eh_frame`'s to a handful). FDEs of the CIEs
@@ -58,7 +58,7 @@ pub struct Limits {
 }
 
 /// The caps until they become configuration: 1 GiB objects, 4 Mi rows (32 MiB, the
-/// whole default budget of BPF map memory), 4 Mi entries, 65,536 pages (4 GiB of
+/// whole default budget of BPF map memory), 4 Mi entries, 1 Mi pages (4 GiB of
 /// code), 16,384 CIEs of at most 4 KiB, 8 times the sections' bytes of CFA program plus
 /// 1 MiB, 32 MiB of inflated `.debug_frame`, 64 MiB of CFI (libLLVM's 112 MiB object has
 /// 5 MiB, rustc's 150 MiB driver 6 MiB).
@@ -66,7 +66,7 @@ pub const DEFAULT_LIMITS: Limits = Limits {
     max_object_bytes: 1 << 30,
     max_rows: 4 << 20,
     max_entries: 4 << 20,
-    max_pages: 1 << 16,
+    max_pages: 1 << 20,
     max_cies: 1 << 14,
     max_cie_bytes: 4096,
     work_factor: 8,
@@ -134,7 +134,7 @@ impl Stats {
 pub struct UnwindTable {
     /// Page number (address >> 16) of `pages[0]`.
     pub first_page: u64,
-    /// One entry per 64 KiB page from `first_page`, none empty.
+    /// One entry per 4 KiB page from `first_page`, none empty.
     pub pages: Vec<UnwindPage>,
     /// Every page's rows, page after page.
     pub rows: Vec<UnwindRow>,

@@ -51,7 +51,7 @@ pub enum UnwindError {
         /// The cap.
         max: usize,
     },
-    /// The described code spans more 64 KiB pages than [`super::Limits::max_pages`].
+    /// The described code spans more 4 KiB pages than [`super::Limits::max_pages`].
     #[error("code spans {pages} pages, over the cap of {max}")]
     SpanTooLarge {
         /// Pages the rows would need.

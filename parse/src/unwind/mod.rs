@@ -7,7 +7,7 @@
 //! itself (never a path: the object may come from a container's root, and a hostile one
 //! must cost a counted error, never a panic, a hang or a huge allocation), whole or as the
 //! [`sparse`] reader took them (headers and call frame sections only).
-//! **Out:** an [`UnwindTable`] — rows sorted by address, cut into 64 KiB pages — built
+//! **Out:** an [`UnwindTable`] — rows sorted by address, cut into 4 KiB pages — built
 //! from `.eh_frame`, and from `.debug_frame` where `.eh_frame` has no FDE. Addresses are
 //! the object's own virtual addresses; the sampler subtracts the mapping's bias first, so
 //! one table serves every process that maps the object, wherever it is mapped.
@@ -19,10 +19,12 @@
 //! - Unwinding x86-64 needs only three things per address: where the caller's frame
 //!   (the CFA) is, where the caller's rbp is, and where the return address is — always
 //!   CFA - 8 in code the sampler can follow. Other registers' rules are dropped.
-//! - The high bits of an address live once per 64 KiB page ([`UnwindPage`]: first row,
-//!   row count), so a row keeps 16 bits of it; every page starts with a row at offset 0
-//!   and holds at most 65,536 rows, so the sampler's binary search always ends on a row
-//!   in at most 17 steps. The page index costs 8 bytes per 64 KiB of code.
+//! - The high bits of an address live once per 4 KiB page ([`UnwindPage`]: first row,
+//!   row count), so a row keeps 12 bits of it; every page starts with a row at offset 0
+//!   and holds at most 4,096 rows, so the sampler's binary search always ends on a row
+//!   in at most 13 steps. The page index costs 8 bytes per 4 KiB of code. Small pages
+//!   because a sample pays for each cold page of memory it reads: a page's rows then sit
+//!   in one 4 KiB chunk of the BPF table, where 64 KiB pages spread them over several.
 //! - Offsets fit 16 bits in practice (the rare frame larger than 64 KiB becomes an
 //!   unsupported row, counted); 8-byte rows keep the table at half the size of 16-byte
 //!   `{u64 pc, ...}` ones and need no alignment padding in an array map.

@@ -2,9 +2,9 @@
 //! `struct ember_unwind_page` in `agent/bpf/ember.h` (checked against the skeleton's
 //! types in the agent's `normalize/unwind/abi.rs`), and the typed view of their rule bytes.
 
-/// log2 of the page size: rows carry the low 16 bits of their address, the page
+/// log2 of the page size: rows carry the low 12 bits of their address, the page
 /// index the rest (`EMBER_UNWIND_PAGE_SHIFT`).
-pub const PAGE_SHIFT: u32 = 16;
+pub const PAGE_SHIFT: u32 = 12;
 /// Bytes per page.
 pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
 
@@ -13,7 +13,7 @@ pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UnwindRow {
-    /// Low 16 bits of the address of the row's first instruction.
+    /// The address of the row's first instruction within its page.
     pub pc_low: u16,
     /// A [`CfaRule`] as its byte.
     pub cfa_rule: u8,
@@ -25,7 +25,7 @@ pub struct UnwindRow {
     pub rbp_offset: i16,
 }
 
-/// One 64 KiB page of a table: where its rows start and how many there are.
+/// One 4 KiB page of a table: where its rows start and how many there are.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UnwindPage {

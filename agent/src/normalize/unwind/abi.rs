@@ -12,8 +12,8 @@ use std::mem::{align_of, offset_of, size_of};
 
 use super::row::{CfaRule, RbpRule, UnwindPage, UnwindRow, PAGE_SHIFT};
 use crate::capture::unwind::{
-    ember_cfa_rule, ember_rbp_rule, ember_unwind_chunk, ember_unwind_page, ember_unwind_row,
-    CHUNK_BYTES, CHUNK_SLOTS,
+    ember_cfa_rule, ember_rbp_rule, ember_unwind_chunk, ember_unwind_page, ember_unwind_page_shift,
+    ember_unwind_row, CHUNK_BYTES, CHUNK_SLOTS,
 };
 
 const _: () = {
@@ -48,9 +48,9 @@ const _: () = {
     assert!(RbpRule::AtRbp as u32 == ember_rbp_rule::EMBER_RBP_AT_RBP.0);
     assert!(RbpRule::Unknown as u32 == ember_rbp_rule::EMBER_RBP_UNKNOWN.0);
 
-    // EMBER_UNWIND_PAGE_SHIFT is a #define, absent from BTF: the row's 16-bit pc_low is
-    // what ties it to PAGE_SHIFT.
-    assert!(PAGE_SHIFT == u16::BITS);
+    assert!(PAGE_SHIFT == ember_unwind_page_shift::EMBER_UNWIND_PAGE_SHIFT.0);
+    // A row's pc_low holds an offset within its page.
+    assert!(PAGE_SHIFT <= u16::BITS);
 };
 
 /// `rows` as the walker reads them.

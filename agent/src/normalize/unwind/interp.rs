@@ -61,6 +61,13 @@ impl<M: UnwindIo> Loader<M> {
         }
     }
 
+    /// Whether `pid` has a `py_procs` entry: its ranges then tell the walker to look there.
+    pub(super) fn python_attached(&self, pid: u32) -> bool {
+        self.python
+            .as_ref()
+            .is_some_and(|py| py.attached.contains(&pid))
+    }
+
     /// Forgets `pid`'s interpreter (it exited).
     pub(super) fn drop_python(&mut self, pid: u32) {
         let Some(py) = self.python.as_mut() else {

@@ -48,8 +48,8 @@ use super::slots::Slots;
 use super::sparse::{Sparse, SparseError};
 use super::store::{key_of, Store, StoreError, TableKey};
 use crate::capture::unwind::{
-    ember_unwind_header, ember_unwind_proc, table_bytes, table_slots, MapError, MapIo, TableImage,
-    UnwindIo, UnwindMaps, RANGES,
+    ember_proc_flag, ember_unwind_header, ember_unwind_proc, table_bytes, table_slots, MapError,
+    MapIo, TableImage, UnwindIo, UnwindMaps, RANGES,
 };
 use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
 use crate::normalize::python::Interp;
@@ -525,7 +525,11 @@ impl<M: UnwindIo> Loader<M> {
     }
 
     fn write_value(&mut self, pid: u32, value: &ember_unwind_proc, only_new: bool) -> bool {
-        match self.io.write_proc(pid, value, only_new) {
+        let mut value = *value;
+        if self.python_attached(pid) {
+            value.flags |= ember_proc_flag::EMBER_PROC_PYTHON.0;
+        }
+        match self.io.write_proc(pid, &value, only_new) {
             Ok(()) => true,
             Err(MapError::Exists) => false,
             Err(_) => {

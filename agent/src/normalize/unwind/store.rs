@@ -18,9 +18,9 @@ pub use ember_parse::unwind::TableKey;
 
 /// The table compiler's revision, in every file's name and header: bumped whenever the rows
 /// it writes for the same object change (3: `.debug_frame` signal trampolines known by
-/// their code, from the byte before them), so an upgraded agent does not reuse tables an
-/// older one got wrong.
-const REVISION: u8 = 3;
+/// their code, from the byte before them; 4: 4 KiB pages), so an upgraded agent does not
+/// reuse tables an older one got wrong.
+const REVISION: u8 = 4;
 const MAGIC: &[u8; 8] = &[b'E', b'M', b'B', b'E', b'R', b'U', b'T', b'0' + REVISION];
 /// Bytes of cache files kept at most; the least recently written go first. Small enough
 /// to share a pod's 64 MiB emptyDir with 32 MiB of windows (deploy/ember.yaml).
