@@ -9,17 +9,15 @@ any path A names that resolves to B: `use crate::…`, `crate::…` inside code,
 `#[cfg(any(test, feature = "testing"))]`, `*_tests.rs`, `golden.rs`) are left out: they
 may reach anywhere.
 
-Two checks:
+Three checks:
   1. no cycle among modules (strongly connected components of more than one module);
-  2. the rooms (top-level modules) import only rooms of a lower rank in ROOMS, so a
-     leaf imports no stage and a stage never imports the one after it.
+  2. no cycle among rooms (top-level modules): two rooms that import each other, even
+     through files that do not form a module cycle, are one tangle, not two rooms;
+  3. the rooms import only rooms of a lower rank in ROOMS, so a leaf imports no stage
+     and a stage never imports the one after it.
 
-One file kind is ranked apart from its folder: a network sink's settings,
-`export/<sink>/config.rs`, sit with the sink (config, encoding, transport and error
-classes in one folder) but are parsed by the config room as part of the one config file
-(so errors keep their line numbers). Such a file ranks as the `config` leaf: the config
-room may import it, and it may import only leaves — not even its own sink, so naming its
-ancestors (`super::…`) counts as an edge for it, unlike for every other module.
+Every file ranks with its room: no file is ranked apart from its folder (a sink's
+settings live in the config room, which imports no stage; the sink converts them).
 
 Each crate has its own rooms (CRATES); the parsers' crate (`parse/`, ember-parse) cannot
 import the agent at all (cargo sees to that), so only its own order is checked here.
@@ -48,14 +46,10 @@ ROOMS = [
 LEAVES = {"proto", "push_proto", "model", "config", "metrics", "os"}
 
 
-def is_sink_config(mod):
-    """`export/<sink>/config.rs`: a sink's settings, ranked with the config leaf."""
-    return len(mod) == 3 and mod[0] == "export" and mod[2] == "config"
-
-
 def room_of(mod):
-    """The room a module ranks in: its top-level folder, except a sink's settings."""
-    return "config" if is_sink_config(mod) else mod[0]
+    """The room a module ranks in: its top-level folder (or file)."""
+    return mod[0]
+
 # The parsers' crate: readers of plain formats first, then what builds on them (the symbol
 # table, the DWARF reader and the libc decoder read objects through the ELF reader); the test builders of
 # objects last.
@@ -182,8 +176,8 @@ def graph(src):
             target = resolve(mod, head, rest, modules)
             if target is None or target == mod:
                 continue
-            # Naming an ancestor shares its mod.rs, except from a leaf-ranked sink config.
-            if mod[: len(target)] == target and not is_sink_config(mod):
+            # Naming an ancestor shares its mod.rs.
+            if mod[: len(target)] == target:
                 continue
             if target[-1] in ("golden",) or target[-1].endswith("_tests"):
                 continue
@@ -229,6 +223,7 @@ def name(mod):
 def self_test():
     """The check must fail on a circle and on a back-edge, and pass a clean tree."""
     import tempfile
+    # label: (files, how many problems are wanted, a text one of them must hold)
     cases = {
         "clean": ({"lib.rs": "", "config/mod.rs": "", "capture/mod.rs": "use crate::config::X;",
                    "aggregate.rs": "use crate::{capture::Sample, config};"}, 0),
@@ -240,19 +235,19 @@ def self_test():
                                   "readings/mod.rs": ""}, 1),
         "test code is free": ({"lib.rs": "", "capture/mod.rs": "#[cfg(test)]\nmod t { use crate::encode::Y; }",
                                "encode/mod.rs": ""}, 0),
-        "config reads a sink's settings": ({"lib.rs": "", "config/mod.rs": "use crate::export::s::config::S;",
-                                            "config/values.rs": "", "export/mod.rs": "",
-                                            "export/s/mod.rs": "use config::S;",
-                                            "export/s/config.rs": "use crate::config::values::Url;"}, 0),
-        "a sink's settings import their sink": ({"lib.rs": "", "config/mod.rs": "", "export/mod.rs": "",
-                                                 "export/s/mod.rs": "",
-                                                 "export/s/config.rs": "use super::Sink;"}, 1),
-        "a sink's settings import its encoder": ({"lib.rs": "", "config/mod.rs": "", "export/mod.rs": "",
-                                                  "export/s/mod.rs": "", "export/s/encode.rs": "",
-                                                  "export/s/config.rs": "use super::encode::E;"}, 1),
-        "a sink's settings import a stage": ({"lib.rs": "", "config/mod.rs": "", "export/mod.rs": "",
-                                              "export/s/mod.rs": "", "capture/mod.rs": "",
-                                              "export/s/config.rs": "fn f() { crate::capture::g() }"}, 1),
+        "config reads a sink's settings from export": ({"lib.rs": "",
+                                                         "config/mod.rs": "use crate::export::s::config::S;",
+                                                         "config/values.rs": "", "export/mod.rs": "",
+                                                         "export/s/mod.rs": "use config::S;",
+                                                         "export/s/config.rs": "use crate::config::values::Url;"},
+                                                        1, "import circle between rooms: config → export"),
+        "export converts config's settings": ({"lib.rs": "", "config/mod.rs": "pub mod s;",
+                                               "config/s.rs": "use super::values::Url;", "config/values.rs": "",
+                                               "export/mod.rs": "", "export/s/mod.rs": "use crate::config::s::S;"},
+                                              0),
+        "rooms out of ROOMS in a circle": ({"lib.rs": "", "a/mod.rs": "", "a/x.rs": "use crate::b::y::Y;",
+                                            "b/mod.rs": "", "b/y.rs": "", "b/z.rs": "use crate::a::w::W;",
+                                            "a/w.rs": ""}, 1, "import circle between rooms: a → b"),
         "config reads other export files": ({"lib.rs": "", "config/mod.rs": "use crate::export::s::encode::E;",
                                              "export/mod.rs": "", "export/s/mod.rs": "",
                                              "export/s/encode.rs": ""}, 1),
@@ -260,14 +255,15 @@ def self_test():
                                     "capture/mod.rs": '#[cfg(any(test, feature = "testing"))]\n'
                                                       "pub fn f() { crate::encode::y() }"}, 0),
     }
-    for label, (files, want) in cases.items():
+    for label, (files, want, *needle) in cases.items():
         with tempfile.TemporaryDirectory() as d:
             for rel, text in files.items():
                 os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
                 open(os.path.join(d, rel), "w").write(text)
-            got = 1 if problems_of(d) else 0
-            if got != want:
-                print(f"modgraph self-test: {label}: got {got}, want {want}")
+            problems = problems_of(d)
+            got = 1 if problems else 0
+            if got != want or (needle and not any(needle[0] in p for p in problems)):
+                print(f"modgraph self-test: {label}: got {got} {problems}, want {want} {needle}")
                 return 1
     print(f"modgraph self-test: {len(cases)} cases ok")
     return 0
@@ -320,10 +316,15 @@ def check(modules, edges, rooms=ROOMS, leaves=LEAVES):
     room_edges = defaultdict(set)
     for a, targets in edges.items():
         for b in targets:
+            if room_of(a) != room_of(b):
+                room_edges[room_of(a)].add(room_of(b))
+    for comp in sccs({room_of(m) for m in modules if m}, room_edges):
+        problems.append("import circle between rooms: " + " → ".join(sorted(comp)))
+    for a, targets in edges.items():
+        for b in targets:
             ra, rb = room_of(a), room_of(b)
             if ra == rb:
                 continue
-            room_edges[ra].add(rb)
             if ra not in rank or rb not in rank:
                 problems.append(f"{name(a)} → {name(b)}: room {ra if ra not in rank else rb} is not in ROOMS")
             elif ra in leaves and rb not in leaves:

@@ -10,9 +10,9 @@ use tonic::codec::CompressionEncoding;
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
-use super::config::OtlpSink;
 use super::error::classify;
 use super::NAME;
+use crate::config::OtlpSink;
 use crate::export::delivery::{Outcome, Transport};
 use crate::export::secrets::{secret, SecretFiles};
 use crate::export::setup::{CaReadError, SinkSetupError};

@@ -15,10 +15,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use super::config::PyroscopeSink;
 use super::error::{classify, retry_after};
 use super::request::Request;
 use super::{NAME, PUSH_PATH};
+use crate::config::PyroscopeSink;
 use crate::export::delivery::{Outcome, Transient, Transport};
 use crate::export::secrets::{secret, SecretFiles};
 use crate::export::setup::{CaReadError, SinkSetupError};
