@@ -34,7 +34,7 @@ from collections import defaultdict
 # The rooms in data-flow order: a room may import only rooms listed before it.
 # Leaves first (they import no stage), then the stages, then what composes them.
 ROOMS = [
-    "proto", "push_proto", "os", "model", "config", "metrics",
+    "proto", "push_proto", "os", "tls", "model", "config", "metrics",
     "workload",
     "capture", "normalize", "aggregate", "symbolize", "encode", "export",
     "readings",
@@ -43,7 +43,7 @@ ROOMS = [
 ]
 # Rooms that are leaves: they may import other leaves only (those before them in ROOMS).
 # `model` holds the stage contracts, and metrics label some of its values.
-LEAVES = {"proto", "push_proto", "model", "config", "metrics", "os"}
+LEAVES = {"proto", "push_proto", "model", "config", "metrics", "os", "tls"}
 
 
 def room_of(mod):

@@ -27,7 +27,7 @@
 //! What the stages hand each other (samples, windows of stacks, symbolized frames, labels)
 //! is declared once, in [`model`].
 //!
-//! Leaves that import no stage: [`model`], [`config`], [`metrics`], [`os`]. A module
+//! Leaves that import no stage: [`model`], [`config`], [`metrics`], [`os`], `tls`. A module
 //! imports only modules before it in this order, and no two rooms import each other
 //! (checked by `tests/modgraph.py` in `make test`): leaves, workload, capture, normalize,
 //! aggregate, symbolize, encode, export, readings, server, agent.
@@ -55,6 +55,7 @@ pub use os::one_malloc_arena;
 pub mod readings;
 pub(crate) mod server;
 pub mod symbolize;
+pub(crate) mod tls;
 pub mod workload;
 
 /// The pprof protobuf types, generated from `proto/profile.proto`.
