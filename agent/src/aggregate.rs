@@ -96,6 +96,41 @@ struct Tally {
     ns: u64,
 }
 
+/// When the aggregator closes its windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closes {
+    /// At every boundary of a window of `window`: on multiples of it on the wall clock when
+    /// `align` (`run`, so the windows of many hosts line up), else every `window` from the
+    /// start.
+    Every {
+        /// The window length.
+        window: Duration,
+        /// Boundaries on the wall clock.
+        align: bool,
+    },
+    /// Never on a timer: once, when the recording ends (capture stops and the queue is
+    /// drained). `record`'s one window.
+    AtEnd,
+}
+
+impl Closes {
+    /// The next boundary from now; `None` for [`Closes::AtEnd`].
+    fn next(self) -> Option<Instant> {
+        match self {
+            Closes::Every { window, align } => Some(Instant::now() + until_boundary(window, align)),
+            Closes::AtEnd => None,
+        }
+    }
+
+    /// The window length, if windows close on a timer.
+    fn window(self) -> Option<Duration> {
+        match self {
+            Closes::Every { window, .. } => Some(window),
+            Closes::AtEnd => None,
+        }
+    }
+}
+
 /// What the aggregator needs to attribute samples to workloads and filter them.
 #[derive(Default)]
 pub struct Workloads {
@@ -651,9 +686,10 @@ impl Aggregator {
 
 impl Aggregator {
     /// The stage's thread: adds every batch from `rx` and sends the windows of a period
-    /// (CPU, then the off-CPU kinds) into `tx` at each boundary, together, so they are named
-    /// in one pass (a full queue drops them and counts them); when capture stops and `rx` is
-    /// drained, sends the last period and returns.
+    /// (CPU, then the off-CPU kinds) into `tx` at each boundary `closes` sets, together, so
+    /// they are named in one pass (a full queue drops them and counts them); when capture
+    /// stops and `rx` is drained, sends the last period and returns. With
+    /// [`Closes::AtEnd`] that last period is the only one.
     ///
     /// A window closes at its boundary whatever waits in `rx`: the deadline is checked
     /// before each receive and every [`CLOSE_CHECK`] samples of a batch, never only when the
@@ -666,34 +702,44 @@ impl Aggregator {
         rx: Receiver<Batch>,
         snapshots: Receiver<Snapshot>,
         tx: SyncSender<Vec<Window>>,
-        window: Duration,
-        align: bool,
+        closes: Closes,
     ) {
-        self.align = align;
-        let mut deadline = Instant::now() + until_boundary(window, align);
-        self.off.deadline = Instant::now() + until_boundary(self.off.length(), align);
+        self.align = matches!(closes, Closes::Every { align: true, .. });
+        let mut deadline = closes.next();
+        self.off.deadline = Instant::now() + until_boundary(self.off.length(), self.align);
+        // Some(window) exactly when a boundary has passed.
+        let due = |deadline: Option<Instant>| {
+            deadline
+                .filter(|&d| Instant::now() >= d)
+                .and(closes.window())
+        };
         loop {
             self.metrics.progress.tick(crate::metrics::Stage::Aggregate);
             // Snapshots of processes come from the unwind loader's thread: taken before each
             // batch (a process read while its samples were on their way is known when they
             // are added), and every SNAPSHOT_POLL while none arrive.
             self.adopt_snapshots(&snapshots);
-            if Instant::now() >= deadline {
+            if let Some(window) = due(deadline) {
                 self.close_into(&tx, window);
-                deadline = Instant::now() + until_boundary(window, align);
+                deadline = closes.next();
                 continue;
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left.min(SNAPSHOT_POLL)) {
+            let left = deadline.map_or(SNAPSHOT_POLL, |d| {
+                d.saturating_duration_since(Instant::now())
+                    .min(SNAPSHOT_POLL)
+            });
+            match rx.recv_timeout(left) {
                 Ok(batch) => {
                     self.adopt_snapshots(&snapshots);
                     if let Some(budget) = &self.queue_bytes {
                         budget.give(crate::capture::batch_bytes(&batch));
                     }
                     for (i, s) in batch.into_iter().enumerate() {
-                        if i % CLOSE_CHECK == CLOSE_CHECK - 1 && Instant::now() >= deadline {
-                            self.close_into(&tx, window);
-                            deadline = Instant::now() + until_boundary(window, align);
+                        if i % CLOSE_CHECK == CLOSE_CHECK - 1 {
+                            if let Some(window) = due(deadline) {
+                                self.close_into(&tx, window);
+                                deadline = closes.next();
+                            }
                         }
                         self.add(s);
                     }
@@ -1172,8 +1218,36 @@ mod tests {
             queue_bytes: Some(budget.clone()),
             ..parts(limits(10), Workloads::default())
         });
-        a.run(rx, srx, wtx, Duration::from_secs(60), false);
+        a.run(rx, srx, wtx, every(Duration::from_secs(60)));
         assert_eq!(budget.held(), 0);
+    }
+
+    fn every(window: Duration) -> Closes {
+        Closes::Every {
+            window,
+            align: false,
+        }
+    }
+
+    #[test]
+    fn a_recording_closes_its_one_window_when_capture_stops() {
+        // `record`: no boundary, however long it runs; the one window holds every sample.
+        let (tx, rx) = std::sync::mpsc::sync_channel(4);
+        let (_stx, srx) = std::sync::mpsc::sync_channel(1);
+        let (wtx, wrx) = std::sync::mpsc::sync_channel(16);
+        let a = agg(1 << 20);
+        let stage = std::thread::spawn(move || a.run(rx, srx, wtx, Closes::AtEnd));
+        tx.send(vec![sample(1, 1, &[0x10])]).expect("send");
+        std::thread::sleep(Duration::from_millis(300));
+        tx.send(vec![sample(1, 1, &[0x10])]).expect("send");
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(wrx.try_recv().is_err(), "no window closes before the end");
+        drop(tx);
+        stage.join().expect("stage");
+        let periods: Vec<Vec<Window>> = wrx.try_iter().collect();
+        assert_eq!(periods.len(), 1, "one period, at the end");
+        let counted: u64 = periods[0].iter().map(|w| w.samples()).sum();
+        assert_eq!(counted, 2);
     }
 
     #[test]
@@ -1195,7 +1269,7 @@ mod tests {
         }
         drop(tx);
         let started = Instant::now();
-        agg(1 << 20).run(rx, srx, wtx, Duration::from_millis(100), false);
+        agg(1 << 20).run(rx, srx, wtx, every(Duration::from_millis(100)));
         let took = started.elapsed();
         // One period (the CPU window, and the off-CPU kinds when on) per boundary.
         let periods: Vec<Vec<Window>> = wrx.try_iter().collect();
