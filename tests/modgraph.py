@@ -16,6 +16,14 @@ Three checks:
   3. the rooms import only rooms of a lower rank in ROOMS, so a leaf imports no stage
      and a stage never imports the one after it.
 
+And one check of what a room's code does rather than imports:
+  4. the aggregator thread never opens a file: the `aggregate` room's code (tests left
+     out) names no file API (`std::fs`, `File`, `OpenOptions`, `read_dir`, `.exists()`,
+     `/proc` paths) and none of the crate's file readers (`os::procfs`, `os::openat2`,
+     `workload::cgroup`, `workload::walk`, `normalize::fs`). The process table it
+     normalizes against (`normalize::process`) still reads `/proc` on the first sample of a
+     process: that is the process registry's to take over, not a file open in `aggregate`.
+
 Every file ranks with its room: no file is ranked apart from its folder (a sink's
 settings live in the config room, which imports no stage; the sink converts them).
 
@@ -62,6 +70,13 @@ CRATES = {
     "agent": (ROOMS, LEAVES),
     "parse": (PARSE_ROOMS, set()),
 }
+
+# Rooms whose code must not open files, and what counts as opening one.
+NO_FILES = {"aggregate"}
+FILE_APIS = re.compile(
+    r"\bstd::fs\b|\bfs::|\bFile::|\bOpenOptions\b|\bread_dir\b|\.exists\(\)|\"/proc"
+    r"|\bos::procfs\b|\bos::openat2\b|\bworkload::cgroup\b|\bworkload::walk\b"
+    r"|\bnormalize::fs\b")
 
 PATH_RE = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
 USE_RE = re.compile(r"\buse\s+(crate|super|self)::(\{.*?\}|[^;]*);", re.S)
@@ -152,6 +167,23 @@ def resolve(mod, head, rest, modules):
         if cand in modules:
             best = cand
     return best
+
+
+def file_opens(src):
+    """`path: what` for each file API named by the non-test code of a NO_FILES room."""
+    out = []
+    for root, _, names in os.walk(src):
+        for n in names:
+            p = os.path.join(root, n)
+            mod = module_of(src, p) if n.endswith(".rs") else ()
+            if not mod or mod[0] not in NO_FILES or mod[-1].endswith("_tests") \
+                    or mod[-1] in ("golden", "tests"):
+                continue
+            text = strip_tests(open(p, encoding="utf-8").read())
+            for m in FILE_APIS.finditer(text):
+                out.append(f"{os.path.relpath(p, src)}: the {mod[0]} thread opens no file, "
+                           f"but names {m.group(0)}")
+    return out
 
 
 def graph(src):
@@ -251,6 +283,14 @@ def self_test():
         "config reads other export files": ({"lib.rs": "", "config/mod.rs": "use crate::export::s::encode::E;",
                                              "export/mod.rs": "", "export/s/mod.rs": "",
                                              "export/s/encode.rs": ""}, 1),
+        "the aggregator opens no file": ({"lib.rs": "", "aggregate.rs": "fn f(d: &Path) -> bool { d.exists() }"},
+                                         1, "the aggregate thread opens no file"),
+        "the aggregator reads no /proc": ({"lib.rs": "", "os/mod.rs": "", "os/procfs.rs": "",
+                                           "aggregate/mod.rs": "", "aggregate/x.rs": "use crate::os::procfs::stat;"},
+                                          1, "names os::procfs"),
+        "aggregator tests may read files": ({"lib.rs": "",
+                                             "aggregate.rs": "#[cfg(test)]\nmod t { fn f() { std::fs::read(\"x\"); } }"},
+                                            0),
         "test builders are free": ({"lib.rs": "", "encode/mod.rs": "",
                                     "capture/mod.rs": '#[cfg(any(test, feature = "testing"))]\n'
                                                       "pub fn f() { crate::encode::y() }"}, 0),
@@ -289,6 +329,7 @@ def main():
         rooms, leaves = CRATES.get(crate, CRATES["agent"])
         modules, edges = graph(src)
         problems, room_edges = check(modules, edges, rooms, leaves)
+        problems += file_opens(src)
         if args.dot:
             print(f"digraph {crate}_rooms {{")
             for a in sorted(room_edges):
@@ -305,7 +346,7 @@ def main():
 
 
 def problems_of(src, rooms=ROOMS, leaves=LEAVES):
-    return check(*graph(src), rooms, leaves)[0]
+    return check(*graph(src), rooms, leaves)[0] + file_opens(src)
 
 
 def check(modules, edges, rooms=ROOMS, leaves=LEAVES):
