@@ -9,17 +9,23 @@ any path A names that resolves to B: `use crate::…`, `crate::…` inside code,
 `#[cfg(any(test, feature = "testing"))]`, `*_tests.rs`, `golden.rs`) are left out: they
 may reach anywhere.
 
-Two checks:
+Three checks:
   1. no cycle among modules (strongly connected components of more than one module);
-  2. the rooms (top-level modules) import only rooms of a lower rank in ROOMS, so a
-     leaf imports no stage and a stage never imports the one after it.
+  2. no cycle among rooms (top-level modules): two rooms that import each other, even
+     through files that do not form a module cycle, are one tangle, not two rooms;
+  3. the rooms import only rooms of a lower rank in ROOMS, so a leaf imports no stage
+     and a stage never imports the one after it.
 
-One file kind is ranked apart from its folder: a network sink's settings,
-`export/<sink>/config.rs`, sit with the sink (config, encoding, transport and error
-classes in one folder) but are parsed by the config room as part of the one config file
-(so errors keep their line numbers). Such a file ranks as the `config` leaf: the config
-room may import it, and it may import only leaves — not even its own sink, so naming its
-ancestors (`super::…`) counts as an edge for it, unlike for every other module.
+And one check of what a room's code does rather than imports:
+  4. the aggregator thread never opens a file: the `aggregate` room's code (tests left
+     out) names no file API (`std::fs`, `File`, `OpenOptions`, `read_dir`, `.exists()`,
+     `/proc` paths) and none of the crate's file readers (`os::procfs`, `os::openat2`,
+     `workload::cgroup`, `workload::walk`, `normalize::fs`). The process table it
+     normalizes against (`normalize::process`) still reads `/proc` on the first sample of a
+     process: that is the process registry's to take over, not a file open in `aggregate`.
+
+Every file ranks with its room: no file is ranked apart from its folder (a sink's
+settings live in the config room, which imports no stage; the sink converts them).
 
 Each crate has its own rooms (CRATES); the parsers' crate (`parse/`, ember-parse) cannot
 import the agent at all (cargo sees to that), so only its own order is checked here.
@@ -36,7 +42,7 @@ from collections import defaultdict
 # The rooms in data-flow order: a room may import only rooms listed before it.
 # Leaves first (they import no stage), then the stages, then what composes them.
 ROOMS = [
-    "proto", "push_proto", "os", "model", "config", "metrics",
+    "proto", "push_proto", "os", "tls", "model", "config", "metrics",
     "workload",
     "capture", "normalize", "aggregate", "symbolize", "encode", "export",
     "readings",
@@ -45,17 +51,13 @@ ROOMS = [
 ]
 # Rooms that are leaves: they may import other leaves only (those before them in ROOMS).
 # `model` holds the stage contracts, and metrics label some of its values.
-LEAVES = {"proto", "push_proto", "model", "config", "metrics", "os"}
-
-
-def is_sink_config(mod):
-    """`export/<sink>/config.rs`: a sink's settings, ranked with the config leaf."""
-    return len(mod) == 3 and mod[0] == "export" and mod[2] == "config"
+LEAVES = {"proto", "push_proto", "model", "config", "metrics", "os", "tls"}
 
 
 def room_of(mod):
-    """The room a module ranks in: its top-level folder, except a sink's settings."""
-    return "config" if is_sink_config(mod) else mod[0]
+    """The room a module ranks in: its top-level folder (or file)."""
+    return mod[0]
+
 # The parsers' crate: readers of plain formats first, then what builds on them (the symbol
 # table, the DWARF reader and the libc decoder read objects through the ELF reader); the test builders of
 # objects last.
@@ -68,6 +70,13 @@ CRATES = {
     "agent": (ROOMS, LEAVES),
     "parse": (PARSE_ROOMS, set()),
 }
+
+# Rooms whose code must not open files, and what counts as opening one.
+NO_FILES = {"aggregate"}
+FILE_APIS = re.compile(
+    r"\bstd::fs\b|\bfs::|\bFile::|\bOpenOptions\b|\bread_dir\b|\.exists\(\)|\"/proc"
+    r"|\bos::procfs\b|\bos::openat2\b|\bworkload::cgroup\b|\bworkload::walk\b"
+    r"|\bnormalize::fs\b")
 
 PATH_RE = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
 USE_RE = re.compile(r"\buse\s+(crate|super|self)::(\{.*?\}|[^;]*);", re.S)
@@ -160,6 +169,23 @@ def resolve(mod, head, rest, modules):
     return best
 
 
+def file_opens(src):
+    """`path: what` for each file API named by the non-test code of a NO_FILES room."""
+    out = []
+    for root, _, names in os.walk(src):
+        for n in names:
+            p = os.path.join(root, n)
+            mod = module_of(src, p) if n.endswith(".rs") else ()
+            if not mod or mod[0] not in NO_FILES or mod[-1].endswith("_tests") \
+                    or mod[-1] in ("golden", "tests"):
+                continue
+            text = strip_tests(open(p, encoding="utf-8").read())
+            for m in FILE_APIS.finditer(text):
+                out.append(f"{os.path.relpath(p, src)}: the {mod[0]} thread opens no file, "
+                           f"but names {m.group(0)}")
+    return out
+
+
 def graph(src):
     files = {}
     for root, _, names in os.walk(src):
@@ -182,8 +208,8 @@ def graph(src):
             target = resolve(mod, head, rest, modules)
             if target is None or target == mod:
                 continue
-            # Naming an ancestor shares its mod.rs, except from a leaf-ranked sink config.
-            if mod[: len(target)] == target and not is_sink_config(mod):
+            # Naming an ancestor shares its mod.rs.
+            if mod[: len(target)] == target:
                 continue
             if target[-1] in ("golden",) or target[-1].endswith("_tests"):
                 continue
@@ -229,6 +255,7 @@ def name(mod):
 def self_test():
     """The check must fail on a circle and on a back-edge, and pass a clean tree."""
     import tempfile
+    # label: (files, how many problems are wanted, a text one of them must hold)
     cases = {
         "clean": ({"lib.rs": "", "config/mod.rs": "", "capture/mod.rs": "use crate::config::X;",
                    "aggregate.rs": "use crate::{capture::Sample, config};"}, 0),
@@ -240,34 +267,43 @@ def self_test():
                                   "readings/mod.rs": ""}, 1),
         "test code is free": ({"lib.rs": "", "capture/mod.rs": "#[cfg(test)]\nmod t { use crate::encode::Y; }",
                                "encode/mod.rs": ""}, 0),
-        "config reads a sink's settings": ({"lib.rs": "", "config/mod.rs": "use crate::export::s::config::S;",
-                                            "config/values.rs": "", "export/mod.rs": "",
-                                            "export/s/mod.rs": "use config::S;",
-                                            "export/s/config.rs": "use crate::config::values::Url;"}, 0),
-        "a sink's settings import their sink": ({"lib.rs": "", "config/mod.rs": "", "export/mod.rs": "",
-                                                 "export/s/mod.rs": "",
-                                                 "export/s/config.rs": "use super::Sink;"}, 1),
-        "a sink's settings import its encoder": ({"lib.rs": "", "config/mod.rs": "", "export/mod.rs": "",
-                                                  "export/s/mod.rs": "", "export/s/encode.rs": "",
-                                                  "export/s/config.rs": "use super::encode::E;"}, 1),
-        "a sink's settings import a stage": ({"lib.rs": "", "config/mod.rs": "", "export/mod.rs": "",
-                                              "export/s/mod.rs": "", "capture/mod.rs": "",
-                                              "export/s/config.rs": "fn f() { crate::capture::g() }"}, 1),
+        "config reads a sink's settings from export": ({"lib.rs": "",
+                                                         "config/mod.rs": "use crate::export::s::config::S;",
+                                                         "config/values.rs": "", "export/mod.rs": "",
+                                                         "export/s/mod.rs": "use config::S;",
+                                                         "export/s/config.rs": "use crate::config::values::Url;"},
+                                                        1, "import circle between rooms: config → export"),
+        "export converts config's settings": ({"lib.rs": "", "config/mod.rs": "pub mod s;",
+                                               "config/s.rs": "use super::values::Url;", "config/values.rs": "",
+                                               "export/mod.rs": "", "export/s/mod.rs": "use crate::config::s::S;"},
+                                              0),
+        "rooms out of ROOMS in a circle": ({"lib.rs": "", "a/mod.rs": "", "a/x.rs": "use crate::b::y::Y;",
+                                            "b/mod.rs": "", "b/y.rs": "", "b/z.rs": "use crate::a::w::W;",
+                                            "a/w.rs": ""}, 1, "import circle between rooms: a → b"),
         "config reads other export files": ({"lib.rs": "", "config/mod.rs": "use crate::export::s::encode::E;",
                                              "export/mod.rs": "", "export/s/mod.rs": "",
                                              "export/s/encode.rs": ""}, 1),
+        "the aggregator opens no file": ({"lib.rs": "", "aggregate.rs": "fn f(d: &Path) -> bool { d.exists() }"},
+                                         1, "the aggregate thread opens no file"),
+        "the aggregator reads no /proc": ({"lib.rs": "", "os/mod.rs": "", "os/procfs.rs": "",
+                                           "aggregate/mod.rs": "", "aggregate/x.rs": "use crate::os::procfs::stat;"},
+                                          1, "names os::procfs"),
+        "aggregator tests may read files": ({"lib.rs": "",
+                                             "aggregate.rs": "#[cfg(test)]\nmod t { fn f() { std::fs::read(\"x\"); } }"},
+                                            0),
         "test builders are free": ({"lib.rs": "", "encode/mod.rs": "",
                                     "capture/mod.rs": '#[cfg(any(test, feature = "testing"))]\n'
                                                       "pub fn f() { crate::encode::y() }"}, 0),
     }
-    for label, (files, want) in cases.items():
+    for label, (files, want, *needle) in cases.items():
         with tempfile.TemporaryDirectory() as d:
             for rel, text in files.items():
                 os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
                 open(os.path.join(d, rel), "w").write(text)
-            got = 1 if problems_of(d) else 0
-            if got != want:
-                print(f"modgraph self-test: {label}: got {got}, want {want}")
+            problems = problems_of(d)
+            got = 1 if problems else 0
+            if got != want or (needle and not any(needle[0] in p for p in problems)):
+                print(f"modgraph self-test: {label}: got {got} {problems}, want {want} {needle}")
                 return 1
     print(f"modgraph self-test: {len(cases)} cases ok")
     return 0
@@ -293,6 +329,7 @@ def main():
         rooms, leaves = CRATES.get(crate, CRATES["agent"])
         modules, edges = graph(src)
         problems, room_edges = check(modules, edges, rooms, leaves)
+        problems += file_opens(src)
         if args.dot:
             print(f"digraph {crate}_rooms {{")
             for a in sorted(room_edges):
@@ -309,7 +346,7 @@ def main():
 
 
 def problems_of(src, rooms=ROOMS, leaves=LEAVES):
-    return check(*graph(src), rooms, leaves)[0]
+    return check(*graph(src), rooms, leaves)[0] + file_opens(src)
 
 
 def check(modules, edges, rooms=ROOMS, leaves=LEAVES):
@@ -320,10 +357,15 @@ def check(modules, edges, rooms=ROOMS, leaves=LEAVES):
     room_edges = defaultdict(set)
     for a, targets in edges.items():
         for b in targets:
+            if room_of(a) != room_of(b):
+                room_edges[room_of(a)].add(room_of(b))
+    for comp in sccs({room_of(m) for m in modules if m}, room_edges):
+        problems.append("import circle between rooms: " + " → ".join(sorted(comp)))
+    for a, targets in edges.items():
+        for b in targets:
             ra, rb = room_of(a), room_of(b)
             if ra == rb:
                 continue
-            room_edges[ra].add(rb)
             if ra not in rank or rb not in rank:
                 problems.append(f"{name(a)} → {name(b)}: room {ra if ra not in rank else rb} is not in ROOMS")
             elif ra in leaves and rb not in leaves:

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::aggregate::{self, Aggregator, Window, Workloads};
+use crate::aggregate::{self, Aggregator, Closes, Window, Workloads};
 use crate::capture::tasks::{TaskLink, TaskWatch};
 use crate::capture::{self, Batch, Capture, CaptureError, Control, UnwindLink, Work, WorkSender};
 use crate::config::selector::SelectorError;
@@ -256,20 +256,21 @@ impl Agent {
             h.beat();
         };
         // `record`'s one window closes when recording stops, never on a timer.
-        let (window, align, deadline_window) = match mode {
-            Mode::Run => (cfg.window.duration, true, cfg.window.duration),
-            Mode::Record { duration } => (
-                duration + Duration::from_secs(365 * 24 * 3600),
-                false,
-                duration,
+        let (closes, deadline_window) = match mode {
+            Mode::Run => (
+                Closes::Every {
+                    window: cfg.window.duration,
+                    align: true,
+                },
+                cfg.window.duration,
             ),
+            Mode::Record { duration } => (Closes::AtEnd, duration),
         };
         let pipeline = Pipeline::start(
             cfg,
             PipelineParts {
                 node: node.name.clone(),
-                window,
-                align,
+                closes,
                 metrics: metrics.clone(),
                 metadata: meta.clone(),
                 filter,
@@ -601,10 +602,8 @@ const CONTROL_QUEUE: usize = 4096;
 struct PipelineParts<F> {
     /// This node's name, for the per-container series.
     node: String,
-    /// The window length.
-    window: Duration,
-    /// Whether windows are aligned on the wall clock (`run`).
-    align: bool,
+    /// When windows close: aligned on the wall clock (`run`), or once at the end (`record`).
+    closes: Closes,
     /// Where every stage counts.
     metrics: Metrics,
     /// Names pods (when Kubernetes is enabled).
@@ -624,8 +623,7 @@ impl Pipeline {
     {
         let PipelineParts {
             node,
-            window,
-            align,
+            closes,
             metrics,
             metadata,
             filter,
@@ -665,7 +663,13 @@ impl Pipeline {
         let (capture, link) = Capture::start(capture::Parts {
             sampling: cfg.sampling.clone(),
             offcpu: cfg.offcpu.clone(),
-            windows: align.then_some(window),
+            windows: match closes {
+                Closes::Every {
+                    window,
+                    align: true,
+                } => Some(window),
+                Closes::Every { align: false, .. } | Closes::AtEnd => None,
+            },
             batches: batch_tx,
             budget: queue_bytes,
             control: control_rx,
@@ -673,7 +677,7 @@ impl Pipeline {
         })?;
         let (snap_tx, snap_rx) = mpsc::sync_channel(SNAPSHOT_QUEUE);
         let aggregate = spawn("ember-aggregate", move || {
-            agg.run(batch_rx, snap_rx, window_tx, window, align)
+            agg.run(batch_rx, snap_rx, window_tx, closes)
         })?;
 
         let (m, cache) = (metrics.clone(), cfg.limits.symbol_cache_entries);

@@ -7,18 +7,21 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::capture::{Batch, Control, QueueBytes, CGROUP_DENY_ENTRIES};
 use crate::config::{Jit, Limits, Python};
 use crate::metrics::{Cache, Loss, Metrics};
 use crate::model::{
-    self, Labels, LockWait, OffCpu, OffState, ProfileKind, PyFrameRef, PyWalk, Sample, StackEnd,
+    self, LockWait, OffCpu, OffState, ProfileKind, PyFrameRef, PyWalk, Sample, StackEnd,
     WAKE_SEPARATOR,
 };
 use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
 
+mod closes;
 mod offwindows;
+use closes::until_boundary;
+pub use closes::Closes;
 use offwindows::OffWindows;
 
 /// How often the aggregator looks for process snapshots while no samples arrive (it takes
@@ -28,8 +31,9 @@ const SNAPSHOT_POLL: Duration = Duration::from_secs(2);
 /// Samples of a batch added between two looks at the window's deadline (a look is one
 /// clock read; a sample of a new process may cost a `/proc` read).
 const CLOSE_CHECK: usize = 64;
+use crate::workload::gate::{Candidate, Gate, Judged, Order, Orders};
 use crate::workload::kube::Metadata;
-use crate::workload::{self, Accounting, Cgroup, Filter, Verdict};
+use crate::workload::{Accounting, Filter};
 
 /// One frame of a normalized stack. The user side holds the open object file it is in
 /// ([`UserAddr`]): the symbolizer reads it after the process is gone.
@@ -109,48 +113,55 @@ pub struct Workloads {
     pub control: Option<SyncSender<Control>>,
 }
 
-/// A cgroup denied in BPF: the directory that tells whether it still exists, and the
-/// cgroup its labels are judged from again each window.
-struct DeniedCgroup {
-    dir: Option<std::path::PathBuf>,
-    cgroup: Arc<Cgroup>,
-}
-
-/// A process the filter let through: its labels for this window.
-type Judged = Arc<Labels>;
-
 /// Per-window sample counts plus the process table they are normalized against.
+///
+/// Each field has one job: the counting is `tallies` (the CPU window) and `off` (the
+/// off-CPU windows), the verdicts and BPF orders are the `gate`'s (`crate::workload`), the
+/// per-container series `accounting`'s.
 pub struct Aggregator {
+    /// The processes the stacks are normalized against.
     table: ProcessTable,
-    counts: Counts,
-    max_stacks: usize,
-    /// The off-CPU kinds whose windows are made beside the CPU windows.
-    off_kinds: Vec<ProfileKind>,
-    /// Their stacks until their window (`offcpu.window`) ends.
-    off: OffWindows,
-    /// Windows end on multiples of their length on the wall clock (`run`).
-    align: bool,
-    /// See [`Parts::keep_eval_frames`].
+    /// The current window's counts, under the stack and byte caps.
+    tallies: Tallies,
+    /// The off-CPU kinds made beside the CPU windows, and their stacks until their window
+    /// (`offcpu.window`) ends.
+    off: Off,
+    /// When the current period began, and what a sample stands for.
+    period: Period,
+    /// See [`Python::keep_eval_frames`].
     keep_eval_frames: bool,
-    period_ns: u64,
-    start: SystemTime,
-    started: Instant,
     metrics: Metrics,
-    workloads: Workloads,
-    /// Bytes of the distinct stacks in `counts`, and their cap.
-    stack_bytes: u64,
-    max_stack_bytes: u64,
+    /// Which processes' samples are kept; the BPF deny and allow orders and their retries.
+    gate: Gate,
+    /// Per-container CPU series.
+    accounting: Option<Accounting>,
     /// The sample queue's byte budget, given back as batches arrive.
     queue_bytes: Option<QueueBytes>,
-    /// Excluded processes whose samples may still be in flight.
-    denied: HashSet<u32>,
-    /// Cgroups denied in BPF (at most [`CGROUP_DENY_ENTRIES`]): allowed again once their
-    /// directory is gone or their workload no longer excluded (its pod's labels changed),
-    /// so the BPF map never fills with dead containers nor keeps out live ones.
-    denied_cgroups: HashMap<u64, DeniedCgroup>,
-    /// Cgroups to allow in BPF whose order found the control queue full: sent again at
-    /// the next window's close. Still in the BPF map, so they count toward its entries.
-    allow_cgroups: Vec<u64>,
+}
+
+/// A window's counts by stack, under its two caps.
+struct Tallies {
+    counts: Counts,
+    max_stacks: usize,
+    /// Bytes of the distinct stacks in `counts`, and their cap.
+    bytes: u64,
+    max_bytes: u64,
+}
+
+/// The off-CPU windows: the kinds made, and their stacks summed since their window began.
+struct Off {
+    kinds: Vec<ProfileKind>,
+    windows: OffWindows,
+}
+
+/// The current period of the CPU window.
+struct Period {
+    /// Windows end on multiples of their length on the wall clock (`run`).
+    align: bool,
+    /// Nanoseconds one sample stands for (`sampling.frequency_hz`).
+    ns: u64,
+    start: SystemTime,
+    started: Instant,
 }
 
 /// What an aggregator is made of: its settings, where it counts, and what it attributes
@@ -200,42 +211,61 @@ impl Aggregator {
         let mut table = ProcessTable::new(&limits, metrics.clone());
         table.set_jit(jit);
         table.set_python_cache(python.cache_bytes);
+        let Workloads {
+            metadata,
+            filter,
+            accounting,
+            control,
+        } = workloads;
+        let orders =
+            control.map(|tx| -> Orders { Box::new(move |o| tx.try_send(control_of(o)).is_ok()) });
+        let gate = Gate::new(
+            metadata,
+            filter,
+            orders,
+            CGROUP_DENY_ENTRIES as usize,
+            metrics.clone(),
+        );
         Self {
             table,
-            counts: HashMap::default(),
-            max_stacks: limits.max_stacks_per_window,
-            stack_bytes: 0,
-            max_stack_bytes: limits.max_stack_bytes_per_window,
+            tallies: Tallies {
+                counts: HashMap::default(),
+                max_stacks: limits.max_stacks_per_window,
+                bytes: 0,
+                max_bytes: limits.max_stack_bytes_per_window,
+            },
             queue_bytes,
-            off_kinds: [
-                (offcpu, ProfileKind::OffCpu),
-                (offcpu && offwake, ProfileKind::OffWake),
-                (offcpu && lock, ProfileKind::Lock),
-            ]
-            .into_iter()
-            .filter_map(|(on, k)| on.then_some(k))
-            .collect(),
-            off: OffWindows::new(
-                offcpu_window,
-                limits.max_stacks_per_window,
-                limits.max_stack_bytes_per_window,
-            ),
-            align: false,
+            off: Off {
+                kinds: [
+                    (offcpu, ProfileKind::OffCpu),
+                    (offcpu && offwake, ProfileKind::OffWake),
+                    (offcpu && lock, ProfileKind::Lock),
+                ]
+                .into_iter()
+                .filter_map(|(on, k)| on.then_some(k))
+                .collect(),
+                windows: OffWindows::new(
+                    offcpu_window,
+                    limits.max_stacks_per_window,
+                    limits.max_stack_bytes_per_window,
+                ),
+            },
+            period: Period {
+                align: false,
+                ns: 1_000_000_000 / frequency_hz.max(1),
+                start: SystemTime::now(),
+                started: Instant::now(),
+            },
             keep_eval_frames: python.keep_eval_frames,
-            period_ns: 1_000_000_000 / frequency_hz.max(1),
-            start: SystemTime::now(),
-            started: Instant::now(),
             metrics,
-            workloads,
-            denied: HashSet::new(),
-            denied_cgroups: HashMap::new(),
-            allow_cgroups: Vec::new(),
+            gate,
+            accounting,
         }
     }
 
     /// Counts one sample; the first sample of a process reads its mappings.
     pub fn add(&mut self, s: Sample) {
-        if self.denied.contains(&s.pid) {
+        if self.gate.denied(s.pid) {
             self.metrics.samples_filtered.inc();
             return;
         }
@@ -288,7 +318,7 @@ impl Aggregator {
     /// wait (both parts, with the waker if any) to `lock`; kernel lock contention to `lock`
     /// only. Only the kinds configured.
     fn kinds_of(&self, key: &Key) -> Vec<(ProfileKind, bool)> {
-        let on = |k| self.off_kinds.contains(&k);
+        let on = |k| self.off.kinds.contains(&k);
         if key.lock == Some(LockWait::Kernel) {
             return [(ProfileKind::Lock, false)]
                 .into_iter()
@@ -349,128 +379,23 @@ impl Aggregator {
     /// everything the stage holds stays under one window's caps.
     fn count(&mut self, key: Key, ns: u64, blocks: u64) {
         let bytes = stack_bytes(&key);
-        let full = self.counts.len() + self.off.len() >= self.max_stacks
-            || self
-                .stack_bytes
-                .saturating_add(self.off.bytes())
+        let t = &mut self.tallies;
+        let full = t.counts.len() + self.off.windows.len() >= t.max_stacks
+            || t.bytes
+                .saturating_add(self.off.windows.bytes())
                 .saturating_add(bytes)
-                > self.max_stack_bytes;
-        match self.counts.get_mut(&key) {
+                > t.max_bytes;
+        match t.counts.get_mut(&key) {
             Some(t) => {
                 t.count += blocks;
                 t.ns += ns;
             }
             None if full => self.metrics.lost(Loss::StackCap, blocks),
             None => {
-                self.counts.insert(key, Tally { count: blocks, ns });
-                self.stack_bytes += bytes;
+                t.counts.insert(key, Tally { count: blocks, ns });
+                t.bytes += bytes;
             }
         }
-    }
-
-    /// Labels of every process in the window, `None` for the ones the filter excludes
-    /// (those are also denied in BPF from now on).
-    fn judge(&mut self, pids: HashSet<u32>) -> HashMap<u32, Option<Judged>> {
-        let fresh = self.workloads.metadata.as_ref().is_some_and(|m| m.fresh());
-        self.metrics.kubernetes_fresh.set(i64::from(fresh));
-        let mut out = HashMap::with_capacity(pids.len());
-        for pid in pids {
-            let cg = self.table.cgroup(pid);
-            let labels = workload::labels_for(&cg, self.workloads.metadata.as_ref());
-            let filter = &self.workloads.filter;
-            if filter.verdict(&self.table.name(pid), &labels) == Verdict::Exclude {
-                // Excluded by its process name: its container's other processes may be wanted.
-                let whole = filter.workload_verdict(&labels) == Verdict::Exclude;
-                self.deny(pid, &cg, whole);
-                out.insert(pid, None);
-            } else {
-                out.insert(pid, Some(Arc::new(labels)));
-            }
-        }
-        out
-    }
-
-    /// Denies an excluded process in BPF: its whole container (`whole`, the workload rules
-    /// exclude it) where it has a cgroup v2 of its own, else the pid.
-    fn deny(&mut self, pid: u32, cg: &Arc<Cgroup>, whole: bool) {
-        self.denied.insert(pid);
-        // A container in its own cgroup v2 is denied as a whole (its future processes too);
-        // elsewhere (cgroup v1, hybrid hosts where every task reads the root id), beyond the
-        // map's entries, or when only this process is excluded, by pid.
-        let by_cgroup = whole
-            && cg.v2_id > 1
-            && cg.info.container_id.is_some()
-            && (self.denied_cgroups.contains_key(&cg.v2_id)
-                || self.denied_cgroups.len() + self.allow_cgroups.len()
-                    < CGROUP_DENY_ENTRIES as usize);
-        if !by_cgroup {
-            self.send(Control::DenyPid(pid));
-            return;
-        }
-        if self.denied_cgroups.contains_key(&cg.v2_id) {
-            return;
-        }
-        // Remembered only once the order is queued: a dropped one is sent again when the
-        // cgroup's next samples are judged.
-        if self.send(Control::DenyCgroup(cg.v2_id)) {
-            let dir = cg
-                .cpu_usage_file
-                .as_ref()
-                .and_then(|f| f.parent())
-                .map(|d| d.to_path_buf());
-            self.denied_cgroups.insert(
-                cg.v2_id,
-                DeniedCgroup {
-                    dir,
-                    cgroup: cg.clone(),
-                },
-            );
-            self.allow_cgroups.retain(|&id| id != cg.v2_id);
-        }
-    }
-
-    /// Allows the denied cgroups whose directory is gone (the container ended; ids are not
-    /// reused) or whose workload the filter no longer excludes (its pod's labels changed).
-    /// One stat and one verdict per denied cgroup per window.
-    fn review_denied_cgroups(&mut self) {
-        let metadata = self.workloads.metadata.as_ref();
-        let filter = &self.workloads.filter;
-        let allowed: Vec<u64> = self
-            .denied_cgroups
-            .iter()
-            .filter(|(_, d)| {
-                let gone = d.dir.as_ref().is_some_and(|dir| !dir.exists());
-                gone || {
-                    let labels = workload::labels_for(&d.cgroup, metadata);
-                    // Undecided (its pod unknown again) stays denied: only a clear Include
-                    // is a change of mind.
-                    filter.workload_verdict(&labels) == Verdict::Include
-                }
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for id in allowed {
-            self.denied_cgroups.remove(&id);
-            self.allow_cgroups.push(id);
-        }
-        let pending = std::mem::take(&mut self.allow_cgroups);
-        for id in pending {
-            if !self.send(Control::AllowCgroup(id)) {
-                self.allow_cgroups.push(id);
-            }
-        }
-    }
-
-    /// Queues an order for the sampler; false (counted) when the queue was full.
-    fn send(&self, order: Control) -> bool {
-        let Some(tx) = &self.workloads.control else {
-            return true;
-        };
-        if tx.try_send(order).is_err() {
-            self.metrics.dropped(Cache::ControlQueue, 1);
-            return false;
-        }
-        true
     }
 
     /// Closes the window: normalizes its stacks and starts the next one. Returns the CPU
@@ -490,120 +415,175 @@ impl Aggregator {
     /// windows, which close too when `off_due`. Returns the CPU window, then the off-CPU
     /// windows if they closed.
     fn close_period(&mut self, off_due: bool) -> Vec<Window> {
-        let counts = std::mem::take(&mut self.counts);
-        let counts = self.fan_out(counts);
-        self.stack_bytes = 0;
-        let verdicts = self.judge(counts.keys().map(|k| k.pid).collect());
+        let counts = self.take_counts();
+        let verdicts = self.judge(&counts);
+        let (stacks, off_stacks) = self.stacks_of(counts, &verdicts);
+        for (kind, v) in off_stacks {
+            self.off.windows.add(kind, v, &self.metrics);
+        }
+        self.end_accounting();
+        let gone = self.table.end_window();
+        self.gate.end_window(gone);
+        self.take_windows(stacks, off_due)
+    }
+
+    /// Takes the window's counts, spread over the windows they go to; the next window's
+    /// counts start empty.
+    fn take_counts(&mut self) -> Counts {
+        let counts = std::mem::take(&mut self.tallies.counts);
+        self.tallies.bytes = 0;
+        self.fan_out(counts)
+    }
+
+    /// The gate's verdict on every process with a stack in `counts`.
+    fn judge(&mut self, counts: &Counts) -> HashMap<u32, Option<Judged>> {
+        let pids: HashSet<u32> = counts.keys().map(|k| k.pid).collect();
+        let table = &self.table;
+        self.gate.judge(pids.into_iter().map(|pid| Candidate {
+            pid,
+            cgroup: table.cgroup(pid),
+            name: table.name(pid),
+        }))
+    }
+
+    /// The stacks of `counts` the gate let through, normalized and labelled: the CPU ones in
+    /// a stable order, the off-CPU ones by kind. The others' samples count as filtered.
+    fn stacks_of(
+        &mut self,
+        counts: Counts,
+        verdicts: &HashMap<u32, Option<Judged>>,
+    ) -> (Vec<Stack>, HashMap<ProfileKind, Vec<Stack>>) {
         let mut stacks = Vec::with_capacity(counts.len());
         let mut off_stacks: HashMap<ProfileKind, Vec<Stack>> = HashMap::new();
         for (key, tally) in counts {
-            let count = tally.count;
             let Some(Some(labels)) = verdicts.get(&key.pid) else {
-                self.metrics.samples_filtered.inc_by(count);
+                self.metrics.samples_filtered.inc_by(tally.count);
                 continue;
             };
-            let runtime = self.table.runtime(key.pid);
-            let off_cpu = key.off.map(|state| OffCpu {
-                state,
-                ns: tally.ns,
-                blocks: count,
-            });
-            match off_cpu {
-                None => {
-                    if let Some(acc) = &mut self.workloads.accounting {
-                        acc.add(labels, (count * self.period_ns) as f64 / 1e9);
-                    }
-                    let workload = self
-                        .metrics
-                        .workload_label(labels.workload(&self.table.name(key.pid)));
-                    self.metrics.stacks_ended(&workload, key.end, count);
-                    if let (Some(rt), Some(r)) = (&runtime, key.py) {
-                        self.metrics
-                            .interpreter_stacks_ended(&workload, rt.name, r, count);
-                    }
-                }
-                Some(o) => {
-                    if let Some(acc) = &mut self.workloads.accounting {
-                        match key.kind {
-                            ProfileKind::OffCpu => {
-                                acc.add_offcpu(labels, o.state, o.ns as f64 / 1e9)
-                            }
-                            ProfileKind::Lock => acc.add_lock(labels, o.ns as f64 / 1e9),
-                            ProfileKind::Cpu | ProfileKind::OffWake => {}
-                        }
-                    }
-                }
-            }
-            let mut frames = Vec::with_capacity(key.kernel.len() + key.user.len());
-            if let Some(w) = &key.waker {
-                self.waker_frames(w, &mut frames);
-            }
-            frames.extend(
-                key.kernel
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &a)| Frame::Kernel(caller(i, a, false))),
-            );
-            self.user_frames(&key, &mut frames);
-            let comm_len = key
-                .comm
-                .iter()
-                .position(|&b| b == 0)
-                .unwrap_or(key.comm.len());
-            let stack = Stack {
-                pid: key.pid,
-                tid: key.tid,
-                comm: String::from_utf8_lossy(&key.comm[..comm_len]).into_owned(),
-                process: self.table.name(key.pid),
-                labels: labels.clone(),
-                frames,
-                count,
-                off_cpu,
-                runtime,
-            };
-            if key.kind == ProfileKind::Cpu {
+            let kind = key.kind;
+            let stack = self.stack_of(key, tally, labels);
+            if kind == ProfileKind::Cpu {
                 stacks.push(stack);
             } else {
-                off_stacks.entry(key.kind).or_default().push(stack);
+                off_stacks.entry(kind).or_default().push(stack);
             }
         }
         // Stable order makes output deterministic and diffable.
         stacks.sort_by(|a, b| (a.pid, a.tid, b.count).cmp(&(b.pid, b.tid, a.count)));
-        for (kind, v) in off_stacks {
-            self.off.add(kind, v, &self.metrics);
+        (stacks, off_stacks)
+    }
+
+    /// One distinct stack of the window: counted toward its container and the stack-end
+    /// metrics, its frames normalized.
+    fn stack_of(&mut self, key: Key, tally: Tally, labels: &Judged) -> Stack {
+        let count = tally.count;
+        let runtime = self.table.runtime(key.pid);
+        let off_cpu = key.off.map(|state| OffCpu {
+            state,
+            ns: tally.ns,
+            blocks: count,
+        });
+        self.account(&key, count, off_cpu, labels, runtime.as_ref());
+        let mut frames = Vec::with_capacity(key.kernel.len() + key.user.len());
+        if let Some(w) = &key.waker {
+            self.waker_frames(w, &mut frames);
         }
-        if let Some(acc) = &mut self.workloads.accounting {
-            // Only a synced watch tells a deleted pod from one not listed yet.
-            if let Some(md) = self.workloads.metadata.as_ref().filter(|m| m.fresh()) {
+        frames.extend(
+            key.kernel
+                .iter()
+                .enumerate()
+                .map(|(i, &a)| Frame::Kernel(caller(i, a, false))),
+        );
+        self.user_frames(&key, &mut frames);
+        let comm_len = key
+            .comm
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(key.comm.len());
+        Stack {
+            pid: key.pid,
+            tid: key.tid,
+            comm: String::from_utf8_lossy(&key.comm[..comm_len]).into_owned(),
+            process: self.table.name(key.pid),
+            labels: labels.clone(),
+            frames,
+            count,
+            off_cpu,
+            runtime,
+        }
+    }
+
+    /// Counts a stack toward its container's series (CPU seconds, off-CPU and lock time)
+    /// and, for CPU stacks, the stack-end metrics.
+    fn account(
+        &mut self,
+        key: &Key,
+        count: u64,
+        off_cpu: Option<OffCpu>,
+        labels: &Judged,
+        runtime: Option<&crate::model::Runtime>,
+    ) {
+        match off_cpu {
+            None => {
+                if let Some(acc) = &mut self.accounting {
+                    acc.add(labels, (count * self.period.ns) as f64 / 1e9);
+                }
+                let workload = self
+                    .metrics
+                    .workload_label(labels.workload(&self.table.name(key.pid)));
+                self.metrics.stacks_ended(&workload, key.end, count);
+                if let (Some(rt), Some(r)) = (runtime, key.py) {
+                    self.metrics
+                        .interpreter_stacks_ended(&workload, rt.name, r, count);
+                }
+            }
+            Some(o) => {
+                if let Some(acc) = &mut self.accounting {
+                    match key.kind {
+                        ProfileKind::OffCpu => acc.add_offcpu(labels, o.state, o.ns as f64 / 1e9),
+                        ProfileKind::Lock => acc.add_lock(labels, o.ns as f64 / 1e9),
+                        ProfileKind::Cpu | ProfileKind::OffWake => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends the window of the per-container series; pods a synced watch no longer lists are
+    /// forgotten (only a synced watch tells a deleted pod from one not listed yet).
+    fn end_accounting(&mut self) {
+        if let Some(acc) = &mut self.accounting {
+            if let Some(md) = self.gate.metadata().filter(|m| m.fresh()) {
                 acc.forget_deleted_pods(|uid| md.by_pod_uid(uid).is_empty());
             }
             acc.end_window();
         }
-        for pid in self.table.end_window() {
-            if self.denied.remove(&pid) {
-                self.send(Control::AllowPid(pid));
-            }
-        }
-        self.review_denied_cgroups();
+    }
+
+    /// The period's windows: the CPU window of `stacks`, then the off-CPU windows when
+    /// `off_due`. The next period starts now.
+    fn take_windows(&mut self, stacks: Vec<Stack>, off_due: bool) -> Vec<Window> {
         let now = SystemTime::now();
+        let p = &mut self.period;
         let mut windows = vec![Window {
-            start: self.start,
-            duration: self.started.elapsed(),
-            period_ns: self.period_ns,
+            start: p.start,
+            duration: p.started.elapsed(),
+            period_ns: p.ns,
             kind: ProfileKind::Cpu,
             stacks,
         }];
-        if off_due && !self.off_kinds.is_empty() {
-            let next = until_boundary(self.off.length(), self.align);
-            windows.extend(self.off.take(&self.off_kinds, self.period_ns, next));
+        if off_due && !self.off.kinds.is_empty() {
+            let next = until_boundary(self.off.windows.length(), p.align);
+            windows.extend(self.off.windows.take(&self.off.kinds, p.ns, next));
         }
-        self.start = now;
-        self.started = Instant::now();
+        p.start = now;
+        p.started = Instant::now();
         windows
     }
 }
 
 impl Aggregator {
+    /// Appends a waker's framesimpl Aggregator {
     /// Appends a waker's frames, outermost first, then the separator: read leaf first, the
     /// waker's stack stands upside down on the blocked one (bcc's offwaketime), so a flame
     /// graph shows the waker's leaf (the wakeup) right above the blocked thread's wait.
@@ -651,9 +631,10 @@ impl Aggregator {
 
 impl Aggregator {
     /// The stage's thread: adds every batch from `rx` and sends the windows of a period
-    /// (CPU, then the off-CPU kinds) into `tx` at each boundary, together, so they are named
-    /// in one pass (a full queue drops them and counts them); when capture stops and `rx` is
-    /// drained, sends the last period and returns.
+    /// (CPU, then the off-CPU kinds) into `tx` at each boundary `closes` sets, together, so
+    /// they are named in one pass (a full queue drops them and counts them); when capture
+    /// stops and `rx` is drained, sends the last period and returns. With
+    /// [`Closes::AtEnd`] that last period is the only one.
     ///
     /// A window closes at its boundary whatever waits in `rx`: the deadline is checked
     /// before each receive and every [`CLOSE_CHECK`] samples of a batch, never only when the
@@ -666,34 +647,45 @@ impl Aggregator {
         rx: Receiver<Batch>,
         snapshots: Receiver<Snapshot>,
         tx: SyncSender<Vec<Window>>,
-        window: Duration,
-        align: bool,
+        closes: Closes,
     ) {
-        self.align = align;
-        let mut deadline = Instant::now() + until_boundary(window, align);
-        self.off.deadline = Instant::now() + until_boundary(self.off.length(), align);
+        self.period.align = matches!(closes, Closes::Every { align: true, .. });
+        let mut deadline = closes.next();
+        self.off.windows.deadline =
+            Instant::now() + until_boundary(self.off.windows.length(), self.period.align);
+        // Some(window) exactly when a boundary has passed.
+        let due = |deadline: Option<Instant>| {
+            deadline
+                .filter(|&d| Instant::now() >= d)
+                .and(closes.window())
+        };
         loop {
             self.metrics.progress.tick(crate::metrics::Stage::Aggregate);
             // Snapshots of processes come from the unwind loader's thread: taken before each
             // batch (a process read while its samples were on their way is known when they
             // are added), and every SNAPSHOT_POLL while none arrive.
             self.adopt_snapshots(&snapshots);
-            if Instant::now() >= deadline {
+            if let Some(window) = due(deadline) {
                 self.close_into(&tx, window);
-                deadline = Instant::now() + until_boundary(window, align);
+                deadline = closes.next();
                 continue;
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left.min(SNAPSHOT_POLL)) {
+            let left = deadline.map_or(SNAPSHOT_POLL, |d| {
+                d.saturating_duration_since(Instant::now())
+                    .min(SNAPSHOT_POLL)
+            });
+            match rx.recv_timeout(left) {
                 Ok(batch) => {
                     self.adopt_snapshots(&snapshots);
                     if let Some(budget) = &self.queue_bytes {
                         budget.give(crate::capture::batch_bytes(&batch));
                     }
                     for (i, s) in batch.into_iter().enumerate() {
-                        if i % CLOSE_CHECK == CLOSE_CHECK - 1 && Instant::now() >= deadline {
-                            self.close_into(&tx, window);
-                            deadline = Instant::now() + until_boundary(window, align);
+                        if i % CLOSE_CHECK == CLOSE_CHECK - 1 {
+                            if let Some(window) = due(deadline) {
+                                self.close_into(&tx, window);
+                                deadline = closes.next();
+                            }
                         }
                         self.add(s);
                     }
@@ -719,13 +711,23 @@ impl Aggregator {
     /// counted. The off-CPU windows close at the first boundary of a `window` at or after
     /// their deadline (half a window early counts: both are the same wall-clock boundary).
     fn close_into(&mut self, tx: &SyncSender<Vec<Window>>, window: Duration) {
-        let off_due = Instant::now() + window / 2 >= self.off.deadline;
+        let off_due = Instant::now() + window / 2 >= self.off.windows.deadline;
         let windows = self.close_period(off_due);
         let n: u64 = windows.iter().map(Window::samples).sum();
         if let Err(TrySendError::Full(w)) = tx.try_send(windows) {
             self.metrics.dropped(Cache::WindowQueue, w.len() as u64);
             self.metrics.lost(Loss::WindowQueue, n);
         }
+    }
+}
+
+/// The sampler's order for a gate's order.
+fn control_of(order: Order) -> Control {
+    match order {
+        Order::DenyPid(pid) => Control::DenyPid(pid),
+        Order::AllowPid(pid) => Control::AllowPid(pid),
+        Order::DenyCgroup(id) => Control::DenyCgroup(id),
+        Order::AllowCgroup(id) => Control::AllowCgroup(id),
     }
 }
 
@@ -738,23 +740,6 @@ fn stack_bytes(key: &Key) -> u64 {
     });
     (std::mem::size_of::<Key>() + 16 + 8 * (key.kernel.len() + key.user.len()) + python + waker)
         as u64
-}
-
-/// Time until the next window boundary: a multiple of `window` since the epoch when
-/// aligned (so windows of many hosts line up), else a full window.
-fn until_boundary(window: Duration, align: bool) -> Duration {
-    if !align {
-        return window;
-    }
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    let w = window.as_nanos().max(1);
-    let left = w - now % w;
-    // A first window shorter than a second is not worth a file: fold it into the next.
-    let left = if left < 1_000_000_000 { left + w } else { left };
-    Duration::from_nanos(u64::try_from(left).unwrap_or(u64::MAX))
 }
 
 /// The address to name frame `i` of a stack side by: the leaf is where the CPU was, as
@@ -770,6 +755,8 @@ fn caller(i: usize, addr: u64, exact: bool) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use std::time::UNIX_EPOCH;
+
     use super::*;
 
     fn sample(pid: u32, tid: u32, user: &[u64]) -> Sample {
@@ -1130,7 +1117,7 @@ mod tests {
             let user: Vec<u64> = (0..254).map(|f| 0x1000 + i * 0x10000 + f).collect();
             a.add(sample(pid, pid, &user));
         }
-        assert!(a.stack_bytes <= 1 << 20);
+        assert!(a.tallies.bytes <= 1 << 20);
         let w = a.close();
         assert!(
             w.stacks.len() > 100 && w.stacks.len() < 1000,
@@ -1145,7 +1132,7 @@ mod tests {
             )),
             "{text}"
         );
-        assert_eq!(a.stack_bytes, 0, "the next window starts empty");
+        assert_eq!(a.tallies.bytes, 0, "the next window starts empty");
     }
 
     #[test]
@@ -1172,8 +1159,36 @@ mod tests {
             queue_bytes: Some(budget.clone()),
             ..parts(limits(10), Workloads::default())
         });
-        a.run(rx, srx, wtx, Duration::from_secs(60), false);
+        a.run(rx, srx, wtx, every(Duration::from_secs(60)));
         assert_eq!(budget.held(), 0);
+    }
+
+    fn every(window: Duration) -> Closes {
+        Closes::Every {
+            window,
+            align: false,
+        }
+    }
+
+    #[test]
+    fn a_recording_closes_its_one_window_when_capture_stops() {
+        // `record`: no boundary, however long it runs; the one window holds every sample.
+        let (tx, rx) = std::sync::mpsc::sync_channel(4);
+        let (_stx, srx) = std::sync::mpsc::sync_channel(1);
+        let (wtx, wrx) = std::sync::mpsc::sync_channel(16);
+        let a = agg(1 << 20);
+        let stage = std::thread::spawn(move || a.run(rx, srx, wtx, Closes::AtEnd));
+        tx.send(vec![sample(1, 1, &[0x10])]).expect("send");
+        std::thread::sleep(Duration::from_millis(300));
+        tx.send(vec![sample(1, 1, &[0x10])]).expect("send");
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(wrx.try_recv().is_err(), "no window closes before the end");
+        drop(tx);
+        stage.join().expect("stage");
+        let periods: Vec<Vec<Window>> = wrx.try_iter().collect();
+        assert_eq!(periods.len(), 1, "one period, at the end");
+        let counted: u64 = periods[0].iter().map(|w| w.samples()).sum();
+        assert_eq!(counted, 2);
     }
 
     #[test]
@@ -1195,7 +1210,7 @@ mod tests {
         }
         drop(tx);
         let started = Instant::now();
-        agg(1 << 20).run(rx, srx, wtx, Duration::from_millis(100), false);
+        agg(1 << 20).run(rx, srx, wtx, every(Duration::from_millis(100)));
         let took = started.elapsed();
         // One period (the CPU window, and the off-CPU kinds when on) per boundary.
         let periods: Vec<Vec<Window>> = wrx.try_iter().collect();
@@ -1242,174 +1257,5 @@ mod tests {
             2,
             "in-flight samples are dropped too"
         );
-    }
-
-    #[test]
-    fn denied_cgroups_are_allowed_again_once_gone() {
-        let live = tempfile::tempdir().expect("tmp");
-        let dead = tempfile::tempdir().expect("tmp");
-        let (cg, pod) = container(live.path(), "batch");
-        let rules = crate::config::Filters {
-            exclude_pod_selector: "app=batch".into(),
-            ..Default::default()
-        };
-        let (mut a, rx) = filtered(rules, Some(Metadata::with_test_pods(vec![pod])));
-        let denied = |dir: &std::path::Path| DeniedCgroup {
-            dir: Some(dir.to_path_buf()),
-            cgroup: cg.clone(),
-        };
-        a.denied_cgroups.insert(41, denied(live.path()));
-        a.denied_cgroups.insert(42, denied(dead.path()));
-        let _ = a.close();
-        assert!(rx.try_recv().is_err(), "both still exist");
-        drop(dead);
-        let _ = a.close();
-        assert_eq!(rx.try_recv(), Ok(Control::AllowCgroup(42)));
-        assert!(rx.try_recv().is_err());
-        assert_eq!(a.denied_cgroups.len(), 1);
-    }
-
-    /// A container's cgroup v2 (id 77) whose directory exists, and the pod that runs it.
-    fn container(
-        dir: &std::path::Path,
-        app: &str,
-    ) -> (Arc<Cgroup>, k8s_openapi::api::core::v1::Pod) {
-        const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-        let text = format!(
-            "0::/kubepods.slice/kubepods-pod1b2c3d4e_0000_1111_2222_333344445555.slice/cri-containerd-{ID}.scope\n"
-        );
-        let mut cg = Cgroup::from_text(&text, std::path::Path::new("/nonexistent"));
-        cg.v2_id = 77;
-        cg.cpu_usage_file = Some(dir.join("cpu.stat"));
-        let pod = k8s_openapi::serde_json::from_value(k8s_openapi::serde_json::json!({
-            "metadata": {"name": "web-1", "namespace": "shop",
-                         "uid": "1b2c3d4e-0000-1111-2222-333344445555",
-                         "labels": {"app": app}},
-            "status": {"containerStatuses": [{"name": "web", "containerID": format!("containerd://{ID}"),
-                "image": "web", "imageID": "", "ready": true, "restartCount": 0}]}
-        }))
-        .expect("pod json");
-        (Arc::new(cg), pod)
-    }
-
-    fn filtered(
-        rules: crate::config::Filters,
-        metadata: Option<Metadata>,
-    ) -> (Aggregator, Receiver<Control>) {
-        let (tx, rx) = std::sync::mpsc::sync_channel(2);
-        let workloads = Workloads {
-            filter: Filter::new(&rules).expect("filter"),
-            metadata,
-            control: Some(tx),
-            ..Default::default()
-        };
-        (Aggregator::new(parts(limits(100), workloads)), rx)
-    }
-
-    #[test]
-    fn a_process_excluded_by_name_denies_its_pid_not_its_container() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let (cg, pod) = container(dir.path(), "web");
-        let rules = crate::config::Filters {
-            exclude_processes: vec!["sleep".into()],
-            ..Default::default()
-        };
-        let (mut a, rx) = filtered(rules, Some(Metadata::with_test_pods(vec![pod])));
-        let labels = workload::labels_for(&cg, a.workloads.metadata.as_ref());
-        assert_eq!(
-            a.workloads.filter.verdict("sleep", &labels),
-            Verdict::Exclude
-        );
-        let whole = a.workloads.filter.workload_verdict(&labels) == Verdict::Exclude;
-        a.deny(1234, &cg, whole);
-        assert_eq!(rx.try_recv(), Ok(Control::DenyPid(1234)));
-        assert!(
-            a.denied_cgroups.is_empty(),
-            "the container's other processes stay sampled"
-        );
-    }
-
-    #[test]
-    fn a_denied_cgroup_is_allowed_again_when_its_pod_no_longer_matches() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let (cg, pod) = container(dir.path(), "batch");
-        let rules = crate::config::Filters {
-            exclude_pod_selector: "app=batch".into(),
-            ..Default::default()
-        };
-        let metadata = Metadata::with_test_pods(vec![pod]);
-        let (mut a, rx) = filtered(rules, Some(metadata.clone()));
-        let labels = workload::labels_for(&cg, Some(&metadata));
-        assert_eq!(
-            a.workloads.filter.workload_verdict(&labels),
-            Verdict::Exclude
-        );
-        a.deny(1234, &cg, true);
-        assert_eq!(rx.try_recv(), Ok(Control::DenyCgroup(77)));
-        let _ = a.close();
-        assert!(rx.try_recv().is_err(), "still excluded: stays denied");
-        // The pod is relabelled: the filter no longer excludes it.
-        let (_, relabelled) = container(dir.path(), "web");
-        metadata.set_test_pods(vec![relabelled]);
-        let _ = a.close();
-        assert_eq!(rx.try_recv(), Ok(Control::AllowCgroup(77)));
-        assert!(a.denied_cgroups.is_empty());
-    }
-
-    #[test]
-    fn cgroup_orders_the_control_queue_refused_are_sent_again() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let (cg, pod) = container(dir.path(), "batch");
-        let rules = crate::config::Filters {
-            exclude_pod_selector: "app=batch".into(),
-            ..Default::default()
-        };
-        let (mut a, rx) = filtered(rules, Some(Metadata::with_test_pods(vec![pod])));
-        // The queue (2 orders) is full: the deny is not remembered, so it is sent again
-        // when the cgroup's next samples are judged.
-        a.send(Control::DenyPid(1));
-        a.send(Control::DenyPid(2));
-        a.deny(1234, &cg, true);
-        assert!(a.denied_cgroups.is_empty());
-        let _ = (rx.try_recv(), rx.try_recv());
-        a.deny(1234, &cg, true);
-        assert_eq!(rx.try_recv(), Ok(Control::DenyCgroup(77)));
-        // The cgroup is gone while the queue is full: the allow waits for room.
-        a.send(Control::DenyPid(1));
-        a.send(Control::DenyPid(2));
-        let path = dir.path().to_path_buf();
-        drop(dir);
-        assert!(!path.exists());
-        let _ = a.close();
-        assert!(a.denied_cgroups.is_empty());
-        assert_eq!(a.allow_cgroups, vec![77]);
-        let _ = (rx.try_recv(), rx.try_recv());
-        let _ = a.close();
-        assert_eq!(rx.try_recv(), Ok(Control::AllowCgroup(77)));
-        assert!(a.allow_cgroups.is_empty());
-        let text = a.metrics.encode();
-        assert!(
-            text.contains("ember_cache_dropped_total{cache=\"control_queue\"} 2"),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn denied_cgroups_are_capped_at_the_bpf_map_entries() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let (cg, _) = container(dir.path(), "batch");
-        let (mut a, rx) = filtered(crate::config::Filters::default(), None);
-        for id in 0..CGROUP_DENY_ENTRIES as u64 {
-            a.denied_cgroups.insert(
-                1000 + id,
-                DeniedCgroup {
-                    dir: Some(dir.path().to_path_buf()),
-                    cgroup: cg.clone(),
-                },
-            );
-        }
-        a.deny(1234, &cg, true);
-        assert_eq!(rx.try_recv(), Ok(Control::DenyPid(1234)), "full: by pid");
-        assert_eq!(a.denied_cgroups.len(), CGROUP_DENY_ENTRIES as usize);
     }
 }

@@ -27,15 +27,14 @@
 //! What the stages hand each other (samples, windows of stacks, symbolized frames, labels)
 //! is declared once, in [`model`].
 //!
-//! Leaves that import no stage: [`model`], [`config`], [`metrics`], [`os`]. A module imports
-//! only modules before it in this order (checked by `tests/modgraph.py` in `make test`):
-//! leaves, workload, capture, normalize, aggregate, symbolize, encode, export, readings,
-//! server, agent.
+//! Leaves that import no stage: [`model`], [`config`], [`metrics`], [`os`], `tls`. A module
+//! imports only modules before it in this order, and no two rooms import each other
+//! (checked by `tests/modgraph.py` in `make test`): leaves, workload, capture, normalize,
+//! aggregate, symbolize, encode, export, readings, server, agent.
 //!
-//! Each network sink keeps everything of its own in one folder, `export/<sink>/`: its
-//! settings (`config.rs`), encoding, transport and error classes. The settings file is
-//! the one exception to the order: [`config`] parses it with the rest of the config file,
-//! so it ranks as a leaf and imports only leaves (not even its own sink).
+//! Each network sink keeps its code in one folder, `export/<sink>/`: encoding, transport
+//! and error classes. Its settings are plain types in [`config`] (which imports no stage);
+//! the sink converts them.
 //!
 //! The parsers of bytes a container can write (perf maps, jitdump, perf task records, call
 //! frame information, ELF objects and their symbol tables, mountinfo) are the workspace
@@ -56,6 +55,7 @@ pub use os::one_malloc_arena;
 pub mod readings;
 pub(crate) mod server;
 pub mod symbolize;
+pub(crate) mod tls;
 pub mod workload;
 
 /// The pprof protobuf types, generated from `proto/profile.proto`.

@@ -515,21 +515,7 @@ fn open_perf_event(cpu: u32, event: SampleEvent, hz: u64) -> std::io::Result<i32
     };
     attr.__bindgen_anon_1.sample_freq = hz;
     attr.set_freq(1);
-    // SAFETY: attr is initialised and outlives the call; pid -1 + cpu = every task on that CPU.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_perf_event_open,
-            &attr as *const libbpf_sys::perf_event_attr,
-            -1,
-            cpu as libc::c_int,
-            -1,
-            libbpf_sys::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(fd as i32)
+    crate::os::perf_event::open(&attr, cpu, None).map(std::os::fd::IntoRawFd::into_raw_fd)
 }
 
 /// Kernel BTF, which typed tracepoints, `bpf_task_pt_regs` and CO-RE field reads need.

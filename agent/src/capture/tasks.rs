@@ -18,7 +18,7 @@
 //! drains them (see [`GATHER`]).
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::TrySendError;
@@ -314,22 +314,7 @@ fn open_dummy_event(cpu: u32) -> std::io::Result<OwnedFd> {
     // wakeup_events would not count them.
     attr.set_watermark(1);
     attr.__bindgen_anon_2.wakeup_watermark = 1;
-    // SAFETY: attr is initialised and outlives the call; pid -1 + cpu = every task on that CPU.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_perf_event_open,
-            &attr as *const libbpf_sys::perf_event_attr,
-            -1,
-            cpu as libc::c_int,
-            -1,
-            libbpf_sys::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: perf_event_open returned a new fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    crate::os::perf_event::open(&attr, cpu, None)
 }
 
 /// How often the task record reader checks for CPUs brought online.

@@ -3,6 +3,8 @@
 //! `config/ember.yaml` is the default and is embedded in the binary; a user file
 //! is layered over it key by key, so every key has exactly one documented default.
 
+pub mod otlp;
+pub mod pyroscope;
 pub mod selector;
 pub mod sinks;
 mod validate;

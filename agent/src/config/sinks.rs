@@ -1,14 +1,14 @@
 //! `sinks:` keys: the delivery policy every network sink shares, and one section per
-//! sink. A sink's own section lives in its folder (`crate::export::<sink>::config`),
-//! next to its encoder and transport; this file only composes them, so the config file
-//! is still parsed in one pass with positions in its errors.
+//! sink. A sink's own section has its own file (`super::otlp`, `super::pyroscope`);
+//! this file only composes them, so the config file is still parsed in one pass with
+//! positions in its errors.
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use crate::export::otlp::config::{OtlpSink, ResourcePer};
-pub use crate::export::pyroscope::config::{PyroscopeApi, PyroscopeSink};
+pub use super::otlp::{OtlpSink, ResourcePer};
+pub use super::pyroscope::{PyroscopeApi, PyroscopeSink};
 
 use super::duration;
 use super::values::Invalid;

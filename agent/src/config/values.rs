@@ -1,9 +1,8 @@
-//! Value types shared by the config sections, including those kept in a sink's folder
-//! (`crate::export::<sink>::config`): URLs and secrets that never print their
-//! credentials, and the error a section's own check returns.
+//! Value types shared by the config sections, the sinks' (`super::otlp`,
+//! `super::pyroscope`) included: URLs and secrets that never print their credentials,
+//! and the error a section's own check returns.
 //!
-//! A leaf of the config room: it imports nothing of the crate, so a sink's config file
-//! can use it without naming the config room's `mod.rs` (which names the sink's file).
+//! It imports nothing of the crate, so every section can use it.
 
 use serde::Deserialize;
 

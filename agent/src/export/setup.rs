@@ -6,7 +6,6 @@
 use std::path::PathBuf;
 
 use http::header::{InvalidHeaderName, InvalidHeaderValue};
-use rustls::pki_types::pem;
 use tonic::metadata::errors::{InvalidMetadataKey, InvalidMetadataValue};
 
 /// A sink that could not start (or a secret that could not be read again).
@@ -42,39 +41,10 @@ pub enum SinkSetupError {
     /// `sinks.pyroscope` sets both basic auth and a bearer token.
     #[error("sinks.pyroscope: set either basic auth or a bearer token, not both")]
     BothAuth,
-    /// A CA file could not be read.
-    #[error("reading CA file {}", path.display())]
-    ReadCa {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: CaReadError,
-    },
-    /// A CA file holds something that is not a PEM certificate.
-    #[error("parsing CA file {}", path.display())]
-    ParseCa {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: pem::Error,
-    },
-    /// rustls refused a certificate of a CA file.
-    #[error("CA file {}", path.display())]
-    AddCa {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: rustls::Error,
-    },
-    /// A CA file holds no certificate.
-    #[error("CA file {} holds no certificate", path.display())]
-    NoCa {
-        /// The file.
-        path: PathBuf,
-    },
-    /// rustls could not be configured.
-    #[error("TLS setup")]
-    Tls(#[source] rustls::Error),
+    /// No TLS configuration could be made (a CA file that cannot be read or holds no
+    /// usable certificate).
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     /// `sinks.otlp.endpoint` is not a valid endpoint.
     #[error("sinks.otlp.endpoint {endpoint}")]
     OtlpEndpoint {
@@ -116,18 +86,6 @@ pub enum SinkSetupError {
     /// The sinks' thread could not be spawned.
     #[error("starting the sinks' thread")]
     Thread(#[source] std::io::Error),
-}
-
-/// Why a CA file could not be read: the Pyroscope client reads it as PEM items, the OTLP
-/// client (tonic) as bytes.
-#[derive(Debug, thiserror::Error)]
-pub enum CaReadError {
-    /// Opening or reading PEM items.
-    #[error(transparent)]
-    Pem(#[from] pem::Error),
-    /// Reading the file.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
 }
 
 #[cfg(test)]

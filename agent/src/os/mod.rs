@@ -1,10 +1,11 @@
 //! Operating-system helpers that every stage may use and that import no stage: strict
-//! `/proc` parsers and capped reads, file identity, mount tables, confined opens, and the
-//! capability check.
+//! `/proc` parsers and capped reads, file identity, mount tables, confined opens, the
+//! capability check and `perf_event_open`.
 
 pub mod file_id;
 pub use ember_parse::mountinfo;
 pub mod openat2;
+pub mod perf_event;
 pub mod privileges;
 pub mod procfs;
 

@@ -16,7 +16,6 @@
 //! Prometheus view works unchanged.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use opentelemetry::metrics::{Meter, MeterProvider};
@@ -34,14 +33,9 @@ pub enum OtlpError {
     /// A header name or value gRPC cannot carry.
     #[error("otlp_metrics.headers: {0:?} is not a valid gRPC metadata key or value")]
     Header(String),
-    /// The CA file could not be read.
-    #[error("otlp_metrics.ca_file {path}: {source}")]
-    Ca {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    /// The CA file could not be read or holds no usable certificate.
+    #[error("otlp_metrics.ca_file: {0}")]
+    Ca(#[source] crate::tls::TlsError),
     /// The exporter rejected its settings.
     #[error("otlp_metrics: {0}")]
     Build(String),
@@ -98,12 +92,7 @@ pub fn start(
         .with_timeout(settings.timeout)
         .with_metadata(metadata(&settings.headers)?);
     if settings.endpoint.starts_with("https://") {
-        let tls = crate::export::otlp::transport::tls(&settings.ca_file).map_err(|source| {
-            OtlpError::Ca {
-                path: settings.ca_file.clone(),
-                source,
-            }
-        })?;
+        let tls = crate::export::otlp::transport::tls(&settings.ca_file).map_err(OtlpError::Ca)?;
         builder = builder.with_tls_config(tls);
     }
     let exporter = builder

@@ -20,7 +20,7 @@
 //! `ember_cache_dropped_total{cache="perf_containers"}` once each.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use libbpf_rs::libbpf_sys;
@@ -144,37 +144,13 @@ pub fn ipc(before: Option<(f64, f64)>, now: (f64, f64)) -> Option<f64> {
 /// Opens `event` in counting mode on `cpu` for every task (`cgroup = None`) or for the
 /// tasks of one cgroup directory (an fd of it, `PERF_FLAG_PID_CGROUP`).
 fn open(event: &Event, cpu: u32, cgroup: Option<&OwnedFd>) -> std::io::Result<OwnedFd> {
-    // SAFETY: perf_event_attr is a plain C struct for which all-zero is a valid value.
-    let mut attr: libbpf_sys::perf_event_attr = unsafe { std::mem::zeroed() };
-    attr.size = std::mem::size_of::<libbpf_sys::perf_event_attr>() as u32;
+    let mut attr = crate::os::perf_event::attr();
     attr.type_ = event.type_;
     attr.config = event.config;
     attr.read_format = u64::from(
         libbpf_sys::PERF_FORMAT_TOTAL_TIME_ENABLED | libbpf_sys::PERF_FORMAT_TOTAL_TIME_RUNNING,
     );
-    let (pid, flags) = match cgroup {
-        Some(fd) => (
-            fd.as_raw_fd(),
-            libbpf_sys::PERF_FLAG_FD_CLOEXEC | libbpf_sys::PERF_FLAG_PID_CGROUP,
-        ),
-        None => (-1, libbpf_sys::PERF_FLAG_FD_CLOEXEC),
-    };
-    // SAFETY: attr is initialised and outlives the call; the kernel returns a new fd or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_perf_event_open,
-            &attr as *const libbpf_sys::perf_event_attr,
-            pid,
-            cpu as libc::c_int,
-            -1,
-            flags as libc::c_ulong,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd is a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    crate::os::perf_event::open(&attr, cpu, cgroup.map(AsFd::as_fd))
 }
 
 /// Counting per container takes one fd per event per CPU per container (thousands on a

@@ -9,6 +9,8 @@
 //! - [`kube`]: the pod watch ([`kube::Metadata`]: pods by container id and uid);
 //! - [`labels`]: cgroup + pod → [`Labels`](crate::model::Labels), and the readings' container labels;
 //! - [`filter`]: process name + labels → [`Verdict`];
+//! - [`gate`]: the verdicts on a window's processes, the BPF deny and allow orders they
+//!   lead to, and their retries (the aggregator asks it at each window's close);
 //! - [`accounting`]: per-window samples → per-container CPU and off-CPU series.
 //!
 //! A process's cgroup is read once, when the process table first sees it. Kubernetes
@@ -18,6 +20,7 @@
 pub(crate) mod accounting;
 pub(crate) mod cgroup;
 pub(crate) mod filter;
+pub(crate) mod gate;
 pub(crate) mod kube;
 pub(crate) mod labels;
 pub mod walk;

@@ -17,7 +17,7 @@ use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, Instrumentatio
 use opentelemetry_proto::tonic::profiles::v1development as otlp;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
-use super::config::ResourcePer;
+use crate::config::ResourcePer;
 use crate::encode::pprof::{location_key, LocationKey, WindowLocations};
 use crate::model::{Mapping, SymFrame, SymStack, Symbolized};
 
@@ -366,7 +366,7 @@ mod tests {
         let r = request(
             &w,
             "node-1",
-            super::super::config::OtlpSink::default().resource_per,
+            crate::config::OtlpSink::default().resource_per,
         );
         let d = r.dictionary.as_ref().expect("dictionary");
         for (name, zero) in [

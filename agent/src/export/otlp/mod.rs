@@ -1,8 +1,7 @@
 //! OTLP profiles over gRPC: the export requests [`encode`] builds from a window, sent
 //! to one endpoint (TLS, headers, bearer token, gzip) by [`transport`], and what a gRPC
-//! status means for delivery ([`error`]). Its settings are [`config`].
+//! status means for delivery ([`error`]). Its settings are `crate::config::OtlpSink`.
 
-pub mod config;
 pub mod encode;
 pub mod error;
 pub mod transport;
@@ -11,9 +10,9 @@ use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfil
 use prost::Message;
 
 use super::{Encode, EncodeError};
+use crate::config::{OtlpSink, ResourcePer};
 use crate::metrics::SinkName;
 use crate::model::Symbolized;
-use config::{OtlpSink, ResourcePer};
 pub use transport::Grpc;
 
 /// Metric and log name of this sink.

@@ -1,21 +1,19 @@
 //! Sending export requests to one OTLP endpoint over gRPC (tonic): TLS, metadata, the
 //! bearer token read again when its file is rotated, and gzip.
 
-use std::path::Path;
-
 use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_client::ProfilesServiceClient;
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use prost::Message;
 use tonic::codec::CompressionEncoding;
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
-use super::config::OtlpSink;
 use super::error::classify;
 use super::NAME;
+use crate::config::OtlpSink;
 use crate::export::delivery::{Outcome, Transport};
 use crate::export::secrets::{secret, SecretFiles};
-use crate::export::setup::{CaReadError, SinkSetupError};
+use crate::export::setup::SinkSetupError;
 
 /// Sends export requests to one OTLP endpoint.
 pub struct Grpc {
@@ -42,10 +40,7 @@ impl Grpc {
             .user_agent(concat!("ember/", env!("CARGO_PKG_VERSION")))
             .map_err(client_error("user agent"))?;
         if cfg.endpoint.starts_with("https://") {
-            let tls = tls(&cfg.ca_file).map_err(|e| SinkSetupError::ReadCa {
-                path: cfg.ca_file.clone(),
-                source: CaReadError::Io(e),
-            })?;
+            let tls = tls(&cfg.ca_file)?;
             endpoint = endpoint.tls_config(tls).map_err(client_error("TLS"))?;
         }
         let channel = endpoint.connect_lazy();
@@ -97,19 +92,17 @@ impl Grpc {
     }
 }
 
-/// TLS for an `https://` gRPC endpoint: the PEM CAs in `ca_file`, else the system's
-/// roots. Shared with the OTLP metrics push (`crate::readings::otlp`), which talks to
-/// the same kind of endpoint through opentelemetry-otlp's own tonic client.
-pub fn tls(ca_file: &Path) -> std::io::Result<ClientTlsConfig> {
-    if ca_file.as_os_str().is_empty() {
-        return Ok(ClientTlsConfig::new().with_native_roots());
-    }
-    let pem = std::fs::read(ca_file)?;
-    Ok(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
+/// TLS for an `https://` gRPC endpoint: the CAs [`crate::tls::trusted`] picks (the PEM
+/// CAs in `ca_file`, else the system's roots), as tonic takes them: trust anchors, paired
+/// with the same ring provider. Shared with the OTLP metrics push
+/// (`crate::readings::otlp`), which talks to the same kind of endpoint through
+/// opentelemetry-otlp's own tonic client.
+pub fn tls(ca_file: &std::path::Path) -> Result<ClientTlsConfig, crate::tls::TlsError> {
+    Ok(ClientTlsConfig::new().trust_anchors(crate::tls::anchors(ca_file)?))
 }
 
 /// Sets `authorization: Bearer <token>` from `file` (nothing when no file is named).
-fn set_token(metadata: &mut MetadataMap, file: &Path) -> Result<(), SinkSetupError> {
+fn set_token(metadata: &mut MetadataMap, file: &std::path::Path) -> Result<(), SinkSetupError> {
     let token = secret("", file, "sinks.otlp.bearer_token_file")?;
     if !token.is_empty() {
         let mut value = MetadataValue::try_from(format!("Bearer {token}"))

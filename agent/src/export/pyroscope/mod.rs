@@ -9,11 +9,10 @@
 //! namespace/pod/container/container_id shared by every sample of the service,
 //! and the configured static labels.
 //!
-//! One folder holds the whole sink: its settings ([`config`]), the split of a window
-//! by service ([`encode`]), the requests made of it ([`request`]), the HTTP client
+//! One folder holds the whole sink but its settings (`crate::config::PyroscopeSink`):
+//! the split of a window by service ([`encode`]), the requests made of it ([`request`]), the HTTP client
 //! ([`transport`]) and what a reply means for delivery ([`error`]).
 
-pub mod config;
 pub mod encode;
 pub mod error;
 pub mod request;

@@ -12,9 +12,9 @@ use flate2::Compression;
 use prometheus_client::metrics::counter::Counter;
 use prost::Message;
 
-use super::config::{PyroscopeApi, PyroscopeSink};
 use super::encode::{split, Service, Split};
 use super::PUSH_PATH;
+use crate::config::{PyroscopeApi, PyroscopeSink};
 use crate::export::delivery::random_u128;
 use crate::export::{Encode, EncodeError};
 use crate::model::Symbolized;

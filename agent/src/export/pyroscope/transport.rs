@@ -3,8 +3,6 @@
 //! headers), read again when a secret file is rotated, and one attempt per call whose
 //! reply [`super::error::classify`] turns into a delivery outcome.
 
-use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine;
@@ -15,13 +13,13 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use super::config::PyroscopeSink;
 use super::error::{classify, retry_after};
 use super::request::Request;
 use super::{NAME, PUSH_PATH};
+use crate::config::PyroscopeSink;
 use crate::export::delivery::{Outcome, Transient, Transport};
 use crate::export::secrets::{secret, SecretFiles};
-use crate::export::setup::{CaReadError, SinkSetupError};
+use crate::export::setup::SinkSetupError;
 use crate::metrics::ExportDrop;
 
 /// Largest error body read from the server (for the log).
@@ -94,48 +92,6 @@ fn headers(cfg: &PyroscopeSink) -> Result<HeaderMap, SinkSetupError> {
     Ok(h)
 }
 
-/// rustls with ring: the PEM CAs in `ca_file`, else the system roots.
-pub fn tls_config(ca_file: &Path) -> Result<rustls::ClientConfig, SinkSetupError> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::CertificateDer;
-    let mut roots = rustls::RootCertStore::empty();
-    if ca_file.as_os_str().is_empty() {
-        let native = rustls_native_certs::load_native_certs();
-        for cert in native.certs {
-            // One unusable system certificate must not disable TLS altogether.
-            let _ = roots.add(cert);
-        }
-        if roots.is_empty() {
-            tracing::warn!("no system CA certificates found; https sinks will fail (set ca_file)");
-        }
-    } else {
-        let path = || ca_file.to_owned();
-        for cert in CertificateDer::pem_file_iter(ca_file).map_err(|e| SinkSetupError::ReadCa {
-            path: path(),
-            source: CaReadError::Pem(e),
-        })? {
-            let cert = cert.map_err(|source| SinkSetupError::ParseCa {
-                path: path(),
-                source,
-            })?;
-            roots.add(cert).map_err(|source| SinkSetupError::AddCa {
-                path: path(),
-                source,
-            })?;
-        }
-        if roots.is_empty() {
-            return Err(SinkSetupError::NoCa { path: path() });
-        }
-    }
-    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(SinkSetupError::Tls)?
-    .with_root_certificates(roots)
-    .with_no_client_auth())
-}
-
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Sends [`Request`]s to one Pyroscope server.
@@ -163,10 +119,11 @@ impl Http {
         http.set_connect_timeout(Some(connect_timeout));
         http.set_nodelay(true);
         let tls = if cfg.url.starts_with("https://") {
-            tls_config(&cfg.ca_file)?
+            crate::tls::client_for(&cfg.ca_file)?
         } else {
-            // Plain http: no certificates are needed (and none are read).
-            tls_config_empty()?
+            // Plain http: no certificates are needed (and none are read), but the
+            // connector needs a configuration; this one trusts nothing.
+            crate::tls::client(rustls::RootCertStore::empty())?
         };
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
@@ -252,17 +209,6 @@ impl Http {
             .unwrap_or_default();
         classify(status.as_u16(), after, &body, r.body.len() as u64)
     }
-}
-
-/// A TLS config trusting nothing, for plain-http servers (the connector needs one).
-fn tls_config_empty() -> Result<rustls::ClientConfig, SinkSetupError> {
-    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(SinkSetupError::Tls)?
-    .with_root_certificates(rustls::RootCertStore::empty())
-    .with_no_client_auth())
 }
 
 impl Transport for Http {

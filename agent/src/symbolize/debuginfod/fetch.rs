@@ -7,7 +7,6 @@
 use std::io::Write;
 use std::path::Path;
 use std::sync::mpsc::{Receiver, SyncSender};
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -184,19 +183,9 @@ async fn download(
     Ok(written)
 }
 
-/// An http(s) client trusting the system's roots.
-fn client() -> Result<HttpsClient, rustls::Error> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_native_certs::load_native_certs().certs {
-        // A certificate the store rejects is left out; the others still verify.
-        let _ = roots.add(cert);
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+/// An http(s) client trusting the system's roots (`crate::tls`, as every https client).
+fn client() -> Result<HttpsClient, crate::tls::TlsError> {
+    let tls = crate::tls::client_for(Path::new(""))?;
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     let connector = hyper_rustls::HttpsConnectorBuilder::new()

@@ -1,15 +1,15 @@
 //! `sinks.pyroscope:` keys, and the checks the types cannot make.
 //!
-//! Leaf-ranked although it sits in the export room: the config room parses these types
-//! as part of the one configuration file (so errors keep their line numbers), so this
-//! file imports only leaves (`tests/modgraph.py` checks it), never its own sink.
+//! Plain settings, parsed with the rest of the one configuration file (so errors keep
+//! their line numbers); the sink in `crate::export::pyroscope` turns them into a
+//! client. They live here, not with the sink, so that config stays a leaf.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::config::values::{Invalid, Secret, Url};
+use super::values::{Invalid, Secret, Url};
 
 /// Which Pyroscope API to push with.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
