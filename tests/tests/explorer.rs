@@ -363,6 +363,7 @@ fn the_page_in_chromium() {
         Command::new(python)
             .arg(&script)
             .args(["--url", &format!("http://{}/", s.addr)])
+            .args(["--token", &token_for(&s.addr).unwrap_or_default()])
             .args(["--container-id", ID_A, "--other-container-id", ID_B])
             .arg("--out")
             .arg(&shots),

@@ -112,9 +112,18 @@ pub struct Symbols {
     /// image), after the host's: confined to that root, symlinks refused.
     pub root_debug_dirs: Vec<PathBuf>,
     /// debuginfod servers asked for the debug file of a stripped object no debug directory
-    /// has (`http://` or `https://`); empty: `DEBUGINFOD_URLS` (space-separated) if set,
-    /// else none (nothing leaves the host unless asked).
+    /// has (`https://`; `http://` only with `debuginfod_allow_http`): the build ids of the
+    /// host's and its containers' stripped objects go to them. Empty: none (nothing leaves
+    /// the host unless asked), unless `debuginfod_urls_from_env`.
     pub debuginfod_urls: Vec<String>,
+    /// With `debuginfod_urls` empty, ask the servers of `DEBUGINFOD_URLS` (space-separated).
+    /// Off by default: distributions export it in every login shell, and `ember run` from
+    /// such a shell must not send build ids to a third party nobody chose.
+    pub debuginfod_urls_from_env: bool,
+    /// Allow `http://` servers (build ids and debug files in clear text, unauthenticated).
+    pub debuginfod_allow_http: bool,
+    /// PEM CA bundle the `https://` servers are verified against; empty: the system's roots.
+    pub debuginfod_ca_file: PathBuf,
     /// Time allowed for one request to one server, body included.
     #[serde(deserialize_with = "duration")]
     pub debuginfod_timeout: Duration,
@@ -144,6 +153,9 @@ impl Default for Symbols {
             debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
             root_debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
             debuginfod_urls: Vec::new(),
+            debuginfod_urls_from_env: false,
+            debuginfod_allow_http: false,
+            debuginfod_ca_file: PathBuf::new(),
             debuginfod_timeout: Duration::from_secs(30),
             debuginfod_cache_bytes: 1 << 30,
             debuginfod_max_file_bytes: 256 << 20,
@@ -589,6 +601,12 @@ pub struct Server {
     /// File holding the bearer token the profiles listener requires; re-read when it
     /// changes; empty for none. Required when `listen` is not a loopback address.
     pub token_file: PathBuf,
+    /// Without `token_file`: make a random token at start, keep it in
+    /// `<output.data_dir>/ui-token` (mode 0600) and require it (bearer header, or the
+    /// cookie set by the printed `/?token=` address). `false` lets every local user of a
+    /// plain host read every profile: only where the listener's loopback is private (a
+    /// pod's own network namespace, reached through `kubectl port-forward`).
+    pub local_auth: bool,
     /// Without a token, the `Host` names the profiles listener answers besides its own
     /// address and `localhost`, `127.0.0.1`, `[::1]` (any port): `name` (any port) or
     /// `name:port`. Any other `Host` gets 421 (DNS rebinding).
@@ -703,6 +721,7 @@ impl Default for Server {
             metrics_listen: None,
             health_listen: None,
             token_file: PathBuf::new(),
+            local_auth: true,
             allowed_hosts: Vec::new(),
             max_connections: 512,
             max_concurrent_requests: 4,

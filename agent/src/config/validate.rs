@@ -164,9 +164,9 @@ fn symbols(y: &Symbols) -> Result<(), Invalid> {
     refuse(
         y.debuginfod_urls
             .iter()
-            .any(|u| !(u.starts_with("http://") || u.starts_with("https://"))),
+            .any(|u| !(u.starts_with("https://") || y.debuginfod_allow_http && u.starts_with("http://"))),
         "symbols.debuginfod_urls",
-        "each must start with http:// or https://",
+        "each must start with https:// (http:// only with symbols.debuginfod_allow_http)",
     )?;
     refuse(
         y.debuginfod_timeout.is_zero(),

@@ -66,14 +66,15 @@ impl Span {
 }
 
 /// Which frames are one location: same mapping and address and, for JIT code and
-/// interpreted code (whose addresses are per process), the same function, file and line.
-/// The first frame seen gives the lines.
+/// interpreted code (whose addresses are per process) and kernel code (whose addresses
+/// are not shown), the same function, file and line. The first frame seen gives the lines.
 pub(crate) type LocationKey<'w> = (&'w SymMapping, u64, Option<&'w Func>);
 
 /// The location key of `f`.
 pub(crate) fn location_key(f: &SymFrame) -> LocationKey<'_> {
+    let by_name = f.is_jit() || f.is_interpreted() || matches!(f.mapping, SymMapping::Kernel);
     let func = match f.funcs.first() {
-        Some(func) if f.is_jit() || f.is_interpreted() => Some(func),
+        Some(func) if by_name => Some(func),
         _ => None,
     };
     (&f.mapping, f.address, func)

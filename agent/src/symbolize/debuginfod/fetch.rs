@@ -28,6 +28,7 @@ type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Byt
 /// The worker's state: servers, caps, the disk cache.
 pub struct Worker {
     urls: Vec<String>,
+    ca_file: std::path::PathBuf,
     timeout: Duration,
     max_file: u64,
     limits: Limits,
@@ -40,6 +41,7 @@ impl Worker {
     pub fn new(urls: Vec<String>, settings: &Symbols, store: Store, metrics: Metrics) -> Self {
         Self {
             urls,
+            ca_file: settings.debuginfod_ca_file.clone(),
             timeout: settings.debuginfod_timeout,
             max_file: settings.debuginfod_max_file_bytes,
             limits: Limits {
@@ -63,7 +65,7 @@ impl Worker {
                 return;
             }
         };
-        let client = match client() {
+        let client = match client(&self.ca_file) {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!("debuginfod: no TLS configuration: {e}; not fetching");
@@ -184,12 +186,30 @@ async fn download(
     Ok(written)
 }
 
-/// An http(s) client trusting the system's roots.
-fn client() -> Result<HttpsClient, rustls::Error> {
+/// An http(s) client trusting the PEM CAs of `ca_file`, else the system's roots.
+fn client(ca_file: &std::path::Path) -> Result<HttpsClient, rustls::Error> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_native_certs::load_native_certs().certs {
-        // A certificate the store rejects is left out; the others still verify.
-        let _ = roots.add(cert);
+    if ca_file.as_os_str().is_empty() {
+        for cert in rustls_native_certs::load_native_certs().certs {
+            // A certificate the store rejects is left out; the others still verify.
+            let _ = roots.add(cert);
+        }
+    } else {
+        let certs = CertificateDer::pem_file_iter(ca_file)
+            .map_err(|e| rustls::Error::General(format!("{}: {e}", ca_file.display())))?;
+        for cert in certs {
+            let cert =
+                cert.map_err(|e| rustls::Error::General(format!("{}: {e}", ca_file.display())))?;
+            roots.add(cert)?;
+        }
+        if roots.is_empty() {
+            return Err(rustls::Error::General(format!(
+                "{}: no certificate",
+                ca_file.display()
+            )));
+        }
     }
     let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
