@@ -479,12 +479,13 @@ fn serve(
     let (Some(listener), Some(windows)) = (listener, windows) else {
         return Ok(None);
     };
-    let local = server::announce(&listener, &cfg.server, &cfg.output.data_dir).map_err(
-        |source| AgentError::Token {
-            path: cfg.output.data_dir.join(server::LOCAL_TOKEN_FILE),
-            source,
-        },
-    )?;
+    let local =
+        server::announce(&listener, &cfg.server, &cfg.output.data_dir).map_err(|source| {
+            AgentError::Token {
+                path: cfg.output.data_dir.join(server::LOCAL_TOKEN_FILE),
+                source,
+            }
+        })?;
     if let Some(addr) = listener.metrics_addr() {
         tracing::info!("serving /metrics, /healthz and /readyz on http://{addr}/");
     }

@@ -322,7 +322,9 @@ pub fn token_for(addr: &str) -> Option<String> {
 impl Ember {
     /// Starts `ember ARGS...` with its output captured in `dir`.
     pub fn spawn(args: &[&str], dir: &Path) -> Result<Self> {
-        if let (Some(listen), Some(data)) = (arg_after(args, "--listen"), arg_after(args, "--data-dir")) {
+        if let (Some(listen), Some(data)) =
+            (arg_after(args, "--listen"), arg_after(args, "--data-dir"))
+        {
             token_files()
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())

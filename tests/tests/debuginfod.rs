@@ -388,8 +388,17 @@ fn run_with_env_urls(config: &str) -> (Vec<String>, String) {
     let data = dir.path().join("data");
     let pid = program.pid.to_string();
     let args = [
-        "run", "-c", cfg.to_str().expect("utf-8"), "--pid", &pid, "--window", "1s",
-        "--listen", &addr, "--data-dir", data.to_str().expect("utf-8"),
+        "run",
+        "-c",
+        cfg.to_str().expect("utf-8"),
+        "--pid",
+        &pid,
+        "--window",
+        "1s",
+        "--listen",
+        &addr,
+        "--data-dir",
+        data.to_str().expect("utf-8"),
     ];
     let stderr = dir.path().join("ember.stderr");
     let mut ember = Command::new(ember_bin())
@@ -425,8 +434,14 @@ fn the_environment_alone_sends_no_build_id() {
     }
     let _lock = sampling_lock();
     let (paths, stderr) = run_with_env_urls("kubernetes:\n  enabled: false\n");
-    assert!(paths.is_empty(), "asked without a config key: {paths:?}\n{stderr}");
-    assert!(stderr.contains("DEBUGINFOD_URLS is set but ignored"), "{stderr}");
+    assert!(
+        paths.is_empty(),
+        "asked without a config key: {paths:?}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("DEBUGINFOD_URLS is set but ignored"),
+        "{stderr}"
+    );
     // https:// only: the key alone does not admit an http:// server.
     let (paths, stderr) = run_with_env_urls(
         "kubernetes:\n  enabled: false\nsymbols:\n  debuginfod_urls_from_env: true\n",
@@ -438,7 +453,9 @@ fn the_environment_alone_sends_no_build_id() {
     );
     println!("asked: {paths:?}");
     assert!(
-        paths.iter().any(|p| p.starts_with("/buildid/") && p.ends_with("/debuginfo")),
+        paths
+            .iter()
+            .any(|p| p.starts_with("/buildid/") && p.ends_with("/debuginfo")),
         "no request arrived: {paths:?}\n{stderr}"
     );
     let named = stderr

@@ -458,7 +458,12 @@ fn kernel_addresses(text: &str) -> Vec<String> {
 fn assert_pprof_has_no_kernel_address(what: &str, p: &ember::proto::Profile) {
     const KERNEL: u64 = 0xffff_8000_0000_0000;
     for l in &p.location {
-        assert!(l.address < KERNEL, "{what}: location {} at {:#x}", l.id, l.address);
+        assert!(
+            l.address < KERNEL,
+            "{what}: location {} at {:#x}",
+            l.id,
+            l.address
+        );
     }
     for m in &p.mapping {
         assert!(
@@ -471,7 +476,10 @@ fn assert_pprof_has_no_kernel_address(what: &str, p: &ember::proto::Profile) {
     }
     let strings = p.string_table.join("\n");
     let found = kernel_addresses(&strings);
-    assert!(found.is_empty(), "{what}: strings hold kernel addresses {found:?}");
+    assert!(
+        found.is_empty(),
+        "{what}: strings hold kernel addresses {found:?}"
+    );
 }
 
 /// Issue 58 (2): no kernel address, and so no KASLR slide, leaves the agent: the window
@@ -486,12 +494,17 @@ fn no_kernel_address_leaves_in_any_output() {
     let _lock = sampling_lock();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut hog = Fixture::spawn(SYSCALL_HOG, &["--seconds", "60"]).expect("syscall_hog");
-    hog.wait_for("ready", Duration::from_secs(10)).expect("ready");
+    hog.wait_for("ready", Duration::from_secs(10))
+        .expect("ready");
     let pid = hog.pid.to_string();
     // ember record, in each format.
     for name in ["k.pb.gz", "k.folded", "k.svg"] {
         let out = dir.path().join(name);
-        let ember = start_record(dir.path(), &out, &["--duration", "2s", "--pid", pid.as_str()]);
+        let ember = start_record(
+            dir.path(),
+            &out,
+            &["--duration", "2s", "--pid", pid.as_str()],
+        );
         finish_record(ember, &out);
         if name.ends_with(".pb.gz") {
             let p = read_profile(&out).expect("profile");
@@ -511,7 +524,9 @@ fn no_kernel_address_leaves_in_any_output() {
             let found = kernel_addresses(&text);
             assert!(found.is_empty(), "{name}: kernel addresses {found:?}");
             assert!(
-                ["entry_SYSCALL", "do_syscall", "read", "copy"].iter().any(|k| text.contains(k)),
+                ["entry_SYSCALL", "do_syscall", "read", "copy"]
+                    .iter()
+                    .any(|k| text.contains(k)),
                 "{name}: no named kernel frame"
             );
         }
@@ -521,13 +536,24 @@ fn no_kernel_address_leaves_in_any_output() {
     let addr = format!("127.0.0.1:{}", free_port());
     let mut ember = Ember::spawn(
         &[
-            "run", "--window", "1s", "--pid", pid.as_str(), "--data-dir",
-            data.to_str().expect("utf-8"), "--listen", addr.as_str(),
+            "run",
+            "--window",
+            "1s",
+            "--pid",
+            pid.as_str(),
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+            "--listen",
+            addr.as_str(),
         ],
         dir.path(),
     )
     .expect("ember run");
-    assert!(ember.wait_attached(Duration::from_secs(30)).is_some(), "{}", ember.stderr());
+    assert!(
+        ember.wait_attached(Duration::from_secs(30)).is_some(),
+        "{}",
+        ember.stderr()
+    );
     std::thread::sleep(Duration::from_secs(3));
     let windows: Vec<_> = fs::read_dir(&data)
         .expect("data")
@@ -536,7 +562,10 @@ fn no_kernel_address_leaves_in_any_output() {
         .collect();
     assert!(!windows.is_empty(), "no window");
     for w in &windows {
-        assert_pprof_has_no_kernel_address(&w.display().to_string(), &read_profile(w).expect("window"));
+        assert_pprof_has_no_kernel_address(
+            &w.display().to_string(),
+            &read_profile(w).expect("window"),
+        );
     }
     let token = token_for(&addr).expect("the listener's token");
     let merged = dir.path().join("merged.pb.gz");
@@ -548,7 +577,11 @@ fn no_kernel_address_leaves_in_any_output() {
         .expect("curl");
     assert!(got.success(), "GET /api/profile");
     assert_pprof_has_no_kernel_address("/api/profile", &read_profile(&merged).expect("merged"));
-    let name = windows[0].file_name().and_then(|n| n.to_str()).expect("name").to_string();
+    let name = windows[0]
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("name")
+        .to_string();
     for path in [
         "/api/flamegraph?from=now-1m".to_string(),
         "/api/labels?from=now-1m".into(),

@@ -232,10 +232,17 @@ fn a_local_user_without_the_token_reads_no_profile() {
     }
     // What stays open: the probes, the metrics, the page that holds no data.
     for path in ["/metrics", "/healthz"] {
-        assert_eq!(curl_as_nobody(&format!("http://{addr}{path}"), &[]), "200", "{path}");
+        assert_eq!(
+            curl_as_nobody(&format!("http://{addr}{path}"), &[]),
+            "200",
+            "{path}"
+        );
     }
     // Root, with the token: the profile, and the login address's cookie.
-    let token = fs::read_to_string(&token_file).expect("token").trim().to_string();
+    let token = fs::read_to_string(&token_file)
+        .expect("token")
+        .trim()
+        .to_string();
     let (status, body) = http_get_with(
         &addr,
         "/api/profile?from=now-1m",
@@ -252,7 +259,9 @@ fn a_local_user_without_the_token_reads_no_profile() {
     assert!(head.starts_with("http/1.1 303"), "{head}");
     assert!(head.contains("location: /\r\n"), "{head}");
     assert!(
-        head.contains(&format!("set-cookie: ember_token={token}; path=/; httponly; samesite=strict")),
+        head.contains(&format!(
+            "set-cookie: ember_token={token}; path=/; httponly; samesite=strict"
+        )),
         "{head}"
     );
     let (status, _) = http_get_with(

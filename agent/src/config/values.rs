@@ -62,7 +62,15 @@ impl Url {
 
 /// Parts of query parameter names that mark their values as secrets.
 const SECRET_PARAMS: [&str; 9] = [
-    "token", "key", "secret", "pass", "auth", "signature", "sig", "credential", "session",
+    "token",
+    "key",
+    "secret",
+    "pass",
+    "auth",
+    "signature",
+    "sig",
+    "credential",
+    "session",
 ];
 
 fn is_secret_param(name: &str) -> bool {
@@ -144,7 +152,10 @@ mod tests {
         for secret in ["t0k", "k3y", "s1g", "u:p"] {
             assert!(!format!("{q:?}").contains(secret), "{secret}");
         }
-        assert_eq!(Url::from("http://h/p?password=hunter2").redacted(), "http://h/p?password=***");
+        assert_eq!(
+            Url::from("http://h/p?password=hunter2").redacted(),
+            "http://h/p?password=***"
+        );
         assert!(u.is_http() && Url::from("http://h").is_http());
         assert!(!Url::from("h:1").is_http() && !Url::from("grpc://h").is_http());
         assert_eq!(format!("{:?}", Secret("x".into())), "\"***\"");

@@ -101,10 +101,17 @@ mod tests {
 
     #[test]
     fn backend_text_is_one_capped_line() {
-        assert_eq!(one_line("bad\nFAKE line\r\x1b[31m", 512), "bad\\nFAKE line\\r\\u{1b}[31m");
+        assert_eq!(
+            one_line("bad\nFAKE line\r\x1b[31m", 512),
+            "bad\\nFAKE line\\r\\u{1b}[31m"
+        );
         let long = "é".repeat(600);
         let cut = one_line(&long, 512);
-        assert!(cut.len() <= 512 + '…'.len_utf8() && cut.ends_with('…'), "{}", cut.len());
+        assert!(
+            cut.len() <= 512 + '…'.len_utf8() && cut.ends_with('…'),
+            "{}",
+            cut.len()
+        );
         assert!(!one_line("a\u{2028}b\u{85}c", 64).contains('\u{85}'));
     }
 }

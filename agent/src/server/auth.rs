@@ -269,7 +269,10 @@ pub(super) async fn login(State(auth): State<Auth>, req: Request, next: Next) ->
         return auth.refuse();
     }
     // The token is hex (or a configured file's bytes): keep only cookie-safe ones.
-    if !token.bytes().all(|b| b.is_ascii_graphic() && b != b';' && b != b',') {
+    if !token
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && b != b';' && b != b',')
+    {
         return auth.refuse();
     }
     let cookie = format!("{COOKIE_NAME}={token}; Path=/; HttpOnly; SameSite=Strict");

@@ -114,7 +114,9 @@ pub fn announce(
     let addr = listeners.profiles_addr()?;
     let what = "the profile explorer, its API, /metrics and /healthz";
     if !cfg.token_file.as_os_str().is_empty() {
-        tracing::info!("serving {what} on http://{addr}/ (bearer token of server.token_file required)");
+        tracing::info!(
+            "serving {what} on http://{addr}/ (bearer token of server.token_file required)"
+        );
         return Ok(None);
     }
     if !cfg.local_auth {

@@ -123,6 +123,23 @@ use crate::model::KERNEL_MAPPING;
 mod tests {
     use super::*;
 
+    /// Issue 58: an unnamed kernel frame is an offset from `_text` (else `_stext`), never
+    /// an address; without a text start, the mapping's name alone.
+    #[test]
+    fn unnamed_frames_are_offsets_from_the_text_start() {
+        let k = Kallsyms::parse("ffffffff81000000 T _stext\nffffffff80e00000 T _text\n");
+        assert_eq!(
+            k.unnamed(0xffff_ffff_8100_2000),
+            "[kernel.kallsyms]+0x202000"
+        );
+        let k = Kallsyms::parse("ffffffff81000000 T _stext\n");
+        assert_eq!(k.unnamed(0xffff_ffff_8100_2000), "[kernel.kallsyms]+0x2000");
+        assert_eq!(k.unnamed(0xffff_ffff_8000_0000), "[kernel.kallsyms]");
+        // kallsyms hidden (kptr_restrict): every address reads 0, no text start.
+        let k = Kallsyms::parse("0000000000000000 T _text\n");
+        assert_eq!(k.unnamed(0xffff_ffff_8100_2000), "[kernel.kallsyms]");
+    }
+
     #[test]
     fn resolves_to_the_enclosing_symbol() {
         let k = Kallsyms::parse(

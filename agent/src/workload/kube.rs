@@ -1053,10 +1053,19 @@ mod tests {
         assert_eq!(service(json!({"other": "c"})), "ns/web");
         // Issue 58: scoped by the pod's namespace; another namespace's name stays under
         // this one; this namespace's own prefix is not doubled.
-        assert_eq!(service(json!({"ember.io/service-name": "other/checkout"})), "ns/other/checkout");
-        assert_eq!(service(json!({"ember.io/service-name": "ns/checkout"})), "ns/checkout");
+        assert_eq!(
+            service(json!({"ember.io/service-name": "other/checkout"})),
+            "ns/other/checkout"
+        );
+        assert_eq!(
+            service(json!({"ember.io/service-name": "ns/checkout"})),
+            "ns/checkout"
+        );
         assert_eq!(service(json!({"ember.io/service-name": "ns/"})), "ns/ns/");
-        assert_eq!(service(json!({"ember.io/service-name": "nsx/a"})), "ns/nsx/a");
+        assert_eq!(
+            service(json!({"ember.io/service-name": "nsx/a"})),
+            "ns/nsx/a"
+        );
         // A 200 KiB annotation, with a newline, becomes a short, one-line label value.
         let long = format!("svc\n{}", "é".repeat(100_000));
         let name = service(json!({ "ember.io/service-name": long }));
