@@ -212,8 +212,12 @@ fn rfc3339(name: &str) -> String {
 fn fetch_profile(s: &Setup, path: &str, file: &str) -> (PathBuf, ember::proto::Profile) {
     let out = s.dir.path().join(file);
     let url = format!("http://{}{path}", s.addr);
+    let auth = format!(
+        "Authorization: Bearer {}",
+        token_for(&s.addr).unwrap_or_default()
+    );
     let status = Command::new("curl")
-        .args(["-sS", "-f", "-o"])
+        .args(["-sS", "-f", "-H", &auth, "-o"])
         .arg(&out)
         .arg(&url)
         .status()
