@@ -292,8 +292,8 @@ fn api_filters_merges_and_feeds_pprof() {
             describe(&st, 10)
         );
         assert!(pprofcheck(&path) > 0);
-        // go tool pprof reads the URL itself.
-        let url = format!("http://{}/api/profile?{wide}&container_id={id}", s.addr);
+        // go tool pprof reads what the API served (it sends no token: the file curl got).
+        let url = path.display().to_string();
         let out = output_with_timeout(
             Command::new("go")
                 .args(["tool", "pprof", "-top", &url])
