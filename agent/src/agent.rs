@@ -92,6 +92,14 @@ pub enum AgentError {
         /// Why.
         source: std::io::Error,
     },
+    /// The profiles listener's token file could not be written.
+    #[error("writing the profiles listener's token to {}", path.display())]
+    Token {
+        /// `output.data_dir/ui-token`.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// A sink could not start.
     #[error(transparent)]
     Sinks(crate::export::SinkSetupError),
@@ -226,7 +234,7 @@ impl Agent {
             &metrics,
             windows.clone(),
             health.clone(),
-        );
+        )?;
         let mut dispatch = if run {
             let (dispatch, shutdown) =
                 crate::export::start(&cfg.sinks, windows.clone(), &node.name, &metrics)
@@ -468,21 +476,17 @@ fn serve(
     metrics: &Metrics,
     windows: Option<Arc<WindowDir>>,
     health: Arc<Health>,
-) -> Option<Part> {
+) -> Result<Option<Part>, AgentError> {
     let (Some(listener), Some(windows)) = (listener, windows) else {
-        return None;
+        return Ok(None);
     };
-    let token = if cfg.server.token_file.as_os_str().is_empty() {
-        ""
-    } else {
-        " (bearer token required)"
-    };
-    match listener.profiles_addr() {
-        Ok(addr) => tracing::info!(
-            "serving the profile explorer, its API, /metrics and /healthz on http://{addr}/{token}"
-        ),
-        Err(e) => tracing::warn!(error = %e, "profiles listener has no address"),
-    }
+    let local =
+        server::announce(&listener, &cfg.server, &cfg.output.data_dir).map_err(|source| {
+            AgentError::Token {
+                path: cfg.output.data_dir.join(server::LOCAL_TOKEN_FILE),
+                source,
+            }
+        })?;
     if let Some(addr) = listener.metrics_addr() {
         tracing::info!("serving /metrics, /healthz and /readyz on http://{addr}/");
     }
@@ -496,11 +500,12 @@ fn serve(
         metrics.clone(),
         windows,
         health,
+        local,
         async {
             let _ = stopped.await;
         },
     ));
-    Some(Part::Server { stop, task })
+    Ok(Some(Part::Server { stop, task }))
 }
 
 /// SIGTERM and SIGINT handlers.

@@ -24,6 +24,7 @@ B_FUNCS = ("sort_round", "copy_round", "hash_round", "cmp_items")
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", required=True)
+    ap.add_argument("--token", default="", help="the agent's token: log in as its printed address does")
     ap.add_argument("--container-id", required=True)
     ap.add_argument("--other-container-id", required=True)
     ap.add_argument("--out", required=True)
@@ -69,6 +70,11 @@ def main():
         print("ok:", what)
 
     try:
+        # 0. Log in the way a newcomer does: one click on the address ember printed; the
+        # cookie is set and the token leaves the address bar.
+        if args.token:
+            driver.get(args.url + "?token=" + args.token)
+            check(args.token not in driver.current_url, f"the token left the address: {driver.current_url}")
         # 1. Load: the last 15 minutes, everything.
         driver.get(args.url)
         loaded()

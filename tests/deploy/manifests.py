@@ -174,6 +174,23 @@ def policy(docs):
                 fail(f"NetworkPolicy admits more than the HTTP port: {rule}")
             if any(p.get("port") in ("health", ports.get("health")) for p in rule.get("ports", [])):
                 fail(f"NetworkPolicy admits pods to the health port (the probes' own): {rule}")
+            # Issue 58: /metrics names every pod of the node; no rule admits any source.
+            peers = rule.get("from") or []
+            if not peers:
+                fail(f"NetworkPolicy admits every source to /metrics: {rule}")
+            for peer in peers:
+                ns = peer.get("namespaceSelector")
+                if "ipBlock" in peer or ns is not None and not (ns.get("matchLabels") or ns.get("matchExpressions")):
+                    fail(f"NetworkPolicy peer admits every namespace or address: {peer}")
+        names = {
+            p["namespaceSelector"]["matchLabels"].get("kubernetes.io/metadata.name")
+            for r in np.get("ingress", [])
+            for p in r.get("from") or []
+            if "namespaceSelector" in p and "matchLabels" in p["namespaceSelector"]
+        }
+        own = nps[0]["metadata"].get("namespace")
+        if own not in names or "monitoring" not in names:
+            fail(f"NetworkPolicy does not admit its own namespace {own} and monitoring: {sorted(map(str, names))}")
 
     # Volumes: every mount has a volume; host paths are the allowed ones, read-only.
     vols = {v["name"]: v for v in pod.get("volumes", [])}

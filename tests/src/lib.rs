@@ -15,7 +15,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -293,9 +293,43 @@ pub struct Ember {
     stderr: PathBuf,
 }
 
+/// Where each `ember run` started by [`Ember::spawn`] keeps its profiles listener's
+/// token: `--listen` address → `<--data-dir>/ui-token`. [`http_get`] presents it, as the
+/// owner of the data directory may.
+fn token_files() -> &'static Mutex<HashMap<String, PathBuf>> {
+    static FILES: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    FILES.get_or_init(Default::default)
+}
+
+/// The value after `flag` in `args`.
+fn arg_after<'a>(args: &[&'a str], flag: &str) -> Option<&'a str> {
+    args.iter()
+        .position(|a| *a == flag)
+        .and_then(|i| args.get(i + 1).copied())
+}
+
+/// The token of the ember listening on `addr` (read from its data directory), if any.
+pub fn token_for(addr: &str) -> Option<String> {
+    let path = token_files()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(addr)
+        .cloned()?;
+    let t = fs::read_to_string(path).ok()?;
+    Some(t.trim().to_string()).filter(|t| !t.is_empty())
+}
+
 impl Ember {
     /// Starts `ember ARGS...` with its output captured in `dir`.
     pub fn spawn(args: &[&str], dir: &Path) -> Result<Self> {
+        if let (Some(listen), Some(data)) =
+            (arg_after(args, "--listen"), arg_after(args, "--data-dir"))
+        {
+            token_files()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(listen.to_string(), Path::new(data).join("ui-token"));
+        }
         let stdout = dir.join("ember.stdout");
         let stderr = dir.join("ember.stderr");
         let child = Command::new(ember_bin())
@@ -620,13 +654,23 @@ pub fn free_port() -> u16 {
     l.local_addr().expect("local_addr").port()
 }
 
-/// A minimal HTTP/1.1 GET; returns (status code, body).
+/// A minimal HTTP/1.1 GET, with the token of an ember this process started on `addr`
+/// ([`token_for`]); returns (status code, body).
 pub fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    let auth = token_for(addr)
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    http_get_with(addr, path, &auth)
+}
+
+/// A minimal HTTP/1.1 GET with extra header lines (each ending in `\r\n`), no token;
+/// returns (status code, body).
+pub fn http_get_with(addr: &str, path: &str, headers: &str) -> Result<(u16, String)> {
     let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n{headers}\r\n"
     )?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;

@@ -35,6 +35,19 @@ int main(void) {
 const SERVER: &str = r#"
 import http.server, socket, sys, time
 mode, port = sys.argv[1], int(sys.argv[2])
+if mode == "record":
+    class R(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+        def do_GET(self):
+            with open(sys.argv[3], "a") as f:
+                f.write(self.path + "\n")
+            self.send_response(404)
+            self.end_headers()
+    http.server.ThreadingHTTPServer.allow_reuse_address = True
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), R)
+    print("ready", flush=True)
+    srv.serve_forever()
 if mode == "hang":
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -233,7 +246,8 @@ fn stripped_frames_are_named_from_debuginfod_past_hostile_servers() {
     fs::write(
         &config,
         format!(
-            "symbols:\n  debuginfod_urls: {urls:?}\n  debuginfod_timeout: 2s\n  \
+            "symbols:\n  debuginfod_urls: {urls:?}\n  debuginfod_allow_http: true\n  \
+             debuginfod_timeout: 2s\n  \
              debuginfod_max_file_bytes: 8388608\n  debuginfod_cache_bytes: {cap}\n"
         ),
     )
@@ -353,4 +367,100 @@ fn stripped_frames_are_named_from_debuginfod_past_hostile_servers() {
         "ember exited {status}:\n{}",
         ember.stderr()
     );
+}
+
+/// `ember run` on a stripped program, its environment carrying `DEBUGINFOD_URLS` of a
+/// server that records what it is asked, with `config`; how long it ran to see requests
+/// (or none), the paths the server was asked, and ember's stderr.
+fn run_with_env_urls(config: &str) -> (Vec<String>, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (bin, _) = build(dir.path(), "env_urls_hot");
+    let port = free_port();
+    let asked = dir.path().join("asked");
+    let _server = hostile("record", port, &asked);
+    let cfg = dir.path().join("ember.yaml");
+    fs::write(&cfg, config).expect("config");
+    let mut program = Fixture::spawn(bin.to_str().expect("utf-8"), &[]).expect("program");
+    program
+        .wait_for("ready", Duration::from_secs(10))
+        .expect("ready");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let data = dir.path().join("data");
+    let pid = program.pid.to_string();
+    let args = [
+        "run",
+        "-c",
+        cfg.to_str().expect("utf-8"),
+        "--pid",
+        &pid,
+        "--window",
+        "1s",
+        "--listen",
+        &addr,
+        "--data-dir",
+        data.to_str().expect("utf-8"),
+    ];
+    let stderr = dir.path().join("ember.stderr");
+    let mut ember = Command::new(ember_bin())
+        .args(args)
+        .env("DEBUGINFOD_URLS", format!("http://127.0.0.1:{port}/"))
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&stderr).expect("stderr"))
+        .spawn()
+        .expect("ember run");
+    // Several windows with the stripped program's frames: time for a request to go out.
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < deadline && fs::read_to_string(&asked).is_err() {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let _ = ember.kill();
+    let _ = ember.wait();
+    let paths = fs::read_to_string(&asked)
+        .unwrap_or_default()
+        .lines()
+        .map(String::from)
+        .collect();
+    (paths, fs::read_to_string(&stderr).unwrap_or_default())
+}
+
+/// Issue 58 (3): `DEBUGINFOD_URLS` in ember's environment sends nothing unless the config
+/// asks (`symbols.debuginfod_urls_from_env`, and `debuginfod_allow_http` for its
+/// `http://`); when asked, the requests arrive and the start log names the server.
+#[test]
+fn the_environment_alone_sends_no_build_id() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let (paths, stderr) = run_with_env_urls("kubernetes:\n  enabled: false\n");
+    assert!(
+        paths.is_empty(),
+        "asked without a config key: {paths:?}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("DEBUGINFOD_URLS is set but ignored"),
+        "{stderr}"
+    );
+    // https:// only: the key alone does not admit an http:// server.
+    let (paths, stderr) = run_with_env_urls(
+        "kubernetes:\n  enabled: false\nsymbols:\n  debuginfod_urls_from_env: true\n",
+    );
+    assert!(paths.is_empty(), "asked over http://: {paths:?}\n{stderr}");
+    let (paths, stderr) = run_with_env_urls(
+        "kubernetes:\n  enabled: false\nsymbols:\n  debuginfod_urls_from_env: true\n  \
+         debuginfod_allow_http: true\n",
+    );
+    println!("asked: {paths:?}");
+    assert!(
+        paths
+            .iter()
+            .any(|p| p.starts_with("/buildid/") && p.ends_with("/debuginfo")),
+        "no request arrived: {paths:?}\n{stderr}"
+    );
+    let named = stderr
+        .lines()
+        .find(|l| l.contains("build ids of stripped objects"))
+        .unwrap_or_else(|| panic!("no start line naming the servers:\n{stderr}"));
+    assert!(named.contains("http://127.0.0.1:"), "{named}");
 }

@@ -212,8 +212,12 @@ fn rfc3339(name: &str) -> String {
 fn fetch_profile(s: &Setup, path: &str, file: &str) -> (PathBuf, ember::proto::Profile) {
     let out = s.dir.path().join(file);
     let url = format!("http://{}{path}", s.addr);
+    let auth = format!(
+        "Authorization: Bearer {}",
+        token_for(&s.addr).unwrap_or_default()
+    );
     let status = Command::new("curl")
-        .args(["-sS", "-f", "-o"])
+        .args(["-sS", "-f", "-H", &auth, "-o"])
         .arg(&out)
         .arg(&url)
         .status()
@@ -288,8 +292,8 @@ fn api_filters_merges_and_feeds_pprof() {
             describe(&st, 10)
         );
         assert!(pprofcheck(&path) > 0);
-        // go tool pprof reads the URL itself.
-        let url = format!("http://{}/api/profile?{wide}&container_id={id}", s.addr);
+        // go tool pprof reads what the API served (it sends no token: the file curl got).
+        let url = path.display().to_string();
         let out = output_with_timeout(
             Command::new("go")
                 .args(["tool", "pprof", "-top", &url])
@@ -363,6 +367,7 @@ fn the_page_in_chromium() {
         Command::new(python)
             .arg(&script)
             .args(["--url", &format!("http://{}/", s.addr)])
+            .args(["--token", &token_for(&s.addr).unwrap_or_default()])
             .args(["--container-id", ID_A, "--other-container-id", ID_B])
             .arg("--out")
             .arg(&shots),

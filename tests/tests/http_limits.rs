@@ -420,9 +420,12 @@ fn cpu_seconds(pid: u32) -> f64 {
 /// Sends `GET path` on a new connection and returns it without reading.
 fn send(addr: &str, path: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).expect("connect");
+    let auth = token_for(addr)
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}\r\n"
     )
     .expect("send");
     s

@@ -266,7 +266,7 @@ fn pod_labels_follow_the_api_server() {
         r#"{"metadata":{"annotations":{"ember.io/service-name":"checkout"}}}"#,
     );
     wait_for_window(&windows, hog.pid, "the annotation is followed", |l| {
-        l.get("service_name").map(String::as_str) == Some("checkout")
+        l.get("service_name").map(String::as_str) == Some("shop/checkout")
     });
 
     // 3. After deletion the pod labels go; the container id stays (it comes from the cgroup).

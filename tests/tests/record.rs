@@ -432,3 +432,165 @@ fn folded_and_svg_outputs() {
         ".svg flame graph does not mention hot_a"
     );
 }
+
+/// Any 64-bit kernel address in `text`: `ffff…` hex (with or without `0x`, 16 digits) or
+/// its decimal form (every address from 0xffff800000000000 up is 1844… and 20 digits).
+fn kernel_addresses(text: &str) -> Vec<String> {
+    let lower = text.to_ascii_lowercase();
+    let b = lower.as_bytes();
+    let mut found = Vec::new();
+    for i in 0..b.len() {
+        let prev_alnum = i > 0 && b[i - 1].is_ascii_alphanumeric();
+        let hex = b[i..].iter().take_while(|c| c.is_ascii_hexdigit()).count();
+        if !prev_alnum && hex == 16 && lower[i..].starts_with("ffff") {
+            found.push(lower[i..i + 16].to_string());
+        }
+        let dec = b[i..].iter().take_while(|c| c.is_ascii_digit()).count();
+        if !prev_alnum && dec == 20 && lower[i..].starts_with("1844") {
+            found.push(lower[i..i + 20].to_string());
+        }
+    }
+    found
+}
+
+/// A pprof profile holds no kernel address: not in a location, not in a mapping's
+/// bounds, not in a string; and its kernel frames are named.
+fn assert_pprof_has_no_kernel_address(what: &str, p: &ember::proto::Profile) {
+    const KERNEL: u64 = 0xffff_8000_0000_0000;
+    for l in &p.location {
+        assert!(
+            l.address < KERNEL,
+            "{what}: location {} at {:#x}",
+            l.id,
+            l.address
+        );
+    }
+    for m in &p.mapping {
+        assert!(
+            m.memory_start < KERNEL && m.memory_limit < KERNEL,
+            "{what}: mapping {} [{:#x}, {:#x})",
+            string(p, m.filename),
+            m.memory_start,
+            m.memory_limit
+        );
+    }
+    let strings = p.string_table.join("\n");
+    let found = kernel_addresses(&strings);
+    assert!(
+        found.is_empty(),
+        "{what}: strings hold kernel addresses {found:?}"
+    );
+}
+
+/// Issue 58 (2): no kernel address, and so no KASLR slide, leaves the agent: the window
+/// files and every HTTP output of `ember run` (merged pprof, flame graph JSON, SVG), and
+/// `ember record`'s pprof, folded and SVG files of a process that lives in the kernel,
+/// searched for 64-bit kernel addresses in hex and decimal; the kernel frames stay named.
+#[test]
+fn no_kernel_address_leaves_in_any_output() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut hog = Fixture::spawn(SYSCALL_HOG, &["--seconds", "60"]).expect("syscall_hog");
+    hog.wait_for("ready", Duration::from_secs(10))
+        .expect("ready");
+    let pid = hog.pid.to_string();
+    // ember record, in each format.
+    for name in ["k.pb.gz", "k.folded", "k.svg"] {
+        let out = dir.path().join(name);
+        let ember = start_record(
+            dir.path(),
+            &out,
+            &["--duration", "2s", "--pid", pid.as_str()],
+        );
+        finish_record(ember, &out);
+        if name.ends_with(".pb.gz") {
+            let p = read_profile(&out).expect("profile");
+            assert_pprof_has_no_kernel_address(name, &p);
+            let names: Vec<String> = stacks(&p)
+                .iter()
+                .flat_map(|s| s.frames.iter())
+                .filter(|f| f.mapping.contains("kernel"))
+                .map(|f| f.name.clone())
+                .collect();
+            assert!(
+                names.iter().any(|n| !n.starts_with("[kernel")),
+                "no named kernel frame: {names:?}"
+            );
+        } else {
+            let text = fs::read_to_string(&out).expect("text output");
+            let found = kernel_addresses(&text);
+            assert!(found.is_empty(), "{name}: kernel addresses {found:?}");
+            assert!(
+                ["entry_SYSCALL", "do_syscall", "read", "copy"]
+                    .iter()
+                    .any(|k| text.contains(k)),
+                "{name}: no named kernel frame"
+            );
+        }
+    }
+    // ember run: window files and HTTP.
+    let data = dir.path().join("data");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut ember = Ember::spawn(
+        &[
+            "run",
+            "--window",
+            "1s",
+            "--pid",
+            pid.as_str(),
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+            "--listen",
+            addr.as_str(),
+        ],
+        dir.path(),
+    )
+    .expect("ember run");
+    assert!(
+        ember.wait_attached(Duration::from_secs(30)).is_some(),
+        "{}",
+        ember.stderr()
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let windows: Vec<_> = fs::read_dir(&data)
+        .expect("data")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| is_cpu_window(p))
+        .collect();
+    assert!(!windows.is_empty(), "no window");
+    for w in &windows {
+        assert_pprof_has_no_kernel_address(
+            &w.display().to_string(),
+            &read_profile(w).expect("window"),
+        );
+    }
+    let token = token_for(&addr).expect("the listener's token");
+    let merged = dir.path().join("merged.pb.gz");
+    let got = Command::new("curl")
+        .args(["-sf", "-H", &format!("Authorization: Bearer {token}"), "-o"])
+        .arg(&merged)
+        .arg(format!("http://{addr}/api/profile?from=now-1m"))
+        .status()
+        .expect("curl");
+    assert!(got.success(), "GET /api/profile");
+    assert_pprof_has_no_kernel_address("/api/profile", &read_profile(&merged).expect("merged"));
+    let name = windows[0]
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("name")
+        .to_string();
+    for path in [
+        "/api/flamegraph?from=now-1m".to_string(),
+        "/api/labels?from=now-1m".into(),
+        format!("/flamegraph/{name}.svg"),
+    ] {
+        let (status, body) = http_get(&addr, &path).expect("GET");
+        assert_eq!(status, 200, "{path}: {body}");
+        let found = kernel_addresses(&body);
+        assert!(found.is_empty(), "{path}: kernel addresses {found:?}");
+    }
+    drop(hog);
+}

@@ -124,3 +124,151 @@ fn run_writes_windows_serves_metrics_and_stops_on_sigterm() {
     }
     assert!(all > 0, "no samples in any window");
 }
+
+/// `curl` as `nobody` (setpriv drops every privilege): the HTTP status of `url`, with
+/// extra curl arguments; "000" when the connection is refused.
+fn curl_as_nobody(url: &str, extra: &[&str]) -> String {
+    let out = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "10",
+        ])
+        .args(extra)
+        .arg(url)
+        .output()
+        .expect("running setpriv curl");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Issue 58 (1): on a plain host, a local user who is not ember's owner reads no profile.
+/// `ember run` as `make run` starts it (no token configured, loopback listener): every
+/// endpoint that names a process answers `nobody` 401, even with a guessed token or a
+/// forged cookie; the token file is 0600 and unreadable to `nobody` although its
+/// directory is world-readable; root with the token gets the profile, and the printed
+/// `/?token=` address sets an HttpOnly, SameSite=Strict cookie and redirects to `/`.
+#[test]
+fn a_local_user_without_the_token_reads_no_profile() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    fs::create_dir(&data).expect("data dir");
+    // World-readable, like /var/lib/ember: the token file's own mode must protect it.
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    fs::set_permissions(&data, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut ember = Ember::spawn(
+        &[
+            "run",
+            "--window",
+            "1s",
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+            "--listen",
+            addr.as_str(),
+        ],
+        dir.path(),
+    )
+    .expect("starting ember run");
+    if ember.wait_attached(Duration::from_secs(30)).is_none() {
+        panic!("ember run did not attach\n{}", ember.stderr());
+    }
+    thread::sleep(Duration::from_secs(3));
+    let name = fs::read_dir(&data)
+        .expect("data dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| is_cpu_window(p))
+        .and_then(|p| p.file_name().and_then(|n| n.to_str()).map(String::from))
+        .expect("a window file");
+    let token_file = data.join("ui-token");
+    let mode = fs::metadata(&token_file)
+        .unwrap_or_else(|e| panic!("no token file: {e}\n{}", ember.stderr()))
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "token file mode {mode:o}");
+    let cat = std::process::Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "cat"])
+        .arg(&token_file)
+        .output()
+        .expect("setpriv cat");
+    assert!(!cat.status.success(), "nobody read the token file");
+    let endpoints = [
+        "/api/windows".to_string(),
+        "/api/profile".into(),
+        "/api/profile?from=now-1m".into(),
+        "/api/flamegraph".into(),
+        "/api/labels".into(),
+        "/api/use".into(),
+        format!("/windows/{name}"),
+        format!("/flamegraph/{name}.svg"),
+        "/?token=0000".into(),
+    ];
+    for path in &endpoints {
+        let url = format!("http://{addr}{path}");
+        for extra in [
+            &[][..],
+            &["-H", "Authorization: Bearer 0000"][..],
+            &["-b", "ember_token=0000"][..],
+        ] {
+            let code = curl_as_nobody(&url, extra);
+            assert!(
+                code == "401" || code == "403" || code == "000",
+                "nobody got {code} from {path} {extra:?}"
+            );
+        }
+    }
+    // What stays open: the probes, the metrics, the page that holds no data.
+    for path in ["/metrics", "/healthz"] {
+        assert_eq!(
+            curl_as_nobody(&format!("http://{addr}{path}"), &[]),
+            "200",
+            "{path}"
+        );
+    }
+    // Root, with the token: the profile, and the login address's cookie.
+    let token = fs::read_to_string(&token_file)
+        .expect("token")
+        .trim()
+        .to_string();
+    let (status, body) = http_get_with(
+        &addr,
+        "/api/profile?from=now-1m",
+        &format!("Authorization: Bearer {token}\r\n"),
+    )
+    .expect("GET /api/profile");
+    assert_eq!(status, 200, "root with the token: {body}");
+    let head = std::process::Command::new("curl")
+        .args(["-s", "-D", "-", "-o", "/dev/null"])
+        .arg(format!("http://{addr}/?token={token}"))
+        .output()
+        .expect("curl login");
+    let head = String::from_utf8_lossy(&head.stdout).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 303"), "{head}");
+    assert!(head.contains("location: /\r\n"), "{head}");
+    assert!(
+        head.contains(&format!(
+            "set-cookie: ember_token={token}; path=/; httponly; samesite=strict"
+        )),
+        "{head}"
+    );
+    let (status, _) = http_get_with(
+        &addr,
+        "/api/windows",
+        &format!("Cookie: ember_token={token}\r\n"),
+    )
+    .expect("GET with cookie");
+    assert_eq!(status, 200);
+}

@@ -7,10 +7,12 @@ pub mod otlp;
 pub mod pyroscope;
 pub mod selector;
 pub mod sinks;
+mod symbols;
 mod validate;
 pub mod values;
 
 pub use sinks::{OtlpSink, PyroscopeApi, PyroscopeSink, ResourcePer, Sinks};
+pub use symbols::Symbols;
 pub use values::{Secret, Url};
 
 use std::net::SocketAddr;
@@ -95,65 +97,6 @@ pub struct Config {
     pub offcpu: OffCpu,
     /// `interpreters:`.
     pub interpreters: Interpreters,
-}
-
-/// `symbols:` keys: how object files are read for names.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct Symbols {
-    /// Memory of the parsed symbol tables kept between windows; the least recently used go.
-    pub cache_bytes: u64,
-    /// Bytes read from one object (headers, symbol and string tables, inflated sections).
-    pub max_read_bytes: u64,
-    /// Bytes of one section, as stored and as declared when compressed.
-    pub max_section_bytes: u64,
-    /// Host directories searched by build id (`DIR/.build-id/ab/cdef….debug`) for the
-    /// symbols of stripped objects; debug links named inside objects are never followed.
-    pub debug_dirs: Vec<PathBuf>,
-    /// The same search inside the root of the process that maps the object (a container's
-    /// image), after the host's: confined to that root, symlinks refused.
-    pub root_debug_dirs: Vec<PathBuf>,
-    /// debuginfod servers asked for the debug file of a stripped object no debug directory
-    /// has (`http://` or `https://`); empty: `DEBUGINFOD_URLS` (space-separated) if set,
-    /// else none (nothing leaves the host unless asked).
-    pub debuginfod_urls: Vec<String>,
-    /// Time allowed for one request to one server, body included.
-    #[serde(deserialize_with = "duration")]
-    pub debuginfod_timeout: Duration,
-    /// Bytes of fetched debug files kept on disk (under `output.data_dir`/debuginfod);
-    /// the oldest go first.
-    pub debuginfod_cache_bytes: u64,
-    /// Bytes of one fetched debug file: a larger answer is cut off and refused.
-    pub debuginfod_max_file_bytes: u64,
-    /// The debuginfod disk cache, searched after the debug directories (set by the agent
-    /// when servers are configured; not a key).
-    #[serde(skip)]
-    pub fetched_dir: Option<PathBuf>,
-    /// Read DWARF (in the object or its debug file) for inlined frames and source lines.
-    pub dwarf: bool,
-    /// DWARF held between windows, all objects together: the units loaded (only those
-    /// holding sampled addresses) and an estimate of what was parsed of them; the least
-    /// recently used object is let go first.
-    pub dwarf_bytes: u64,
-}
-
-impl Default for Symbols {
-    fn default() -> Self {
-        Self {
-            cache_bytes: 16 << 20,
-            max_read_bytes: 64 << 20,
-            max_section_bytes: 48 << 20,
-            debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
-            root_debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
-            debuginfod_urls: Vec::new(),
-            debuginfod_timeout: Duration::from_secs(30),
-            debuginfod_cache_bytes: 1 << 30,
-            debuginfod_max_file_bytes: 256 << 20,
-            fetched_dir: None,
-            dwarf: true,
-            dwarf_bytes: 12 << 20,
-        }
-    }
 }
 
 /// `health:` keys.
@@ -591,6 +534,12 @@ pub struct Server {
     /// File holding the bearer token the profiles listener requires; re-read when it
     /// changes; empty for none. Required when `listen` is not a loopback address.
     pub token_file: PathBuf,
+    /// Without `token_file`: make a random token at start, keep it in
+    /// `<output.data_dir>/ui-token` (mode 0600) and require it (bearer header, or the
+    /// cookie set by the printed `/?token=` address). `false` lets every local user of a
+    /// plain host read every profile: only where the listener's loopback is private (a
+    /// pod's own network namespace, reached through `kubectl port-forward`).
+    pub local_auth: bool,
     /// Without a token, the `Host` names the profiles listener answers besides its own
     /// address and `localhost`, `127.0.0.1`, `[::1]` (any port): `name` (any port) or
     /// `name:port`. Any other `Host` gets 421 (DNS rebinding).
@@ -705,6 +654,7 @@ impl Default for Server {
             metrics_listen: None,
             health_listen: None,
             token_file: PathBuf::new(),
+            local_auth: true,
             allowed_hosts: Vec::new(),
             max_connections: 512,
             max_concurrent_requests: 4,

@@ -162,11 +162,11 @@ fn symbols(y: &Symbols) -> Result<(), Invalid> {
         "max_section_bytes must be at least 4096 and max_read_bytes at least that",
     )?;
     refuse(
-        y.debuginfod_urls
-            .iter()
-            .any(|u| !(u.starts_with("http://") || u.starts_with("https://"))),
+        y.debuginfod_urls.iter().any(|u| {
+            !(u.starts_with("https://") || y.debuginfod_allow_http && u.starts_with("http://"))
+        }),
         "symbols.debuginfod_urls",
-        "each must start with http:// or https://",
+        "each must start with https:// (http:// only with symbols.debuginfod_allow_http)",
     )?;
     refuse(
         y.debuginfod_timeout.is_zero(),

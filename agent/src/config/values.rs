@@ -34,16 +34,22 @@ impl Invalid {
 pub struct Url(pub String);
 
 impl Url {
-    /// The URL with any `user:password@` replaced by `***@`.
+    /// The URL with any `user:password@` replaced by `***@`, and the value of every query
+    /// parameter whose name says it is a secret (`token`, `key`, `api_key`, `password`,
+    /// `secret`, `auth`, `signature`, `credential`... in any case) by `***`.
     pub fn redacted(&self) -> std::borrow::Cow<'_, str> {
         let s = &self.0;
         let rest_at = s.find("://").map_or(0, |i| i + 3);
         let authority_end = s[rest_at..]
             .find(['/', '?', '#'])
             .map_or(s.len(), |i| rest_at + i);
-        match s[rest_at..authority_end].rfind('@') {
+        let url: std::borrow::Cow<'_, str> = match s[rest_at..authority_end].rfind('@') {
             Some(at) => format!("{}***@{}", &s[..rest_at], &s[rest_at + at + 1..]).into(),
             None => s.as_str().into(),
+        };
+        match redact_query(&url) {
+            Some(r) => r.into(),
+            None => url,
         }
     }
 
@@ -51,6 +57,43 @@ impl Url {
     pub fn is_http(&self) -> bool {
         self.starts_with("http://") || self.starts_with("https://")
     }
+}
+
+/// Parts of query parameter names that mark their values as secrets.
+const SECRET_PARAMS: [&str; 9] = [
+    "token",
+    "key",
+    "secret",
+    "pass",
+    "auth",
+    "signature",
+    "sig",
+    "credential",
+    "session",
+];
+
+fn is_secret_param(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    SECRET_PARAMS.iter().any(|s| name.contains(s))
+}
+
+/// `url` with the values of its secret query parameters replaced by `***`; `None` when
+/// it has none.
+fn redact_query(url: &str) -> Option<String> {
+    let q = url.find('?')?;
+    let end = url[q..].find('#').map_or(url.len(), |i| q + i);
+    let mut changed = false;
+    let params: Vec<String> = url[q + 1..end]
+        .split('&')
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) if !v.is_empty() && is_secret_param(k) => {
+                changed = true;
+                format!("{k}=***")
+            }
+            _ => p.to_owned(),
+        })
+        .collect();
+    changed.then(|| format!("{}?{}{}", &url[..q], params.join("&"), &url[end..]))
 }
 
 impl std::ops::Deref for Url {
@@ -99,6 +142,19 @@ mod tests {
         assert_eq!(u.to_string(), "https://***@host:1/p?q=a@b");
         assert_eq!(format!("{u:?}"), "\"https://***@host:1/p?q=a@b\"");
         assert_eq!(Url::from("http://h/a@b").redacted(), "http://h/a@b");
+        // Issue 58: secrets in the query string, in any case, are hidden too.
+        let q = Url::from("https://u:p@h/ingest?name=app&token=t0k&API_KEY=k3y&x-amz-signature=s1g&access_token=a&from=1#frag");
+        assert_eq!(
+            q.to_string(),
+            "https://***@h/ingest?name=app&token=***&API_KEY=***&x-amz-signature=***&access_token=***&from=1#frag"
+        );
+        for secret in ["t0k", "k3y", "s1g", "u:p"] {
+            assert!(!format!("{q:?}").contains(secret), "{secret}");
+        }
+        assert_eq!(
+            Url::from("http://h/p?password=hunter2").redacted(),
+            "http://h/p?password=***"
+        );
         assert!(u.is_http() && Url::from("http://h").is_http());
         assert!(!Url::from("h:1").is_http() && !Url::from("grpc://h").is_http());
         assert_eq!(format!("{:?}", Secret("x".into())), "\"***\"");

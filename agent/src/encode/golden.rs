@@ -175,7 +175,16 @@ fn fixture() -> (Window, HashMap<FrameKey, Resolved>) {
         FrameKey::Kernel(0xffff_ffff_8100_1000),
         named(vec![func("do_syscall_64", None, 0)]),
     );
-    // 0xffff_ffff_8100_2000 is left out: it stays unnamed.
+    // 0xffff_ffff_8100_2000 has no symbol: named as the symbolizer names it, by its
+    // offset from the kernel's text start, never by its address.
+    // (`Kallsyms::unnamed`, with `_text` at 0xffff_ffff_8100_0000; its own test checks it).
+    symbols.insert(
+        FrameKey::Kernel(0xffff_ffff_8100_2000),
+        Resolved {
+            funcs: vec![func("[kernel.kallsyms]+0x2000", None, 0)].into(),
+            named: false,
+        },
+    );
     symbols.insert(
         FrameKey::Object(libc.id, 0x9_1000),
         named(vec![func("qsort_r", None, 0)]),
@@ -288,4 +297,124 @@ fn otlp_requests_are_golden() {
         let req = crate::export::otlp::Encoder::new(&cfg, "node-1").request(&e.window);
         golden(name, &req.encode_to_vec());
     }
+}
+
+/// Any 64-bit kernel address (`0xffff8…` and up) in `text`, hex with or without `0x`, or
+/// decimal (20 digits from `18446…`).
+fn kernel_address_in(text: &str) -> Option<String> {
+    let lower = text.to_ascii_lowercase();
+    let b = lower.as_bytes();
+    (0..b.len()).find_map(|i| {
+        if i > 0 && b[i - 1].is_ascii_alphanumeric() {
+            return None;
+        }
+        let hex = b[i..].iter().take_while(|c| c.is_ascii_hexdigit()).count();
+        let dec = b[i..].iter().take_while(|c| c.is_ascii_digit()).count();
+        ((hex == 16 && lower[i..].starts_with("ffff"))
+            || (dec == 20 && lower[i..].starts_with("1844")))
+        .then(|| lower[i..i + hex.max(dec)].to_string())
+    })
+}
+
+/// A pprof profile: no location address, mapping bound or string is a kernel address.
+fn assert_no_kernel_address(what: &str, p: &crate::proto::Profile) {
+    const KERNEL: u64 = 0xffff_8000_0000_0000;
+    assert!(
+        p.location.iter().all(|l| l.address < KERNEL),
+        "{what}: a location"
+    );
+    assert!(
+        p.mapping
+            .iter()
+            .all(|m| m.memory_start < KERNEL && m.memory_limit < KERNEL),
+        "{what}: a mapping's bounds"
+    );
+    let strings = p.string_table.join("\n");
+    assert_eq!(kernel_address_in(&strings), None, "{what}: a string");
+}
+
+/// Issue 58: no kernel address in any encoding of a window with kernel frames (pprof,
+/// Pyroscope push and ingest, OTLP, folded, SVG); the named frame keeps its name, the
+/// unnamed one is an offset from the text start.
+#[test]
+fn no_kernel_address_in_any_encoding() {
+    let e = encoded();
+    assert_no_kernel_address("pprof", &e.profile);
+    let names = &e.profile.string_table;
+    assert!(names.iter().any(|n| n == "do_syscall_64"));
+    assert!(
+        names.iter().any(|n| n == "[kernel.kallsyms]+0x2000"),
+        "{names:?}"
+    );
+    let folded = crate::encode::flamegraph::folded(&e.profile).join("\n");
+    assert_eq!(kernel_address_in(&folded), None, "folded");
+    assert!(folded.contains("do_syscall_64") && folded.contains("[kernel.kallsyms]+0x2000"));
+    let svg = crate::encode::flamegraph::svg(&e.profile, "t").expect("svg");
+    assert_eq!(
+        kernel_address_in(&String::from_utf8_lossy(&svg)),
+        None,
+        "svg"
+    );
+    for api in ["push", "ingest"] {
+        let cfg: crate::config::PyroscopeSink =
+            serde_yaml::from_str(&format!("{{enabled: true, api: {api}}}")).expect("config");
+        for r in crate::export::pyroscope::Encoder::new(&cfg, Default::default())
+            .requests(&e.window)
+            .expect("requests")
+        {
+            let mut body = r.body.to_vec();
+            if r.gzip {
+                let mut out = Vec::new();
+                flate2::read::GzDecoder::new(&body[..])
+                    .read_to_end(&mut out)
+                    .expect("gunzip");
+                body = out;
+            }
+            let profiles: Vec<crate::proto::Profile> = match PushRequest::decode(&body[..]) {
+                Ok(push) if api == "push" => push
+                    .series
+                    .iter()
+                    .flat_map(|s| &s.samples)
+                    .map(|s| {
+                        crate::encode::flamegraph::decode_gz(&s.raw_profile)
+                            .or_else(|_| {
+                                crate::proto::Profile::decode(&s.raw_profile[..])
+                                    .map_err(super::flamegraph::FlameGraphError::from)
+                            })
+                            .expect("pprof")
+                    })
+                    .collect(),
+                _ => vec![crate::encode::flamegraph::decode_gz(&body)
+                    .or_else(|_| {
+                        crate::proto::Profile::decode(&body[..])
+                            .map_err(super::flamegraph::FlameGraphError::from)
+                    })
+                    .expect("ingest pprof")],
+            };
+            assert!(!profiles.is_empty(), "{api}");
+            for p in &profiles {
+                assert_no_kernel_address(api, p);
+            }
+        }
+    }
+    let cfg: crate::config::OtlpSink =
+        serde_yaml::from_str("{enabled: true, resource_per: process}").expect("otlp config");
+    let req = crate::export::otlp::Encoder::new(&cfg, "node-1").request(&e.window);
+    let dict = req.dictionary.as_ref().expect("dictionary");
+    const KERNEL: u64 = 0xffff_8000_0000_0000;
+    assert!(
+        dict.location_table.iter().all(|l| l.address < KERNEL),
+        "otlp location"
+    );
+    assert!(
+        dict.mapping_table
+            .iter()
+            .all(|m| m.memory_start < KERNEL && m.memory_limit < KERNEL),
+        "otlp mapping"
+    );
+    assert_eq!(
+        kernel_address_in(&dict.string_table.join("\n")),
+        None,
+        "otlp strings"
+    );
 }

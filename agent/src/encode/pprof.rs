@@ -66,14 +66,15 @@ impl Span {
 }
 
 /// Which frames are one location: same mapping and address and, for JIT code and
-/// interpreted code (whose addresses are per process), the same function, file and line.
-/// The first frame seen gives the lines.
+/// interpreted code (whose addresses are per process) and kernel code (whose addresses
+/// are not shown), the same function, file and line. The first frame seen gives the lines.
 pub(crate) type LocationKey<'w> = (&'w SymMapping, u64, Option<&'w Func>);
 
 /// The location key of `f`.
 pub(crate) fn location_key(f: &SymFrame) -> LocationKey<'_> {
+    let by_name = f.is_jit() || f.is_interpreted() || matches!(f.mapping, SymMapping::Kernel);
     let func = match f.funcs.first() {
-        Some(func) if f.is_jit() || f.is_interpreted() => Some(func),
+        Some(func) if by_name => Some(func),
         _ => None,
     };
     (&f.mapping, f.address, func)
@@ -581,8 +582,11 @@ mod tests {
         assert_eq!(back.location.len(), 3);
         assert_eq!(back.mapping.len(), 2);
         assert_eq!(s[back.mapping[0].filename as usize], KERNEL_MAPPING);
-        assert_eq!(back.mapping[0].memory_start, 0xffff_0010);
-        assert_eq!(back.mapping[0].memory_limit, 0xffff_0021);
+        // Issue 58: kernel locations carry no address, the kernel mapping no bounds
+        // beyond address 0 (told apart by their functions).
+        assert!(back.location[..2].iter().all(|l| l.address == 0));
+        assert_eq!(back.mapping[0].memory_start, 0);
+        assert_eq!(back.mapping[0].memory_limit, 1);
         assert!(back.mapping[0].has_inline_frames);
         // Strings are unique.
         let mut sorted = s.clone();

@@ -19,6 +19,9 @@ use tokio::sync::Notify;
 use crate::config::Sinks;
 use crate::metrics::{ExportDrop, ExportMetrics, SinkLabel, SinkName};
 
+/// Bytes of a backend's error text logged (one line, control characters escaped).
+const MAX_LOGGED_DETAIL: usize = 512;
+
 /// What one attempt to send a request came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -333,6 +336,7 @@ async fn deliver<T: Transport>(
                 Outcome::Reject { reason, detail } => {
                     metrics.drop(queue.sink, reason, 1);
                     if logged.first(&reason.to_string()) {
+                        let detail = crate::export::secrets::one_line(&detail, MAX_LOGGED_DETAIL);
                         tracing::warn!(
                             sink,
                             %reason,

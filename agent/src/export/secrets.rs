@@ -64,3 +64,54 @@ fn stamp(path: &Path) -> Option<Stamp> {
     let m = std::fs::metadata(path).ok()?;
     Some((m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
 }
+
+/// Says, once at start, that `sink` sends credentials in clear text to `url` (shown
+/// redacted): anyone on the path reads them.
+pub(crate) fn warn_cleartext(sink: &str, url: &crate::config::values::Url) {
+    tracing::warn!(
+        sink,
+        %url,
+        "credentials (authorization or headers) go over plain http://: anyone on the network path can read them; use https://"
+    );
+}
+
+/// A backend's error text as one log line: control characters (newlines among them)
+/// escaped, at most `cap` bytes of it (cut on a character boundary, marked `…`). A
+/// hostile backend must not forge log lines or flood the log.
+pub(crate) fn one_line(text: &str, cap: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(cap) + 8);
+    for c in text.chars() {
+        let escaped: String = if c.is_control() {
+            c.escape_default().collect()
+        } else {
+            c.to_string()
+        };
+        if out.len() + escaped.len() > cap {
+            out.push('…');
+            break;
+        }
+        out.push_str(&escaped);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_text_is_one_capped_line() {
+        assert_eq!(
+            one_line("bad\nFAKE line\r\x1b[31m", 512),
+            "bad\\nFAKE line\\r\\u{1b}[31m"
+        );
+        let long = "é".repeat(600);
+        let cut = one_line(&long, 512);
+        assert!(
+            cut.len() <= 512 + '…'.len_utf8() && cut.ends_with('…'),
+            "{}",
+            cut.len()
+        );
+        assert!(!one_line("a\u{2028}b\u{85}c", 64).contains('\u{85}'));
+    }
+}

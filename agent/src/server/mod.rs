@@ -46,6 +46,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+pub use auth::{LocalToken, LOCAL_TOKEN_FILE};
 pub use health::Health;
 pub(crate) use health::HEALTH_GRACE;
 
@@ -100,6 +101,44 @@ pub async fn bind(cfg: &config::Server) -> Result<Listeners, (SocketAddr, io::Er
     })
 }
 
+/// Says where the profiles listener serves and how to get in; without
+/// `server.token_file` (and unless `server.local_auth` is off) makes the local token in
+/// `data_dir`. The login address (with the token) is printed only to a terminal: a log
+/// collected from a service or a pod must not carry it; elsewhere the log names the file.
+pub fn announce(
+    listeners: &Listeners,
+    cfg: &config::Server,
+    data_dir: &std::path::Path,
+) -> io::Result<Option<LocalToken>> {
+    use std::io::IsTerminal;
+    let addr = listeners.profiles_addr()?;
+    let what = "the profile explorer, its API, /metrics and /healthz";
+    if !cfg.token_file.as_os_str().is_empty() {
+        tracing::info!(
+            "serving {what} on http://{addr}/ (bearer token of server.token_file required)"
+        );
+        return Ok(None);
+    }
+    if !cfg.local_auth {
+        tracing::warn!("serving {what} on http://{addr}/ without a token (server.local_auth: false): every local user can read every profile");
+        return Ok(None);
+    }
+    let token = LocalToken::create(data_dir)?;
+    if io::stderr().is_terminal() {
+        tracing::info!(
+            "serving {what}: open {} (token also in {}, readable by its owner only)",
+            token.login_url(addr),
+            token.path().display()
+        );
+    } else {
+        tracing::info!(
+            "serving {what} on http://{addr}/; the token (bearer header, or /?token=<token> once in a browser) is in {}, readable by its owner only",
+            token.path().display()
+        );
+    }
+    Ok(Some(token))
+}
+
 /// Connections the health listener keeps open at once: the kubelet holds one or two.
 const HEALTH_MAX_CONNECTIONS: usize = 64;
 
@@ -111,6 +150,7 @@ pub async fn serve(
     metrics: Metrics,
     windows: Arc<WindowDir>,
     health: Arc<Health>,
+    local: Option<LocalToken>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let (stop, stopped) = watch::channel(false);
@@ -131,7 +171,13 @@ pub async fn serve(
     let own = listeners.profiles.local_addr()?;
     let profiles = limits::serve(
         listeners.profiles,
-        profiles_router(&cfg, own, &metrics, windows, health.clone(), heavy.clone()),
+        profiles_router(
+            &cfg,
+            own,
+            &metrics,
+            (windows, health.clone(), heavy.clone()),
+            local.as_ref(),
+        ),
         conn,
         metrics.clone(),
         stopped.clone(),
@@ -201,14 +247,14 @@ fn open_router(metrics: &Metrics, health: Arc<Health>) -> Router {
         .merge(health_router(health))
 }
 
-/// Everything the profiles listener serves; `own` is its bound address.
+/// Everything the profiles listener serves; `own` is its bound address, `local` the
+/// token made at start when `server.token_file` is unset.
 fn profiles_router(
     cfg: &config::Server,
     own: SocketAddr,
     metrics: &Metrics,
-    windows: Arc<WindowDir>,
-    health: Arc<Health>,
-    heavy: limits::Heavy,
+    (windows, health, heavy): (Arc<WindowDir>, Arc<Health>, limits::Heavy),
+    local: Option<&LocalToken>,
 ) -> Router {
     let limits = limits::RequestLimits {
         timeout: cfg.request_timeout,
@@ -249,26 +295,37 @@ fn profiles_router(
                 .route("/api/use", get(use_api::readings))
                 .with_state(use_api::UseState::new(metrics.readings.clone())),
         );
-    let token = (!cfg.token_file.as_os_str().is_empty())
-        .then(|| Arc::new(auth::TokenFile::new(&cfg.token_file)));
+    let configured = !cfg.token_file.as_os_str().is_empty();
+    let token = if configured {
+        Some(Arc::new(auth::Token::File(auth::TokenFile::new(
+            &cfg.token_file,
+        ))))
+    } else {
+        local.map(|t| Arc::new(auth::Token::local(t)))
+    };
     let auth = auth::Auth {
-        token: token.clone(),
+        token,
         metrics: metrics.clone(),
     };
     let protected = heavy
         .merge(light)
         .layer(from_fn_with_state(limits, limits::in_time))
-        .layer(from_fn_with_state(auth, auth::require_token));
-    let router = Router::new()
+        .layer(from_fn_with_state(auth.clone(), auth::require_token));
+    let pages = Router::new()
         .route("/", get(ui::index))
         .route("/use", get(ui::use_page))
+        .layer(from_fn_with_state(auth, auth::login));
+    let router = Router::new()
+        .merge(pages)
         .route("/ui/{*path}", get(ui::asset))
         .merge(protected)
         .merge(open_router(metrics, health));
-    match token {
-        // A token is what a rebinding page cannot send: no Host check needed.
-        Some(_) => router,
-        None => router.layer(from_fn_with_state(
+    match configured {
+        // A configured token is what a rebinding page cannot send: no Host check
+        // needed. (A local token's cookie is SameSite and bound to the loopback
+        // name, but the Host check stays: it costs nothing.)
+        true => router,
+        false => router.layer(from_fn_with_state(
             host::Hosts::new(own, &cfg.allowed_hosts, metrics.clone()),
             host::require_own_host,
         )),
@@ -452,6 +509,7 @@ mod tests {
             Metrics::new(),
             windows,
             Health::new(Duration::from_secs(10)),
+            None,
             async {
                 let _ = stopped.await;
             },
@@ -563,6 +621,7 @@ mod tests {
             metrics.clone(),
             windows,
             Health::new(Duration::from_secs(10)),
+            None,
             async {
                 let _ = stopped.await;
             },
@@ -630,6 +689,7 @@ mod tests {
             metrics.clone(),
             windows.clone(),
             Health::new(Duration::from_secs(10)),
+            None,
             async {
                 let _ = stopped.await;
             },
@@ -752,6 +812,7 @@ mod tests {
             metrics.clone(),
             windows,
             Health::new(Duration::from_secs(10)),
+            None,
             async {
                 let _ = stopped.await;
             },

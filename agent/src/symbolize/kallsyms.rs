@@ -10,6 +10,10 @@ use super::packed::PackedNames;
 /// Kernel text symbols sorted by address.
 #[derive(Debug, Default)]
 pub struct Kallsyms {
+    /// Where the kernel's text starts (`_text`, else `_stext`); 0 when unknown. Unnamed
+    /// kernel frames are shown as offsets from it: an absolute kernel address gives away
+    /// the KASLR slide.
+    text: u64,
     addrs: Vec<u64>,
     /// The name of `addrs[i]` at index `i`.
     names: PackedNames,
@@ -38,8 +42,14 @@ impl Kallsyms {
         let mut entries: Vec<(u64, usize, usize)> = Vec::new();
         let mut names: Vec<u8> = Vec::new();
         let mut line = Vec::new();
+        let (mut text, mut stext) = (0, 0);
         while r.read_until(b'\n', &mut line)? > 0 {
             if let Some((addr, name)) = parse_line(&line) {
+                match name {
+                    b"_text" => text = addr,
+                    b"_stext" => stext = addr,
+                    _ => {}
+                }
                 entries.push((addr, names.len(), names.len() + name.len()));
                 names.extend_from_slice(name);
             }
@@ -52,6 +62,7 @@ impl Kallsyms {
         // Addresses whose names did not fit name nothing.
         entries.truncate(packed.count());
         Ok(Kallsyms {
+            text: if text != 0 { text } else { stext },
             addrs: entries.iter().map(|e| e.0).collect(),
             names: packed,
         })
@@ -61,6 +72,16 @@ impl Kallsyms {
     pub fn resolve(&self, addr: u64) -> Option<String> {
         let i = self.addrs.partition_point(|&a| a <= addr).checked_sub(1)?;
         Some(String::from_utf8_lossy(&self.names.get(i)?).into_owned())
+    }
+
+    /// The name of an unnamed kernel frame at `addr`: `[kernel.kallsyms]+0x<offset from
+    /// the text start>`, or `[kernel.kallsyms]` alone when there is no text start at or
+    /// below it (kallsyms hidden): never the address itself.
+    pub fn unnamed(&self, addr: u64) -> String {
+        match addr.checked_sub(self.text) {
+            Some(off) if self.text != 0 => format!("{KERNEL_MAPPING}+{off:#x}"),
+            _ => KERNEL_MAPPING.to_string(),
+        }
     }
 
     /// Heap bytes held.
@@ -96,9 +117,28 @@ fn parse_line(line: &[u8]) -> Option<(u64, &[u8])> {
     Some((addr, name))
 }
 
+use crate::model::KERNEL_MAPPING;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 58: an unnamed kernel frame is an offset from `_text` (else `_stext`), never
+    /// an address; without a text start, the mapping's name alone.
+    #[test]
+    fn unnamed_frames_are_offsets_from_the_text_start() {
+        let k = Kallsyms::parse("ffffffff81000000 T _stext\nffffffff80e00000 T _text\n");
+        assert_eq!(
+            k.unnamed(0xffff_ffff_8100_2000),
+            "[kernel.kallsyms]+0x202000"
+        );
+        let k = Kallsyms::parse("ffffffff81000000 T _stext\n");
+        assert_eq!(k.unnamed(0xffff_ffff_8100_2000), "[kernel.kallsyms]+0x2000");
+        assert_eq!(k.unnamed(0xffff_ffff_8000_0000), "[kernel.kallsyms]");
+        // kallsyms hidden (kptr_restrict): every address reads 0, no text start.
+        let k = Kallsyms::parse("0000000000000000 T _text\n");
+        assert_eq!(k.unnamed(0xffff_ffff_8100_2000), "[kernel.kallsyms]");
+    }
 
     #[test]
     fn resolves_to_the_enclosing_symbol() {

@@ -280,9 +280,19 @@ impl Symbolizer {
         self.forget_gone();
         let kernel_misses = kernel.len();
         for addr in kernel {
-            if let Some(name) = self.kernel.resolve(addr) {
-                out.insert(FrameKey::Kernel(addr), named(Arc::from(name.as_str())));
-            }
+            let resolved = match self.kernel.resolve(addr) {
+                Some(name) => named(Arc::from(name.as_str())),
+                None => Resolved {
+                    funcs: vec![Func {
+                        name: Arc::from(self.kernel.unnamed(addr)),
+                        file: None,
+                        line: 0,
+                    }]
+                    .into(),
+                    named: false,
+                },
+            };
+            out.insert(FrameKey::Kernel(addr), resolved);
         }
         tracing::debug!(
             "window {}: {} kernel and {} object lookups missed the cache",
@@ -642,7 +652,9 @@ fn sym_frame(
     objects: &mut HashMap<FileId, Arc<ObjectFile>>,
 ) -> SymFrame {
     let (mapping, address, key) = match frame {
-        Frame::Kernel(a) => (Mapping::Kernel, *a, Some(FrameKey::Kernel(*a))),
+        // No kernel address leaves the agent (it gives away the KASLR slide): a kernel
+        // frame is its name, an unnamed one its offset from the text start (in its name).
+        Frame::Kernel(a) => (Mapping::Kernel, 0, Some(FrameKey::Kernel(*a))),
         Frame::User(UserAddr::Object(o, off)) => {
             let file = objects.entry(o.id).or_insert_with(|| {
                 Arc::new(ObjectFile {
@@ -718,7 +730,8 @@ fn python_frame(p: &PyFrame) -> SymFrame {
 /// The name of a frame that has no symbol: `libc.so.6+0x1a2b`, `[vdso]+0x10`, `[unknown]`.
 fn unnamed(frame: &Frame) -> Resolved {
     let name = match frame {
-        Frame::Kernel(a) => format!("{KERNEL_MAPPING}+{a:#x}"),
+        // Placeholder only: `resolve_all` names every kernel frame without its address.
+        Frame::Kernel(_) => KERNEL_MAPPING.to_owned(),
         Frame::User(UserAddr::Object(o, off)) => format!("{}+{off:#x}", o.base_name()),
         Frame::User(UserAddr::Region(label, off)) => format!("{label}+{off:#x}"),
         Frame::User(UserAddr::Unknown(_)) => "[unknown]".to_owned(),

@@ -74,8 +74,11 @@ pub struct PodMeta {
     pub owner_kind: Option<String>,
     /// Name of that workload.
     pub owner_name: Option<String>,
-    /// The annotation `ember.io/service-name`, else `pyroscope.io/service_name`, else
-    /// `<namespace>/<owner name, or pod name for a bare pod>`.
+    /// `<namespace>/<name>`: the name from the annotation `ember.io/service-name`, else
+    /// `pyroscope.io/service_name`, else the owner's name (the pod's for a bare pod). The
+    /// namespace is always the prefix (an annotation that starts with it is not prefixed
+    /// twice): who can annotate pods of one namespace cannot write into the service of
+    /// another.
     pub service_name: String,
     /// The pod's labels.
     pub labels: BTreeMap<String, String>,
@@ -614,7 +617,7 @@ pub const MAX_SERVICE_NAME: usize = 128;
 /// an annotation's control characters become `_` and it is cut to [`MAX_SERVICE_NAME`] bytes.
 fn service_name(pod: &Pod, namespace: &str, workload: &str) -> String {
     let annotations = pod.metadata.annotations.as_ref();
-    [SERVICE_NAME_ANNOTATION, PYROSCOPE_SERVICE_NAME_ANNOTATION]
+    let name = [SERVICE_NAME_ANNOTATION, PYROSCOPE_SERVICE_NAME_ANNOTATION]
         .iter()
         .find_map(|key| {
             annotations?
@@ -622,7 +625,17 @@ fn service_name(pod: &Pod, namespace: &str, workload: &str) -> String {
                 .map(|value| value.trim())
                 .filter(|value| !value.is_empty())
         })
-        .map_or_else(|| format!("{namespace}/{workload}"), label_safe)
+        .map_or_else(|| workload.to_owned(), label_safe);
+    // The namespace is the scope: `team-a` annotating `team-b/checkout` gets
+    // `team-a/team-b/checkout`, never team-b's series.
+    let own = name
+        .strip_prefix(namespace)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .filter(|rest| !rest.is_empty());
+    match own {
+        Some(_) => name,
+        None => format!("{namespace}/{name}"),
+    }
 }
 
 /// `value` with control characters replaced by `_`, cut to [`MAX_SERVICE_NAME`] bytes on a
@@ -835,7 +848,7 @@ mod tests {
             assert_eq!(meta.node, "node-a");
             assert_eq!(meta.owner_kind.as_deref(), Some("Deployment"));
             assert_eq!(meta.owner_name.as_deref(), Some("web"));
-            assert_eq!(meta.service_name, "shop-web");
+            assert_eq!(meta.service_name, "shop/shop-web");
             assert_eq!(meta.labels.get("app").map(String::as_str), Some("web"));
         }
         // Ids with their scheme are accepted too; unknown ids are not found.
@@ -1030,17 +1043,33 @@ mod tests {
         };
         assert_eq!(
             service(json!({"ember.io/service-name": "a", "pyroscope.io/service_name": "b"})),
-            "a"
+            "ns/a"
         );
-        assert_eq!(service(json!({"pyroscope.io/service_name": "b"})), "b");
+        assert_eq!(service(json!({"pyroscope.io/service_name": "b"})), "ns/b");
         assert_eq!(
             service(json!({"ember.io/service-name": " ", "pyroscope.io/service_name": "b"})),
-            "b"
+            "ns/b"
         );
         assert_eq!(service(json!({"other": "c"})), "ns/web");
+        // Issue 58: scoped by the pod's namespace; another namespace's name stays under
+        // this one; this namespace's own prefix is not doubled.
+        assert_eq!(
+            service(json!({"ember.io/service-name": "other/checkout"})),
+            "ns/other/checkout"
+        );
+        assert_eq!(
+            service(json!({"ember.io/service-name": "ns/checkout"})),
+            "ns/checkout"
+        );
+        assert_eq!(service(json!({"ember.io/service-name": "ns/"})), "ns/ns/");
+        assert_eq!(
+            service(json!({"ember.io/service-name": "nsx/a"})),
+            "ns/nsx/a"
+        );
         // A 200 KiB annotation, with a newline, becomes a short, one-line label value.
         let long = format!("svc\n{}", "é".repeat(100_000));
         let name = service(json!({ "ember.io/service-name": long }));
+        let name = name.strip_prefix("ns/").unwrap_or_default();
         assert!(name.len() <= MAX_SERVICE_NAME && name.len() > MAX_SERVICE_NAME - 2);
         assert!(name.starts_with("svc_é"), "{name}");
         let bare = owned_pod(None, json!({}), json!({}));

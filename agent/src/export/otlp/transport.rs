@@ -57,16 +57,22 @@ impl Grpc {
                         source,
                     }
                 })?;
-            let value = MetadataValue::try_from(v.0.as_str()).map_err(|source| {
+            let mut value = MetadataValue::try_from(v.0.as_str()).map_err(|source| {
                 SinkSetupError::MetadataValue {
                     name: k.clone(),
                     source,
                 }
             })?;
+            // Headers carry credentials (authorization, API keys): never in a log or a
+            // debug print of the request.
+            value.set_sensitive(true);
             metadata.insert(key, value);
         }
         let secrets = SecretFiles::new([cfg.bearer_token_file.as_path()]);
         set_token(&mut metadata, &cfg.bearer_token_file)?;
+        if cfg.endpoint.starts_with("http://") && !metadata.is_empty() {
+            crate::export::secrets::warn_cleartext(NAME.as_str(), &cfg.endpoint);
+        }
         Ok(Self {
             client,
             metadata,

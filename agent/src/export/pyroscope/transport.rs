@@ -114,6 +114,13 @@ impl Http {
             cfg.bearer_token_file.as_path(),
         ]);
         let headers = headers(cfg)?;
+        if cfg.url.starts_with("http://")
+            && (headers.contains_key(http::header::AUTHORIZATION)
+                || !cfg.headers.is_empty()
+                || cfg.url.redacted() != cfg.url.0)
+        {
+            crate::export::secrets::warn_cleartext(NAME.as_str(), &cfg.url);
+        }
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_connect_timeout(Some(connect_timeout));

@@ -27,6 +27,7 @@ type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Byt
 /// The worker's state: servers, caps, the disk cache.
 pub struct Worker {
     urls: Vec<String>,
+    ca_file: std::path::PathBuf,
     timeout: Duration,
     max_file: u64,
     limits: Limits,
@@ -39,6 +40,7 @@ impl Worker {
     pub fn new(urls: Vec<String>, settings: &Symbols, store: Store, metrics: Metrics) -> Self {
         Self {
             urls,
+            ca_file: settings.debuginfod_ca_file.clone(),
             timeout: settings.debuginfod_timeout,
             max_file: settings.debuginfod_max_file_bytes,
             limits: Limits {
@@ -62,7 +64,7 @@ impl Worker {
                 return;
             }
         };
-        let client = match client() {
+        let client = match client(&self.ca_file) {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!("debuginfod: no TLS configuration: {e}; not fetching");
@@ -183,9 +185,10 @@ async fn download(
     Ok(written)
 }
 
-/// An http(s) client trusting the system's roots (`crate::tls`, as every https client).
-fn client() -> Result<HttpsClient, crate::tls::TlsError> {
-    let tls = crate::tls::client_for(Path::new(""))?;
+/// An http(s) client trusting the PEM CAs of `ca_file`, else the system's roots
+/// (`crate::tls`, as every https client).
+fn client(ca_file: &Path) -> Result<HttpsClient, crate::tls::TlsError> {
+    let tls = crate::tls::client_for(ca_file)?;
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     let connector = hyper_rustls::HttpsConnectorBuilder::new()

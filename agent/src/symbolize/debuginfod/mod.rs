@@ -78,10 +78,22 @@ impl Debuginfod {
     /// cache under `data_dir/debuginfod`; `None` when no server is configured or the cache
     /// directory cannot be made (said in the log).
     pub fn start(settings: &Symbols, data_dir: &Path, metrics: Metrics) -> Option<Self> {
-        let urls = servers(settings, std::env::var("DEBUGINFOD_URLS").ok());
+        let env = std::env::var("DEBUGINFOD_URLS").ok();
+        if settings.debuginfod_urls.is_empty()
+            && !settings.debuginfod_urls_from_env
+            && env.as_deref().is_some_and(|e| !e.trim().is_empty())
+        {
+            tracing::info!("debuginfod: DEBUGINFOD_URLS is set but ignored (symbols.debuginfod_urls_from_env is false)");
+        }
+        let urls = servers(settings, env);
         if urls.is_empty() {
             return None;
         }
+        // Who learns the build ids of every stripped object on the host, said once.
+        tracing::info!(
+            "debuginfod: build ids of stripped objects without local debug files go to {}",
+            urls.join(", ")
+        );
         let dir = data_dir.join("debuginfod");
         let store = match store::Store::open(&dir, settings.debuginfod_cache_bytes) {
             Ok(s) => s,
@@ -195,18 +207,23 @@ impl Debuginfod {
     }
 }
 
-/// The servers to ask: the config's, else `env` (`DEBUGINFOD_URLS`, space-separated;
-/// entries that are not http(s) URLs are ignored, said in the log).
+/// The servers to ask: the config's, else, only with `debuginfod_urls_from_env`, `env`
+/// (`DEBUGINFOD_URLS`, space-separated; entries that are not `https://` URLs, or `http://`
+/// without `debuginfod_allow_http`, are ignored, said in the log).
 fn servers(settings: &Symbols, env: Option<String>) -> Vec<String> {
     if !settings.debuginfod_urls.is_empty() {
         return settings.debuginfod_urls.clone();
     }
+    if !settings.debuginfod_urls_from_env {
+        return Vec::new();
+    }
     let env = env.unwrap_or_default();
     env.split_whitespace()
         .filter(|u| {
-            let ok = u.starts_with("http://") || u.starts_with("https://");
+            let ok = u.starts_with("https://")
+                || settings.debuginfod_allow_http && u.starts_with("http://");
             if !ok {
-                tracing::warn!("DEBUGINFOD_URLS: {u:?} is not an http(s) URL; ignored");
+                tracing::warn!("DEBUGINFOD_URLS: {u:?} is not an https:// URL (http:// needs symbols.debuginfod_allow_http); ignored");
             }
             ok
         })
@@ -224,10 +241,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn servers_come_from_the_config_else_the_environment() {
+    fn servers_come_from_the_config_else_the_environment_only_when_asked() {
         let mut s = Symbols::default();
         assert!(servers(&s, None).is_empty());
         let env = Some("https://a.example/ ftp://no http://b.example".to_owned());
+        // Issue 58: the environment alone sends nothing anywhere.
+        assert!(servers(&s, env.clone()).is_empty());
+        s.debuginfod_urls_from_env = true;
+        assert_eq!(servers(&s, env.clone()), ["https://a.example"]);
+        s.debuginfod_allow_http = true;
         assert_eq!(
             servers(&s, env.clone()),
             ["https://a.example", "http://b.example"]
