@@ -756,7 +756,7 @@ mod tests {
         // readings, jit, counters, otlp_metrics, symbols, health, interpreters.
         assert_eq!(
             count,
-            9 + 15 + 1 + 3 + 15 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 11 + 1 + 1
+            9 + 15 + 1 + 3 + 16 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 14 + 1 + 1
         );
         let python = &v["interpreters"]["python"];
         assert_eq!(python.as_mapping().map_or(0, |m| m.len()), 3);

@@ -972,7 +972,8 @@ mod tests {
         let f = &a.frames;
         assert_eq!(
             (&f[0].mapping, f[0].address),
-            (&Mapping::Kernel, 0xffff_0010)
+            // A named kernel frame leaves without its address (no KASLR slide off the host).
+            (&Mapping::Kernel, 0)
         );
         assert_eq!(f[0].funcs, schedule.funcs);
         assert!(f[1].is_jit() && f[1].named);
