@@ -924,41 +924,61 @@ static __always_inline void finish(struct scratch *s)
 	emit(s, k * sizeof(__u64), u * sizeof(__u64) + tail);
 }
 
-/* The table walker: EMBER_FRAMES_PER_RUN frames a run, then a tail call to itself. */
+/*
+ * One run of a walk: EMBER_FRAMES_PER_RUN frames, then a tail call to the walker for the
+ * next run, or the record once the walk has ended. c->proc is the process's entry.
+ */
+static __always_inline void walk_run(struct ember_perf_ctx *ctx, struct walk_ctx *c)
+{
+	struct scratch *s = c->s;
+	__u32 zero = 0;
+
+	c->cache = bpf_map_lookup_elem(&row_cache, &zero);
+	interp_begin(c, s->rec.pid, 0);
+	walk_frames(c, EMBER_FRAMES_PER_RUN);
+	if (s->w.running) {
+		bpf_tail_call(ctx, &walk_progs, 0);
+		/* Out of tail calls (33 runs: far more than EMBER_MAX_FRAMES frames), or no walker in the slot. */
+		count(EMBER_CNT_TAIL_CALL);
+		s->w.running = 0;
+		s->w.result = EMBER_UNWIND_TRUNCATED;
+	}
+	interp_append(c);
+	finish(s);
+}
+
+/* The table walker's later runs (a stack deeper than the sampler's first run). */
 SEC("perf_event")
 int ember_walk(struct ember_perf_ctx *ctx)
 {
 	__u32 zero = 0, pid;
 	struct scratch *s = bpf_map_lookup_elem(&scratch_map, &zero);
-	struct walk_ctx c;
+	struct walk_ctx c = {};
 
 	if (!s)
 		return 0;
 	pid = s->rec.pid;
 	c.s = s;
-	c.cache = bpf_map_lookup_elem(&row_cache, &zero);
 	c.proc = bpf_map_lookup_elem(&unwind_procs, &pid);
-	interp_begin(&c, pid, 0);
 	if (!c.proc) {
 		/* The agent dropped the process between two runs. */
 		s->w.running = 0;
 		s->w.result = EMBER_UNWIND_ERR_TABLE;
-	} else {
-		walk_frames(&c, EMBER_FRAMES_PER_RUN);
+		interp_append(&c);
+		finish(s);
+		return 0;
 	}
-	if (s->w.running) {
-		bpf_tail_call(ctx, &walk_progs, 0);
-		/* Out of tail calls (33 runs): far more than EMBER_MAX_FRAMES frames. */
-		s->w.running = 0;
-		s->w.result = EMBER_UNWIND_TRUNCATED;
-	}
-	interp_append(&c);
-	finish(s);
+	walk_run(ctx, &c);
 	return 0;
 }
 
-SEC("perf_event")
-int ember_sample(struct ember_perf_ctx *ctx)
+/*
+ * A sample: the record's fields and the kernel stack; then the user stack, by
+ * frame pointers (bpf_get_stack), or, when `tables`, by the walker, whose first run
+ * is the sampler's own (a tail call and the map lookups it repeats cost a stack of
+ * a few frames a tenth of its time), and which tail-calls ember_walk for the rest.
+ */
+static __always_inline int sample(struct ember_perf_ctx *ctx, const int tables)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
@@ -1013,7 +1033,7 @@ int ember_sample(struct ember_perf_ctx *ctx)
 	ubytes = 0;
 	/* The current task is typed only with kernel BTF (task_regs). */
 	if (pid != 0 && !(ember_cfg.task_regs && kernel_thread(bpf_get_current_task_btf()))) {
-		if (ember_cfg.unwind_mode != EMBER_MODE_FRAME_POINTER) {
+		if (tables) {
 			struct ember_unwind_proc *known = bpf_map_lookup_elem(&unwind_procs, &pid);
 
 			if (!known) {
@@ -1031,8 +1051,10 @@ int ember_sample(struct ember_perf_ctx *ctx)
 				s->w.exact = 1;
 				s->w.looked = !ember_cfg.task_regs;
 				interp_reset(&s->w);
-				bpf_tail_call(ctx, &walk_progs, 0);
-				count(EMBER_CNT_TAIL_CALL);
+				struct walk_ctx c = { .s = s, .proc = known };
+
+				walk_run(ctx, &c);
+				return 0;
 			}
 		}
 		/* Kernel threads have no user stack; only count failures of user tasks. */
@@ -1048,6 +1070,20 @@ int ember_sample(struct ember_perf_ctx *ctx)
 	s->rec.user_frames = ubytes / sizeof(__u64);
 	emit(s, kbytes, ubytes);
 	return 0;
+}
+
+/* The sampler that must load on every kernel: user stacks by frame pointers. */
+SEC("perf_event")
+int ember_sample(struct ember_perf_ctx *ctx)
+{
+	return sample(ctx, 0);
+}
+
+/* The sampler with the table walker (sampling.unwind auto or dwarf, where the kernel takes it). */
+SEC("perf_event")
+int ember_sample_walk(struct ember_perf_ctx *ctx)
+{
+	return sample(ctx, 1);
 }
 
 /*

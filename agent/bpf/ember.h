@@ -181,7 +181,7 @@ enum ember_counter {
 	EMBER_CNT_IDLE = 5,       /* idle task skipped (not a loss) */
 	EMBER_CNT_FILTERED = 6,   /* excluded by --pid or the filters (not a loss) */
 	EMBER_CNT_NO_SCRATCH = 7, /* per-CPU scratch missing: whole sample lost */
-	EMBER_CNT_TAIL_CALL = 8,  /* the table walker could not be entered: frame pointers used (sample kept) */
+	EMBER_CNT_TAIL_CALL = 8,  /* the walker's next run could not be entered: the stack is cut there (sample kept) */
 	EMBER_CNT_EXEC_RANGES = 9, /* the exec hook wrote a new program's ranges */
 	EMBER_CNT_EXEC_FAILED = 10, /* ... could not (`unwind_procs` full): the agent's read follows */
 	EMBER_CNT_VMA_FOUND = 11, /* the walker found a library mapped since the agent's read */

@@ -10,7 +10,8 @@ use crate::config::{OffCpu as OffCpuSettings, Sampling, UnwindMode};
 /// The user-stack walker's variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Walker {
-    /// `ember_walk` with unwind tables; `python`: with interpreter frames.
+    /// `ember_sample_walk` and `ember_walk` with unwind tables; `python`: with interpreter
+    /// frames.
     Tables { python: bool },
     /// `bpf_get_stack` by frame pointers only.
     FramePointer,
@@ -261,10 +262,10 @@ impl Plan {
         }
         match culprit {
             Culprit::Program(p) => match p.as_str() {
-                "ember_walk" => match self.walker {
+                "ember_walk" | "ember_sample_walk" => match self.walker {
                     Walker::Tables { python: true } => {
                         self.walker = Walker::Tables { python: false };
-                        self.note(Feature::Python, Reason::Refused, refused("ember_walk"));
+                        self.note(Feature::Python, Reason::Refused, refused(p));
                     }
                     Walker::Tables { python: false } => {
                         self.walker = Walker::FramePointer;
@@ -272,7 +273,7 @@ impl Plan {
                         self.note(
                             Feature::UnwindTables,
                             Reason::Refused,
-                            refused("ember_walk without Python"),
+                            refused(&format!("{p} without Python")),
                         );
                     }
                     Walker::FramePointer => return false,
@@ -392,7 +393,11 @@ impl Plan {
                     "perf_event, frame pointers"
                 },
             ),
-            state(Feature::UnwindTables, tables, "ember_walk"),
+            state(
+                Feature::UnwindTables,
+                tables,
+                "ember_sample_walk+ember_walk",
+            ),
             state(
                 Feature::Python,
                 self.walker == Walker::Tables { python: true },
@@ -529,7 +534,8 @@ mod tests {
         assert_eq!(plan.walker, Walker::Tables { python: true });
         assert!(plan.step_down(&prog("ember_walk"), "too large"));
         assert_eq!(plan.walker, Walker::Tables { python: false });
-        assert!(plan.step_down(&prog("ember_walk"), "too large"));
+        // The sampler's walking variant steps down as the walker does.
+        assert!(plan.step_down(&prog("ember_sample_walk"), "too large"));
         assert_eq!(plan.walker, Walker::FramePointer);
         assert!(!plan.exec);
         assert!(!plan.step_down(&prog("ember_walk"), "too large"));

@@ -43,6 +43,8 @@ pub(super) struct Sampler<'obj> {
     attach_errors: BTreeMap<Feature, String>,
     /// The table walker loaded (and its slot is set): the unwind loader has maps to fill.
     tables: bool,
+    /// The sampler loaded is `ember_sample_walk` (the walker's first run), not `ember_sample`.
+    walks: bool,
 }
 
 impl Sampler<'static> {
@@ -184,6 +186,7 @@ impl Sampler<'static> {
             event: settings.event,
             tables: matches!(plan.walker, Walker::Tables { .. })
                 && !attach_errors.contains_key(&Feature::UnwindTables),
+            walks: matches!(plan.walker, Walker::Tables { .. }),
             attach_errors,
         })
     }
@@ -331,7 +334,12 @@ impl Sampler<'_> {
             }
             Err(e) => return Err(e),
         };
-        match self.skel.progs.ember_sample.attach_perf_event(fd) {
+        let prog = if self.walks {
+            &self.skel.progs.ember_sample_walk
+        } else {
+            &self.skel.progs.ember_sample
+        };
+        match prog.attach_perf_event(fd) {
             Ok(link) => Ok(link), // the link now owns the perf fd
             Err(e) => {
                 // SAFETY: fd was returned by perf_event_open above and is owned by nobody else.
@@ -390,8 +398,9 @@ fn open_with(
     for mut prog in open.open_object_mut().progs_mut() {
         prog.set_log_level(LOG_STATS);
         let load = match prog.name().to_str().unwrap_or_default() {
-            "ember_sample" => true,
-            "ember_walk" => tables,
+            // One sampler: with the walker's first run, or by frame pointers alone.
+            "ember_sample" => !tables,
+            "ember_sample_walk" | "ember_walk" => tables,
             "ember_exec" => plan.exec,
             "ember_offcpu_switch" => on,
             "ember_offcpu_waking" => on && plan.wakers,
