@@ -187,6 +187,7 @@ modgraph:
 	$(PYTHON) tests/modgraph.py --self-test
 	$(PYTHON) tests/modgraph.py
 	$(PYTHON) tests/sizes.py --self-test && $(PYTHON) tests/sizes.py
+	$(PYTHON) tests/bpfunits.py --self-test && $(PYTHON) tests/bpfunits.py
 
 clippy:
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings

@@ -19,17 +19,8 @@ fn main() {
         .clang_args(["-I", "bpf", "-O2", "-g", "-Wall"])
         .build_and_generate(out.join("runqlat.skel.rs"))
         .expect("building the run-queue latency BPF program");
-    for f in [
-        "bpf/ember.bpf.c",
-        "bpf/runqlat.bpf.c",
-        "bpf/ember.h",
-        "bpf/offcpu.bpf.h",
-        "bpf/interp.bpf.h",
-        "bpf/python.bpf.h",
-        "bpf/types.h",
-    ] {
-        println!("cargo:rerun-if-changed={f}");
-    }
+    // The whole directory: cargo rescans it, headers of every unit and contract/ included.
+    println!("cargo:rerun-if-changed=bpf");
 
     let proto_dir = "../proto";
     let fds = protox::compile([format!("{proto_dir}/profile.proto")], [proto_dir])

@@ -11,29 +11,10 @@
  * A sample's interpreter frames share one state (struct interp_walk) and one tail
  * after the ips (struct ember_py_tail): a thread runs one interpreter.
  */
+#ifndef EMBER_INTERP_BPF_H
+#define EMBER_INTERP_BPF_H
 
-/* Whose frames a walk is recording (struct interp_walk.emitting). */
-enum interp_runtime {
-	INTERP_NONE = 0,
-	INTERP_PYTHON = 1,
-};
-
-/* The thread's %fs base: where its TLS and its pthread's key slots are (x86-64). */
-static __always_inline __u64 thread_pointer(void)
-{
-	struct task_struct___py *t = (void *)bpf_get_current_task_btf();
-
-	return BPF_CORE_READ(t, thread.fsbase);
-}
-
-/* Marks user slot i in one of the tail's bitmaps (i < 128). */
-static __always_inline void set_bit(__u64 *bits, __u32 i)
-{
-	bits[(i >> 6) & 1] |= 1ULL << (i & 63);
-}
-
-int interp_frame(struct scratch *s, struct ember_py_proc *py, __u32 buf_key);
-
+#include "runtime.bpf.h"
 #include "python.bpf.h"
 
 /* Each runtime's entry for the process `pid`, at the start of a walker run; buf_key 0 the sampler. */
@@ -118,3 +99,5 @@ static __always_inline __u64 interp_finish(struct scratch *s, __u32 k, __u32 u)
 		s->ips[(n & 0xff) + j] = ((__u64 *)&s->w.interp.tail)[j];
 	return sizeof(struct ember_py_tail);
 }
+
+#endif /* EMBER_INTERP_BPF_H */

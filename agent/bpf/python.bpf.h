@@ -4,8 +4,12 @@
  * frame is in the eval loop (`_PyEval_EvalFrameDefault`), the interpreter frames
  * that eval call runs are recorded before it, innermost first, from the thread's own
  * PyThreadState (see struct ember_py_proc in ember.h and agent/src/normalize/python).
- * Included by interp.bpf.h only: it uses the walker's types and helpers.
+ * interp.bpf.h dispatches to it; it needs only the walk's state and runtime.bpf.h.
  */
+#ifndef EMBER_PYTHON_BPF_H
+#define EMBER_PYTHON_BPF_H
+
+#include "runtime.bpf.h"
 
 /* Per process (tgid): where its interpreter's eval loop is and how to walk its frames. */
 struct {
@@ -272,3 +276,5 @@ static __always_inline void py_begin(struct walk_ctx *c, __u32 pid)
 {
 	c->py = c->proc && (c->proc->flags & EMBER_PROC_PYTHON) ? bpf_map_lookup_elem(&py_procs, &pid) : 0;
 }
+
+#endif /* EMBER_PYTHON_BPF_H */

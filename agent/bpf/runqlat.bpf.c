@@ -58,6 +58,7 @@ enum cgroup_subsys_id {
 /* Never written: present so the skeleton carries the Rust types. */
 struct ember_rq_hist ember_rq_hist_layout = {};
 enum ember_rq_counter ember_rq_counter_layout = EMBER_RQ_CNT_MAX;
+enum ember_rq_limit ember_rq_limit_layout = EMBER_RQ_SLOTS;
 
 /* tid -> when it became runnable. Full map: the latency is lost and counted. */
 struct {

@@ -1,4 +1,5 @@
-//! Every struct and enum of `agent/bpf/ember.h`, checked at compile time.
+//! Every struct and enum of `agent/bpf/ember.h` (the contract headers it includes),
+//! checked at compile time.
 //!
 //! The Rust types are the skeleton's, generated from the BPF program's BTF, so Rust and C
 //! agree by construction; what can drift is what Rust code assumes of them (a record's ips
@@ -21,9 +22,12 @@ use super::skel::types::{
     ember_unwind_segment, scratch,
 };
 use super::skel::types::{
+    ember_limit, ember_py_limit, ember_rec_flag, ember_table_none, ember_unwind_limit,
+};
+use super::skel::types::{
     ember_py_model, ember_py_proc, ember_py_result, ember_py_tail, ember_py_tls,
 };
-use super::unwind::{CHUNK_SLOTS, FILE_SEGMENTS, PROC_BYTES, RANGES};
+use super::unwind::{CHUNK_SLOTS, FILE_SEGMENTS, PROC_BYTES, RANGES, SLOTS};
 use super::MAX_FRAMES;
 
 /// The size of the field `project` names (no value needed).
@@ -156,11 +160,52 @@ const _: () = {
             == 2 * MAX_FRAMES * size_of::<u64>() + size_of::<ember_py_tail>()
     );
     assert!(MAX_FRAMES < 128, "one bit each in Sample::user_exact");
-    assert!(RANGES == 64, "EMBER_UNWIND_RANGES");
-    assert!(FILE_SEGMENTS == 4, "EMBER_UNWIND_FILE_SEGMENTS");
-    assert!(CHUNK_SLOTS == 512, "EMBER_UNWIND_CHUNK_SLOTS");
+    assert!(RANGES == ember_unwind_limit::EMBER_UNWIND_RANGES.0 as usize);
+    assert!(FILE_SEGMENTS == ember_unwind_limit::EMBER_UNWIND_FILE_SEGMENTS.0 as usize);
+    assert!(CHUNK_SLOTS == ember_unwind_limit::EMBER_UNWIND_CHUNK_SLOTS.0 as usize);
+    assert!(SLOTS == ember_unwind_limit::EMBER_UNWIND_TABLES.0 as usize);
+    assert!(
+        field_size(|r: &ember_record| &r.comm) == ember_limit::EMBER_COMM_LEN.0 as usize,
+        "EMBER_COMM_LEN"
+    );
+    assert!(
+        field_size(|p: &ember_py_proc| &p.eval_start)
+            == ember_py_limit::EMBER_PY_EVAL_RANGES.0 as usize * size_of::<u64>()
+    );
     assert!(PROC_BYTES == 8 + RANGES * size_of::<ember_unwind_range>());
 };
+
+shared_enum!(ember_limit {
+    EMBER_MAX_FRAMES = 127,
+    EMBER_COMM_LEN = 16,
+    EMBER_IP_EXACT_BIT = 63,
+    EMBER_FRAMES_PER_RUN = 16,
+});
+
+shared_enum!(ember_rec_flag {
+    EMBER_REC_UNKNOWN_PROCESS = 1,
+    EMBER_REC_RANGE_MISS = 2,
+    EMBER_REC_UNREAD = 4,
+});
+
+shared_enum!(ember_unwind_limit {
+    EMBER_UNWIND_CHUNK_SLOTS = 512,
+    EMBER_UNWIND_SLOT_BITS = 12,
+    EMBER_UNWIND_TABLES = 4096,
+    EMBER_UNWIND_RANGES = 64,
+    EMBER_UNWIND_FILE_SEGMENTS = 4,
+    EMBER_UNWIND_FILES = 8192,
+});
+
+shared_enum!(ember_table_none {
+    EMBER_TABLE_NONE = 0xffff_ffff,
+});
+
+shared_enum!(ember_py_limit {
+    EMBER_PY_EVAL_RANGES = 2,
+    EMBER_PY_NO_FIELD = 0xffff,
+    EMBER_PY_FRAME_BYTES = 128,
+});
 
 shared_enum!(ember_proc_flag {
     EMBER_PROC_UNREAD = 1,

@@ -3,16 +3,17 @@
 //! `EMBER_REC_*` flags by which a record asks the unwind loader for its process.
 
 use super::skel::types::{
-    ember_offcpu_head, ember_offcpu_kind, ember_offcpu_path, ember_offcpu_state, ember_offcpu_sum,
-    ember_py_result, ember_py_tail, ember_record, ember_unwind_result,
+    ember_limit, ember_offcpu_head, ember_offcpu_kind, ember_offcpu_path, ember_offcpu_state,
+    ember_offcpu_sum, ember_py_result, ember_py_tail, ember_rec_flag, ember_record,
+    ember_unwind_result,
 };
 use crate::model::{LockWait, OffCpu, OffState, PyFrameRef, PyWalk, Sample, StackEnd};
 
-/// Frames per stack side, as `EMBER_MAX_FRAMES` in `bpf/ember.h` (below 128: one bit
-/// each in [`Sample::user_exact`]).
-pub const MAX_FRAMES: usize = 127;
+/// Frames per stack side, `EMBER_MAX_FRAMES` of `bpf/contract/record.h` (below 128: one
+/// bit each in [`Sample::user_exact`]).
+pub const MAX_FRAMES: usize = ember_limit::EMBER_MAX_FRAMES.0 as usize;
 /// `EMBER_IP_EXACT`: the walker's mark on a user frame to be named at its own address.
-const IP_EXACT: u64 = 1 << 63;
+const IP_EXACT: u64 = 1 << ember_limit::EMBER_IP_EXACT_BIT.0;
 const HEADER: usize = std::mem::size_of::<ember_record>();
 // The header is the contract: the ips must start 8-byte aligned right after it.
 const _: () = assert!(HEADER % 8 == 0);
@@ -20,10 +21,10 @@ const OFFCPU_HEAD: usize = std::mem::size_of::<ember_offcpu_head>();
 const PY_TAIL: usize = std::mem::size_of::<ember_py_tail>();
 const _: () = assert!(OFFCPU_HEAD % 8 == 0);
 
-/// Record flags (`EMBER_REC_*` in `bpf/ember.h`).
-pub(super) const REC_UNKNOWN_PROCESS: u8 = 1;
-pub(super) const REC_RANGE_MISS: u8 = 2;
-pub(super) const REC_UNREAD: u8 = 4;
+/// Record flags (`enum ember_rec_flag`: `user_flags` is one byte of them).
+pub(super) const REC_UNKNOWN_PROCESS: u8 = ember_rec_flag::EMBER_REC_UNKNOWN_PROCESS.0 as u8;
+pub(super) const REC_RANGE_MISS: u8 = ember_rec_flag::EMBER_REC_RANGE_MISS.0 as u8;
+pub(super) const REC_UNREAD: u8 = ember_rec_flag::EMBER_REC_UNREAD.0 as u8;
 
 /// Turns one ring buffer record into a sample and its `EMBER_REC_*` flags; `None` if it is
 /// shorter than it claims.

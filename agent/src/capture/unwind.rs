@@ -23,15 +23,16 @@ pub use super::skel::types::{
     ember_unwind_file_key, ember_unwind_header, ember_unwind_page, ember_unwind_page_shift,
     ember_unwind_proc, ember_unwind_range, ember_unwind_row, ember_unwind_segment,
 };
-pub use super::skel::types::{ember_py_model, ember_py_proc, ember_py_tls};
+pub use super::skel::types::{ember_py_limit, ember_py_model, ember_py_proc, ember_py_tls};
+use super::skel::types::{ember_table_none, ember_unwind_limit};
 
-/// Bits of a table id that are its slot (`EMBER_UNWIND_SLOT_BITS`, a `#define`: absent
-/// from BTF, so stated here and checked against the map at [`MapIo::open`]).
-pub const SLOT_BITS: u32 = 12;
+/// Bits of a table id that are its slot (`EMBER_UNWIND_SLOT_BITS`; also checked against
+/// the map at [`MapIo::open`]).
+pub const SLOT_BITS: u32 = ember_unwind_limit::EMBER_UNWIND_SLOT_BITS.0;
 /// Slots of `unwind_tables` (`EMBER_UNWIND_TABLES`).
 pub const SLOTS: usize = 1 << SLOT_BITS;
 /// `EMBER_TABLE_NONE`: walk this range by the frame pointer.
-pub const TABLE_NONE: u32 = u32::MAX;
+pub const TABLE_NONE: u32 = ember_table_none::EMBER_TABLE_NONE.0;
 /// Bytes of one element of a table's array (`struct ember_unwind_chunk`).
 pub const CHUNK_BYTES: usize = size_of::<ember_unwind_chunk>();
 /// 8-byte slots per element (`EMBER_UNWIND_CHUNK_SLOTS`): the walker looks up one 4 KiB
@@ -45,7 +46,7 @@ pub const FILE_SEGMENTS: usize = (size_of::<ember_unwind_file>()
     - offset_of!(ember_unwind_file, segments))
     / size_of::<ember_unwind_segment>();
 /// Entries of `unwind_files` (`EMBER_UNWIND_FILES`).
-pub const FILES: usize = 8192;
+pub const FILES: usize = ember_unwind_limit::EMBER_UNWIND_FILES.0 as usize;
 /// Bytes of one `unwind_procs` value.
 pub const PROC_BYTES: usize = size_of::<ember_unwind_proc>();
 

@@ -30,13 +30,13 @@ use crate::workload::walk::{self, ContainerCgroup, Request};
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/runqlat.skel.rs"));
 }
-use skel::types::{ember_rq_counter, ember_rq_hist};
+use skel::types::{ember_rq_counter, ember_rq_hist, ember_rq_limit};
 use skel::RunqlatSkelBuilder;
 
 /// Buckets of the in-kernel histogram (`EMBER_RQ_SLOTS`).
-pub const SLOTS: usize = 24;
+pub const SLOTS: usize = ember_rq_limit::EMBER_RQ_SLOTS.0 as usize;
 /// Latencies are bucketed by log2 of `ns >> SHIFT` (`EMBER_RQ_SHIFT`).
-pub const SHIFT: u32 = 10;
+pub const SHIFT: u32 = ember_rq_limit::EMBER_RQ_SHIFT.0;
 const HIST_BYTES: usize = std::mem::size_of::<ember_rq_hist>();
 const _: () = {
     use std::mem::offset_of;

@@ -24,7 +24,7 @@ use super::check::{check_main_chain, Chain};
 use super::members::{check_code_members, MembersError};
 use super::memory::ProcMem;
 pub use super::PyProcess;
-use crate::capture::unwind::{ember_py_model, ember_py_proc, ember_py_tls};
+use crate::capture::unwind::{ember_py_limit, ember_py_model, ember_py_proc, ember_py_tls};
 use crate::metrics::{Metrics, PyAttach};
 use crate::normalize::elf_file::{ElfReader, Limits};
 use crate::normalize::object::FileAt;
@@ -34,6 +34,8 @@ use crate::os::procfs::RegionKind;
 
 /// `offsetof(struct pthread, specific_1stblock)` in glibc 2.27+ (x86-64).
 const GLIBC_SPECIFIC: u64 = 0x310;
+/// `EMBER_PY_NO_FIELD`: a field this version lacks.
+const NO_FIELD: u16 = ember_py_limit::EMBER_PY_NO_FIELD.0 as u16;
 /// Keys glibc keeps in the thread's first block (the BPF read needs no second level).
 const FIRST_BLOCK_KEYS: u32 = 32;
 /// musl's `PTHREAD_KEYS_MAX`: the length of `self->tsd`.
@@ -393,7 +395,7 @@ fn fill_layout(e: &mut ember_py_proc, l: &Layout) {
     e.owner_cstack = l.owner_cstack;
     e.code_tagged = u8::from(l.frame_code_tagged);
     e.tstate_frame = l.tstate_frame;
-    e.cframe_current = l.cframe_current.unwrap_or(0xffff);
+    e.cframe_current = l.cframe_current.unwrap_or(NO_FIELD);
     e.frame_code = l.frame_code;
     e.frame_previous = l.frame_previous;
     e.frame_instr = l.frame_instr;
@@ -402,7 +404,7 @@ fn fill_layout(e: &mut ember_py_proc, l: &Layout) {
     e.code_firstlineno = l.code_firstlineno;
     e.code_adaptive = l.code_adaptive.unwrap_or(0);
     e.object_type = l.object_type;
-    e.frame_tlbc = l.frame_tlbc_index.unwrap_or(0xffff);
+    e.frame_tlbc = l.frame_tlbc_index.unwrap_or(NO_FIELD);
     e.code_tlbc = l.code_tlbc.unwrap_or(0);
 }
 
