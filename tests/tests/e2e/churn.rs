@@ -115,19 +115,17 @@ fn windows_keep_closing_and_the_storm_is_named_under_a_cpu_limit() {
     let data = dir.path().join("data");
     let addr = format!("127.0.0.1:{}", free_port());
     let window = format!("{}s", WINDOW.as_secs());
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "--window",
             &window,
             "--data-dir",
             data.to_str().expect("utf-8"),
             "--listen",
             addr.as_str(),
-        ],
-        dir.path(),
-    )
-    .expect("starting ember run");
+        ])
+        .try_spawn()
+        .expect("starting ember run");
     limit.add(ember.pid());
     if ember.wait_attached(Duration::from_secs(20)).is_none() {
         panic!("ember did not attach\n--- stderr ---\n{}", ember.stderr());

@@ -259,9 +259,8 @@ fn stripped_frames_are_named_from_debuginfod_past_hostile_servers() {
     let addr = format!("127.0.0.1:{}", free_port());
     let started = Instant::now();
     let pid = program.pid.to_string();
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "-c",
             config.to_str().expect("utf-8"),
             "--pid",
@@ -272,10 +271,9 @@ fn stripped_frames_are_named_from_debuginfod_past_hostile_servers() {
             &addr,
             "--data-dir",
             data.to_str().expect("utf-8"),
-        ],
-        dir.path(),
-    )
-    .expect("ember run");
+        ])
+        .try_spawn()
+        .expect("ember run");
     let fetched = r#"ember_debuginfod_requests_total{result="fetched"}"#;
     let text = metrics_until(&addr, Duration::from_secs(60), |t| {
         series_value(t, fetched) >= 1.0

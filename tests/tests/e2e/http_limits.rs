@@ -200,9 +200,8 @@ fn start(server_yaml: &str, busy: Option<&Busy>) -> (Agent, String) {
     let profiles = format!("127.0.0.1:{}", free_port());
     let metrics = format!("127.0.0.1:{}", free_port());
     let health = format!("127.0.0.1:{}", free_port());
-    let ember = Ember::spawn(
-        &[
-            "run",
+    let ember = EmberRun::run(dir.path())
+        .args([
             "--config",
             cfg.to_str().expect("utf-8"),
             "--data-dir",
@@ -213,10 +212,9 @@ fn start(server_yaml: &str, busy: Option<&Busy>) -> (Agent, String) {
             &metrics,
             "--health-listen",
             &health,
-        ],
-        dir.path(),
-    )
-    .expect("starting ember");
+        ])
+        .try_spawn()
+        .expect("starting ember");
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         if matches!(http_get(&health, "/readyz"), Ok((200, _))) {
@@ -258,24 +256,10 @@ fn raise_nofile() -> u64 {
 
 /// `ember_http_refused_total{reason="…"}` in an exposition.
 fn refused(metrics: &str, reason: &str) -> f64 {
-    let prefix = format!("ember_http_refused_total{{reason=\"{reason}\"}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
-/// The agent's /metrics, retried for up to 30 s (the listener may be busy).
-fn scrape(addr: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match http_get(addr, "/metrics") {
-            Ok((200, body)) => return body,
-            other => assert!(Instant::now() < deadline, "no /metrics: {other:?}"),
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
+    series_value(
+        metrics,
+        &format!("ember_http_refused_total{{reason=\"{reason}\"}}"),
+    )
 }
 
 /// Whether the peer closed `s` (EOF or reset); `s` must be non-blocking.

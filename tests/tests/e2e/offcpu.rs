@@ -85,7 +85,6 @@ fn record_offcpu(dir: &Path, f: &mut Fixture, config: &str, seconds: &str) -> Pr
     let out = dir.join("offcpu.pb.gz");
     let pid = f.pid.to_string();
     let args = [
-        "record",
         "--type",
         "offcpu",
         "--config",
@@ -97,7 +96,10 @@ fn record_offcpu(dir: &Path, f: &mut Fixture, config: &str, seconds: &str) -> Pr
         "-o",
         out.to_str().expect("utf-8"),
     ];
-    let mut ember = Ember::spawn(&args, dir).expect("starting ember record");
+    let mut ember = EmberRun::record(dir)
+        .args(args)
+        .try_spawn()
+        .expect("starting ember record");
     if ember.wait_attached(Duration::from_secs(30)).is_none() {
         assert!(ember.running(), "ember exited:\n{}", ember.stderr());
     }
@@ -386,9 +388,8 @@ fn thread_churn_keeps_the_map_bounded() {
     )
     .expect("config");
     let data = dir.path().join("windows");
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "--config",
             cfg.to_str().expect("utf-8"),
             "--data-dir",
@@ -397,10 +398,9 @@ fn thread_churn_keeps_the_map_bounded() {
             &addr,
             "--window",
             "5s",
-        ],
-        dir.path(),
-    )
-    .expect("starting ember");
+        ])
+        .try_spawn()
+        .expect("starting ember");
     if ember.wait_attached(Duration::from_secs(30)).is_none() {
         assert!(ember.running(), "ember exited:\n{}", ember.stderr());
     }
@@ -492,9 +492,8 @@ fn run_offcpu(
     )
     .expect("config");
     let data = dir.join("windows");
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir)
+        .args([
             "--config",
             cfg.to_str().expect("utf-8"),
             "--data-dir",
@@ -503,10 +502,9 @@ fn run_offcpu(
             &addr,
             "--window",
             "2s",
-        ],
-        dir,
-    )
-    .expect("starting ember");
+        ])
+        .try_spawn()
+        .expect("starting ember");
     if ember.wait_attached(Duration::from_secs(30)).is_none() {
         assert!(ember.running(), "ember exited:\n{}", ember.stderr());
     }
@@ -732,7 +730,6 @@ fn kernel_threads_are_followed_only_when_asked() {
         fs::write(&cfg, yaml).expect("config");
         let out = dir.path().join("offcpu.pb.gz");
         let args = [
-            "record",
             "--type",
             "offcpu",
             "--config",
@@ -742,7 +739,10 @@ fn kernel_threads_are_followed_only_when_asked() {
             "-o",
             out.to_str().expect("utf-8"),
         ];
-        let mut ember = Ember::spawn(&args, dir.path()).expect("starting ember record");
+        let mut ember = EmberRun::record(dir.path())
+            .args(args)
+            .try_spawn()
+            .expect("starting ember record");
         let status = ember.wait(Duration::from_secs(60));
         assert!(
             status.success(),

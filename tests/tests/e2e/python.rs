@@ -261,9 +261,8 @@ fn free_threaded(minor: &str, label: &str) {
         HZ.to_string(),
         format!("{RECORD_SECS}s"),
     );
-    let mut ember = Ember::spawn(
-        &[
-            "record",
+    let mut ember = EmberRun::record(tmp.path())
+        .args([
             "--pid",
             &pid,
             "--frequency",
@@ -272,10 +271,9 @@ fn free_threaded(minor: &str, label: &str) {
             &secs,
             "-o",
             out.to_str().expect("utf-8 path"),
-        ],
-        tmp.path(),
-    )
-    .expect("starting ember record");
+        ])
+        .try_spawn()
+        .expect("starting ember record");
     let status = ember.wait(Duration::from_secs(RECORD_SECS + 90));
     assert!(
         status.success(),
@@ -597,9 +595,8 @@ fn record_both(python: &str, how: Launch, pyspy: &Path, dir: &Path) -> Run {
     let hz = HZ.to_string();
     let ember_out = dir.join("ember.folded");
     let pyspy_out = dir.join("py.txt");
-    let mut ember = Ember::spawn(
-        &[
-            "record",
+    let mut ember = EmberRun::record(dir)
+        .args([
             "--pid",
             pid.as_str(),
             "--frequency",
@@ -608,10 +605,9 @@ fn record_both(python: &str, how: Launch, pyspy: &Path, dir: &Path) -> Run {
             format!("{secs}s").as_str(),
             "-o",
             ember_out.to_str().expect("utf-8 path"),
-        ],
-        dir,
-    )
-    .expect("starting ember record");
+        ])
+        .try_spawn()
+        .expect("starting ember record");
     // ember's duration runs from its attachment: starting py-spy then lines the windows up.
     if ember.wait_attached(Duration::from_secs(30)).is_none() {
         println!("note: no perf event fds seen on ember after 30 s; starting py-spy anyway");

@@ -11,8 +11,8 @@
 use std::time::Duration;
 
 use ember_tests::{
-    free_port, http_get, metrics_until, peak_rss, require_privileged, sampling_lock, series_value,
-    Ember, Fixture,
+    family_sum, free_port, http_get, metrics_until, peak_rss, require_privileged, sampling_lock,
+    series_value, EmberRun, Fixture,
 };
 
 const PYTHON: &str = "/root/.pyenv/versions/3.12.1/bin/python3";
@@ -40,15 +40,6 @@ def victim():
 victim()
 "#;
 
-/// The sum of the series of family `name` whose labels contain every one of `labels`.
-fn family_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[test]
 fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
     if !require_privileged() {
@@ -74,9 +65,8 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
         unmapped.pid.to_string(),
         code.pid.to_string(),
     );
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "--pid",
             &a,
             "--pid",
@@ -89,10 +79,9 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
             &addr,
             "--data-dir",
             data.to_str().expect("utf-8"),
-        ],
-        dir.path(),
-    )
-    .expect("ember run");
+        ])
+        .try_spawn()
+        .expect("ember run");
     let truncated = r#"ember_python_walks_total{result="truncated"}"#;
     let read_error = r#"ember_python_walks_total{result="read_error"}"#;
     let named = r#"ember_python_code_reads_total{result="read"}"#;
@@ -103,14 +92,18 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
             && series_value(t, read_error) >= 10.0
             && series_value(t, named) >= 1.0
             && series_value(t, refused) >= 1.0
-            && family_sum(t, "ember_interpreter_frames_total", &[r#"result="named""#]) >= 1.0
+            && family_sum(t, "ember_interpreter_frames_total", &[("result", "named")]) >= 1.0
     });
     // Per workload (a host process's is its name): the walks and the frames written.
     let stacks = |result: &str| {
         family_sum(
             &text,
             "ember_interpreter_stacks_total",
-            &[r#"workload="python3""#, r#"runtime="python""#, result],
+            &[
+                ("workload", "python3"),
+                ("runtime", "python"),
+                ("result", result),
+            ],
         )
     };
     let (health, _) = http_get(&addr, "/healthz").expect("healthz");
@@ -138,7 +131,7 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
         "the forged frame itself is a real code object, named:\n{text}"
     );
     assert!(
-        stacks(r#"result="truncated""#) >= 1.0 && stacks(r#"result="read_error""#) >= 1.0,
+        stacks("truncated") >= 1.0 && stacks("read_error") >= 1.0,
         "the walks' results per workload:\n{text}"
     );
     assert!(
@@ -201,9 +194,8 @@ fn python_frames_are_appended_where_the_native_walk_stops() {
     std::fs::write(&config, "sampling:\n  unwind: dwarf\n").expect("config");
     let addr = format!("127.0.0.1:{}", free_port());
     let data = dir.path().join("data");
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "--config",
             config.to_str().expect("utf-8"),
             "--pid",
@@ -214,10 +206,9 @@ fn python_frames_are_appended_where_the_native_walk_stops() {
             &addr,
             "--data-dir",
             data.to_str().expect("utf-8"),
-        ],
-        dir.path(),
-    )
-    .expect("ember run");
+        ])
+        .try_spawn()
+        .expect("ember run");
     let appended = r#"ember_python_walks_total{result="appended"}"#;
     let text = metrics_until(&addr, Duration::from_secs(40), |t| {
         series_value(t, appended) >= 200.0

@@ -65,85 +65,23 @@ fn wait_http(addr: &str, path: &str, timeout: Duration, log: &Path) -> String {
 
 /// Starts `ember run` with a short readings interval; returns once a second reading (which
 /// carries the ratios) is on /metrics.
-fn start_ember(dir: &Path) -> (Ember, String) {
-    let cfg = dir.join("ember.yaml");
-    fs::write(
-        &cfg,
-        format!(
+fn start_ember(dir: &Path) -> Ember {
+    let mut ember = EmberRun::run(dir)
+        .config(format!(
             "kubernetes:\n  enabled: false\nreadings:\n  interval: {}ms\n",
             INTERVAL.as_millis()
-        ),
-    )
-    .expect("config");
-    let addr = format!("127.0.0.1:{}", free_port());
-    let data = dir.join("windows");
-    let ember = Ember::spawn(
-        &[
-            "run",
-            "--config",
-            cfg.to_str().expect("utf-8"),
-            "--data-dir",
-            data.to_str().expect("utf-8"),
-            "--listen",
-            &addr,
-        ],
-        dir,
-    )
-    .expect("starting ember");
-    let start = Instant::now();
-    loop {
-        if let Ok((200, body)) = http_get(&addr, "/metrics") {
-            if body.contains("ember_use_ratio{resource=\"cpu\",kind=\"utilization\"}") {
-                break;
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no readings on /metrics after 30 s\n{}",
-            ember.stderr()
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
-    (ember, addr)
-}
-
-fn scrape(addr: &str) -> String {
-    let (status, body) = http_get(addr, "/metrics").expect("scrape");
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
-type Labels = BTreeMap<String, String>;
-
-/// Every sample of `name` in an exposition: (labels, value).
-fn series(exposition: &str, name: &str) -> Vec<(Labels, f64)> {
-    let mut out = Vec::new();
-    for line in exposition.lines().filter(|l| !l.starts_with('#')) {
-        let Some((head, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let (base, labels) = match head.split_once('{') {
-            Some((b, l)) => (b, l.trim_end_matches('}')),
-            None => (head, ""),
-        };
-        if base != name {
-            continue;
-        }
-        let mut map = Labels::new();
-        for pair in labels.split("\",").filter(|p| !p.is_empty()) {
-            if let Some((k, v)) = pair.split_once("=\"") {
-                map.insert(k.to_owned(), v.trim_end_matches('"').to_owned());
-            }
-        }
-        if let Ok(v) = value.trim().parse::<f64>() {
-            out.push((map, v));
-        }
-    }
-    out
+        ))
+        .data_dir(dir.join("windows"))
+        .listen()
+        .spawn();
+    ember.scrape_until("the readings", Duration::from_secs(30), |body| {
+        body.contains("ember_use_ratio{resource=\"cpu\",kind=\"utilization\"}")
+    });
+    ember
 }
 
 fn by_labels(exposition: &str, name: &str, keys: &[&str]) -> BTreeMap<Vec<String>, f64> {
-    series(exposition, name)
+    family(exposition, name)
         .into_iter()
         .map(|(l, v)| {
             (
@@ -213,16 +151,16 @@ fn agrees_with_node_exporter_in_the_same_run() {
         ],
         &node_log,
     );
-    let (ember, addr) = start_ember(dir.path());
+    let ember = start_ember(dir.path());
     wait_http(&node_addr, "/metrics", Duration::from_secs(20), &node_log);
 
     // ember shows its latest reading (at most INTERVAL old): one scrape before
     // node_exporter reads, one after ember has surely read again.
-    let before = scrape(&addr);
+    let before = ember.scrape();
     let (status, node) = http_get(&node_addr, "/metrics").expect("node_exporter scrape");
     assert_eq!(status, 200);
     thread::sleep(INTERVAL * 2 + Duration::from_millis(200));
-    let after = scrape(&addr);
+    let after = ember.scrape();
 
     let mut report = Vec::new();
     for (what, ember_name, node_name, keys) in [
@@ -301,8 +239,8 @@ fn promtool_accepts_the_exposition() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_ember, addr) = start_ember(dir.path());
-    let text = scrape(&addr);
+    let ember = start_ember(dir.path());
+    let text = ember.scrape();
     let file = dir.path().join("metrics.txt");
     fs::write(&file, &text).expect("write");
     let out = output_with_timeout(
@@ -349,7 +287,8 @@ fn prometheus_scrapes_ember_and_evaluates_the_alert_rules() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_ember, addr) = start_ember(dir.path());
+    let ember = start_ember(dir.path());
+    let addr = ember.addr().to_owned();
     let rules = workspace_root().join("deploy/alerts.yaml");
     let prom_cfg = dir.path().join("prometheus.yml");
     fs::write(
@@ -521,11 +460,11 @@ fn containers_in_v1_and_v2_cgroups_get_cadvisor_series() {
     if let Some(h) = hog_v1.as_mut() {
         h.start().expect("start");
     }
-    let (ember, addr) = start_ember(dir.path());
+    let ember = start_ember(dir.path());
     thread::sleep(Duration::from_secs(3));
-    let text = scrape(&addr);
+    let text = ember.scrape();
     let get = |name: &str, id: &str| -> Option<f64> {
-        series(&text, name)
+        family(&text, name)
             .into_iter()
             .find(|(l, _)| l.get("container_id").map(String::as_str) == Some(id))
             .map(|(_, v)| v)

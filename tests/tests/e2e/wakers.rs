@@ -28,7 +28,6 @@ fn record(
     let out = dir.join(format!("{kind}.pb.gz"));
     let pid = f.pid.to_string();
     let args = [
-        "record",
         "--type",
         kind,
         "--config",
@@ -40,7 +39,10 @@ fn record(
         "-o",
         out.to_str().expect("utf-8"),
     ];
-    let mut ember = Ember::spawn(&args, dir).expect("starting ember record");
+    let mut ember = EmberRun::record(dir)
+        .args(args)
+        .try_spawn()
+        .expect("starting ember record");
     if ember.wait_attached(Duration::from_secs(30)).is_none() {
         assert!(ember.running(), "ember exited:\n{}", ember.stderr());
     }
