@@ -108,7 +108,7 @@ fn windows_keep_closing_and_the_storm_is_named_under_a_cpu_limit() {
     }
     let _lock = sampling_lock();
     let Some(limit) = CpuLimit::create(&format!("ember-test-churn-{}", std::process::id())) else {
-        println!("skipped: no cpu cgroup controller to limit the agent with");
+        skip("no cpu cgroup controller to limit the agent with");
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");

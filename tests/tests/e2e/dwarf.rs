@@ -386,7 +386,7 @@ fn a_big_binarys_chains_under_the_caps_match_addr2line() {
         .or_else(|| Some(root.join("target/debug/ember")).filter(|p| p.exists()))
         .unwrap_or_else(|| root.join("target/release/ember"));
     let Ok(bytes) = fs::read(&bin) else {
-        println!("skipped: no {} (build ember first)", bin.display());
+        skip(&format!("no {} (build ember first)", bin.display()));
         return;
     };
     let mut elf = ElfReader::new(&bytes[..], DEFAULT_LIMITS).expect("headers");

@@ -237,7 +237,7 @@ fn synthetic_jit_in_namespaces_is_named_from_perf_map_and_jitdump() {
         return;
     }
     if !cfg!(target_arch = "x86_64") {
-        eprintln!("skipped: the synthetic JIT emits x86-64 code");
+        skip("the synthetic JIT emits x86-64 code");
         return;
     }
     let _lock = sampling_lock();

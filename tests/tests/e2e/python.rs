@@ -127,7 +127,9 @@ fn python_in_pid_and_mount_namespace() {
         .find(|p| Path::new(p).exists())
     else {
         if require_privileged() {
-            eprintln!("skipped: no pyenv interpreter under {PYENV} for the namespace run");
+            skip(&format!(
+                "no pyenv interpreter under {PYENV} for the namespace run"
+            ));
         }
         return;
     };
@@ -152,10 +154,10 @@ fn python_3_14_debian_in_chroot() {
         .unwrap_or_else(|| workspace_root().join("target/python314/root"));
     if !root.join(".complete").exists() {
         if require_privileged() {
-            eprintln!(
-                "skipped: {} not built (make python314-root)",
+            skip(&format!(
+                "{} not built (make python314-root)",
                 root.display()
-            );
+            ));
         }
         return;
     }
@@ -177,7 +179,7 @@ fn python_musl_3_11() {
         .unwrap_or_else(|| workspace_root().join("target/python-musl"));
     if !build.join(".complete").exists() {
         if require_privileged() {
-            eprintln!("skipped: {} not built (make python-musl)", build.display());
+            skip(&format!("{} not built (make python-musl)", build.display()));
         }
         return;
     }
@@ -201,7 +203,10 @@ fn python_musl_static_3_11() {
     let python = build.join("static/python");
     if !build.join(".complete").exists() || !python.exists() {
         if require_privileged() {
-            eprintln!("skipped: {} not built (make python-musl)", python.display());
+            skip(&format!(
+                "{} not built (make python-musl)",
+                python.display()
+            ));
         }
         return;
     }
@@ -246,7 +251,7 @@ fn free_threaded(minor: &str, label: &str) {
         .map(|p| PathBuf::from(format!("{}{minor}", p.to_string_lossy())))
         .unwrap_or_else(|| workspace_root().join(format!("target/python-ft{minor}")));
     if !dir.join(".complete").exists() {
-        eprintln!("skipped: {} not built (make python-ft)", dir.display());
+        skip(&format!("{} not built (make python-ft)", dir.display()));
         return;
     }
     let python = dir.join("build/python");
@@ -437,7 +442,7 @@ fn compare(python: &str, label: &str, how: Launch, local_symbols: bool) {
         _ => PathBuf::from(python),
     };
     if !on_host.exists() {
-        eprintln!("skipped: {label}: {python} is not on this machine");
+        skip(&format!("{label}: {python} is not on this machine"));
         return;
     }
     let Some(pyspy) = pyspy() else { return };

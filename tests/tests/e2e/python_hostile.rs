@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use ember_tests::{
     family_sum, free_port, http_get, metrics_until, peak_rss, require_privileged, sampling_lock,
-    series_value, EmberRun, Fixture,
+    series_value, skip, EmberRun, Fixture,
 };
 
 const PYTHON: &str = "/root/.pyenv/versions/3.12.1/bin/python3";
@@ -46,7 +46,9 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
         return;
     }
     if !std::path::Path::new(PYTHON).exists() {
-        println!("skipped: {PYTHON} is not on this machine (pyenv's CPython 3.12)");
+        skip(&format!(
+            "{PYTHON} is not on this machine (pyenv's CPython 3.12)"
+        ));
         return;
     }
     let _lock = sampling_lock();
@@ -165,7 +167,7 @@ fn python_frames_are_appended_where_the_native_walk_stops() {
         return;
     }
     if !std::path::Path::new(DEBIAN).exists() {
-        println!("skipped: {DEBIAN} is not on this machine");
+        skip(&format!("{DEBIAN} is not on this machine"));
         return;
     }
     let _lock = sampling_lock();
