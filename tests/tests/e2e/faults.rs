@@ -34,30 +34,14 @@ const FUSE_STALL: &str = env!("FIXTURE_FUSE_STALL");
 
 /// `ember run` with 1 s windows on `pids` (all if empty), its data dir and HTTP port.
 fn run(dir: &Path, data: &Path, config: &str, pids: &[u32]) -> (Ember, String) {
-    let addr = format!("127.0.0.1:{}", free_port());
-    let cfg = dir.join("ember.yaml");
-    fs::write(&cfg, config).expect("config");
-    let pid_args: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
-    let mut args = vec![
-        "--config",
-        cfg.to_str().expect("utf-8"),
-        "--window",
-        "1s",
-        "--data-dir",
-        data.to_str().expect("utf-8"),
-        "--listen",
-        addr.as_str(),
-    ];
-    for p in &pid_args {
-        args.extend(["--pid", p.as_str()]);
-    }
-    let mut ember = EmberRun::run(dir)
-        .args(args)
-        .try_spawn()
-        .expect("starting ember run");
-    if ember.wait_attached(Duration::from_secs(20)).is_none() && !ember.running() {
-        panic!("ember run exited early\n--- stderr ---\n{}", ember.stderr());
-    }
+    let ember = EmberRun::run(dir)
+        .config(config)
+        .args(["--window", "1s"])
+        .data_dir(data)
+        .listen()
+        .pids(pids)
+        .spawn_attached(Duration::from_secs(20));
+    let addr = ember.addr().to_owned();
     (ember, addr)
 }
 

@@ -92,30 +92,14 @@ struct Run {
 impl Run {
     fn start(dir: &Path, pids: &[u32], config: &str) -> Self {
         let data = dir.join("data");
-        let addr = format!("127.0.0.1:{}", free_port());
-        let cfg = dir.join("ember.yaml");
-        fs::write(&cfg, config).expect("config");
-        let pid_args: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
-        let mut args = vec![
-            "--config",
-            cfg.to_str().expect("utf-8"),
-            "--window",
-            "2s",
-            "--data-dir",
-            data.to_str().expect("utf-8"),
-            "--listen",
-            addr.as_str(),
-        ];
-        for p in &pid_args {
-            args.extend(["--pid", p.as_str()]);
-        }
-        let mut ember = EmberRun::run(dir)
-            .args(args)
-            .try_spawn()
-            .expect("starting ember run");
-        if ember.wait_attached(Duration::from_secs(15)).is_none() && !ember.running() {
-            panic!("ember run exited early\n--- stderr ---\n{}", ember.stderr());
-        }
+        let ember = EmberRun::run(dir)
+            .config(config)
+            .args(["--window", "2s"])
+            .data_dir(&data)
+            .listen()
+            .pids(pids)
+            .spawn_attached(Duration::from_secs(15));
+        let addr = ember.addr().to_owned();
         Self { ember, addr, data }
     }
 

@@ -538,11 +538,10 @@ fn run_offcpu(
 
 /// `ember_offcpu_events_total{result=R}` in an exposition (0 if absent).
 fn event(body: &str, result: &str) -> f64 {
-    let series = format!("ember_offcpu_events_total{{result=\"{result}\"}} ");
-    body.lines()
-        .find_map(|l| l.strip_prefix(series.as_str()))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
+    series_value(
+        body,
+        &format!("ember_offcpu_events_total{{result=\"{result}\"}}"),
+    )
 }
 
 #[test]

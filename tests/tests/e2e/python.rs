@@ -46,6 +46,11 @@ const SLACK_SECS: u64 = 25;
 /// Bar 2: a function's inclusive share, in points, against py-spy's.
 const SHARE_POINTS: f64 = 3.0;
 
+/// Bar 2 needs this many samples of the busy threads from each profiler: [`SHARE_POINTS`] was
+/// sized on ~2,000 samples (above), and shares of a few hundred samples agree by chance or
+/// disagree by noise. A third of what 20 s at [`HZ`] gives a thread that always runs.
+const MIN_SHARE_SAMPLES: u64 = HZ as u64 * RECORD_SECS / 3;
+
 /// Bar 3 applies to a function only when py-spy puts at least this share of the function's
 /// samples on its top line. Below that, the top line is a coin flip between two lines of the
 /// same loop (`leaf_py`'s `for` and its body, `run_for`'s test and its call), and two honest
@@ -860,6 +865,12 @@ fn check(label: &str, ember: &[Sample], spy: &[Sample], local_symbols: bool) -> 
     let (ember, spy) = (main_thread(ember), main_thread(spy));
     let (ember, spy) = (ember.as_slice(), spy.as_slice());
     let (n_e, n_s) = (total_count(ember), total_count(spy));
+    if n_e.min(n_s) < MIN_SHARE_SAMPLES {
+        failures.push(format!(
+            "bar 2: shares over ember's {n_e} and py-spy's {n_s} samples of the busy threads, \
+             want at least {MIN_SHARE_SAMPLES} each"
+        ));
+    }
     let mut table = format!(
         "{label}: {:<9} {:>8} {:>8} {:>6} {:>6} {:>6}  {:>12} {:>12}\n",
         "function", "ember %", "py-spy %", "diff", "ember", "py-spy", "ember line", "py-spy line"

@@ -11,8 +11,8 @@
 use std::time::Duration;
 
 use ember_tests::{
-    family_sum, free_port, http_get, metrics_until, peak_rss, require_privileged, sampling_lock,
-    series_value, skip, EmberRun, Fixture,
+    family_sum, free_port, http_get, is_cpu_window, metrics_until, peak_rss, read_profile,
+    require_privileged, sampling_lock, series_value, skip, stacks_of, EmberRun, Fixture,
 };
 
 const PYTHON: &str = "/root/.pyenv/versions/3.12.1/bin/python3";
@@ -152,6 +152,60 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
         "ember exited {status}:\n{}",
         ember.stderr()
     );
+    // The profile, not only the counters: the forged frame of the cycle and of the unmapped
+    // chain is a real code object, named in their samples (`victim (<string>:LINE)`); the
+    // process refused by the attach check is sampled but carries no Python frame at all.
+    let windows = cpu_windows(&data);
+    let python_frames = |pid: u32| -> (i64, i64, Vec<String>) {
+        let (mut total, mut named) = (0, 0);
+        let mut names = Vec::new();
+        for p in &windows {
+            for s in stacks_of(p, pid) {
+                total += s.count();
+                let py: Vec<String> = s
+                    .frames
+                    .iter()
+                    .filter(|f| f.name.contains(" (<string>:"))
+                    .map(|f| f.name.clone())
+                    .collect();
+                if py.iter().any(|n| n.starts_with("victim (<string>:")) {
+                    named += s.count();
+                }
+                names.extend(py);
+            }
+        }
+        (total, named, names)
+    };
+    for (what, pid) in [("cycle", cycle.pid), ("unmapped", unmapped.pid)] {
+        let (total, named, _) = python_frames(pid);
+        assert!(
+            total > 0 && named > 0,
+            "the {what} forger's samples name its real frame `victim`: {named} of {total}"
+        );
+    }
+    let (total, _, names) = python_frames(code.pid);
+    assert!(total > 0, "the refused process was not sampled at all");
+    assert!(
+        names.is_empty(),
+        "the refused process was walked: Python frames {names:?}"
+    );
+}
+
+/// Every CPU window profile under `data`.
+fn cpu_windows(data: &std::path::Path) -> Vec<ember::proto::Profile> {
+    let mut out = Vec::new();
+    let mut dirs = vec![data.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if is_cpu_window(&p) {
+                out.push(read_profile(&p).expect("window profile"));
+            }
+        }
+    }
+    out
 }
 
 /// The append: a Python process whose leaf is machine code in anonymous memory

@@ -349,6 +349,92 @@ fn prometheus_scrapes_ember_and_evaluates_the_alert_rules() {
         );
         thread::sleep(Duration::from_millis(500));
     }
+    // "health: ok" only says that a rule's query ran: a rule on a metric ember never writes
+    // runs as well, and never fires. Every metric a rule names is one ember declares, and every
+    // selector but the per-workload ones (no container or pod runs here) matches a series
+    // that Prometheus scraped from ember.
+    let exposition = ember.scrape();
+    let selectors = alert_selectors(&fs::read_to_string(&rules).expect("reading alerts.yaml"));
+    assert!(
+        selectors.len() >= 10,
+        "selectors read from the rules: {selectors:?}"
+    );
+    for sel in &selectors {
+        let name = sel.split('{').next().unwrap_or(sel);
+        assert!(
+            declared(&exposition, name),
+            "deploy/alerts.yaml names {name}, which ember does not declare"
+        );
+        if PER_WORKLOAD.contains(&name) || sel.contains("!=") || sel.contains("=\"\"") {
+            continue;
+        }
+        let query = format!(
+            "/api/v1/query?query={}",
+            url_encode(&format!("count({sel})"))
+        );
+        let (status, body) = http_get(&prom_addr, &query).expect("query");
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            !body.contains("\"result\":[]"),
+            "the alert rules select {sel}, but Prometheus has no such series from ember: {body}"
+        );
+    }
+}
+
+/// Metrics of the alert rules whose series exist only per container or pod.
+const PER_WORKLOAD: &[&str] = &[
+    "ember_container_cpu_cfs_throttled_periods_total",
+    "ember_runqueue_latency_seconds_bucket",
+];
+
+/// The `ember_*` selectors (`name{matchers}`) in the `expr:` of the rules in `yaml`.
+fn alert_selectors(yaml: &str) -> BTreeSet<String> {
+    let mut exprs = String::new();
+    let mut in_expr = false;
+    for line in yaml.lines() {
+        let t = line.trim_start();
+        if t.starts_with("expr:") {
+            in_expr = true;
+        } else if t.starts_with("for:") || t.starts_with("labels:") || t.starts_with("- alert:") {
+            in_expr = false;
+        }
+        if in_expr {
+            exprs.push_str(t);
+            exprs.push('\n');
+        }
+    }
+    let mut out = BTreeSet::new();
+    let mut rest = exprs.as_str();
+    while let Some(i) = rest.find("ember_") {
+        rest = &rest[i..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        let mut sel = rest[..end].to_owned();
+        if rest[end..].starts_with('{') {
+            if let Some(close) = rest[end..].find('}') {
+                sel.push_str(&rest[end..end + close + 1]);
+            }
+        }
+        out.insert(sel);
+        rest = &rest[end..];
+    }
+    out
+}
+
+/// Whether the exposition declares the family of series `name` (`# TYPE` of the name, or of
+/// the name without its counter or histogram suffix).
+fn declared(exposition: &str, name: &str) -> bool {
+    exposition.lines().any(|l| {
+        l.strip_prefix("# TYPE ")
+            .and_then(|r| r.split_whitespace().next())
+            .is_some_and(|family| {
+                name == family
+                    || ["_total", "_bucket", "_count", "_sum"]
+                        .iter()
+                        .any(|suffix| name.strip_suffix(suffix) == Some(family))
+            })
+    })
 }
 
 /// A cgroup made for the test in several hierarchies; its processes go back to each root
