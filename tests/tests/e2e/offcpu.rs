@@ -79,7 +79,7 @@ fn tids(f: &mut Fixture) -> HashMap<String, i64> {
 }
 
 /// Runs `ember record --type offcpu` over `f` (started with --wait-start) while it works.
-fn record_offcpu(dir: &Path, f: &mut Fixture, config: &str, seconds: &str) -> Profile {
+fn record_offcpu(dir: &Path, f: &mut Fixture, config: &str, seconds: &str) -> (Profile, String) {
     let cfg = dir.join("ember.yaml");
     fs::write(&cfg, config).expect("writing the config");
     let out = dir.join("offcpu.pb.gz");
@@ -111,23 +111,27 @@ fn record_offcpu(dir: &Path, f: &mut Fixture, config: &str, seconds: &str) -> Pr
         "ember record: {status}\n{}",
         ember.stderr()
     );
-    println!("--- ember stderr ---\n{}", ember.stderr());
+    let stderr = ember.stderr();
+    println!("--- ember stderr ---\n{stderr}");
     assert!(pprofcheck(&out) > 0, "pprof CheckValid found no samples");
-    read_profile(&out).expect("reading the off-CPU profile")
+    (
+        read_profile(&out).expect("reading the off-CPU profile"),
+        stderr,
+    )
 }
 
 #[test]
 fn sleep_pipe_and_runnable_threads_with_why() {
     // The defaults: on this kernel (6.18) a task work walks each long block on its way back
     // to user mode, whether it blocked in a syscall or was preempted.
-    sleep_pipe_and_runnable(&[]);
+    sleep_pipe_and_runnable(&[], None);
 }
 
 #[test]
 fn the_same_with_the_rseq_path() {
     // Kernels without BPF task works: the fixture's threads (glibc registers rseq) are
     // walked by the rseq_update program on their way back to user mode.
-    sleep_pipe_and_runnable(&["  task_work: false"]);
+    sleep_pipe_and_runnable(&["  task_work: false"], Some("rseq"));
 }
 
 #[test]
@@ -135,15 +139,20 @@ fn the_same_with_the_syscall_exit_path() {
     // Blocks inside syscalls walked at the syscall's exit; the hogs' preemptions by the
     // fallback, every one (a tenth, scaled, put hog0 at 0.86-1.17x its run-queue wait in
     // three runs: the scaling itself is tested in capture::record).
-    sleep_pipe_and_runnable(&[
-        "  task_work: false",
-        "  rseq: false",
-        "  syscall_exit: true",
-        "  fallback_rate: 1.0",
-    ]);
+    sleep_pipe_and_runnable(
+        &[
+            "  task_work: false",
+            "  rseq: false",
+            "  syscall_exit: true",
+            "  fallback_rate: 1.0",
+        ],
+        Some("syscall_exit"),
+    );
 }
 
-fn sleep_pipe_and_runnable(offcpu_keys: &[&str]) {
+/// `path`: the off-CPU path the agent must have chosen (its `feature offcpu: PATH` log line),
+/// so that a variant cannot pass on another path than the one it is named for.
+fn sleep_pipe_and_runnable(offcpu_keys: &[&str], path: Option<&str>) {
     if !require_privileged() {
         return;
     }
@@ -157,7 +166,13 @@ fn sleep_pipe_and_runnable(offcpu_keys: &[&str]) {
         config.push('\n');
     }
     config.push_str("kubernetes:\n  enabled: false\n");
-    let p = record_offcpu(dir.path(), &mut f, &config, "9s");
+    let (p, stderr) = record_offcpu(dir.path(), &mut f, &config, "9s");
+    if let Some(path) = path {
+        assert!(
+            stderr.contains(&format!("feature offcpu: {path} (")),
+            "the off-CPU blocks were not walked by the {path} path:\n{stderr}"
+        );
+    }
     let tids = tids(&mut f);
     let mut rq_ns = 0i64;
     loop {
@@ -341,7 +356,7 @@ fn direct_io_waits_in_d_state() {
         ],
     )
     .expect("fixture");
-    let p = record_offcpu(
+    let (p, _) = record_offcpu(
         dir.path(),
         &mut f,
         "offcpu:\n  min_block: 0s\nkubernetes:\n  enabled: false\n",
