@@ -16,13 +16,13 @@ use ember_tests::*;
 const WAKERS: &str = env!("FIXTURE_WAKERS");
 
 /// The README's claim for `offwake`: produce_hot's share of the consumer's blocked time is
-/// within this many points of its share of the signals (0.03 to 0.49 in five runs: the
+/// within this many points of its share of the signals (0.03 to 0.49 in four runs: the
 /// README's former 0.2 did not hold).
 const SHARE_POINTS: f64 = 1.0;
 
 /// The README's claim for `lock`: this share of the fixture's own lock-wait time is under
 /// its locking function, and this share of that is woken by the holder's unlock (99.76 % to
-/// 99.81 % and 100 % in five runs).
+/// 99.81 % and 100 % in four runs).
 const LOCK_SHARE: f64 = 0.995;
 
 /// Runs `ember record --type KIND` over `f` (started with --wait-start) while it works,
