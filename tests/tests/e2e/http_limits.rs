@@ -41,8 +41,8 @@ struct Busy {
 /// measured (sampling the host and the readings, on 2 CPUs); a flame graph still being built
 /// takes a whole CPU, 5 s.
 const IDLE_CPU_SECONDS: f64 = 2.5;
-/// How much the agent's peak RSS may grow over the abandoned requests (MiB): 187 measured
-/// with the cap of 4 running at once; the 12 of a round at once would take three times that.
+/// How much the agent's peak RSS may grow over the abandoned requests (MiB): 187
+/// and 216 measured with the cap of 4 running at once; the 12 of a round at once would take three times that.
 const RSS_GROWTH_MIB: u64 = 384;
 /// SIGTERM to exit with heavy requests in flight: the 5 s drain the README states, plus the
 /// last window's write and slack for a loaded 2-CPU machine.
