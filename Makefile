@@ -2,7 +2,8 @@
 #
 #   make run    ARGS="..."   install what is missing, build, run the agent (root)
 #   make check               fmt, module graph and code shape, clippy, unit tests and the tests that need
-#                            no root (no apt, no BPF; 26 s on 2 CPUs with target/ built)
+#                            no root (no apt, no BPF; 26 s on 2 CPUs with target/ built, up to 14 min
+#                            when ember's crates recompile)
 #   make e2e                 the end-to-end test binary (tests/tests/e2e), with what its suites need (root for BPF)
 #   make test                all of it: check's steps, the Helm/deploy checks, then every test of the workspace
 #   make bench               criterion benches, then the overhead harness (root)
@@ -239,10 +240,11 @@ E2E_UNPRIVILEGED := cli:: kernels::parses_markers_through_console_noise \
 test-only:
 	$(E2E_ENV) $(CARGO) test --release --workspace --no-fail-fast
 
-# The unit tests of every crate, then the unprivileged end-to-end tests.
+# The unit tests of every crate, then the unprivileged end-to-end tests. `--workspace` on every
+# call: `-p ember-tests` would resolve other features and build ember a second time.
 check-only:
 	EMBER_BIN=$(EMBER) $(CARGO) test --release --workspace --lib --no-fail-fast
-	EMBER_BIN=$(EMBER) $(CARGO) test --release -p ember-tests --test e2e --no-fail-fast -- \
+	EMBER_BIN=$(EMBER) $(CARGO) test --release --workspace --test e2e --no-fail-fast -- \
 		$(E2E_UNPRIVILEGED)
 
 # The fast tier: no root, no packages, no network (rustup's cargo, clippy and rustfmt, python3).
@@ -255,7 +257,7 @@ check: rust-deps
 
 # The end-to-end binary alone (`make e2e-only ARGS=record::` runs one suite).
 e2e-only:
-	$(E2E_ENV) $(CARGO) test --release -p ember-tests --test e2e --no-fail-fast -- $(ARGS)
+	$(E2E_ENV) $(CARGO) test --release --workspace --test e2e --no-fail-fast -- $(ARGS)
 
 # Everything the suites use that is built, not installed: the Go checker, the cluster, the
 # venvs, the interpreters and the kernel matrix's kernels.

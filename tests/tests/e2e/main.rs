@@ -1,7 +1,8 @@
-//! ember's end-to-end tests, one binary (`cargo test -p ember-tests --test e2e`): each suite is
-//! a module, so that the agent's test helpers (`ember_tests`, with [`ember_tests::EmberRun`] to
-//! start and scrape an agent) link once, and a test is named `suite::test`
-//! (`cargo test --test e2e -- record::` runs one suite).
+//! ember's end-to-end tests, one binary: each suite is a module, so that the agent's test
+//! helpers (`ember_tests`, with [`ember_tests::EmberRun`] to start and scrape an agent) link
+//! once, and a test is named `suite::test`. `cargo test --release --workspace --test e2e --
+//! record::` runs one suite (`--workspace` keeps the features of `make build`: with
+//! `-p ember-tests` cargo would build ember a second time).
 //!
 //! Tests that sample hold [`ember_tests::sampling_lock`]: the suites share one process now, so
 //! the lock also keeps one suite's measurements away from another suite's load.
