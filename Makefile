@@ -1,7 +1,11 @@
 # ember: build, run, test and benchmark.
 #
 #   make run    ARGS="..."   install what is missing, build, run the agent (root)
-#   make test                fmt, module graph and code shape, clippy, then unit and end-to-end tests (root for BPF)
+#   make check               fmt, module graph and code shape, clippy, unit tests and the tests that need
+#                            no root (no apt, no BPF; 26 s on 2 CPUs with target/ built, up to 14 min
+#                            when ember's crates recompile)
+#   make e2e                 the end-to-end test binary (tests/tests/e2e), with what its suites need (root for BPF)
+#   make test                all of it: check's steps, the Helm/deploy checks, then every test of the workspace
 #   make bench               criterion benches, then the overhead harness (root)
 #   make deps | build | clean
 #
@@ -139,7 +143,7 @@ define ensure_daemon_pkgs
 	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends $$missing
 endef
 
-.PHONY: deps bench-deps rust-deps build run test bench clean \
+.PHONY: deps bench-deps rust-deps build run check check-only e2e e2e-deps e2e-only test bench clean \
 	fmt-check modgraph clippy pprofcheck test-only bench-only k8s-apiserver k8s-node k8s-images deploy-check \
 	otlp-venv pyspy-venv python314-root python-musl python-ft fuzz kernels
 
@@ -222,13 +226,57 @@ python-ft: $(PYTHON_FT_DIR)313/.complete $(PYTHON_FT_DIR)314/.complete
 $(PYTHON_FT_DIR)%/.complete: tests/python-ft/build.sh
 	tests/python-ft/build.sh $(PYTHON_FT_DIR)$* $(shell echo $* | sed 's/^3/3./')
 
+# What the end-to-end suites read: the agent, the checkers and the interpreters built above.
+E2E_ENV = EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) EMBER_OTLP_PYTHON=$(OTLP_VENV)/bin/python \
+	EMBER_PYSPY=$(PYSPY_VENV)/bin/py-spy EMBER_PYTHON314_ROOT=$(PYTHON314_DIR)/root \
+	EMBER_PYTHON_MUSL=$(PYTHON_MUSL_DIR) EMBER_PYTHON_FT=$(PYTHON_FT_DIR) \
+	EMBER_KERNEL_CACHE=$(EMBER_KERNEL_CACHE)
+
+# The end-to-end tests that need no root, no BPF and nothing `make e2e-deps` builds, by name in
+# the one binary (`suite::test`; a filter per entry): run by `make check`.
+E2E_UNPRIVILEGED := cli:: kernels::parses_markers_through_console_noise \
+	dwarf::a_big_binarys_chains_under_the_caps_match_addr2line
+
 # --no-fail-fast: every suite runs and every failure is reported, not just the first.
 test-only:
-	EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) EMBER_OTLP_PYTHON=$(OTLP_VENV)/bin/python \
-		EMBER_PYSPY=$(PYSPY_VENV)/bin/py-spy EMBER_PYTHON314_ROOT=$(PYTHON314_DIR)/root \
-		EMBER_PYTHON_MUSL=$(PYTHON_MUSL_DIR) EMBER_PYTHON_FT=$(PYTHON_FT_DIR) \
-		EMBER_KERNEL_CACHE=$(EMBER_KERNEL_CACHE) \
-		$(CARGO) test --release --workspace --no-fail-fast
+	$(E2E_ENV) $(CARGO) test --release --workspace --no-fail-fast
+
+# The unit tests of every crate, then the unprivileged end-to-end tests. `--workspace` on every
+# call: `-p ember-tests` would resolve other features and build ember a second time.
+check-only:
+	EMBER_BIN=$(EMBER) $(CARGO) test --release --workspace --lib --no-fail-fast
+	EMBER_BIN=$(EMBER) $(CARGO) test --release --workspace --test e2e --no-fail-fast -- \
+		$(E2E_UNPRIVILEGED)
+
+# The fast tier: no root, no packages, no network (rustup's cargo, clippy and rustfmt, python3).
+check: rust-deps
+	$(MAKE) --no-print-directory fmt-check
+	$(MAKE) --no-print-directory modgraph
+	$(MAKE) --no-print-directory clippy
+	$(CARGO_BUILD)
+	$(MAKE) --no-print-directory check-only
+
+# The end-to-end binary alone (`make e2e-only ARGS=record::` runs one suite).
+e2e-only:
+	$(E2E_ENV) $(CARGO) test --release --workspace --test e2e --no-fail-fast -- $(ARGS)
+
+# Everything the suites use that is built, not installed: the Go checker, the cluster, the
+# venvs, the interpreters and the kernel matrix's kernels.
+e2e-deps:
+	$(MAKE) --no-print-directory pprofcheck
+	$(MAKE) --no-print-directory k8s-apiserver
+	$(MAKE) --no-print-directory k8s-node
+	$(MAKE) --no-print-directory otlp-venv
+	$(MAKE) --no-print-directory pyspy-venv
+	$(MAKE) --no-print-directory python314-root
+	$(MAKE) --no-print-directory python-musl
+	$(MAKE) --no-print-directory python-ft
+	$(MAKE) --no-print-directory kernels
+
+e2e: deps
+	$(CARGO_BUILD)
+	$(MAKE) --no-print-directory e2e-deps
+	$(MAKE) --no-print-directory e2e-only
 
 # The kernel matrix's kernels: each suite's cloud kernel, fetched once (root, network to
 # deb.debian.org); remove a suite's directory under EMBER_KERNEL_CACHE to fetch it again.
@@ -262,16 +310,8 @@ test: deps
 	$(MAKE) --no-print-directory modgraph
 	$(MAKE) --no-print-directory clippy
 	$(CARGO_BUILD)
-	$(MAKE) --no-print-directory pprofcheck
-	$(MAKE) --no-print-directory k8s-apiserver
-	$(MAKE) --no-print-directory k8s-node
+	$(MAKE) --no-print-directory e2e-deps
 	$(MAKE) --no-print-directory deploy-check
-	$(MAKE) --no-print-directory otlp-venv
-	$(MAKE) --no-print-directory pyspy-venv
-	$(MAKE) --no-print-directory python314-root
-	$(MAKE) --no-print-directory python-musl
-	$(MAKE) --no-print-directory python-ft
-	$(MAKE) --no-print-directory kernels
 	$(MAKE) --no-print-directory test-only
 
 # cargo-fuzz targets of the parsers of container input in parse/ (perf map, jitdump, unwind

@@ -6,7 +6,7 @@ JSON beside this file, and into the Helm chart (helm/ember/dashboards/).
     python3 deploy/grafana/build.py --check  # fail if the committed JSON is stale
 
 Every panel's PromQL and every variable's query is run against a real Prometheus scraping a
-live ember by tests/tests/explorer.rs (grafana_dashboards_query_a_real_prometheus); it reads
+live ember by tests/tests/e2e/explorer.rs (grafana_dashboards_query_a_real_prometheus); it reads
 the same JSON. Panels on workloads link to the matching Pyroscope flame graph (Grafana's
 Pyroscope app, data source variable `pyroscope`), by `service_name` where the series has it
 (`workload` of ember_stacks_total) and by namespace/container labels otherwise.

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The explorer page in a real browser (Debian's chromium + chromium-driver + python3-selenium).
 
-Run by tests/tests/explorer.rs against a live `ember run` that samples two fixtures in two
+Run by tests/tests/e2e/explorer.rs against a live `ember run` that samples two fixtures in two
 cgroups. Loads the page, picks a range, filters a container, searches a function, opens a
 differential graph; asserts on the DOM and saves a screenshot of each step under --out.
 Prints "browser checks passed" at the end; any failed check raises.

@@ -2,7 +2,7 @@
 # /init of the kernel matrix guest (tests/kernels/build-initramfs.sh puts it there): sets up
 # what a node gives the agent (proc, sys, debugfs, tracefs, bpffs, cgroup2, /tmp, lo), runs the
 # real ember against the fixture workloads, prints every result on the serial console between
-# markers for tests/tests/kernels.rs, and powers off.
+# markers for tests/tests/e2e/kernels.rs, and powers off.
 #
 # Protocol (one marker per line; anything else on the console is ignored by the parser):
 #   @@EMBER INIT release=R uptime=S         init started, S seconds after the kernel did

@@ -5,6 +5,9 @@
 //! (built by `build.rs`, paths in `FIXTURE_*`), and read what it writes with
 //! [`ember::proto::Profile`].
 //!
+//! Agents are started with [`EmberRun`] and their `/metrics` read with [`series`] and
+//! [`family`]; a test that cannot run here calls [`skip`].
+//!
 //! Tests that sample must hold [`sampling_lock`]: the CI machine has 2 cores and
 //! sampling tests measure CPU shares and sample counts, so they run one at a time.
 
@@ -15,7 +18,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -24,7 +27,12 @@ use ember::proto::Profile;
 use prost::Message;
 
 pub mod completeness;
+mod metrics;
 pub mod perf;
+mod run;
+
+pub use metrics::*;
+pub use run::{token_for, Ember, EmberRun};
 
 /// Path of the fixture `cpu_hog` (see `tests/fixtures/cpu_hog.c`).
 pub const CPU_HOG: &str = env!("FIXTURE_CPU_HOG");
@@ -103,22 +111,32 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Whether `EMBER_REQUIRE_PRIVILEGED=1` (CI sets it): then a test that cannot run fails.
+pub fn skips_forbidden() -> bool {
+    std::env::var("EMBER_REQUIRE_PRIVILEGED").as_deref() == Ok("1")
+}
+
+/// Says that the calling test cannot run here and why; the caller returns at once.
+///
+/// Prints `skipped: WHY`, so that a pass that ran nothing shows in the output; under
+/// `EMBER_REQUIRE_PRIVILEGED=1` it panics instead, so that CI cannot pass a test that never
+/// ran.
+pub fn skip(why: &str) {
+    if skips_forbidden() {
+        panic!("test could not run: {why} (EMBER_REQUIRE_PRIVILEGED=1 forbids skipping it)");
+    }
+    println!("skipped: {why}");
+}
+
 /// Gate for tests that need root (BPF, perf events).
 ///
-/// Returns true when running as root. Otherwise, when `EMBER_REQUIRE_PRIVILEGED=1`
-/// (CI sets it) it panics so the skip cannot go unnoticed; else it prints
-/// "skipped: needs root" and returns false, and the caller returns early.
+/// Returns true when running as root. Otherwise it [`skip`]s with "needs root" (a panic under
+/// `EMBER_REQUIRE_PRIVILEGED=1`) and returns false, and the caller returns early.
 pub fn require_privileged() -> bool {
     if is_root() {
         return true;
     }
-    if std::env::var("EMBER_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
-        panic!(
-            "privileged test could not run: it needs root (BPF and perf events) and \
-             EMBER_REQUIRE_PRIVILEGED=1 forbids skipping it"
-        );
-    }
-    println!("skipped: needs root");
+    skip("needs root (BPF and perf events)");
     false
 }
 
@@ -284,147 +302,6 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Result<Option<ExitS
         }
         thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// A running `ember`, its stdout and stderr going to files in `dir`. Killed on drop.
-pub struct Ember {
-    child: Child,
-    stdout: PathBuf,
-    stderr: PathBuf,
-}
-
-/// Where each `ember run` started by [`Ember::spawn`] keeps its profiles listener's
-/// token: `--listen` address → `<--data-dir>/ui-token`. [`http_get`] presents it, as the
-/// owner of the data directory may.
-fn token_files() -> &'static Mutex<HashMap<String, PathBuf>> {
-    static FILES: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
-    FILES.get_or_init(Default::default)
-}
-
-/// The value after `flag` in `args`.
-fn arg_after<'a>(args: &[&'a str], flag: &str) -> Option<&'a str> {
-    args.iter()
-        .position(|a| *a == flag)
-        .and_then(|i| args.get(i + 1).copied())
-}
-
-/// The token of the ember listening on `addr` (read from its data directory), if any.
-pub fn token_for(addr: &str) -> Option<String> {
-    let path = token_files()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(addr)
-        .cloned()?;
-    let t = fs::read_to_string(path).ok()?;
-    Some(t.trim().to_string()).filter(|t| !t.is_empty())
-}
-
-impl Ember {
-    /// Starts `ember ARGS...` with its output captured in `dir`.
-    pub fn spawn(args: &[&str], dir: &Path) -> Result<Self> {
-        if let (Some(listen), Some(data)) =
-            (arg_after(args, "--listen"), arg_after(args, "--data-dir"))
-        {
-            token_files()
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(listen.to_string(), Path::new(data).join("ui-token"));
-        }
-        let stdout = dir.join("ember.stdout");
-        let stderr = dir.join("ember.stderr");
-        let child = Command::new(ember_bin())
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(fs::File::create(&stdout)?)
-            .stderr(fs::File::create(&stderr)?)
-            .spawn()
-            .context("starting ember")?;
-        Ok(Ember {
-            child,
-            stdout,
-            stderr,
-        })
-    }
-
-    /// The agent's pid.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Everything ember wrote to stderr so far.
-    pub fn stderr(&self) -> String {
-        fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// Everything ember wrote to stdout so far.
-    pub fn stdout(&self) -> String {
-        fs::read_to_string(&self.stdout).unwrap_or_default()
-    }
-
-    /// Waits for ember to exit; panics with its output if it takes longer than `timeout`.
-    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
-        match wait_timeout(&mut self.child, timeout) {
-            Ok(Some(s)) => s,
-            Ok(None) => panic!(
-                "ember did not exit within {timeout:?}\n--- stderr ---\n{}",
-                self.stderr()
-            ),
-            Err(e) => panic!("waiting for ember: {e}"),
-        }
-    }
-
-    /// Sends a signal to ember.
-    pub fn signal(&self, sig: libc::c_int) {
-        // SAFETY: kill has no memory-safety preconditions; the pid is our live child.
-        let r = unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
-        assert_eq!(r, 0, "kill({}, {sig})", self.child.id());
-    }
-
-    /// Whether ember is still running.
-    pub fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    /// Waits until ember has a sampling perf event open on every online CPU (its
-    /// BPF program is attached right after), or `timeout` passes. Returns the
-    /// time it took, or `None` on timeout (the caller decides whether that matters).
-    ///
-    /// This looks only at ember's open file descriptors
-    /// (`anon_inode:[perf_event]`), so it needs no cooperation from the agent.
-    pub fn wait_attached(&mut self, timeout: Duration) -> Option<Duration> {
-        let start = Instant::now();
-        let want = online_cpus();
-        while start.elapsed() < timeout {
-            if !self.running() {
-                return None;
-            }
-            if count_perf_event_fds(self.pid()) >= want {
-                // Attaching the program follows opening the event; give it a moment.
-                thread::sleep(Duration::from_millis(200));
-                return Some(start.elapsed());
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-}
-
-impl Drop for Ember {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Number of perf event file descriptors `pid` holds.
-pub fn count_perf_event_fds(pid: u32) -> usize {
-    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return 0;
-    };
-    dir.filter_map(|e| e.ok())
-        .filter_map(|e| fs::read_link(e.path()).ok())
-        .filter(|t| t.to_string_lossy().contains("perf_event"))
-        .count()
 }
 
 /// Runs `cmd` to completion, killing it after `timeout`.
@@ -743,32 +620,6 @@ pub fn url_encode(s: &str) -> String {
         .collect()
 }
 
-/// Value of the series whose name and labels are exactly `series` (`name{a="b",...}`, as
-/// /metrics writes them) in an exposition; 0 if absent.
-pub fn series_value(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0.0)
-}
-
-/// Value of the first sample of metric `name` (any labels) in an OpenMetrics/Prometheus text.
-pub fn metric_value(exposition: &str, name: &str) -> Option<f64> {
-    exposition
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let base = series.split('{').next()?;
-            (base == name).then(|| value.trim().parse().ok())?
-        })
-}
-
 /// A cgroup directory made for a test; its processes go back to the root and the
 /// directories are removed on drop.
 pub struct TestCgroup {
@@ -825,18 +676,4 @@ pub fn peak_rss(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kib| kib * 1024)
-}
-
-/// Polls `/metrics` on `addr` until `done` holds or `timeout` passes; returns the last scrape.
-pub fn metrics_until(addr: &str, timeout: Duration, done: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let text = http_get(addr, "/metrics")
-            .map(|(_, t)| t)
-            .unwrap_or_default();
-        if done(&text) || Instant::now() >= deadline {
-            return text;
-        }
-        thread::sleep(Duration::from_millis(250));
-    }
 }

@@ -15,6 +15,16 @@ use ember_tests::*;
 
 const WAKERS: &str = env!("FIXTURE_WAKERS");
 
+/// The README's claim for `offwake`: produce_hot's share of the consumer's blocked time is
+/// within this many points of its share of the signals (0.03 to 0.49 in four runs: the
+/// README's former 0.2 did not hold).
+const SHARE_POINTS: f64 = 1.0;
+
+/// The README's claim for `lock`: this share of the fixture's own lock-wait time is under
+/// its locking function, and this share of that is woken by the holder's unlock (99.76 % to
+/// 99.81 % and 100 % in four runs).
+const LOCK_SHARE: f64 = 0.995;
+
 /// Runs `ember record --type KIND` over `f` (started with --wait-start) while it works,
 /// then reads the fixture's lines to "done": its tids and its "key value" totals.
 fn record(
@@ -28,7 +38,6 @@ fn record(
     let out = dir.join(format!("{kind}.pb.gz"));
     let pid = f.pid.to_string();
     let args = [
-        "record",
         "--type",
         kind,
         "--config",
@@ -40,7 +49,10 @@ fn record(
         "-o",
         out.to_str().expect("utf-8"),
     ];
-    let mut ember = Ember::spawn(&args, dir).expect("starting ember record");
+    let mut ember = EmberRun::record(dir)
+        .args(args)
+        .try_spawn()
+        .expect("starting ember record");
     if ember.wait_attached(Duration::from_secs(30)).is_none() {
         assert!(ember.running(), "ember exited:\n{}", ember.stderr());
     }
@@ -154,9 +166,9 @@ fn offwake_names_each_producer_by_its_share_of_wakeups() {
     assert!(hot + cold > 0, "no producer named as waker: {consumer:#?}");
     let share = 100.0 * hot as f64 / (hot + cold) as f64;
     assert!(
-        (share - truth).abs() <= 5.0,
-        "produce_hot woke the consumer for {share:.1} % of its blocked time; it sent \
-         {truth:.1} % of the signals"
+        (share - truth).abs() <= SHARE_POINTS,
+        "produce_hot woke the consumer for {share:.2} % of its blocked time; it sent \
+         {truth:.2} % of the signals: want within {SHARE_POINTS} points"
     );
     assert!(
         (hot + cold) as f64 >= 0.9 * waiting as f64,
@@ -249,16 +261,17 @@ fn lock_attributes_mutex_waits_to_the_call_site_and_the_holder() {
     );
     assert!(every > 0, "no lock waits of the fixture");
     assert!(
-        site as f64 >= 0.9 * every as f64,
+        site as f64 >= LOCK_SHARE * every as f64,
         "lock waits at the locking call site: {site} of {every} ns"
     );
     let ratio = site as f64 / lockwait;
     assert!(
-        (0.9..=1.05).contains(&ratio),
-        "lock profile at take_lock is {ratio:.3}x the fixture's own lock-wait time"
+        (LOCK_SHARE..=1.05).contains(&ratio),
+        "lock profile at take_lock is {ratio:.4}x the fixture's own lock-wait time, want at \
+         least {LOCK_SHARE}"
     );
     assert!(
-        holder as f64 >= 0.9 * site as f64,
+        holder as f64 >= LOCK_SHARE * site as f64,
         "waits whose waker is the holder's release_lock: {holder} of {site} ns"
     );
 }

@@ -147,10 +147,13 @@ fn ready_to_run() -> bool {
 
 /// Starts `ember record ARGS -o OUT` and waits until it samples.
 fn start_ember(dir: &Path, out: &Path, args: &[&str]) -> Ember {
-    let mut full = vec!["record"];
+    let mut full = Vec::new();
     full.extend_from_slice(args);
     full.extend_from_slice(&["-o", out.to_str().expect("utf-8 path")]);
-    let mut ember = Ember::spawn(&full, dir).expect("starting ember record");
+    let mut ember = EmberRun::record(dir)
+        .args(full.iter().copied())
+        .try_spawn()
+        .expect("starting ember record");
     match ember.wait_attached(Duration::from_secs(15)) {
         Some(t) => println!("ember attached its perf events after {t:.2?}"),
         None if !ember.running() => panic!(
@@ -977,9 +980,8 @@ fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
     let data = dir.path().join("data");
     let addr = format!("127.0.0.1:{}", free_port());
     let hot = start_fixture(NOFP_QSORT, &["--seconds", "60"]);
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "--config",
             config.to_str().expect("utf-8"),
             "--window",
@@ -988,10 +990,9 @@ fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
             data.to_str().expect("utf-8"),
             "--listen",
             addr.as_str(),
-        ],
-        dir.path(),
-    )
-    .expect("starting ember run");
+        ])
+        .try_spawn()
+        .expect("starting ember run");
     if ember.wait_attached(Duration::from_secs(15)).is_none() && !ember.running() {
         panic!("ember run exited early\n--- stderr ---\n{}", ember.stderr());
     }
@@ -1165,19 +1166,17 @@ fn an_object_without_cfi_is_parsed_once() {
 
     let data = dir.path().join("data");
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "--window",
             "2s",
             "--data-dir",
             data.to_str().expect("utf-8"),
             "--listen",
             addr.as_str(),
-        ],
-        dir.path(),
-    )
-    .expect("starting ember run");
+        ])
+        .try_spawn()
+        .expect("starting ember run");
     if ember.wait_attached(Duration::from_secs(15)).is_none() && !ember.running() {
         panic!("ember run exited early\n--- stderr ---\n{}", ember.stderr());
     }

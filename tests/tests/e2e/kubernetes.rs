@@ -218,7 +218,6 @@ fn pod_labels_follow_the_api_server() {
     let addr = format!("127.0.0.1:{}", free_port());
     let pid = hog.pid.to_string();
     let args = [
-        "run",
         "--config",
         cfg.to_str().expect("utf-8"),
         "--window",
@@ -230,7 +229,10 @@ fn pod_labels_follow_the_api_server() {
         "--pid",
         &pid,
     ];
-    let mut ember = Ember::spawn(&args, dir.path()).expect("ember run");
+    let mut ember = EmberRun::run(dir.path())
+        .args(args)
+        .try_spawn()
+        .expect("ember run");
 
     // 1. The pod's labels reach the samples.
     let labels = wait_for_window(&windows, hog.pid, "the pod is named", |l| {

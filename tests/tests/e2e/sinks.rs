@@ -303,47 +303,11 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// Starts `ember run` on the hog only, with `config` (YAML) layered on the default.
 fn start_ember(dir: &Path, config: &str, listen: &str) -> Ember {
-    let cfg = dir.join("ember.yaml");
-    std::fs::write(&cfg, config).expect("writing config");
-    let data = dir.join("data");
-    let mut ember = Ember::spawn(
-        &[
-            "run",
-            "--config",
-            cfg.to_str().expect("utf-8"),
-            "--data-dir",
-            data.to_str().expect("utf-8"),
-            "--listen",
-            listen,
-        ],
-        dir,
-    )
-    .expect("starting ember run");
-    if ember.wait_attached(Duration::from_secs(15)).is_none() && !ember.running() {
-        panic!("ember run exited early\n--- stderr ---\n{}", ember.stderr());
-    }
-    ember
-}
-
-fn scrape(addr: &str) -> String {
-    http_get(addr, "/metrics").map(|r| r.1).unwrap_or_default()
-}
-
-/// `ember_export_*` samples with their labels, e.g. `{sink="otlp",reason="x"}` → value.
-fn series(exposition: &str, name: &str) -> BTreeMap<String, f64> {
-    exposition
-        .lines()
-        .filter_map(|l| {
-            let (s, v) = l.rsplit_once(' ')?;
-            let rest = s.strip_prefix(name)?;
-            rest.starts_with('{')
-                .then(|| (rest.to_owned(), v.parse().unwrap_or(0.0)))
-        })
-        .collect()
-}
-
-fn value(exposition: &str, name: &str, labels: &str) -> f64 {
-    series(exposition, name).get(labels).copied().unwrap_or(0.0)
+    EmberRun::run(dir)
+        .config(config)
+        .data_dir(dir.join("data"))
+        .listen_on(listen)
+        .spawn_attached(Duration::from_secs(15))
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -484,7 +448,7 @@ sinks:
     {
         thread::sleep(Duration::from_millis(200));
     }
-    let metrics = scrape(&listen);
+    let metrics = ember.try_scrape();
     ember.signal(libc::SIGTERM);
     let status = ember.wait(Duration::from_secs(20));
     let stderr = ember.stderr();
@@ -623,10 +587,9 @@ sinks:
         "only {matched} OTLP requests matched a window file"
     );
     let sent = |sink: &str| {
-        value(
+        series_value(
             &metrics,
-            "ember_export_sent_total",
-            &format!("{{sink=\"{sink}\"}}"),
+            &format!("ember_export_sent_total{{sink=\"{sink}\"}}"),
         )
     };
     assert!(sent("pyroscope") >= 1.0 && sent("otlp") >= 1.0, "{metrics}");
@@ -635,10 +598,10 @@ sinks:
     );
     println!(
         "latency: {:?}",
-        series(&metrics, "ember_export_latency_seconds_sum")
+        family(&metrics, "ember_export_latency_seconds_sum")
             .into_iter()
-            .zip(series(&metrics, "ember_export_latency_seconds_count"))
-            .map(|((k, s), (_, c))| format!("{k} mean {:.1} ms", 1000.0 * s / c.max(1.0)))
+            .zip(family(&metrics, "ember_export_latency_seconds_count"))
+            .map(|((k, s), (_, c))| format!("{k:?} mean {:.1} ms", 1000.0 * s / c.max(1.0)))
             .collect::<Vec<_>>()
     );
 }
@@ -702,8 +665,8 @@ sinks:
         while Instant::now() < end {
             thread::sleep(Duration::from_millis(250));
             max_rss.set(max_rss.get().max(rss_kib(ember.pid())));
-            let m = scrape(&listen);
-            for v in series(&m, "ember_export_queue_bytes").values() {
+            let m = ember.try_scrape();
+            for (_, v) in family(&m, "ember_export_queue_bytes").iter() {
                 max_queue.set(max_queue.get().max(*v));
             }
         }
@@ -760,22 +723,21 @@ sinks:
     let (_, o) = phase("otlp back", 3, Mode::Ok, OtlpMode::Ok);
     assert!(o >= 1, "otlp must receive once back");
 
-    let m = scrape(&listen);
+    let m = ember.try_scrape();
     let (max_rss, max_queue) = (max_rss.get(), max_queue.get());
     ember.signal(libc::SIGTERM);
     let status = ember.wait(Duration::from_secs(20));
     let stderr = ember.stderr();
     assert!(status.success(), "ember exited with {status}\n{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
-    let dropped = series(&m, "ember_export_dropped_total");
+    let dropped = family(&m, "ember_export_dropped_total");
     println!("dropped: {dropped:?}");
-    println!("sent: {:?}", series(&m, "ember_export_sent_total"));
+    println!("sent: {:?}", family(&m, "ember_export_sent_total"));
     println!("max RSS {max_rss} KiB (before the black hole {rss_before_hole} KiB); max queue {max_queue} bytes");
     let d = |sink: &str, reason: &str| {
-        value(
+        series_value(
             &m,
-            "ember_export_dropped_total",
-            &format!("{{sink=\"{sink}\",reason=\"{reason}\"}}"),
+            &format!("ember_export_dropped_total{{sink=\"{sink}\",reason=\"{reason}\"}}"),
         )
     };
     assert!(d("pyroscope", "http_400") >= 1.0, "{dropped:?}");

@@ -45,66 +45,16 @@ impl Drop for ContainerCgroup {
     }
 }
 
-fn config(dir: &Path, extra: &str) -> (PathBuf, String) {
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let path = dir.join("ember.yaml");
-    fs::write(
-        &path,
-        format!(
+/// `ember run` with a short readings interval and perf counters on, plus `extra` config.
+fn start_ember(dir: &Path, extra: &str) -> Ember {
+    let addr = format!("127.0.0.1:{}", free_port());
+    EmberRun::run(dir)
+        .config(format!(
             "kubernetes:\n  enabled: false\n  node_name: node-5b\nserver:\n  listen: {addr}\nreadings:\n  interval: 500ms\ncounters:\n  perf: true\n{extra}"
-        ),
-    )
-    .expect("writing config");
-    (path, addr)
-}
-
-fn start_ember(dir: &Path, extra: &str) -> (Ember, String) {
-    let (cfg, addr) = config(dir, extra);
-    let data = dir.join("windows");
-    let ember = Ember::spawn(
-        &[
-            "run",
-            "-c",
-            cfg.to_str().expect("utf-8 path"),
-            "--data-dir",
-            data.to_str().expect("utf-8 path"),
-        ],
-        dir,
-    )
-    .expect("starting ember");
-    (ember, addr)
-}
-
-/// Scrapes until `pred` holds on the exposition (or panics with the last one).
-fn scrape_until(ember: &mut Ember, addr: &str, what: &str, pred: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut last = String::new();
-    while Instant::now() < deadline {
-        assert!(ember.running(), "ember exited:\n{}", ember.stderr());
-        if let Ok((200, body)) = http_get(addr, "/metrics") {
-            if pred(&body) {
-                return body;
-            }
-            last = body;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    panic!(
-        "{what} never showed\n--- metrics ---\n{last}\n--- stderr ---\n{}",
-        ember.stderr()
-    );
-}
-
-/// Value of the series whose name and labels are exactly `series` (`name{a="b",...}`).
-fn series(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        l.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
+        ))
+        .serves_at(&addr)
+        .data_dir(dir.join("windows"))
+        .spawn()
 }
 
 /// Whether `perf_event_open` can count hardware cycles here (what ember should report).
@@ -138,13 +88,15 @@ fn software_counters_per_cpu_and_container_and_pmc_support_probed_once() {
     .unwrap();
     cg.add(hog.pid);
     hog.start().unwrap();
-    let (mut ember, addr) = start_ember(dir.path(), "");
+    let mut ember = start_ember(dir.path(), "");
     let want = format!(
         "ember_container_perf_events_total{{namespace=\"\",pod=\"\",container=\"\",container_id=\"{ID_A}\",event=\"context-switches\"}}"
     );
-    let text = scrape_until(&mut ember, &addr, "the container's context switches", |t| {
-        series(t, &want).is_some_and(|v| v > 0.0)
-    });
+    let text = ember.scrape_until(
+        "the container's context switches",
+        Duration::from_secs(30),
+        |t| series(t, &want).is_some_and(|v| v > 0.0),
+    );
     let first = series(&text, &want).unwrap();
 
     // Hardware support is what the kernel says, probed once, logged once.
@@ -184,7 +136,7 @@ fn software_counters_per_cpu_and_container_and_pmc_support_probed_once() {
         "{text}"
     );
     // The counter keeps counting; several scrapes later the log line is still alone.
-    let text = scrape_until(&mut ember, &addr, "more context switches", |t| {
+    let text = ember.scrape_until("more context switches", Duration::from_secs(30), |t| {
         series(t, &want).is_some_and(|v| v > first)
     });
     std::thread::sleep(Duration::from_millis(1500));
@@ -213,14 +165,18 @@ fn software_counters_per_cpu_and_container_and_pmc_support_probed_once() {
     // The container's cgroup is gone: its counters are closed and its series go away.
     // (Only the counter and run-queue series: the sample-based container CPU series keep
     // their own 30-window retention.)
-    scrape_until(&mut ember, &addr, "the container's series to go", |t| {
-        !t.lines().any(|l| {
-            (l.starts_with("ember_container_perf_events")
-                || l.starts_with("ember_container_instructions_per_cycle")
-                || l.starts_with("ember_runqueue_latency"))
-                && l.contains(ID_A)
-        })
-    });
+    ember.scrape_until(
+        "the container's series to go",
+        Duration::from_secs(30),
+        |t| {
+            !t.lines().any(|l| {
+                (l.starts_with("ember_container_perf_events")
+                    || l.starts_with("ember_container_instructions_per_cycle")
+                    || l.starts_with("ember_runqueue_latency"))
+                    && l.contains(ID_A)
+            })
+        },
+    );
     ember.signal(libc::SIGTERM);
     assert!(ember.wait(Duration::from_secs(20)).success());
 }
@@ -271,7 +227,7 @@ fn p99(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> (f64, f
 }
 
 /// Scrapes the container's histogram before and after `secs` of `work`.
-fn measure(ember: &mut Ember, addr: &str, id: &str, threads: &str) -> (f64, f64) {
+fn measure(ember: &mut Ember, id: &str, threads: &str) -> (f64, f64) {
     let cg = ContainerCgroup::create(id);
     let mut hog = Fixture::spawn(
         env!("FIXTURE_CPU_HOG"),
@@ -279,7 +235,7 @@ fn measure(ember: &mut Ember, addr: &str, id: &str, threads: &str) -> (f64, f64)
     )
     .expect("starting cpu_hog");
     cg.add(hog.pid);
-    let text = scrape_until(ember, addr, "the container's histogram", |t| {
+    let text = ember.scrape_until("the container's histogram", Duration::from_secs(30), |t| {
         !histogram(t, id).is_empty()
     });
     let before = histogram(&text, id);
@@ -287,7 +243,7 @@ fn measure(ember: &mut Ember, addr: &str, id: &str, threads: &str) -> (f64, f64)
     std::thread::sleep(Duration::from_secs(4));
     // Two intervals, so the snapshot holds the whole run.
     std::thread::sleep(Duration::from_millis(1100));
-    let (_, after) = http_get(addr, "/metrics").expect("scraping /metrics");
+    let after = ember.scrape();
     drop(hog);
     p99(&before, &histogram(&after, id))
 }
@@ -299,11 +255,11 @@ fn oversubscribed_cpus_show_a_higher_runqueue_p99() {
     }
     let _lock = sampling_lock();
     let dir = tempfile::tempdir().unwrap();
-    let (mut ember, addr) = start_ember(dir.path(), "");
+    let mut ember = start_ember(dir.path(), "");
     // One busy thread leaves a CPU free; four per CPU must queue.
     let busy = (2 * online_cpus()).max(8).to_string();
-    let (idle_p99, idle_n) = measure(&mut ember, &addr, ID_A, "1");
-    let (busy_p99, busy_n) = measure(&mut ember, &addr, ID_B, &busy);
+    let (idle_p99, idle_n) = measure(&mut ember, ID_A, "1");
+    let (busy_p99, busy_n) = measure(&mut ember, ID_B, &busy);
     println!("run-queue p99: 1 thread {idle_p99}s ({idle_n} waits), {busy} threads {busy_p99}s ({busy_n} waits)");
     assert!(busy_n > 0.0, "the oversubscribed fixture waited");
     assert!(
@@ -370,7 +326,7 @@ fn otlp_metrics_reach_a_real_receiver() {
         "otlp_metrics:\n  enabled: true\n  endpoint: http://127.0.0.1:{port}\n  interval: 1s\n  \
          headers:\n    x-scope-orgid: tenant-5b\n"
     );
-    let (mut ember, addr) = start_ember(dir.path(), &extra);
+    let mut ember = start_ember(dir.path(), &extra);
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut seen = String::new();
     while Instant::now() < deadline {
@@ -383,7 +339,7 @@ fn otlp_metrics_reach_a_real_receiver() {
         assert!(ember.running(), "{}", ember.stderr());
         std::thread::sleep(Duration::from_millis(300));
     }
-    let (_, prom) = http_get(&addr, "/metrics").unwrap();
+    let prom = ember.scrape();
     ember.signal(libc::SIGTERM);
     assert!(
         ember.wait(Duration::from_secs(20)).success(),
@@ -461,8 +417,8 @@ fn containers_beyond_the_cap_are_counted_as_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let _a = ContainerCgroup::create(ID_A);
     let _b = ContainerCgroup::create(ID_B);
-    let (mut ember, addr) = start_ember(dir.path(), "  max_containers: 1\n");
-    let text = scrape_until(&mut ember, &addr, "both caches' drops", |t| {
+    let mut ember = start_ember(dir.path(), "  max_containers: 1\n");
+    let text = ember.scrape_until("both caches' drops", Duration::from_secs(30), |t| {
         t.contains("ember_cache_dropped_total{cache=\"perf_containers\"}")
             && t.contains("ember_cache_dropped_total{cache=\"runqueue_containers\"}")
     });

@@ -93,7 +93,6 @@ fn samples_carry_container_id_and_pod_uid() {
 
     let out = dir.path().join("c.pb.gz");
     let mut args = vec![
-        "record".to_owned(),
         "--config".into(),
         cfg.display().to_string(),
         "--duration".into(),
@@ -105,7 +104,10 @@ fn samples_carry_container_id_and_pod_uid() {
         args.extend(["--pid".to_owned(), p.to_string()]);
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut ember = Ember::spawn(&args, dir.path()).expect("ember record");
+    let mut ember = EmberRun::record(dir.path())
+        .args(args)
+        .try_spawn()
+        .expect("ember record");
     let status = ember.wait(Duration::from_secs(60));
     assert!(status.success(), "ember record failed:\n{}", ember.stderr());
     let profile = read_profile(&out).expect("profile");
@@ -177,7 +179,6 @@ fn container_cpu_from_samples_matches_the_cgroup() {
     let addr = format!("127.0.0.1:{port}");
     let data = dir.path().join("windows");
     let args = [
-        "run",
         "--config",
         cfg.to_str().expect("utf-8"),
         "--window",
@@ -189,7 +190,10 @@ fn container_cpu_from_samples_matches_the_cgroup() {
         "--pid",
         &hog.pid.to_string(),
     ];
-    let mut ember = Ember::spawn(&args, dir.path()).expect("ember run");
+    let mut ember = EmberRun::run(dir.path())
+        .args(args)
+        .try_spawn()
+        .expect("ember run");
     let series = |text: &str, name: &str| -> Option<f64> {
         text.lines()
             .filter(|l| l.starts_with(name) && l.contains(&format!("container_id=\"{id}\"")))

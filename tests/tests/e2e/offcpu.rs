@@ -79,13 +79,12 @@ fn tids(f: &mut Fixture) -> HashMap<String, i64> {
 }
 
 /// Runs `ember record --type offcpu` over `f` (started with --wait-start) while it works.
-fn record_offcpu(dir: &Path, f: &mut Fixture, config: &str, seconds: &str) -> Profile {
+fn record_offcpu(dir: &Path, f: &mut Fixture, config: &str, seconds: &str) -> (Profile, String) {
     let cfg = dir.join("ember.yaml");
     fs::write(&cfg, config).expect("writing the config");
     let out = dir.join("offcpu.pb.gz");
     let pid = f.pid.to_string();
     let args = [
-        "record",
         "--type",
         "offcpu",
         "--config",
@@ -97,7 +96,10 @@ fn record_offcpu(dir: &Path, f: &mut Fixture, config: &str, seconds: &str) -> Pr
         "-o",
         out.to_str().expect("utf-8"),
     ];
-    let mut ember = Ember::spawn(&args, dir).expect("starting ember record");
+    let mut ember = EmberRun::record(dir)
+        .args(args)
+        .try_spawn()
+        .expect("starting ember record");
     if ember.wait_attached(Duration::from_secs(30)).is_none() {
         assert!(ember.running(), "ember exited:\n{}", ember.stderr());
     }
@@ -109,23 +111,27 @@ fn record_offcpu(dir: &Path, f: &mut Fixture, config: &str, seconds: &str) -> Pr
         "ember record: {status}\n{}",
         ember.stderr()
     );
-    println!("--- ember stderr ---\n{}", ember.stderr());
+    let stderr = ember.stderr();
+    println!("--- ember stderr ---\n{stderr}");
     assert!(pprofcheck(&out) > 0, "pprof CheckValid found no samples");
-    read_profile(&out).expect("reading the off-CPU profile")
+    (
+        read_profile(&out).expect("reading the off-CPU profile"),
+        stderr,
+    )
 }
 
 #[test]
 fn sleep_pipe_and_runnable_threads_with_why() {
     // The defaults: on this kernel (6.18) a task work walks each long block on its way back
     // to user mode, whether it blocked in a syscall or was preempted.
-    sleep_pipe_and_runnable(&[]);
+    sleep_pipe_and_runnable(&[], None);
 }
 
 #[test]
 fn the_same_with_the_rseq_path() {
     // Kernels without BPF task works: the fixture's threads (glibc registers rseq) are
     // walked by the rseq_update program on their way back to user mode.
-    sleep_pipe_and_runnable(&["  task_work: false"]);
+    sleep_pipe_and_runnable(&["  task_work: false"], Some("rseq"));
 }
 
 #[test]
@@ -133,15 +139,20 @@ fn the_same_with_the_syscall_exit_path() {
     // Blocks inside syscalls walked at the syscall's exit; the hogs' preemptions by the
     // fallback, every one (a tenth, scaled, put hog0 at 0.86-1.17x its run-queue wait in
     // three runs: the scaling itself is tested in capture::record).
-    sleep_pipe_and_runnable(&[
-        "  task_work: false",
-        "  rseq: false",
-        "  syscall_exit: true",
-        "  fallback_rate: 1.0",
-    ]);
+    sleep_pipe_and_runnable(
+        &[
+            "  task_work: false",
+            "  rseq: false",
+            "  syscall_exit: true",
+            "  fallback_rate: 1.0",
+        ],
+        Some("syscall_exit"),
+    );
 }
 
-fn sleep_pipe_and_runnable(offcpu_keys: &[&str]) {
+/// `path`: the off-CPU path the agent must have chosen (its `feature offcpu: PATH` log line),
+/// so that a variant cannot pass on another path than the one it is named for.
+fn sleep_pipe_and_runnable(offcpu_keys: &[&str], path: Option<&str>) {
     if !require_privileged() {
         return;
     }
@@ -155,7 +166,13 @@ fn sleep_pipe_and_runnable(offcpu_keys: &[&str]) {
         config.push('\n');
     }
     config.push_str("kubernetes:\n  enabled: false\n");
-    let p = record_offcpu(dir.path(), &mut f, &config, "9s");
+    let (p, stderr) = record_offcpu(dir.path(), &mut f, &config, "9s");
+    if let Some(path) = path {
+        assert!(
+            stderr.contains(&format!("feature offcpu: {path} (")),
+            "the off-CPU blocks were not walked by the {path} path:\n{stderr}"
+        );
+    }
     let tids = tids(&mut f);
     let mut rq_ns = 0i64;
     loop {
@@ -286,21 +303,24 @@ fn sleep_pipe_and_runnable(offcpu_keys: &[&str]) {
 struct Loop(String);
 
 impl Loop {
-    fn new(dir: &Path) -> Option<Self> {
+    /// Attaches a 64 MiB file in `dir`; `Err` says why it could not (no `losetup`, no loop
+    /// device), for the skip.
+    fn new(dir: &Path) -> Result<Self, String> {
         let file = dir.join("disk.img");
-        fs::write(&file, vec![0u8; 64 << 20]).ok()?;
+        fs::write(&file, vec![0u8; 64 << 20])
+            .map_err(|e| format!("writing {}: {e}", file.display()))?;
         let out = Command::new("losetup")
-            .args(["--find", "--show", file.to_str()?])
+            .args(["--find", "--show"])
+            .arg(&file)
             .output()
-            .ok()?;
+            .map_err(|e| format!("no losetup ({e}; util-linux)"))?;
         if !out.status.success() {
-            println!(
-                "skipping: losetup failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            return None;
+            return Err(format!(
+                "losetup failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
         }
-        Some(Loop(String::from_utf8_lossy(&out.stdout).trim().to_owned()))
+        Ok(Loop(String::from_utf8_lossy(&out.stdout).trim().to_owned()))
     }
 }
 
@@ -317,12 +337,12 @@ fn direct_io_waits_in_d_state() {
     }
     let _lock = sampling_lock();
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(dev) = Loop::new(dir.path()) else {
-        assert!(
-            std::env::var_os("EMBER_REQUIRE_LOOP").is_none(),
-            "no loop device here"
-        );
-        return;
+    let dev = match Loop::new(dir.path()) {
+        Ok(dev) => dev,
+        Err(why) => {
+            skip(&why);
+            return;
+        }
     };
     let mut f = Fixture::spawn(
         OFFCPU,
@@ -336,7 +356,7 @@ fn direct_io_waits_in_d_state() {
         ],
     )
     .expect("fixture");
-    let p = record_offcpu(
+    let (p, _) = record_offcpu(
         dir.path(),
         &mut f,
         "offcpu:\n  min_block: 0s\nkubernetes:\n  enabled: false\n",
@@ -386,9 +406,8 @@ fn thread_churn_keeps_the_map_bounded() {
     )
     .expect("config");
     let data = dir.path().join("windows");
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "--config",
             cfg.to_str().expect("utf-8"),
             "--data-dir",
@@ -397,10 +416,9 @@ fn thread_churn_keeps_the_map_bounded() {
             &addr,
             "--window",
             "5s",
-        ],
-        dir.path(),
-    )
-    .expect("starting ember");
+        ])
+        .try_spawn()
+        .expect("starting ember");
     if ember.wait_attached(Duration::from_secs(30)).is_none() {
         assert!(ember.running(), "ember exited:\n{}", ember.stderr());
     }
@@ -492,9 +510,8 @@ fn run_offcpu(
     )
     .expect("config");
     let data = dir.join("windows");
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir)
+        .args([
             "--config",
             cfg.to_str().expect("utf-8"),
             "--data-dir",
@@ -503,10 +520,9 @@ fn run_offcpu(
             &addr,
             "--window",
             "2s",
-        ],
-        dir,
-    )
-    .expect("starting ember");
+        ])
+        .try_spawn()
+        .expect("starting ember");
     if ember.wait_attached(Duration::from_secs(30)).is_none() {
         assert!(ember.running(), "ember exited:\n{}", ember.stderr());
     }
@@ -537,11 +553,10 @@ fn run_offcpu(
 
 /// `ember_offcpu_events_total{result=R}` in an exposition (0 if absent).
 fn event(body: &str, result: &str) -> f64 {
-    let series = format!("ember_offcpu_events_total{{result=\"{result}\"}} ");
-    body.lines()
-        .find_map(|l| l.strip_prefix(series.as_str()))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
+    series_value(
+        body,
+        &format!("ember_offcpu_events_total{{result=\"{result}\"}}"),
+    )
 }
 
 #[test]
@@ -732,7 +747,6 @@ fn kernel_threads_are_followed_only_when_asked() {
         fs::write(&cfg, yaml).expect("config");
         let out = dir.path().join("offcpu.pb.gz");
         let args = [
-            "record",
             "--type",
             "offcpu",
             "--config",
@@ -742,7 +756,10 @@ fn kernel_threads_are_followed_only_when_asked() {
             "-o",
             out.to_str().expect("utf-8"),
         ];
-        let mut ember = Ember::spawn(&args, dir.path()).expect("starting ember record");
+        let mut ember = EmberRun::record(dir.path())
+            .args(args)
+            .try_spawn()
+            .expect("starting ember record");
         let status = ember.wait(Duration::from_secs(60));
         assert!(
             status.success(),

@@ -108,26 +108,24 @@ fn windows_keep_closing_and_the_storm_is_named_under_a_cpu_limit() {
     }
     let _lock = sampling_lock();
     let Some(limit) = CpuLimit::create(&format!("ember-test-churn-{}", std::process::id())) else {
-        println!("skipped: no cpu cgroup controller to limit the agent with");
+        skip("no cpu cgroup controller to limit the agent with");
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let addr = format!("127.0.0.1:{}", free_port());
     let window = format!("{}s", WINDOW.as_secs());
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "--window",
             &window,
             "--data-dir",
             data.to_str().expect("utf-8"),
             "--listen",
             addr.as_str(),
-        ],
-        dir.path(),
-    )
-    .expect("starting ember run");
+        ])
+        .try_spawn()
+        .expect("starting ember run");
     limit.add(ember.pid());
     if ember.wait_attached(Duration::from_secs(20)).is_none() {
         panic!("ember did not attach\n--- stderr ---\n{}", ember.stderr());

@@ -36,9 +36,7 @@ use std::time::{Duration, Instant};
 
 use ember_tests::*;
 
-#[path = "k8s_node/churn.rs"]
 mod churn;
-#[path = "k8s_node/prom.rs"]
 mod prom;
 
 fn cache() -> PathBuf {

@@ -92,28 +92,14 @@ struct Run {
 impl Run {
     fn start(dir: &Path, pids: &[u32], config: &str) -> Self {
         let data = dir.join("data");
-        let addr = format!("127.0.0.1:{}", free_port());
-        let cfg = dir.join("ember.yaml");
-        fs::write(&cfg, config).expect("config");
-        let pid_args: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
-        let mut args = vec![
-            "run",
-            "--config",
-            cfg.to_str().expect("utf-8"),
-            "--window",
-            "2s",
-            "--data-dir",
-            data.to_str().expect("utf-8"),
-            "--listen",
-            addr.as_str(),
-        ];
-        for p in &pid_args {
-            args.extend(["--pid", p.as_str()]);
-        }
-        let mut ember = Ember::spawn(&args, dir).expect("starting ember run");
-        if ember.wait_attached(Duration::from_secs(15)).is_none() && !ember.running() {
-            panic!("ember run exited early\n--- stderr ---\n{}", ember.stderr());
-        }
+        let ember = EmberRun::run(dir)
+            .config(config)
+            .args(["--window", "2s"])
+            .data_dir(&data)
+            .listen()
+            .pids(pids)
+            .spawn_attached(Duration::from_secs(15));
+        let addr = ember.addr().to_owned();
         Self { ember, addr, data }
     }
 
@@ -142,16 +128,6 @@ impl Run {
             .collect();
         (profiles, metrics)
     }
-}
-
-/// Value of the series `name{label="value"}` in an exposition.
-fn series(metrics: &str, name: &str, label: &str) -> f64 {
-    let want = format!("{name}{{{label}}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&want))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// Samples of `pid` over all windows whose stack has a frame matching `pred`, by the
@@ -245,7 +221,7 @@ fn synthetic_jit_in_namespaces_is_named_from_perf_map_and_jitdump() {
         return;
     }
     if !cfg!(target_arch = "x86_64") {
-        eprintln!("skipped: the synthetic JIT emits x86-64 code");
+        skip("the synthetic JIT emits x86-64 code");
         return;
     }
     let _lock = sampling_lock();
@@ -310,10 +286,10 @@ fn synthetic_jit_in_namespaces_is_named_from_perf_map_and_jitdump() {
         })
     });
     assert!(with_line, "jitdump::hot_a has no hot.js:7 line");
-    let jit_frames = series(&metrics, "ember_frames_total", "result=\"jit\"");
+    let jit_frames = series_value(&metrics, r#"ember_frames_total{result="jit"}"#);
     assert!(jit_frames > 0.0, "ember_frames_total{{result=\"jit\"}} = 0");
     // The perf map's garbage line was counted.
-    assert!(series(&metrics, "ember_jit_rejects_total", "reason=\"malformed\"") >= 1.0);
+    assert!(series_value(&metrics, r#"ember_jit_rejects_total{reason="malformed"}"#) >= 1.0);
 }
 
 /// Node with --perf-basic-prof: JS function names and their 70/30 shares.
@@ -374,7 +350,7 @@ fn node_functions_are_named_with_their_shares() {
         (a - 70.0).abs() <= tol,
         "hotA has {a:.1}%, not 70 ± {tol:.1}"
     );
-    assert!(series(&metrics, "ember_frames_total", "result=\"jit\"") > 0.0);
+    assert!(series_value(&metrics, r#"ember_frames_total{result="jit"}"#) > 0.0);
 }
 
 /// Compiles the Java fixture into `dir` with javac.
@@ -439,10 +415,9 @@ fn java_methods_are_named_only_with_jvm_refresh_on() {
         return;
     }
     let (by, all, metrics) = java_frames("jit:\n  jvm_perfmap_refresh: 2s\n", Some(65534));
-    let ok = series(
+    let ok = series_value(
         &metrics,
-        "ember_jvm_perfmap_refreshes_total",
-        "result=\"ok\"",
+        r#"ember_jvm_perfmap_refreshes_total{result="ok"}"#,
     );
     assert!(ok >= 1.0, "no successful JVM refresh:\n{metrics}");
     let named: i64 = by.values().sum();

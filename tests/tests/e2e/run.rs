@@ -22,19 +22,17 @@ fn run_writes_windows_serves_metrics_and_stops_on_sigterm() {
     hog.wait_for("ready", Duration::from_secs(10))
         .expect("ready");
 
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "--window",
             "2s",
             "--data-dir",
             data.to_str().expect("utf-8"),
             "--listen",
             addr.as_str(),
-        ],
-        dir.path(),
-    )
-    .expect("starting ember run");
+        ])
+        .try_spawn()
+        .expect("starting ember run");
     let started = Instant::now();
     if ember.wait_attached(Duration::from_secs(15)).is_none() && !ember.running() {
         panic!("ember run exited early\n--- stderr ---\n{}", ember.stderr());
@@ -170,19 +168,17 @@ fn a_local_user_without_the_token_reads_no_profile() {
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
     fs::set_permissions(&data, fs::Permissions::from_mode(0o755)).expect("chmod");
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "--window",
             "1s",
             "--data-dir",
             data.to_str().expect("utf-8"),
             "--listen",
             addr.as_str(),
-        ],
-        dir.path(),
-    )
-    .expect("starting ember run");
+        ])
+        .try_spawn()
+        .expect("starting ember run");
     if ember.wait_attached(Duration::from_secs(30)).is_none() {
         panic!("ember run did not attach\n{}", ember.stderr());
     }

@@ -13,10 +13,13 @@ use ember_tests::*;
 
 /// Starts `ember record ARGS -o OUT` and waits until it samples.
 fn start_record(dir: &Path, out: &Path, args: &[&str]) -> Ember {
-    let mut full = vec!["record"];
+    let mut full = Vec::new();
     full.extend_from_slice(args);
     full.extend_from_slice(&["-o", out.to_str().expect("utf-8 path")]);
-    let mut ember = Ember::spawn(&full, dir).expect("starting ember record");
+    let mut ember = EmberRun::record(dir)
+        .args(full.iter().copied())
+        .try_spawn()
+        .expect("starting ember record");
     match ember.wait_attached(Duration::from_secs(15)) {
         Some(t) => println!("ember attached its perf events after {t:.2?}"),
         None if !ember.running() => panic!(
@@ -534,9 +537,8 @@ fn no_kernel_address_leaves_in_any_output() {
     // ember run: window files and HTTP.
     let data = dir.path().join("data");
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "--window",
             "1s",
             "--pid",
@@ -545,10 +547,9 @@ fn no_kernel_address_leaves_in_any_output() {
             data.to_str().expect("utf-8"),
             "--listen",
             addr.as_str(),
-        ],
-        dir.path(),
-    )
-    .expect("ember run");
+        ])
+        .try_spawn()
+        .expect("ember run");
     assert!(
         ember.wait_attached(Duration::from_secs(30)).is_some(),
         "{}",

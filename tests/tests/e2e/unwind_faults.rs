@@ -11,15 +11,6 @@ use std::time::Duration;
 
 use ember_tests::*;
 
-/// Value of the series `line_prefix` (name and labels) in an exposition, 0 if absent.
-fn series(metrics: &str, line_prefix: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(line_prefix))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {
     buf[at..at + bytes.len()].copy_from_slice(bytes);
 }
@@ -98,9 +89,8 @@ fn a_sparse_object_claiming_1000_mib_of_cfi_is_refused_unread() {
     let addr = format!("127.0.0.1:{}", free_port());
     let pid = mapper.pid.to_string();
     let data = tmp.path().join("data");
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(tmp.path())
+        .args([
             "--window",
             "1s",
             "--data-dir",
@@ -109,18 +99,17 @@ fn a_sparse_object_claiming_1000_mib_of_cfi_is_refused_unread() {
             addr.as_str(),
             "--pid",
             pid.as_str(),
-        ],
-        tmp.path(),
-    )
-    .expect("starting ember run");
+        ])
+        .try_spawn()
+        .expect("starting ember run");
     if ember.wait_attached(Duration::from_secs(20)).is_none() && !ember.running() {
         panic!("ember run exited early\n--- stderr ---\n{}", ember.stderr());
     }
-    let refused = "ember_unwind_tables_built_total{result=\"section_too_large\"} ";
+    let refused = "ember_unwind_tables_built_total{result=\"section_too_large\"}";
     // The loader reads the mapper's objects right after it attaches; generous for a slow
     // machine (the outcome is a count, not a time).
     let metrics = metrics_until(&addr, Duration::from_secs(30), |m| {
-        series(m, refused) >= 1.0
+        series_value(m, refused) >= 1.0
     });
     let peak = peak_rss(ember.pid());
     ember.signal(libc::SIGTERM);
@@ -132,7 +121,7 @@ fn a_sparse_object_claiming_1000_mib_of_cfi_is_refused_unread() {
         "ember exited {status}\n{}",
         ember.stderr()
     );
-    assert!(series(&metrics, refused) >= 1.0, "{metrics}");
+    assert!(series_value(&metrics, refused) >= 1.0, "{metrics}");
     // Idle RSS is 22-35 MB; reading the section would be 1,000 MB.
     assert!(
         peak > 0 && peak < 200 << 20,

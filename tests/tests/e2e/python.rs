@@ -46,6 +46,11 @@ const SLACK_SECS: u64 = 25;
 /// Bar 2: a function's inclusive share, in points, against py-spy's.
 const SHARE_POINTS: f64 = 3.0;
 
+/// Bar 2 needs this many samples of the busy threads from each profiler: [`SHARE_POINTS`] was
+/// sized on ~2,000 samples (above), and shares of a few hundred samples agree by chance or
+/// disagree by noise. A third of what 20 s at [`HZ`] gives a thread that always runs.
+const MIN_SHARE_SAMPLES: u64 = HZ as u64 * RECORD_SECS / 3;
+
 /// Bar 3 applies to a function only when py-spy puts at least this share of the function's
 /// samples on its top line. Below that, the top line is a coin flip between two lines of the
 /// same loop (`leaf_py`'s `for` and its body, `run_for`'s test and its call), and two honest
@@ -127,7 +132,9 @@ fn python_in_pid_and_mount_namespace() {
         .find(|p| Path::new(p).exists())
     else {
         if require_privileged() {
-            eprintln!("skipped: no pyenv interpreter under {PYENV} for the namespace run");
+            skip(&format!(
+                "no pyenv interpreter under {PYENV} for the namespace run"
+            ));
         }
         return;
     };
@@ -152,10 +159,10 @@ fn python_3_14_debian_in_chroot() {
         .unwrap_or_else(|| workspace_root().join("target/python314/root"));
     if !root.join(".complete").exists() {
         if require_privileged() {
-            eprintln!(
-                "skipped: {} not built (make python314-root)",
+            skip(&format!(
+                "{} not built (make python314-root)",
                 root.display()
-            );
+            ));
         }
         return;
     }
@@ -177,7 +184,7 @@ fn python_musl_3_11() {
         .unwrap_or_else(|| workspace_root().join("target/python-musl"));
     if !build.join(".complete").exists() {
         if require_privileged() {
-            eprintln!("skipped: {} not built (make python-musl)", build.display());
+            skip(&format!("{} not built (make python-musl)", build.display()));
         }
         return;
     }
@@ -201,7 +208,10 @@ fn python_musl_static_3_11() {
     let python = build.join("static/python");
     if !build.join(".complete").exists() || !python.exists() {
         if require_privileged() {
-            eprintln!("skipped: {} not built (make python-musl)", python.display());
+            skip(&format!(
+                "{} not built (make python-musl)",
+                python.display()
+            ));
         }
         return;
     }
@@ -246,7 +256,7 @@ fn free_threaded(minor: &str, label: &str) {
         .map(|p| PathBuf::from(format!("{}{minor}", p.to_string_lossy())))
         .unwrap_or_else(|| workspace_root().join(format!("target/python-ft{minor}")));
     if !dir.join(".complete").exists() {
-        eprintln!("skipped: {} not built (make python-ft)", dir.display());
+        skip(&format!("{} not built (make python-ft)", dir.display()));
         return;
     }
     let python = dir.join("build/python");
@@ -261,9 +271,8 @@ fn free_threaded(minor: &str, label: &str) {
         HZ.to_string(),
         format!("{RECORD_SECS}s"),
     );
-    let mut ember = Ember::spawn(
-        &[
-            "record",
+    let mut ember = EmberRun::record(tmp.path())
+        .args([
             "--pid",
             &pid,
             "--frequency",
@@ -272,10 +281,9 @@ fn free_threaded(minor: &str, label: &str) {
             &secs,
             "-o",
             out.to_str().expect("utf-8 path"),
-        ],
-        tmp.path(),
-    )
-    .expect("starting ember record");
+        ])
+        .try_spawn()
+        .expect("starting ember record");
     let status = ember.wait(Duration::from_secs(RECORD_SECS + 90));
     assert!(
         status.success(),
@@ -439,7 +447,7 @@ fn compare(python: &str, label: &str, how: Launch, local_symbols: bool) {
         _ => PathBuf::from(python),
     };
     if !on_host.exists() {
-        eprintln!("skipped: {label}: {python} is not on this machine");
+        skip(&format!("{label}: {python} is not on this machine"));
         return;
     }
     let Some(pyspy) = pyspy() else { return };
@@ -597,9 +605,8 @@ fn record_both(python: &str, how: Launch, pyspy: &Path, dir: &Path) -> Run {
     let hz = HZ.to_string();
     let ember_out = dir.join("ember.folded");
     let pyspy_out = dir.join("py.txt");
-    let mut ember = Ember::spawn(
-        &[
-            "record",
+    let mut ember = EmberRun::record(dir)
+        .args([
             "--pid",
             pid.as_str(),
             "--frequency",
@@ -608,10 +615,9 @@ fn record_both(python: &str, how: Launch, pyspy: &Path, dir: &Path) -> Run {
             format!("{secs}s").as_str(),
             "-o",
             ember_out.to_str().expect("utf-8 path"),
-        ],
-        dir,
-    )
-    .expect("starting ember record");
+        ])
+        .try_spawn()
+        .expect("starting ember record");
     // ember's duration runs from its attachment: starting py-spy then lines the windows up.
     if ember.wait_attached(Duration::from_secs(30)).is_none() {
         println!("note: no perf event fds seen on ember after 30 s; starting py-spy anyway");
@@ -859,6 +865,12 @@ fn check(label: &str, ember: &[Sample], spy: &[Sample], local_symbols: bool) -> 
     let (ember, spy) = (main_thread(ember), main_thread(spy));
     let (ember, spy) = (ember.as_slice(), spy.as_slice());
     let (n_e, n_s) = (total_count(ember), total_count(spy));
+    if n_e.min(n_s) < MIN_SHARE_SAMPLES {
+        failures.push(format!(
+            "bar 2: shares over ember's {n_e} and py-spy's {n_s} samples of the busy threads, \
+             want at least {MIN_SHARE_SAMPLES} each"
+        ));
+    }
     let mut table = format!(
         "{label}: {:<9} {:>8} {:>8} {:>6} {:>6} {:>6}  {:>12} {:>12}\n",
         "function", "ember %", "py-spy %", "diff", "ember", "py-spy", "ember line", "py-spy line"

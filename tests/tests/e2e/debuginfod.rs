@@ -259,9 +259,8 @@ fn stripped_frames_are_named_from_debuginfod_past_hostile_servers() {
     let addr = format!("127.0.0.1:{}", free_port());
     let started = Instant::now();
     let pid = program.pid.to_string();
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "-c",
             config.to_str().expect("utf-8"),
             "--pid",
@@ -272,10 +271,9 @@ fn stripped_frames_are_named_from_debuginfod_past_hostile_servers() {
             &addr,
             "--data-dir",
             data.to_str().expect("utf-8"),
-        ],
-        dir.path(),
-    )
-    .expect("ember run");
+        ])
+        .try_spawn()
+        .expect("ember run");
     let fetched = r#"ember_debuginfod_requests_total{result="fetched"}"#;
     let text = metrics_until(&addr, Duration::from_secs(60), |t| {
         series_value(t, fetched) >= 1.0
@@ -387,26 +385,19 @@ fn run_with_env_urls(config: &str) -> (Vec<String>, String) {
     let addr = format!("127.0.0.1:{}", free_port());
     let data = dir.path().join("data");
     let pid = program.pid.to_string();
-    let args = [
-        "run",
-        "-c",
-        cfg.to_str().expect("utf-8"),
-        "--pid",
-        &pid,
-        "--window",
-        "1s",
-        "--listen",
-        &addr,
-        "--data-dir",
-        data.to_str().expect("utf-8"),
-    ];
-    let stderr = dir.path().join("ember.stderr");
-    let mut ember = Command::new(ember_bin())
-        .args(args)
+    let ember = EmberRun::run(dir.path())
+        .args([
+            "-c",
+            cfg.to_str().expect("utf-8"),
+            "--pid",
+            &pid,
+            "--window",
+            "1s",
+        ])
+        .listen_on(&addr)
+        .data_dir(&data)
         .env("DEBUGINFOD_URLS", format!("http://127.0.0.1:{port}/"))
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(&stderr).expect("stderr"))
-        .spawn()
+        .try_spawn()
         .expect("ember run");
     // Several windows with the stripped program's frames: time for a request to go out.
     let deadline = Instant::now() + Duration::from_secs(8);
@@ -414,14 +405,14 @@ fn run_with_env_urls(config: &str) -> (Vec<String>, String) {
         std::thread::sleep(Duration::from_millis(200));
     }
     std::thread::sleep(Duration::from_secs(1));
-    let _ = ember.kill();
-    let _ = ember.wait();
+    let stderr = ember.stderr();
+    drop(ember);
     let paths = fs::read_to_string(&asked)
         .unwrap_or_default()
         .lines()
         .map(String::from)
         .collect();
-    (paths, fs::read_to_string(&stderr).unwrap_or_default())
+    (paths, stderr)
 }
 
 /// Issue 58 (3): `DEBUGINFOD_URLS` in ember's environment sends nothing unless the config

@@ -32,39 +32,16 @@ const JIT_HOG: &str = env!("FIXTURE_JIT_HOG");
 /// Path of the fixture `fuse_stall` (see `tests/fixtures/fuse_stall.c`).
 const FUSE_STALL: &str = env!("FIXTURE_FUSE_STALL");
 
-/// Value of the series `line_prefix` (name and labels) in an exposition, 0 if absent.
-fn series(metrics: &str, line_prefix: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(line_prefix))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// `ember run` with 1 s windows on `pids` (all if empty), its data dir and HTTP port.
 fn run(dir: &Path, data: &Path, config: &str, pids: &[u32]) -> (Ember, String) {
-    let addr = format!("127.0.0.1:{}", free_port());
-    let cfg = dir.join("ember.yaml");
-    fs::write(&cfg, config).expect("config");
-    let pid_args: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
-    let mut args = vec![
-        "run",
-        "--config",
-        cfg.to_str().expect("utf-8"),
-        "--window",
-        "1s",
-        "--data-dir",
-        data.to_str().expect("utf-8"),
-        "--listen",
-        addr.as_str(),
-    ];
-    for p in &pid_args {
-        args.extend(["--pid", p.as_str()]);
-    }
-    let mut ember = Ember::spawn(&args, dir).expect("starting ember run");
-    if ember.wait_attached(Duration::from_secs(20)).is_none() && !ember.running() {
-        panic!("ember run exited early\n--- stderr ---\n{}", ember.stderr());
-    }
+    let ember = EmberRun::run(dir)
+        .config(config)
+        .args(["--window", "1s"])
+        .data_dir(data)
+        .listen()
+        .pids(pids)
+        .spawn_attached(Duration::from_secs(20));
+    let addr = ember.addr().to_owned();
     (ember, addr)
 }
 
@@ -109,11 +86,11 @@ fn four_64mb_perf_maps_stay_within_the_jit_byte_budget() {
         hog.start().expect("go");
     }
     let metrics = metrics_until(&addr, Duration::from_secs(30), |m| {
-        series(m, "ember_jit_rejects_total{reason=\"bytes\"} ") >= 4.0
-            && series(m, "ember_frames_total{result=\"jit\"} ") > 0.0
+        series_value(m, "ember_jit_rejects_total{reason=\"bytes\"}") >= 4.0
+            && series_value(m, "ember_frames_total{result=\"jit\"}") > 0.0
     });
     let peak = peak_rss(ember.pid());
-    let held = series(&metrics, "ember_jit_bytes ");
+    let held = series_value(&metrics, "ember_jit_bytes");
     ember.signal(libc::SIGTERM);
     let status = ember.wait(Duration::from_secs(20));
     for (_, map) in &hogs {
@@ -130,11 +107,11 @@ fn four_64mb_perf_maps_stay_within_the_jit_byte_budget() {
         "ember_jit_bytes {held}\n{metrics}"
     );
     assert!(
-        series(&metrics, "ember_jit_rejects_total{reason=\"bytes\"} ") >= 4.0,
+        series_value(&metrics, "ember_jit_rejects_total{reason=\"bytes\"}") >= 4.0,
         "{metrics}"
     );
     assert!(
-        series(&metrics, "ember_frames_total{result=\"jit\"} ") > 0.0,
+        series_value(&metrics, "ember_frames_total{result=\"jit\"}") > 0.0,
         "JIT frames still named\n{metrics}"
     );
     // Reading the four maps whole would take 256 MB at once; chunked reads and the
@@ -203,10 +180,10 @@ fn a_full_read_only_or_removed_data_dir_is_counted_and_survived() {
         .stderr(std::process::Stdio::null())
         .status();
     let m = metrics_until(&addr, Duration::from_secs(15), |m| {
-        series(m, "ember_window_write_errors_total{reason=\"no_space\"} ") > 0.0
+        series_value(m, "ember_window_write_errors_total{reason=\"no_space\"}") > 0.0
     });
     assert!(
-        series(&m, "ember_window_write_errors_total{reason=\"no_space\"} ") > 0.0,
+        series_value(&m, "ember_window_write_errors_total{reason=\"no_space\"}") > 0.0,
         "{m}"
     );
     let (code, body) = http_get(&addr, "/readyz").expect("readyz");
@@ -223,10 +200,10 @@ fn a_full_read_only_or_removed_data_dir_is_counted_and_survived() {
     // Read-only.
     mount(&["-o", "remount,ro", mnt.to_str().expect("utf-8")]);
     let m = metrics_until(&addr, Duration::from_secs(15), |m| {
-        series(m, "ember_window_write_errors_total{reason=\"read_only\"} ") > 0.0
+        series_value(m, "ember_window_write_errors_total{reason=\"read_only\"}") > 0.0
     });
     assert!(
-        series(&m, "ember_window_write_errors_total{reason=\"read_only\"} ") > 0.0,
+        series_value(&m, "ember_window_write_errors_total{reason=\"read_only\"}") > 0.0,
         "{m}"
     );
     let (code, body) = http_get(&addr, "/readyz").expect("readyz");
@@ -240,15 +217,15 @@ fn a_full_read_only_or_removed_data_dir_is_counted_and_survived() {
     // Removed.
     fs::remove_dir_all(&data).expect("rm data dir");
     let m = metrics_until(&addr, Duration::from_secs(15), |m| {
-        series(
+        series_value(
             m,
-            "ember_window_write_errors_total{reason=\"dir_recreated\"} ",
+            "ember_window_write_errors_total{reason=\"dir_recreated\"}",
         ) > 0.0
     });
     assert!(
-        series(
+        series_value(
             &m,
-            "ember_window_write_errors_total{reason=\"dir_recreated\"} "
+            "ember_window_write_errors_total{reason=\"dir_recreated\"}"
         ) > 0.0,
         "{m}"
     );
@@ -700,7 +677,7 @@ fn a_stalled_fuse_mapping_costs_a_refusal_not_a_window() {
     let metrics = http_get(&addr, "/metrics")
         .map(|(_, t)| t)
         .unwrap_or_default();
-    let refused = series(&metrics, "ember_object_refusals_total{reason=\"fuse\"} ");
+    let refused = series_value(&metrics, "ember_object_refusals_total{reason=\"fuse\"}");
     println!(
         "{closed} windows closed in {watch:?}, /healthz codes {codes:?}, \
          {refused} FUSE refusals"

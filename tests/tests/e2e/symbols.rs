@@ -380,12 +380,10 @@ fn record_ends_on_time_and_opens_nothing_named_inside_objects() {
 
 /// The value of `ember_object_refusals_total{reason="REASON"}` (0 if absent).
 fn refused(metrics: &str, reason: &str) -> f64 {
-    let series = format!("ember_object_refusals_total{{reason=\"{reason}\"}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series.as_str()))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
+    series_value(
+        metrics,
+        &format!("ember_object_refusals_total{{reason=\"{reason}\"}}"),
+    )
 }
 
 /// `ember run` over the same libraries counts each refusal by reason, stays healthy, and
@@ -400,9 +398,8 @@ fn run_counts_refused_objects_and_stays_healthy() {
     let addr = format!("127.0.0.1:{}", free_port());
     let data = scene.dir.join("data");
     let pid = scene.victim.id().to_string();
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(&scene.dir)
+        .args([
             "--pid",
             &pid,
             "--window",
@@ -411,10 +408,9 @@ fn run_counts_refused_objects_and_stays_healthy() {
             data.to_str().expect("utf-8"),
             "--listen",
             &addr,
-        ],
-        &scene.dir,
-    )
-    .expect("starting ember run");
+        ])
+        .try_spawn()
+        .expect("starting ember run");
     let started = Instant::now();
     // Windows close every 2 s: wait until two did and the refusals are counted.
     let mut metrics = String::new();
@@ -572,9 +568,8 @@ fn debug_files_inside_the_process_root_name_stripped_programs() {
     let (good_pid, link_pid) = (good.id(), linked.id());
     let addr = format!("127.0.0.1:{}", free_port());
     let data = tmp.path().join("data");
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(tmp.path())
+        .args([
             "--pid",
             &good_pid.to_string(),
             "--pid",
@@ -585,10 +580,9 @@ fn debug_files_inside_the_process_root_name_stripped_programs() {
             data.to_str().expect("utf-8"),
             "--listen",
             &addr,
-        ],
-        tmp.path(),
-    )
-    .expect("starting ember run");
+        ])
+        .try_spawn()
+        .expect("starting ember run");
     let started = Instant::now();
     let mut metrics = String::new();
     while started.elapsed() < Duration::from_secs(40) {
@@ -757,9 +751,8 @@ fn giant_unterminated_names(prog: &Path, hot: &str, count: u64) {
 fn run_on(dir: &Path, pid: u32) -> (Ember, String, PathBuf) {
     let addr = format!("127.0.0.1:{}", free_port());
     let data = dir.join("data");
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir)
+        .args([
             "--pid",
             &pid.to_string(),
             "--window",
@@ -768,10 +761,9 @@ fn run_on(dir: &Path, pid: u32) -> (Ember, String, PathBuf) {
             data.to_str().expect("utf-8"),
             "--listen",
             &addr,
-        ],
-        dir,
-    )
-    .expect("starting ember run");
+        ])
+        .try_spawn()
+        .expect("starting ember run");
     if ember.wait_attached(Duration::from_secs(20)).is_none() && !ember.running() {
         panic!("ember run exited early\n{}", ember.stderr());
     }

@@ -133,19 +133,17 @@ fn setup(seconds: u32) -> Setup {
     .expect("config");
     let addr = format!("127.0.0.1:{}", free_port());
     let data = dir.path().join("windows");
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "--config",
             cfg.to_str().expect("utf-8"),
             "--data-dir",
             data.to_str().expect("utf-8"),
             "--listen",
             &addr,
-        ],
-        dir.path(),
-    )
-    .expect("starting ember");
+        ])
+        .try_spawn()
+        .expect("starting ember");
     assert!(
         ember.wait_attached(Duration::from_secs(60)).is_some(),
         "ember did not attach:\n{}",
@@ -445,9 +443,8 @@ fn limits_hold_under_idle_connections_and_downloads() {
     let maddr = format!("127.0.0.1:{}", free_port());
     let haddr = format!("127.0.0.1:{}", free_port());
     let data = dir.path().join("windows");
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "--config",
             cfg.to_str().expect("utf-8"),
             "--data-dir",
@@ -458,10 +455,9 @@ fn limits_hold_under_idle_connections_and_downloads() {
             &maddr,
             "--health-listen",
             &haddr,
-        ],
-        dir.path(),
-    )
-    .expect("starting ember");
+        ])
+        .try_spawn()
+        .expect("starting ember");
     assert!(
         ember.wait_attached(Duration::from_secs(60)).is_some(),
         "{}",

@@ -789,6 +789,9 @@ fn top(stacks: &[Folded]) -> String {
 
 #[test]
 fn kernel_matrix() {
+    // The guests' qemu takes every CPU: with the suites in one binary, the sampling tests of
+    // other suites must not measure alongside it.
+    let _lock = sampling_lock();
     let cache = cache_dir();
     let kernels = cached_kernels(&cache);
     if kernels.is_empty() {

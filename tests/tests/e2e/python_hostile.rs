@@ -11,8 +11,8 @@
 use std::time::Duration;
 
 use ember_tests::{
-    free_port, http_get, metrics_until, peak_rss, require_privileged, sampling_lock, series_value,
-    Ember, Fixture,
+    family_sum, free_port, http_get, is_cpu_window, metrics_until, peak_rss, read_profile,
+    require_privileged, sampling_lock, series_value, skip, stacks_of, EmberRun, Fixture,
 };
 
 const PYTHON: &str = "/root/.pyenv/versions/3.12.1/bin/python3";
@@ -40,22 +40,15 @@ def victim():
 victim()
 "#;
 
-/// The sum of the series of family `name` whose labels contain every one of `labels`.
-fn family_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[test]
 fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
     if !require_privileged() {
         return;
     }
     if !std::path::Path::new(PYTHON).exists() {
-        println!("skipped: {PYTHON} is not on this machine (pyenv's CPython 3.12)");
+        skip(&format!(
+            "{PYTHON} is not on this machine (pyenv's CPython 3.12)"
+        ));
         return;
     }
     let _lock = sampling_lock();
@@ -74,9 +67,8 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
         unmapped.pid.to_string(),
         code.pid.to_string(),
     );
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "--pid",
             &a,
             "--pid",
@@ -89,10 +81,9 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
             &addr,
             "--data-dir",
             data.to_str().expect("utf-8"),
-        ],
-        dir.path(),
-    )
-    .expect("ember run");
+        ])
+        .try_spawn()
+        .expect("ember run");
     let truncated = r#"ember_python_walks_total{result="truncated"}"#;
     let read_error = r#"ember_python_walks_total{result="read_error"}"#;
     let named = r#"ember_python_code_reads_total{result="read"}"#;
@@ -103,14 +94,18 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
             && series_value(t, read_error) >= 10.0
             && series_value(t, named) >= 1.0
             && series_value(t, refused) >= 1.0
-            && family_sum(t, "ember_interpreter_frames_total", &[r#"result="named""#]) >= 1.0
+            && family_sum(t, "ember_interpreter_frames_total", &[("result", "named")]) >= 1.0
     });
     // Per workload (a host process's is its name): the walks and the frames written.
     let stacks = |result: &str| {
         family_sum(
             &text,
             "ember_interpreter_stacks_total",
-            &[r#"workload="python3""#, r#"runtime="python""#, result],
+            &[
+                ("workload", "python3"),
+                ("runtime", "python"),
+                ("result", result),
+            ],
         )
     };
     let (health, _) = http_get(&addr, "/healthz").expect("healthz");
@@ -138,7 +133,7 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
         "the forged frame itself is a real code object, named:\n{text}"
     );
     assert!(
-        stacks(r#"result="truncated""#) >= 1.0 && stacks(r#"result="read_error""#) >= 1.0,
+        stacks("truncated") >= 1.0 && stacks("read_error") >= 1.0,
         "the walks' results per workload:\n{text}"
     );
     assert!(
@@ -157,6 +152,60 @@ fn a_forged_frame_chain_costs_a_counted_walk_not_the_agent() {
         "ember exited {status}:\n{}",
         ember.stderr()
     );
+    // The profile, not only the counters: the forged frame of the cycle and of the unmapped
+    // chain is a real code object, named in their samples (`victim`); the process refused by
+    // the attach check is sampled but carries no Python frame (`victim`, `<module>`) at all.
+    let windows = cpu_windows(&data);
+    let python_frames = |pid: u32| -> (i64, i64, Vec<String>) {
+        let (mut total, mut named) = (0, 0);
+        let mut names = Vec::new();
+        for p in &windows {
+            for s in stacks_of(p, pid) {
+                total += s.count();
+                let py: Vec<String> = s
+                    .frames
+                    .iter()
+                    .filter(|f| f.name == "victim" || f.name == "<module>")
+                    .map(|f| f.name.clone())
+                    .collect();
+                if s.has("victim") {
+                    named += s.count();
+                }
+                names.extend(py);
+            }
+        }
+        (total, named, names)
+    };
+    for (what, pid) in [("cycle", cycle.pid), ("unmapped", unmapped.pid)] {
+        let (total, named, _) = python_frames(pid);
+        assert!(
+            total > 0 && named > 0,
+            "the {what} forger's samples name its real frame `victim`: {named} of {total}"
+        );
+    }
+    let (total, _, names) = python_frames(code.pid);
+    assert!(total > 0, "the refused process was not sampled at all");
+    assert!(
+        names.is_empty(),
+        "the refused process was walked: Python frames {names:?}"
+    );
+}
+
+/// Every CPU window profile under `data`.
+fn cpu_windows(data: &std::path::Path) -> Vec<ember::proto::Profile> {
+    let mut out = Vec::new();
+    let mut dirs = vec![data.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if is_cpu_window(&p) {
+                out.push(read_profile(&p).expect("window profile"));
+            }
+        }
+    }
+    out
 }
 
 /// The append: a Python process whose leaf is machine code in anonymous memory
@@ -172,7 +221,7 @@ fn python_frames_are_appended_where_the_native_walk_stops() {
         return;
     }
     if !std::path::Path::new(DEBIAN).exists() {
-        println!("skipped: {DEBIAN} is not on this machine");
+        skip(&format!("{DEBIAN} is not on this machine"));
         return;
     }
     let _lock = sampling_lock();
@@ -201,9 +250,8 @@ fn python_frames_are_appended_where_the_native_walk_stops() {
     std::fs::write(&config, "sampling:\n  unwind: dwarf\n").expect("config");
     let addr = format!("127.0.0.1:{}", free_port());
     let data = dir.path().join("data");
-    let mut ember = Ember::spawn(
-        &[
-            "run",
+    let mut ember = EmberRun::run(dir.path())
+        .args([
             "--config",
             config.to_str().expect("utf-8"),
             "--pid",
@@ -214,10 +262,9 @@ fn python_frames_are_appended_where_the_native_walk_stops() {
             &addr,
             "--data-dir",
             data.to_str().expect("utf-8"),
-        ],
-        dir.path(),
-    )
-    .expect("ember run");
+        ])
+        .try_spawn()
+        .expect("ember run");
     let appended = r#"ember_python_walks_total{result="appended"}"#;
     let text = metrics_until(&addr, Duration::from_secs(40), |t| {
         series_value(t, appended) >= 200.0

@@ -190,9 +190,8 @@ fn inline_chains_and_lines_match_addr2line_and_go_pprof_lists_them() {
         }
     };
     let out = dir.path().join("cpu.pb.gz");
-    let mut ember = Ember::spawn(
-        &[
-            "record",
+    let mut ember = EmberRun::record(dir.path())
+        .args([
             "--duration",
             "6s",
             "--frequency",
@@ -201,10 +200,9 @@ fn inline_chains_and_lines_match_addr2line_and_go_pprof_lists_them() {
             &pid.to_string(),
             "-o",
             out.to_str().expect("utf-8"),
-        ],
-        dir.path(),
-    )
-    .expect("ember record");
+        ])
+        .try_spawn()
+        .expect("ember record");
     let status = ember.wait(Duration::from_secs(90));
     let perf_data = perf.map(|p| p.finish(Duration::from_secs(60)).expect("perf record"));
     drop(fixture);
@@ -388,7 +386,7 @@ fn a_big_binarys_chains_under_the_caps_match_addr2line() {
         .or_else(|| Some(root.join("target/debug/ember")).filter(|p| p.exists()))
         .unwrap_or_else(|| root.join("target/release/ember"));
     let Ok(bytes) = fs::read(&bin) else {
-        println!("skipped: no {} (build ember first)", bin.display());
+        skip(&format!("no {} (build ember first)", bin.display()));
         return;
     };
     let mut elf = ElfReader::new(&bytes[..], DEFAULT_LIMITS).expect("headers");
