@@ -707,10 +707,7 @@ mod tests {
 
     #[test]
     fn exited_process_keeps_its_mappings_until_the_window_after() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .expect("spawn sleep");
+        let mut child = spawn_sleep();
         let pid = child.id();
         let mut t = table();
         t.touch(pid, pid, &[0; 16], 1);
@@ -727,10 +724,7 @@ mod tests {
 
     #[test]
     fn an_object_a_window_held_when_its_process_went_is_closed_after() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .expect("spawn sleep");
+        let mut child = spawn_sleep();
         let pid = child.id();
         let mut t = table();
         t.touch(pid, pid, &[0; 16], 1);
@@ -772,14 +766,28 @@ mod tests {
             use std::io::Write;
             let _ = stdin.write_all(b"go\n");
         }
-        let pid = child.id();
+        wait_for_sleep(child.id());
+    }
+
+    /// `sleep 30`, once it has exec'd (before, its maps and name are the test's own).
+    fn spawn_sleep() -> std::process::Child {
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        wait_for_sleep(child.id());
+        child
+    }
+
+    /// Waits until `pid` runs `sleep`.
+    fn wait_for_sleep(pid: u32) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .unwrap_or_default()
             .trim()
             != "sleep"
         {
-            assert!(std::time::Instant::now() < deadline, "sh did not exec");
+            assert!(std::time::Instant::now() < deadline, "no exec of sleep");
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
