@@ -828,7 +828,7 @@ def bpftrace_compare(ember, hogs, seconds, hz, workdir, runs, load):
     def us(r):
         return r["ns"] / r["cnt"] / 1000
 
-    rows = ["| run | ember (`ember_sample`) | bpftrace (`profile:hz`) | ember ÷ bpftrace |",
+    rows = ["| run | ember (`ember_sample*`) | bpftrace (`profile:hz`) | ember ÷ bpftrace |",
             "|---|---|---|---|"]
     for i, (e, b) in enumerate(zip(results["ember"], results["bpftrace"])):
         rows.append(f"| {i + 1} | {us(e):.2f} µs ({e['cnt']} samples) | {us(b):.2f} µs "
@@ -854,7 +854,7 @@ def bpftrace_compare(ember, hogs, seconds, hz, workdir, runs, load):
         f"per sample is run_time_ns / run_cnt (`kernel.bpf_stats_enabled=1`) of the "
         f"perf_event program each holds, between a `bpftool prog show` reading "
         f"{BPFTRACE_WARMUP_S:.0f} s after its perf events are attached and one {seconds} s "
-        f"later: start-up excluded. ember's is `ember_sample` with the `ember_walk` tail calls "
+        f"later: start-up excluded. ember's is `ember_sample_walk` (`ember_sample` where the walker is off) with the `ember_walk` tail calls "
         f"it makes: the kernel times a program around its whole tail-call chain (`ember_walk`'s "
         f"own runs between the readings: {', '.join(str(w) for w in walk)}). Busy CPU per "
         f"steady part: {busy:.1f} s (cpu_hog {hog:.1f} s).\n"
