@@ -280,10 +280,9 @@ label_enum! {
         Unreadable => "unreadable",
         /// Larger than the object cap.
         TooLarge => "too_large",
-        /// Its headers give the CFI sections (together), the section headers or the
-        /// section names more bytes than ember reads of them (`.eh_frame` plus
-        /// `.debug_frame` 64 MiB, section headers 4 MiB, names 1 MiB): refused before
-        /// they are read, never parsed again.
+        /// Its headers give the CFI sections (together) or the section names more bytes
+        /// than ember reads of them (`.eh_frame` plus `.debug_frame` 64 MiB, names
+        /// 1 MiB): refused before they are read, never parsed again.
         SectionTooLarge => "section_too_large",
         /// The file opened (by its path inside the process's root, `map_files` refused) is
         /// not the inode the mapping names: replaced since, so not read.
