@@ -37,7 +37,11 @@ EMBER := $(TARGET_DIR)/release/ember
 PPROFCHECK := $(TARGET_DIR)/pprofcheck
 # A real OTLP/gRPC receiver for the OTLP metrics test: the official protos and grpcio.
 OTLP_VENV := $(TARGET_DIR)/otlp-venv
-OTLP_PIP_PINS := grpcio==1.85.1 opentelemetry-proto==1.45.2
+OTLP_PIP_PINS := grpcio==1.85.1 opentelemetry-proto==1.45.2 jsonschema==4.26.0
+# speedscope's own JSON schema of its file format (from its npm package), which `ember record
+# --format speedscope` is checked against.
+SPEEDSCOPE_VERSION := 1.25.0
+SPEEDSCOPE_SCHEMA := $(TARGET_DIR)/speedscope-$(SPEEDSCOPE_VERSION)/file-format-schema.json
 # py-spy, the reference the Python frame tests compare ember with (its wheel carries the binary).
 PYSPY_VENV := $(TARGET_DIR)/pyspy-venv
 PYSPY_PIP_PINS := py-spy==0.4.3
@@ -143,7 +147,7 @@ define ensure_daemon_pkgs
 	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends $$missing
 endef
 
-.PHONY: deps bench-deps rust-deps build run check check-only e2e e2e-deps e2e-only test bench clean \
+.PHONY: deps bench-deps rust-deps build run check check-only e2e e2e-deps e2e-only test bench clean speedscope-schema \
 	fmt-check modgraph clippy pprofcheck test-only bench-only k8s-apiserver k8s-node k8s-images deploy-check \
 	otlp-venv pyspy-venv python314-root python-musl python-ft fuzz kernels
 
@@ -197,6 +201,15 @@ clippy:
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
 # Made once; remove the directory to re-install.
+speedscope-schema: $(SPEEDSCOPE_SCHEMA)
+$(SPEEDSCOPE_SCHEMA):
+	mkdir -p $(dir $@)
+	$(PYTHON) -c "import io, sys, tarfile, urllib.request; \
+		t = tarfile.open(fileobj=io.BytesIO(urllib.request.urlopen(sys.argv[1], timeout=60).read())); \
+		sys.stdout.buffer.write(t.extractfile('package/dist/release/file-format-schema.json').read())" \
+		https://registry.npmjs.org/speedscope/-/speedscope-$(SPEEDSCOPE_VERSION).tgz > $@.tmp
+	mv $@.tmp $@
+
 otlp-venv: $(OTLP_VENV)/.installed
 $(OTLP_VENV)/.installed:
 	$(PYTHON) -m venv $(OTLP_VENV)
@@ -230,7 +243,7 @@ $(PYTHON_FT_DIR)%/.complete: tests/python-ft/build.sh
 E2E_ENV = EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) EMBER_OTLP_PYTHON=$(OTLP_VENV)/bin/python \
 	EMBER_PYSPY=$(PYSPY_VENV)/bin/py-spy EMBER_PYTHON314_ROOT=$(PYTHON314_DIR)/root \
 	EMBER_PYTHON_MUSL=$(PYTHON_MUSL_DIR) EMBER_PYTHON_FT=$(PYTHON_FT_DIR) \
-	EMBER_KERNEL_CACHE=$(EMBER_KERNEL_CACHE)
+	EMBER_KERNEL_CACHE=$(EMBER_KERNEL_CACHE) EMBER_SPEEDSCOPE_SCHEMA=$(SPEEDSCOPE_SCHEMA)
 
 # The end-to-end tests that need no root, no BPF and nothing `make e2e-deps` builds, by name in
 # the one binary (`suite::test`; a filter per entry): run by `make check`.
@@ -267,6 +280,7 @@ e2e-deps:
 	$(MAKE) --no-print-directory k8s-apiserver
 	$(MAKE) --no-print-directory k8s-node
 	$(MAKE) --no-print-directory otlp-venv
+	$(MAKE) --no-print-directory speedscope-schema
 	$(MAKE) --no-print-directory pyspy-venv
 	$(MAKE) --no-print-directory python314-root
 	$(MAKE) --no-print-directory python-musl

@@ -142,9 +142,10 @@ label_enum! {
         /// Files beyond the sampler's `unwind_files` entries: a new process mapping them is
         /// walked by frame pointers until the loader has read it.
         UnwindFiles => "unwind_files",
-        /// Rows the walker's per-CPU row cache let go for another (direct-mapped, 1,024
-        /// entries per CPU): the next walk through that address searches its table again.
+        /// Rows the walker's per-CPU row cache (direct-mapped, 1,024 a CPU) let go for another.
         UnwindRowCache => "unwind_row_cache",
+        /// `--pid` processes' children left unsampled: the BPF pid list (4,096) was full.
+        PidFilter => "pid_filter",
         /// Requests from the sampler to load a process's ranges, dropped on a full queue.
         UnwindRequests => "unwind_requests",
         /// Object identities remembered by the unwind loader (`limits.max_objects`).
