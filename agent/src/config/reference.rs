@@ -145,6 +145,36 @@ pub fn markdown() -> String {
     out
 }
 
+/// Fails when the checked-in page `rel` (from the repository root) is not `generated`,
+/// naming the first line that differs and the command that writes it again;
+/// `EMBER_BLESS=1` writes it instead (as the metrics golden test does).
+#[cfg(test)]
+pub(crate) fn compare_with_checked_in(rel: &str, generated: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel);
+    if std::env::var_os("EMBER_BLESS").is_some() {
+        std::fs::write(&path, generated).expect("writing the page");
+        return;
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    if on_disk == generated {
+        return;
+    }
+    let line = on_disk
+        .lines()
+        .zip(generated.lines())
+        .position(|(a, b)| a != b)
+        .unwrap_or_else(|| on_disk.lines().count().min(generated.lines().count()));
+    panic!(
+        "{rel} differs from what it is generated from (first at line {}):\n  on disk:   {:?}\n  \
+         generated: {:?}\nregenerate it with `make docs` (target/release/ember docs --out docs)",
+        line + 1,
+        on_disk.lines().nth(line).unwrap_or("<end of file>"),
+        generated.lines().nth(line).unwrap_or("<end of file>"),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,34 +233,4 @@ mod tests {
     fn the_checked_in_page_is_current() {
         compare_with_checked_in("docs/configuration.md", &markdown());
     }
-}
-
-/// Fails when the checked-in page `rel` (from the repository root) is not `generated`,
-/// naming the first line that differs and the command that writes it again;
-/// `EMBER_BLESS=1` writes it instead (as the metrics golden test does).
-#[cfg(test)]
-pub(crate) fn compare_with_checked_in(rel: &str, generated: &str) {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(rel);
-    if std::env::var_os("EMBER_BLESS").is_some() {
-        std::fs::write(&path, generated).expect("writing the page");
-        return;
-    }
-    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-    if on_disk == generated {
-        return;
-    }
-    let line = on_disk
-        .lines()
-        .zip(generated.lines())
-        .position(|(a, b)| a != b)
-        .unwrap_or_else(|| on_disk.lines().count().min(generated.lines().count()));
-    panic!(
-        "{rel} differs from what it is generated from (first at line {}):\n  on disk:   {:?}\n  \
-         generated: {:?}\nregenerate it with `make docs` (target/release/ember docs --out docs)",
-        line + 1,
-        on_disk.lines().nth(line).unwrap_or("<end of file>"),
-        generated.lines().nth(line).unwrap_or("<end of file>"),
-    );
 }
