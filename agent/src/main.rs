@@ -1,4 +1,5 @@
-//! The `ember` command: `run` (the agent), `record` (one-shot), `features` and `check-config`.
+//! The `ember` command: `run` (the agent), `record` (one-shot), `features` and `check-config`
+//! (and the hidden `docs`, which prints the generated reference pages).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,30 @@ enum Command {
         /// The YAML file.
         file: PathBuf,
     },
+    /// Print the generated reference pages (docs/configuration.md, docs/metrics.md), or
+    /// write both into a directory (`make docs`); a unit test compares them with the
+    /// checked-in pages.
+    #[command(hide = true)]
+    Docs(DocsArgs),
+}
+
+#[derive(Args)]
+struct DocsArgs {
+    /// Which page to print: config or metrics.
+    #[arg(value_enum)]
+    page: Option<DocPage>,
+    /// Write every page into this directory instead.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// `ember docs PAGE`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DocPage {
+    /// docs/configuration.md, from config/ember.yaml.
+    Config,
+    /// docs/metrics.md, from the metric table.
+    Metrics,
 }
 
 /// Flags shared by `run` and `record`; each overrides the config key of the same meaning.
@@ -139,6 +164,7 @@ fn main() -> ExitCode {
         Command::Record(args) => record(args),
         Command::CheckConfig { file } => check_config(&file),
         Command::Features(args) => features(args),
+        Command::Docs(args) => docs(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -147,6 +173,26 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn docs(args: DocsArgs) -> Result<()> {
+    let pages = [
+        ("configuration.md", ember::config::reference::markdown()),
+        ("metrics.md", ember::metrics::reference::markdown()),
+    ];
+    match (args.out, args.page) {
+        (Some(dir), _) => {
+            for (name, text) in pages {
+                let path = dir.join(name);
+                std::fs::write(&path, text).with_context(|| format!("{}", path.display()))?;
+                println!("{}", path.display());
+            }
+        }
+        (None, Some(DocPage::Config)) => print!("{}", pages[0].1),
+        (None, Some(DocPage::Metrics)) => print!("{}", pages[1].1),
+        (None, None) => bail!("ember docs: name a page (config, metrics) or --out DIR"),
+    }
+    Ok(())
 }
 
 fn check_config(file: &Path) -> Result<()> {

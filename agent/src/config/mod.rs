@@ -5,6 +5,7 @@
 
 pub mod otlp;
 pub mod pyroscope;
+pub mod reference;
 pub mod selector;
 pub mod sinks;
 mod symbols;
@@ -114,7 +115,7 @@ impl Default for Health {
     }
 }
 
-/// `offcpu:` keys: off-CPU profiles from `sched_switch` (see README "Off-CPU profiles").
+/// `offcpu:` keys: off-CPU profiles from `sched_switch` (see docs/offcpu.md).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct OffCpu {
@@ -203,7 +204,7 @@ pub struct Interpreters {
     pub python: Python,
 }
 
-/// `interpreters.python:` keys: CPython 3.8–3.13 frames (see README "Python").
+/// `interpreters.python:` keys: CPython 3.8–3.14 frames (see docs/python.md).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Python {

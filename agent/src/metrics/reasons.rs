@@ -3,7 +3,7 @@
 //!
 //! Each variant is rendered to its label value here and nowhere else ([`Loss::as_str`] and
 //! friends), and each variant's doc comment says what it counts: this file is the list that
-//! ties a reason to its help text (the README's metrics table repeats the values). The
+//! ties a reason to its help text (docs/metrics.md is generated from these comments). The
 //! [`super::Metrics`] methods take these enums, so a call site cannot invent a new value.
 
 use std::borrow::Cow;

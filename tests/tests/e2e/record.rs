@@ -381,7 +381,7 @@ fn pprof_output_passes_go_pprof() {
         .env("PPROF_TMPDIR", dir.path())
         .env("HOME", dir.path());
     let res = output_with_timeout(&mut go, Duration::from_secs(120))
-        .expect("running `go tool pprof` (is golang-go installed? `make deps`)");
+        .expect("running `go tool pprof` (is golang-go installed? `make test-deps`)");
     let stdout = String::from_utf8_lossy(&res.stdout);
     assert!(
         res.status.success(),
@@ -721,4 +721,53 @@ fn pids_are_checked_and_followed_until_they_exit() {
         .filter_map(|w| w.as_u64())
         .sum();
     assert!(weights >= 150, "{weights} samples for 3 s of one CPU");
+}
+
+/// Outside a cluster, with no Kubernetes config anywhere (no service account environment, no
+/// `KUBECONFIG`, no `~/.kube/config`), `record` says nothing of Kubernetes: it used to print a
+/// 300-character WARN about a missing kubeconfig on every run. A kubeconfig the user named
+/// that cannot be read is still a warning, naming the file.
+#[test]
+fn no_kubernetes_warning_outside_a_cluster() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path().join("home");
+    fs::create_dir(&home).expect("home");
+    let hog = Fixture::spawn(CPU_HOG, &["--seconds", "30"]).expect("starting cpu_hog");
+    let pid = hog.pid.to_string();
+    let record = |name: &str, config: Option<&str>| {
+        let out = dir.path().join(name);
+        let mut run = EmberRun::record(dir.path())
+            .env("HOME", &home)
+            .env("KUBECONFIG", "")
+            .env("KUBERNETES_SERVICE_HOST", "")
+            .args(["--duration", "2s", "--pid", pid.as_str(), "-o"])
+            .arg(&out);
+        if let Some(yaml) = config {
+            run = run.config(yaml);
+        }
+        let mut ember = run.spawn();
+        let status = ember.wait(Duration::from_secs(60));
+        let stderr = ember.stderr();
+        assert!(status.success(), "ember record: {status}\n{stderr}");
+        stderr
+    };
+    let quiet = record("quiet.folded", None);
+    let lower = quiet.to_lowercase();
+    assert!(
+        !lower.contains("kubeconfig") && !lower.contains("kubernetes"),
+        "record outside a cluster spoke of Kubernetes:\n{quiet}"
+    );
+    let named = record(
+        "named.folded",
+        Some("kubernetes:\n  kubeconfig: /nonexistent/ember-kubeconfig\n"),
+    );
+    assert!(
+        named.contains("WARN") && named.contains("/nonexistent/ember-kubeconfig"),
+        "a configured kubeconfig that fails should be a warning naming it:\n{named}"
+    );
+    drop(hog);
 }
