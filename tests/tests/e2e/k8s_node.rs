@@ -6,7 +6,11 @@
 //!
 //! Checked against the cluster's own answers: the DaemonSet's pod Ready within 60 s; the agent
 //! process (found on the host by the pod's uid in its cgroup) has exactly the capabilities the
-//! DaemonSet declares, a seccomp filter and no_new_privs. A real Prometheus (Debian's; see
+//! DaemonSet declares, a seccomp filter and no_new_privs. The seccomp profile is installed by
+//! the chart's init container (`seccompInstaller`), not by the test: the node's kubelet
+//! seccomp directory is empty before, holds deploy/seccomp/ember.json after. The Pyroscope
+//! sink's bearer token is in a Secret (`existingSecret`) that `bearer_token_file` names: a
+//! receiver on the node's address ([`sink`]) must get pushes with exactly that token. A real Prometheus (Debian's; see
 //! [`prom`] for why its targets come from the pod list and not `kubernetes_sd_configs`)
 //! scrapes the pod by the chart's `prometheus.io/*` annotations with deploy/README.md's
 //! relabelling: the target is up at `http://<pod IP>:9464/metrics`, and its per-container
