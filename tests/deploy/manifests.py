@@ -8,6 +8,8 @@ Run by tests/deploy/check.sh with the venv's python (PyYAML comes with yamllint)
   manifests.py no-rbac FILE                 no RBAC objects, no token mounted
   manifests.py split FILE CORE OTHER        core kinds to CORE, the rest to OTHER
   manifests.py servicemonitor FILE          ServiceMonitor points at the Service and pods
+  manifests.py podmonitor FILE              PodMonitor points at the agent pods
+  manifests.py rules FILE JOB OUT           PrometheusRule = deploy/alerts.yaml (job JOB); its rules to OUT
 
 Each prints one line per problem and exits 1 if there was any.
 """
@@ -27,6 +29,10 @@ HOST_PATHS = {"/sys/fs/cgroup", "/sys/kernel/tracing"}
 CORE_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Service", "NetworkPolicy"}
 # The seccomp profile deploy/seccomp/ember.json, as installed on the nodes.
 SECCOMP = {"type": "Localhost", "localhostProfile": "ember.json"}
+DEPLOY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy")
+# The seccomp installer (values.yaml seccompInstaller): the one init container allowed, and
+# the one writable host path, the kubelet's seccomp directory.
+INSTALLER = "seccomp-installer"
 # Memory the config's caps let ember hold, beyond which the limit must reach (bytes).
 MEMORY_BASELINE = 192 << 20
 
@@ -59,6 +65,10 @@ def dashboards(docs):
     """Grafana dashboard ConfigMaps: the sidecar's label, and the JSON of deploy/grafana/."""
     for d in docs:
         if d.get("kind") != "ConfigMap" or "ember.yaml" in d.get("data", {}):
+            continue
+        if "ember.json" in d.get("data", {}):
+            if json.loads(d["data"]["ember.json"]) != json.load(open(os.path.join(DEPLOY, "seccomp", "ember.json"))):
+                fail(f"ConfigMap {d['metadata']['name']}: ember.json differs from deploy/seccomp/ember.json")
             continue
         if d["metadata"].get("labels", {}).get("grafana_dashboard") is None:
             fail(f"ConfigMap {d['metadata']['name']} has no grafana_dashboard label for the sidecar")
@@ -120,9 +130,11 @@ def policy(docs):
         fail("nodeSelector kubernetes.io/os is not linux")
     if pod.get("securityContext", {}).get("privileged"):
         fail("pod securityContext is privileged")
-    if len(pod["containers"]) != 1 or pod.get("initContainers"):
-        fail("expected exactly one container and no init containers")
+    inits = pod.get("initContainers") or []
+    if len(pod["containers"]) != 1 or [i["name"] for i in inits] not in ([], [INSTALLER]):
+        fail(f"expected exactly one container and no init containers but {INSTALLER}")
         return
+    installer_paths = installer(inits[0], pod) if inits else set()
     c = pod["containers"][0]
     sc = c.get("securityContext", {})
     want = {"runAsUser": 0, "privileged": False, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True}
@@ -195,6 +207,7 @@ def policy(docs):
     # Volumes: every mount has a volume; host paths are the allowed ones, read-only.
     vols = {v["name"]: v for v in pod.get("volumes", [])}
     mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
+    init_mounts = {m["name"] for i in inits for m in i.get("volumeMounts", [])}
     for name, m in mounts.items():
         v = vols.get(name)
         if v is None:
@@ -205,10 +218,10 @@ def policy(docs):
                 fail(f"hostPath {v['hostPath']['path']} is not one of {sorted(HOST_PATHS)}")
             if not m.get("readOnly"):
                 fail(f"hostPath volume {name} is not mounted read-only")
-    if {v["hostPath"]["path"] for v in vols.values() if "hostPath" in v} != HOST_PATHS:
-        fail(f"hostPath volumes are not exactly {sorted(HOST_PATHS)}")
-    if set(vols) - set(mounts):
-        fail(f"unused volumes {sorted(set(vols) - set(mounts))}")
+    if {v["hostPath"]["path"] for v in vols.values() if "hostPath" in v} != HOST_PATHS | installer_paths:
+        fail(f"hostPath volumes are not exactly {sorted(HOST_PATHS | installer_paths)}")
+    if set(vols) - set(mounts) - init_mounts:
+        fail(f"unused volumes {sorted(set(vols) - set(mounts) - init_mounts)}")
 
     # The agent config agrees with the pod: port, config path, data dir.
     cfg_vol = [n for n, v in vols.items() if v.get("configMap", {}).get("name") == cm["metadata"]["name"]]
@@ -279,6 +292,31 @@ def policy(docs):
             keep = int(cfg.get("output", {}).get("keep_bytes", 268435456))
             if keep >= parse_quantity(limit):
                 fail(f"output.keep_bytes {keep} is not below the emptyDir sizeLimit {limit}")
+
+
+def installer(i, pod):
+    """The seccomp installer: no capabilities, RuntimeDefault, read-only root; it alone writes
+    a host path, which ends in /seccomp. Returns that path."""
+    sc = i.get("securityContext", {})
+    want = {"privileged": False, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    for k, v in want.items():
+        if sc.get(k) != v:
+            fail(f"{INSTALLER} securityContext.{k} is {sc.get(k)!r}, want {v!r}")
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    agent_mounts = {m["name"] for m in pod["containers"][0].get("volumeMounts", [])}
+    paths = set()
+    for m in i.get("volumeMounts", []):
+        v = vols.get(m["name"], {})
+        if "hostPath" in v:
+            if m["name"] in agent_mounts or not v["hostPath"]["path"].rstrip("/").endswith("/seccomp"):
+                fail(f"{INSTALLER}: hostPath {v['hostPath']['path']} is not a seccomp directory of its own")
+            paths.add(v["hostPath"]["path"])
+        elif not m.get("readOnly"):
+            fail(f"{INSTALLER}: {m['name']} is writable")
+    if len(paths) != 1:
+        fail(f"{INSTALLER} writes {len(paths)} host paths, want the kubelet's seccomp directory")
+    return paths
 
 
 def parse_quantity(q):
@@ -372,6 +410,33 @@ def main():
                     fail(f"Service targetPort {p['targetPort']} is not a container port")
             if "prometheus.io/scrape" in ds["spec"]["template"]["metadata"].get("annotations", {}):
                 fail("pods keep prometheus.io annotations although a ServiceMonitor scrapes them")
+    elif cmd == "podmonitor":
+        docs = load(args[0])
+        pm, ds = one(docs, "PodMonitor"), one(docs, "DaemonSet")
+        if pm and ds:
+            if pm["apiVersion"] != "monitoring.coreos.com/v1":
+                fail(f"PodMonitor apiVersion {pm['apiVersion']}")
+            if not subset(pm["spec"]["selector"]["matchLabels"], ds["spec"]["template"]["metadata"]["labels"]):
+                fail("PodMonitor selector does not match the agent pods")
+            if pm["spec"]["namespaceSelector"] != {"matchNames": [ds["metadata"]["namespace"]]}:
+                fail("PodMonitor namespaceSelector is not the agents' namespace")
+            cports = {p["name"] for p in ds["spec"]["template"]["spec"]["containers"][0]["ports"]}
+            for ep in pm["spec"]["podMetricsEndpoints"]:
+                if ep.get("honorLabels") is not True:
+                    fail("PodMonitor endpoint without honorLabels: true renames ember's labels exported_*")
+                if ep["port"] not in cports or ep["port"] == "health":
+                    fail(f"PodMonitor endpoint port {ep['port']} is not the metrics container port")
+            if "prometheus.io/scrape" in ds["spec"]["template"]["metadata"].get("annotations", {}):
+                fail("pods keep prometheus.io annotations although a PodMonitor scrapes them")
+    elif cmd == "rules":
+        pr = one(load(args[0]), "PrometheusRule")
+        if pr:
+            with open(os.path.join(DEPLOY, "alerts.yaml")) as f:
+                want = yaml.safe_load(f.read().replace('job="ember"', f'job="{args[1]}"'))
+            if pr["spec"] != {"groups": want["groups"]}:
+                fail(f"PrometheusRule's groups are not deploy/alerts.yaml's with job={args[1]}")
+            with open(args[2], "w") as f:
+                yaml.safe_dump({"groups": pr["spec"]["groups"]}, f)
     else:
         sys.exit(f"unknown command {cmd}")
     for p in problems:

@@ -67,6 +67,11 @@ install -D -m 0755 "$EMBER_BIN" "$E/usr/local/bin/ember"
 libs "$EMBER_BIN" "$E"
 install -D -m 0644 "$ROOT/config/ember.yaml" "$E/etc/ember/ember.yaml"
 install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$E/etc/ssl/certs/ca-certificates.crt"
+# What the chart's seccomp installer runs in the agent's image (debian:bookworm-slim has them).
+for tool in sh cp mv mkdir; do
+    install -D -m 0755 "$(readlink -f "/bin/$tool")" "$E/bin/$tool"
+    libs "/bin/$tool" "$E"
+done
 mkdir -p "$E/tmp" "$E/var/lib/ember"
 chmod 1777 "$E/tmp"
 image ember "localhost/ember:$VERSION" "$E" '["/usr/local/bin/ember"]' \

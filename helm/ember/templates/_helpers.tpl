@@ -91,3 +91,90 @@ so that the caps bite (counted drops) before the OOM killer does. */}}
 {{- define "ember.modernKube" -}}
 {{- if semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version }}true{{ end }}
 {{- end }}
+
+{{/* The agent's image. Required: no image is published. */}}
+{{- define "ember.image" -}}
+{{- $repo := required "image.repository is required: no ember image is published. Build one from deploy/Dockerfile (docker build -f deploy/Dockerfile -t REGISTRY/ember:TAG .), push it, and install with --set image.repository=REGISTRY/ember (deploy/README.md, docs/kubernetes.md)" .Values.image.repository }}
+{{- printf "%s:%s" $repo (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/* Bytes of a Kubernetes quantity with a binary or decimal suffix ("64Mi", "1Gi", "500M"). */}}
+{{- define "ember.quantityBytes" -}}
+{{- $q := toString . }}
+{{- $n := regexFind "^[0-9]+" $q }}
+{{- $unit := trimPrefix $n $q }}
+{{- $m := dict "" 1 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 }}
+{{- if or (not $n) (not (hasKey $m $unit)) }}
+{{- fail (printf "dataSizeLimit %q is not a quantity such as 64Mi or 2Gi" $q) }}
+{{- end }}
+{{- mul ($n | int64) (get $m $unit) }}
+{{- end }}
+
+{{/* The data emptyDir's sizeLimit: what the config lets ember keep on it (windows, the
+unwind cache, the debuginfod cache), so that a full volume, which evicts the pod, cannot
+happen. An explicit dataSizeLimit below that fails the render; empty derives it. */}}
+{{- define "ember.dataSizeLimit" -}}
+{{- $c := .Values.config }}
+{{- $need := $c.output.keep_bytes | int64 }}
+{{- $parts := list (printf "output.keep_bytes %dMi" (div (add $need 1048575) 1048576)) }}
+{{- if $c.sampling.unwind_cache_dir }}
+{{- $need = add $need 25165824 }}
+{{- $parts = append $parts "the unwind cache (sampling.unwind_cache_dir) 24Mi" }}
+{{- end }}
+{{- $s := $c.symbols }}
+{{- if or $s.debuginfod_urls $s.debuginfod_urls_from_env }}
+{{- $d := add $s.debuginfod_cache_bytes $s.debuginfod_max_file_bytes }}
+{{- $need = add $need $d }}
+{{- $parts = append $parts (printf "the debuginfod cache (symbols.debuginfod_cache_bytes + debuginfod_max_file_bytes, as debuginfod is on) %dMi" (div (add $d 1048575) 1048576)) }}
+{{- end }}
+{{- $needMi := div (add $need 1048575) 1048576 }}
+{{- if .Values.dataSizeLimit }}
+{{- $have := include "ember.quantityBytes" .Values.dataSizeLimit | int64 }}
+{{- if lt $have (mul $needMi 1048576) }}
+{{- fail (printf "dataSizeLimit %s is below what ember may keep on its data volume, %dMi: %s. A full volume evicts the pod: raise dataSizeLimit to at least %dMi, lower those caps, or leave dataSizeLimit empty to size the volume from them" .Values.dataSizeLimit $needMi (join ", " $parts) $needMi) }}
+{{- end }}
+{{- .Values.dataSizeLimit }}
+{{- else }}
+{{- printf "%dMi" (add $needMi 8) }}
+{{- end }}
+{{- end }}
+
+{{/* Token and password files must be on a mounted volume (existingSecret or an extra
+mount): the root filesystem is the image's, which holds no credentials. */}}
+{{- define "ember.checkSecretFiles" -}}
+{{- $c := .Values.config }}
+{{- $mounts := list }}
+{{- if .Values.existingSecret }}
+{{- $mounts = append $mounts .Values.existingSecretMountPath }}
+{{- end }}
+{{- range .Values.extraVolumeMounts }}
+{{- $mounts = append $mounts .mountPath }}
+{{- end }}
+{{- $files := dict "server.token_file" $c.server.token_file "sinks.pyroscope.basic_auth_password_file" $c.sinks.pyroscope.basic_auth_password_file "sinks.pyroscope.bearer_token_file" $c.sinks.pyroscope.bearer_token_file "sinks.otlp.bearer_token_file" $c.sinks.otlp.bearer_token_file }}
+{{- range $key, $path := $files }}
+{{- if $path }}
+{{- $on := false }}
+{{- range $mounts }}
+{{- if hasPrefix (printf "%s/" (trimSuffix "/" .)) $path }}
+{{- $on = true }}
+{{- end }}
+{{- end }}
+{{- if not $on }}
+{{- fail (printf "config.%s %s is on no mounted volume: set existingSecret (a Secret mounted at existingSecretMountPath, %s) or extraVolumes and extraVolumeMounts, and point it at a file there" $key $path $.Values.existingSecretMountPath) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The scrape job of the agents, as the Prometheus Operator names it. */}}
+{{- define "ember.scrapeJob" -}}
+{{- if .Values.prometheusRule.job }}
+{{- .Values.prometheusRule.job }}
+{{- else if .Values.podMonitor.enabled }}
+{{- printf "%s/%s" .Release.Namespace (include "ember.fullname" .) }}
+{{- else if .Values.serviceMonitor.enabled }}
+{{- include "ember.fullname" . }}
+{{- else }}
+{{- fail "prometheusRule needs podMonitor.enabled or serviceMonitor.enabled, or prometheusRule.job (the scrape job of the agents) for EmberAgentDown" }}
+{{- end }}
+{{- end }}

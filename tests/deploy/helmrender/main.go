@@ -23,8 +23,11 @@
 // .Chart.{Name,Version,AppVersion,Description,Type}, .Capabilities.KubeVersion.{Version,Major,Minor},
 // .Capabilities.APIVersions.Has, .Template.{Name,BasePath}, define/template/block,
 // sprig's functions (less env/expandenv, as in helm), include, tpl, required,
-// toYaml, fromYaml, toJson, .Files.Get. Not supported: other .Files methods, lookup, subcharts,
-// schemas, hooks.
+// toYaml, fromYaml, toJson, .Files.Get, and values.schema.json: the merged values are
+// checked against it before any template runs, with the library helm 3 (up to 3.17)
+// validates with (github.com/xeipuuv/gojsonschema, Debian's
+// golang-github-xeipuuv-gojsonschema-dev) and helm's error text. Not supported: other
+// .Files methods, lookup, subcharts, hooks.
 package main
 
 import (
@@ -43,6 +46,7 @@ import (
 
 	"github.com/Masterminds/sprig"
 	"github.com/ghodss/yaml"
+	"github.com/xeipuuv/gojsonschema"
 	yamlv3 "gopkg.in/yaml.v3"
 )
 
@@ -177,6 +181,9 @@ func render(chartDir string, files []string, name, namespace, kubeVersion, apis 
 			return "", "", err
 		}
 		merge(values, over)
+	}
+	if err := validateSchema(chartDir, chart.Name, values); err != nil {
+		return "", "", err
 	}
 
 	caps := Capabilities{KubeVersion: KubeVersion{Version: kubeVersion}, APIVersions: APIVersions{"v1", "apps/v1", "rbac.authorization.k8s.io/v1"}}
@@ -313,6 +320,35 @@ func render(chartDir string, files []string, name, namespace, kubeVersion, apis 
 		fmt.Fprintf(&out, "---\n# Source: %s\n%s\n", n, strings.TrimRight(text, "\n"))
 	}
 	return out.String(), notesText, nil
+}
+
+// validateSchema checks values against the chart's values.schema.json, if it has one,
+// as helm's chartutil.ValidateAgainstSchema does: one line per violation, naming its field.
+func validateSchema(chartDir, chartName string, values map[string]interface{}) error {
+	schema, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	doc, err := json.Marshal(values)
+	if err != nil {
+		return err
+	}
+	res, err := gojsonschema.Validate(gojsonschema.NewBytesLoader(schema), gojsonschema.NewBytesLoader(doc))
+	if err != nil {
+		return fmt.Errorf("values.schema.json: %w", err)
+	}
+	if res.Valid() {
+		return nil
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "values don't meet the specifications of the schema(s) in the following chart(s):\n%s:\n", chartName)
+	for _, e := range res.Errors() {
+		fmt.Fprintf(&b, "- %s\n", e)
+	}
+	return errors.New(b.String())
 }
 
 // Files is .Files: Get reads a file of the chart by its path inside the chart ("" when

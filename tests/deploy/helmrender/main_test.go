@@ -90,3 +90,31 @@ func TestRequiredAndCapabilities(t *testing.T) {
 		t.Errorf("invalid YAML output: got %v", err)
 	}
 }
+
+func TestSchema(t *testing.T) {
+	dir := chart(t, "a:\n  size: 1\n", map[string]string{"a.yaml": "kind: A\nn: {{ .Values.a.size }}\n"})
+	schema := `{"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": false,
+	  "properties": {"a": {"type": "object", "additionalProperties": false, "properties": {"size": {"type": "integer"}}}}}`
+	if err := os.WriteFile(filepath.Join(dir, "values.schema.json"), []byte(schema), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := render(dir, nil, "r", "n", "v1.37.0", "", true); err != nil {
+		t.Fatalf("valid values refused: %v", err)
+	}
+	for over, want := range map[string]string{
+		"a:\n  other: 1\n":  "- a: Additional property other is not allowed",
+		"a:\n  size: x\n":   "- a.size: Invalid type. Expected: integer, given: string",
+		"b: 1\n":            "- (root): Additional property b is not allowed",
+		"a:\n  size: 1.5\n": "- a.size: Invalid type. Expected: integer, given: number",
+	} {
+		f := filepath.Join(t.TempDir(), "over.yaml")
+		if err := os.WriteFile(f, []byte(over), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := render(dir, []string{f}, "r", "n", "v1.37.0", "", true)
+		if err == nil || !strings.Contains(err.Error(), want) ||
+			!strings.Contains(err.Error(), "values don't meet the specifications of the schema(s) in the following chart(s):\ndemo:\n") {
+			t.Errorf("values %q: want an error with %q, got %v", over, want, err)
+		}
+	}
+}

@@ -6,7 +6,11 @@
 //!
 //! Checked against the cluster's own answers: the DaemonSet's pod Ready within 60 s; the agent
 //! process (found on the host by the pod's uid in its cgroup) has exactly the capabilities the
-//! DaemonSet declares, a seccomp filter and no_new_privs. A real Prometheus (Debian's; see
+//! DaemonSet declares, a seccomp filter and no_new_privs. The seccomp profile is installed by
+//! the chart's init container (`seccompInstaller`), not by the test: the node's kubelet
+//! seccomp directory is empty before, holds deploy/seccomp/ember.json after. The Pyroscope
+//! sink's bearer token is in a Secret (`existingSecret`) that `bearer_token_file` names: a
+//! receiver on the node's address ([`sink`]) must get pushes with exactly that token. A real Prometheus (Debian's; see
 //! [`prom`] for why its targets come from the pod list and not `kubernetes_sd_configs`)
 //! scrapes the pod by the chart's `prometheus.io/*` annotations with deploy/README.md's
 //! relabelling: the target is up at `http://<pod IP>:9464/metrics`, and its per-container
@@ -38,6 +42,7 @@ use ember_tests::*;
 
 mod churn;
 mod prom;
+mod sink;
 
 fn cache() -> PathBuf {
     PathBuf::from(
@@ -84,6 +89,7 @@ fn missing_parts() -> Vec<String> {
     for p in [
         "/usr/lib/cni/bridge",
         "/usr/share/gocode/src/github.com/Masterminds/sprig",
+        "/usr/share/gocode/src/github.com/xeipuuv/gojsonschema",
         "/usr/bin/python3.11",
     ] {
         if !Path::new(p).exists() {
@@ -607,9 +613,36 @@ fn helm_chart_on_a_one_node_cluster() {
             .env("GOCACHE", tmp.path().join("gocache")),
         Duration::from_secs(300),
     );
+    let mut node = Node::start(&tmp.path().join("node"), &images);
+    // Issue 54: the chart installs the seccomp profile itself (seccompInstaller, into this
+    // node's kubelet seccomp directory), and the Pyroscope sink's token comes from a Secret
+    // (existingSecret) through bearer_token_file, sent to a receiver on the node's address.
+    let seccomp_dir = node.var("K8S_SECCOMP_DIR").to_owned();
+    let seccomp = Path::new(&seccomp_dir).join("ember.json");
+    assert!(
+        !seccomp.exists(),
+        "the seccomp profile is there before the chart installs it"
+    );
+    let receiver = sink::Receiver::start(node.var("K8S_NODE_IP"));
+    let token = format!(
+        "ember-test-{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_nanos()
+    );
     let bounding =
         u64::from_str_radix(&status_field(std::process::id(), "CapBnd"), 16).expect("CapBnd");
-    let mut values = String::from("image:\n  repository: localhost/ember\n");
+    let mut values = format!(
+        "image:\n  repository: localhost/ember\n\
+         seccompInstaller:\n  enabled: true\n  hostPath: {seccomp_dir}\n\
+         existingSecret: ember-sinks\n\
+         config:\n  sinks:\n    pyroscope:\n      enabled: true\n\
+         \x20     url: http://{}:{}\n\
+         \x20     bearer_token_file: /var/run/secrets/ember/pyroscope-token\n",
+        node.var("K8S_NODE_IP"),
+        receiver.port
+    );
     if bounding & (1 << cap_bit("SYS_RESOURCE")) == 0 {
         values.push_str("excludeCapabilities: [SYS_RESOURCE]\n");
     }
@@ -632,17 +665,21 @@ fn helm_chart_on_a_one_node_cluster() {
         Duration::from_secs(60),
     );
 
-    let mut node = Node::start(&tmp.path().join("node"), &images);
-    let seccomp = Path::new(node.var("K8S_SECCOMP_DIR")).join("ember.json");
-    fs::copy(root.join("deploy/seccomp/ember.json"), &seccomp)
-        .expect("installing the seccomp profile");
-
     node.apply(WORKLOADS, "workloads");
     let cart = node.wait_ready("shop", "app=cart", None, Duration::from_secs(60));
     let ledger = node.wait_ready("billing", "app=ledger", None, Duration::from_secs(60));
     let quote = node.wait_ready("shop", "app=quote", None, Duration::from_secs(60));
 
     node.kubectl(&["create", "namespace", "ember"]);
+    node.kubectl(&[
+        "-n",
+        "ember",
+        "create",
+        "secret",
+        "generic",
+        "ember-sinks",
+        &format!("--from-literal=pyroscope-token={token}"),
+    ]);
     node.apply(&String::from_utf8_lossy(&rendered.stdout), "chart");
     let applied = Instant::now();
     let selector = "app.kubernetes.io/name=ember";
@@ -675,6 +712,11 @@ fn helm_chart_on_a_one_node_cluster() {
     );
     assert_eq!(sc["seccompProfile"]["type"], "Localhost");
     assert_eq!(
+        fs::read(&seccomp).expect("the installer's seccomp profile"),
+        fs::read(root.join("deploy/seccomp/ember.json")).expect("deploy/seccomp/ember.json"),
+        "the profile the chart's init container installed is not deploy/seccomp/ember.json"
+    );
+    assert_eq!(
         status_field(pid, "Seccomp"),
         "2",
         "agent not under a seccomp filter"
@@ -684,6 +726,22 @@ fn helm_chart_on_a_one_node_cluster() {
         "1",
         "allowPrivilegeEscalation: false not in force"
     );
+
+    // The agent pushes to the sink with the Secret's token, read from the mounted file.
+    let t = Instant::now();
+    let (request, auth) = receiver.until(Duration::from_secs(90), |(r, _)| {
+        r.starts_with("POST /push.v1.PusherService/Push ")
+    });
+    assert_eq!(
+        auth,
+        format!("Bearer {token}"),
+        "{request}: not the Secret's token"
+    );
+    println!(
+        "Pyroscope push with the Secret's token after {:?}",
+        t.elapsed()
+    );
+    drop(receiver);
 
     // A real Prometheus finds the pod through the API, as the chart's annotations ask.
     let t = Instant::now();
