@@ -16,7 +16,7 @@ use crate::model::{
     self, LockWait, OffCpu, OffState, ProfileKind, PyFrameRef, PyWalk, Sample, StackEnd,
     WAKE_SEPARATOR,
 };
-use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
+use crate::process::table::{ProcessTable, Snapshot, UserAddr};
 
 mod closes;
 mod offwindows;

@@ -13,7 +13,7 @@
 //!   │  │           │ process    per-container CPU)
 //!   │  │ tables,   │ snapshots
 //!   │  │ ranges    │
-//!   │  └────────── unwind loader (normalize::unwind: reads /proc, builds tables,
+//!   │  └────────── unwind loader (process::unwind: reads /proc, builds tables,
 //!   │ asks          ▲  ▲          fills the sampler's maps through capture::unwind)
 //!   └───────────────┘  │ exec, mmap, fork, exit
 //!                      tasks (capture::tasks: the kernel's task records)
@@ -39,7 +39,7 @@
 //! The parsers of bytes a container can write (perf maps, jitdump, perf task records, call
 //! frame information, ELF objects and their symbol tables, mountinfo) are the workspace
 //! crate `ember-parse` (`parse/`): pure, tested and fuzzed without BPF or Kubernetes; the
-//! stages re-export them where they use them (`normalize::elf_file`, `os::mountinfo`, ...).
+//! stages re-export them where they use them (`process::elf_file`, `os::mountinfo`, ...).
 
 pub mod agent;
 pub mod aggregate;
@@ -49,7 +49,7 @@ pub mod encode;
 pub(crate) mod export;
 pub mod metrics;
 pub mod model;
-pub mod normalize;
+pub mod process;
 pub(crate) mod os;
 pub use os::one_malloc_arena;
 pub mod readings;

@@ -4,13 +4,13 @@
 //! first time it samples one it has no ranges for ([`Ask::Process`]), and again when a pc
 //! falls outside them ([`Ask::Remap`], a library loaded since); the kernel's task records
 //! tell it of every exec, mmap, fork and exit ([`super::follow`]). The loader reads the
-//! process ([`crate::normalize::snapshot`]), finds or builds each object's table and writes
+//! process ([`crate::process::snapshot`]), finds or builds each object's table and writes
 //! the process's ranges in one map update.
 //!
 //! The decisions live in a file each, tested against an in-memory fake of the maps
 //! ([`UnwindIo`], written by [`crate::capture::unwind`]):
 //! - [`super::files`]: file identity. Objects are read inside the process's root
-//!   ([`crate::normalize::object::open_mapped`]), at most `Limits::max_object_bytes`, only
+//!   ([`crate::process::object::open_mapped`]), at most `Limits::max_object_bytes`, only
 //!   if the file opened is the inode the mapping names, and a file seen before is not read
 //!   again. What is read of it is its headers and CFI, each part capped ([`super::sparse`]).
 //! - [`super::procs`]: processes, and the files by inode they map.
@@ -52,8 +52,8 @@ use crate::capture::unwind::{
     MapIo, TableImage, UnwindIo, UnwindMaps, RANGES,
 };
 use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
-use crate::normalize::python::Interp;
-use crate::normalize::snapshot::{self, Mapped, ReadError, ReadOptions, Region, Snapshot};
+use crate::process::python::Interp;
+use crate::process::snapshot::{self, Mapped, ReadError, ReadOptions, Region, Snapshot};
 use crate::os::file_id::FileId;
 use crate::os::procfs::{self, RegionKind};
 

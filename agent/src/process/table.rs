@@ -6,7 +6,7 @@
 //! objects are shared by `(device, inode)` across processes. Addresses are turned
 //! into `(object, file offset)` here, while the mapping is known ("normalized").
 
-use crate::normalize::python::names::PyNames;
+use crate::process::python::names::PyNames;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -16,9 +16,9 @@ use std::sync::Arc;
 
 use crate::config::Limits;
 use crate::metrics::{Cache, Metrics, ProcRead};
-use crate::normalize::object::{Object, ObjectKey};
-pub use crate::normalize::snapshot::Snapshot;
-use crate::normalize::snapshot::{self, exe_id, Mapped, ReadOptions, Region};
+use crate::process::object::{Object, ObjectKey};
+pub use crate::process::snapshot::Snapshot;
+use crate::process::snapshot::{self, exe_id, Mapped, ReadOptions, Region};
 use crate::os::procfs::{self, MapsEntry, RegionKind};
 use crate::workload::Cgroup;
 
@@ -34,9 +34,9 @@ pub enum UserAddr {
     Unknown(u64),
     /// In JIT code (an anonymous executable region), named from the process's perf map
     /// or jitdump while it was alive.
-    Jit(Arc<crate::normalize::jit::JitFrame>),
+    Jit(Arc<crate::process::jit::JitFrame>),
     /// An interpreter (Python) frame, named from the process's memory while it was alive.
-    Python(Arc<crate::normalize::python::PyFrame>),
+    Python(Arc<crate::process::python::PyFrame>),
 }
 
 #[derive(Debug, Clone)]
@@ -63,7 +63,7 @@ struct Proc {
     last_seen: u64,
     rescanned: u64,
     /// What the JIT stage needs: a JVM? a jitdump?
-    jit: crate::normalize::jit::Hints,
+    jit: crate::process::jit::Hints,
     /// `(device, inode)` of the executable when read, to tell an exec from a rename.
     exe: Option<(u64, u64)>,
     /// A kernel thread (or pid 0, the idle task): its renames are renames.
@@ -80,7 +80,7 @@ pub struct ProcessTable {
     window: u64,
     metrics: Metrics,
     /// JIT symbol tables of the processes above, freed with them.
-    jit: crate::normalize::jit::JitTables,
+    jit: crate::process::jit::JitTables,
     /// Names of Python frames, per attached process.
     py_names: PyNames,
     /// Snapshots of processes not sampled yet, by pid with the window they came in: taken
@@ -112,7 +112,7 @@ impl ProcessTable {
             limits: limits.clone(),
             proc_root: PathBuf::from("/proc"),
             window: 1,
-            jit: crate::normalize::jit::JitTables::new(
+            jit: crate::process::jit::JitTables::new(
                 crate::config::Jit::default(),
                 metrics.clone(),
             ),
@@ -166,7 +166,7 @@ impl ProcessTable {
 
     /// Replaces the JIT settings (the default reads perf maps and jitdumps, no JVM refresh).
     pub fn set_jit(&mut self, settings: crate::config::Jit) {
-        self.jit = crate::normalize::jit::JitTables::new(settings, self.metrics.clone());
+        self.jit = crate::process::jit::JitTables::new(settings, self.metrics.clone());
     }
 
     /// Notes that thread `tid` of `pid` was sampled in the current window (named `comm`, in
@@ -260,7 +260,7 @@ impl ProcessTable {
             maps: Vec::new(),
             last_seen: window,
             rescanned: window,
-            jit: crate::normalize::jit::Hints::default(),
+            jit: crate::process::jit::Hints::default(),
             exe: None,
             // The idle task has no /proc entry; it wakes threads from interrupts.
             kthread: pid == 0,
@@ -562,7 +562,7 @@ impl ProcessTable {
     fn proc_from(&mut self, snap: Snapshot) -> Proc {
         let root = self.share_root(snap.root);
         let mut maps = Vec::with_capacity(snap.regions.len());
-        let mut jit = crate::normalize::jit::Hints::default();
+        let mut jit = crate::process::jit::Hints::default();
         for r in snap.regions {
             let Region { map, file } = r;
             let target = match file {
@@ -618,13 +618,13 @@ fn region(e: &MapsEntry) -> Target {
 /// Adds an executable mapping, noting what the JIT stage needs (a JVM, a jitdump).
 fn push_map(
     maps: &mut Vec<ExecMap>,
-    jit: &mut crate::normalize::jit::Hints,
+    jit: &mut crate::process::jit::Hints,
     e: &MapsEntry,
     target: Target,
 ) {
     if let Target::File(o) = &target {
         jit.jvm |= o.base_name() == "libjvm.so";
-        if crate::normalize::jit::is_jitdump_path(&o.path) {
+        if crate::process::jit::is_jitdump_path(&o.path) {
             jit.jitdump = Some(o.clone());
         }
     }

@@ -13,7 +13,7 @@ pub use ember_parse::elf_file;
 pub mod fs;
 pub(crate) mod jit;
 pub mod object;
-pub(crate) mod process;
+pub(crate) mod table;
 pub mod python;
 pub mod snapshot;
 pub mod unwind;

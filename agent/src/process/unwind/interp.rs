@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use super::loader::Loader;
 use crate::capture::unwind::UnwindIo;
 use crate::metrics::PyAttach;
-use crate::normalize::python::attach::{Attach, PyProcess};
-use crate::normalize::snapshot::Snapshot;
+use crate::process::python::attach::{Attach, PyProcess};
+use crate::process::snapshot::Snapshot;
 
 /// How long after a look that found the runtime not initialized the process is read again.
 const RETRY_EVERY: Duration = Duration::from_millis(200);
