@@ -28,7 +28,14 @@ fn aggregator_with(offcpu: bool) -> Aggregator {
     Aggregator::new(Parts {
         frequency_hz: 99,
         limits: limits(),
-        jit: Jit::default(),
+        processes: ember::process::registry::start(
+            &limits(),
+            &Jit::default(),
+            &Default::default(),
+            Metrics::new(),
+        )
+        .expect("the process registry's thread")
+        .0,
         offcpu,
         offwake: offcpu,
         lock: offcpu,

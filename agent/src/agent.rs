@@ -27,7 +27,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, SyncSender};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -40,9 +40,9 @@ use crate::config::{Config, NodeName};
 use crate::encode::{self, Encoded};
 use crate::export::files::{FilesError, WindowDir};
 use crate::metrics::Metrics;
-use crate::process::table::Snapshot;
-use crate::process::unwind;
 use crate::os::privileges;
+use crate::process::registry::{self, Inbox};
+use crate::process::unwind;
 use crate::readings::otlp::OtlpError;
 use crate::readings::{self, Readings};
 use crate::server::{self, Health};
@@ -588,12 +588,12 @@ struct Pipeline {
     unwind: Option<(JoinHandle<()>, LoaderHalt)>,
     aggregate: JoinHandle<()>,
     output: JoinHandle<()>,
+    /// The process registry's thread: ends once the aggregator and the loader are gone.
+    process: JoinHandle<()>,
 }
 
 /// Data pages of each CPU's task record ring (exec, mmap, exit; ~100 bytes a record).
 const TASK_RING_PAGES: usize = 16;
-/// Process snapshots queued from the unwind loader to the process table.
-const SNAPSHOT_QUEUE: usize = 1024;
 
 /// What stops the unwind loader: its halt flag, and its queue to wake it.
 type LoaderHalt = (Arc<AtomicBool>, WorkSender);
@@ -645,10 +645,14 @@ impl Pipeline {
             cfg.limits.max_processes,
             crate::workload::accounting::MAX_BYTES,
         );
+        let python = &cfg.interpreters.python;
+        let (processes, inbox, process) =
+            registry::start(&cfg.limits, &cfg.jit, python, metrics.clone())
+                .map_err(|_| CaptureError::Thread)?;
         let agg = Aggregator::new(aggregate::Parts {
             frequency_hz: cfg.sampling.frequency_hz,
             limits: cfg.limits.clone(),
-            jit: cfg.jit.clone(),
+            processes,
             offcpu: cfg.offcpu.enabled,
             offwake: cfg.offcpu.wakers,
             lock: cfg.offcpu.locks,
@@ -680,9 +684,8 @@ impl Pipeline {
             control: control_rx,
             metrics: metrics.clone(),
         })?;
-        let (snap_tx, snap_rx) = mpsc::sync_channel(SNAPSHOT_QUEUE);
         let aggregate = spawn("ember-aggregate", move || {
-            agg.run(batch_rx, snap_rx, window_tx, closes)
+            agg.run(batch_rx, window_tx, closes)
         })?;
 
         let (m, cache) = (metrics.clone(), cfg.limits.symbol_cache_entries);
@@ -695,12 +698,13 @@ impl Pipeline {
             encode::output::run(window_rx, symbolizer, m, on_window)
         })?;
 
-        let unwind = start_unwind(cfg, link, snap_tx, metrics)?;
+        let unwind = start_unwind(cfg, link, inbox, metrics)?;
         Ok(Self {
             capture,
             aggregate,
             output,
             unwind,
+            process,
         })
     }
 
@@ -717,6 +721,7 @@ impl Pipeline {
             let _ = unwind.join();
         }
         let _ = self.aggregate.join();
+        let _ = self.process.join();
         let _ = self.output.join();
     }
 }
@@ -727,7 +732,7 @@ impl Pipeline {
 fn start_unwind(
     cfg: &Config,
     link: UnwindLink,
-    snapshots: SyncSender<Snapshot>,
+    snapshots: Inbox,
     metrics: Metrics,
 ) -> Result<Option<(JoinHandle<()>, LoaderHalt)>, CaptureError> {
     let Some(maps) = link.maps else {

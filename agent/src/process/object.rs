@@ -26,10 +26,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::metrics::{Metrics, ObjectRefusal, SymbolSource};
-use crate::process::elf_file::{ElfError, ElfReader, ReadAt};
-use crate::process::fs::{Checked, Mounts, Refusal};
 use crate::os::openat2::{open_path_in, reopen, stat_cached, RESOLVE_NO_XDEV};
 use crate::os::procfs::MapsEntry;
+use crate::process::elf_file::{ElfError, ElfReader, ReadAt};
+use crate::process::fs::{Checked, Mounts, Refusal};
 
 // A file's identities are model types (a symbolized mapping carries them); the identity
 // of an open file is read by `FileId::of_file` (`os::file_id`).

@@ -14,9 +14,9 @@ use std::fs::File;
 use std::path::Path;
 
 use crate::metrics::{Metrics, ObjectRefusal, ProcRead};
+use crate::os::procfs::{self, MapsEntry};
 use crate::process::fs::Mounts;
 use crate::process::object::{open_mapped, open_root};
-use crate::os::procfs::{self, MapsEntry};
 use crate::workload::Cgroup;
 
 /// `/proc/PID/maps` can be megabytes for a JVM; read no more than this.

@@ -16,10 +16,10 @@ use std::sync::Arc;
 
 use crate::config::Limits;
 use crate::metrics::{Cache, Metrics, ProcRead};
+use crate::os::procfs::{self, MapsEntry, RegionKind};
 use crate::process::object::{Object, ObjectKey};
 pub use crate::process::snapshot::Snapshot;
 use crate::process::snapshot::{self, exe_id, Mapped, ReadOptions, Region};
-use crate::os::procfs::{self, MapsEntry, RegionKind};
 use crate::workload::Cgroup;
 
 /// Where a user address points, after normalization.
@@ -70,7 +70,7 @@ struct Proc {
     kthread: bool,
 }
 
-/// Process table, owned by the aggregation stage.
+/// Process table, owned by the process registry's thread ([`crate::process::registry`]).
 pub struct ProcessTable {
     procs: HashMap<u32, Proc>,
     objects: HashMap<ObjectKey, Arc<Object>>,

@@ -48,11 +48,11 @@ use crate::model::{
     FileId, Func, JitSource, Mapping, ObjectFile, SymFrame, Symbolized, KERNEL_MAPPING,
     PYTHON_MAPPING, WAKE_SEPARATOR,
 };
+use crate::os::file_id::FileTime;
 use crate::process::elf_file::{ElfReader, Limits};
 use crate::process::object::{refusal, Object};
-use crate::process::table::UserAddr;
 use crate::process::python::PyFrame;
-use crate::os::file_id::FileTime;
+use crate::process::table::UserAddr;
 use crate::symbolize::debuginfod::Debuginfod;
 use crate::symbolize::demangle::Outcome;
 use crate::symbolize::kallsyms::Kallsyms;

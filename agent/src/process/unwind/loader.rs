@@ -31,7 +31,6 @@
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -52,10 +51,10 @@ use crate::capture::unwind::{
     MapIo, TableImage, UnwindIo, UnwindMaps, RANGES,
 };
 use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
-use crate::process::python::Interp;
-use crate::process::snapshot::{self, Mapped, ReadError, ReadOptions, Region, Snapshot};
 use crate::os::file_id::FileId;
 use crate::os::procfs::{self, RegionKind};
+use crate::process::python::Interp;
+use crate::process::snapshot::{self, Mapped, ReadError, ReadOptions, Region, Snapshot};
 
 /// The loader's settings.
 #[derive(Debug, Clone)]
@@ -82,7 +81,7 @@ pub struct Loader<M: UnwindIo = MapIo> {
     vdso: Option<Option<TableKey>>,
     /// Where what was read of each process goes, for the symbolizer (the process may be
     /// gone before its samples are handled).
-    snapshots: Option<SyncSender<Snapshot>>,
+    snapshots: Option<crate::process::registry::Inbox>,
     /// Python processes and their `py_procs` entries (`None`: Python frames are off).
     pub(super) python: Option<Interp>,
     /// Set when the agent stops: `run` returns between two pieces of work.
@@ -135,9 +134,9 @@ impl<M: UnwindIo> Loader<M> {
         self.halt.clone()
     }
 
-    /// Sends what is read of each process to the process table too.
-    pub fn send_snapshots(&mut self, tx: SyncSender<Snapshot>) {
-        self.snapshots = Some(tx);
+    /// Sends what is read of each process to the process registry too.
+    pub fn send_snapshots(&mut self, inbox: crate::process::registry::Inbox) {
+        self.snapshots = Some(inbox);
     }
 
     /// Reads `pid`'s executable mappings and writes its ranges, loading the tables they need.
@@ -172,10 +171,8 @@ impl<M: UnwindIo> Loader<M> {
         let start_time = snap.start_time;
         let (ranges, files) = self.ranges_of(&snap);
         snap.python = self.attach_python(&snap);
-        if let Some(tx) = &self.snapshots {
-            if tx.try_send(snap).is_err() {
-                self.metrics.dropped(Cache::ProcessSnapshots, 1);
-            }
+        if let Some(inbox) = &self.snapshots {
+            inbox.snapshot(snap);
         }
         self.write_ranges(pid, (start_time, read_ns), ranges, files);
     }
