@@ -115,7 +115,7 @@ pub struct Facts {
 
 /// What the registry's queue carries.
 enum Msg {
-    Snapshot(Snapshot),
+    Snapshot(Box<Snapshot>),
     Touch(Vec<Touch>),
     Facts(Vec<u32>, SyncSender<Vec<Facts>>),
     Close(Vec<StackAsk>, SyncSender<Closed>),
@@ -131,7 +131,7 @@ pub struct Inbox {
 impl Inbox {
     /// Queues `snap` for the table; a full queue drops it, counted.
     pub fn snapshot(&self, snap: Snapshot) {
-        match self.tx.try_send(Msg::Snapshot(snap)) {
+        match self.tx.try_send(Msg::Snapshot(Box::new(snap))) {
             Ok(()) | Err(TrySendError::Disconnected(_)) => {}
             Err(TrySendError::Full(_)) => self.metrics.dropped(Cache::ProcessSnapshots, 1),
         }
@@ -188,7 +188,7 @@ pub fn start(
 fn run(mut table: ProcessTable, rx: Receiver<Msg>, done: SyncSender<()>) {
     while let Ok(msg) = rx.recv() {
         match msg {
-            Msg::Snapshot(snap) => table.adopt(snap),
+            Msg::Snapshot(snap) => table.adopt(*snap),
             Msg::Touch(touches) => {
                 for t in touches {
                     table.touch(t.pid, t.tid, &t.comm, t.cgroup_id);
