@@ -20,6 +20,7 @@
 //! itself between two looks at the clock. A snapshot the loader cannot queue is dropped and
 //! counted (`ember_cache_drops_total{cache="process_snapshots"}`), as before.
 
+use std::collections::HashSet;
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -41,8 +42,12 @@ const TOUCHES_OUT: usize = 2;
 /// queue held before the registry had one) and the aggregator's touches and windows.
 const QUEUE: usize = 1024;
 
+/// Distinct touches the aggregator remembers sending in a window, at most (then it forgets
+/// them and sends again: a touch sent twice changes nothing).
+const SENT_CAP: usize = 16_384;
+
 /// One sampled thread, as [`ProcessTable::touch`] takes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Touch {
     /// Process id.
     pub pid: u32,
@@ -147,8 +152,10 @@ pub struct Processes {
     out: usize,
     /// Touches not sent yet.
     touches: Vec<Touch>,
-    /// The last touch buffered in this window: the same one again changes nothing.
-    last: Option<Touch>,
+    /// What this window's touches told the registry, by (pid, leader or not, comm, cgroup):
+    /// the same again changes nothing (only the leader's name and the cgroup matter), so
+    /// it is sent once a window, not once a sample.
+    sent: HashSet<(u32, bool, [u8; 16], u64)>,
 }
 
 /// Starts the registry's thread (`ember-process`) with a process table capped by `limits`,
@@ -178,7 +185,7 @@ pub fn start(
         done,
         out: 0,
         touches: Vec::new(),
-        last: None,
+        sent: HashSet::new(),
     };
     Ok((processes, inbox, thread))
 }
@@ -241,10 +248,15 @@ fn name_stack(table: &mut ProcessTable, ask: StackAsk) -> Named {
 impl Processes {
     /// Notes a sampled thread; sent with the batch ([`Processes::flush`]).
     pub fn touch(&mut self, t: Touch) {
-        if self.last == Some(t) {
+        if self.sent.len() >= SENT_CAP {
+            self.sent.clear();
+        }
+        if !self
+            .sent
+            .insert((t.pid, t.tid == t.pid, t.comm, t.cgroup_id))
+        {
             return;
         }
-        self.last = Some(t);
         self.touches.push(t);
         if self.touches.len() >= TOUCH_BATCH {
             self.flush();
@@ -289,7 +301,7 @@ impl Processes {
     /// window's. A registry gone answers every address unknown.
     pub fn close(&mut self, asks: Vec<StackAsk>) -> Closed {
         self.flush();
-        self.last = None;
+        self.sent.clear();
         let (reply, rx) = mpsc::sync_channel(1);
         let shape: Vec<usize> = asks.iter().map(|a| a.lookups.len()).collect();
         match self.tx.send(Msg::Close(asks, reply)).ok() {
