@@ -41,7 +41,7 @@ use crate::encode::{self, Encoded};
 use crate::export::files::{FilesError, WindowDir};
 use crate::metrics::Metrics;
 use crate::os::privileges;
-use crate::process::registry::{self, Inbox};
+use crate::process::registry::{self, Registry};
 use crate::process::unwind;
 use crate::readings::otlp::OtlpError;
 use crate::readings::{self, Readings};
@@ -584,12 +584,14 @@ fn reading_sources(
 /// The capture → aggregate → output threads.
 struct Pipeline {
     capture: Capture,
-    /// The unwind loader's thread and its halt flag (it also ends when capture stops asking).
+    /// The unwind loader's thread and its halt flag (it also ends when capture stops asking,
+    /// after serving the process registry until the aggregator is gone).
     unwind: Option<(JoinHandle<()>, LoaderHalt)>,
     aggregate: JoinHandle<()>,
     output: JoinHandle<()>,
-    /// The process registry's thread: ends once the aggregator and the loader are gone.
-    process: JoinHandle<()>,
+    /// The process registry's own thread, when no unwind loader serves it: ends once the
+    /// aggregator is gone.
+    process: Option<JoinHandle<()>>,
 }
 
 /// Data pages of each CPU's task record ring (exec, mmap, exit; ~100 bytes a record).
@@ -646,9 +648,8 @@ impl Pipeline {
             crate::workload::accounting::MAX_BYTES,
         );
         let python = &cfg.interpreters.python;
-        let (processes, inbox, process) =
-            registry::start(&cfg.limits, &cfg.jit, python, metrics.clone())
-                .map_err(|_| CaptureError::Thread)?;
+        let (processes, registry) =
+            registry::channel(&cfg.limits, &cfg.jit, python, metrics.clone());
         let agg = Aggregator::new(aggregate::Parts {
             frequency_hz: cfg.sampling.frequency_hz,
             limits: cfg.limits.clone(),
@@ -698,7 +699,7 @@ impl Pipeline {
             encode::output::run(window_rx, symbolizer, m, on_window)
         })?;
 
-        let unwind = start_unwind(cfg, link, inbox, metrics)?;
+        let (unwind, process) = start_unwind(cfg, link, registry, metrics)?;
         Ok(Self {
             capture,
             aggregate,
@@ -721,22 +722,32 @@ impl Pipeline {
             let _ = unwind.join();
         }
         let _ = self.aggregate.join();
-        let _ = self.process.join();
+        if let Some(process) = self.process {
+            let _ = process.join();
+        }
         let _ = self.output.join();
     }
 }
 
+/// The unwind loader and the process registry it serves, or the registry alone.
+type Followers = (Option<(JoinHandle<()>, LoaderHalt)>, Option<JoinHandle<()>>);
+
 /// The unwind loader (`ember-unwind`) and the task record reader that feeds it
 /// (`ember-tasks`), when the sampler walks tables (`link.maps`). The reader is not joined:
 /// it sleeps up to five seconds between records, and the loader stops it when it returns.
+/// The loader's thread owns the process `registry` (one writer of every process); without
+/// a loader the registry gets a thread of its own (`ember-process`), returned second.
 fn start_unwind(
     cfg: &Config,
     link: UnwindLink,
-    snapshots: Inbox,
+    registry: Registry,
     metrics: Metrics,
-) -> Result<Option<(JoinHandle<()>, LoaderHalt)>, CaptureError> {
+) -> Result<Followers, CaptureError> {
+    let alone = |r: Registry| -> Result<Followers, CaptureError> {
+        Ok((None, Some(r.spawn().map_err(|_| CaptureError::Thread)?)))
+    };
     let Some(maps) = link.maps else {
-        return Ok(None);
+        return alone(registry);
     };
     let settings = unwind::Settings {
         max_bytes: cfg.sampling.unwind_max_bytes,
@@ -748,10 +759,11 @@ fn start_unwind(
         Ok(loader) => loader,
         Err(e) => {
             tracing::warn!("unwind tables disabled: {e}; stacks use frame pointers");
-            return Ok(None);
+            return alone(registry);
         }
     };
-    loader.send_snapshots(snapshots);
+    registry.wake_with(link.sender.clone());
+    loader.own_registry(registry);
     let tasks = match TaskWatch::open_online(TASK_RING_PAGES) {
         Ok(watch) => {
             let tasks = TaskLink::default();
@@ -781,7 +793,7 @@ fn start_unwind(
     match spawn("ember-unwind", move || {
         loader.run(&preload, link.work, tasks)
     }) {
-        Ok(thread) => Ok(Some((thread, halt))),
+        Ok(thread) => Ok((Some((thread, halt)), None)),
         Err(e) => {
             if let Some(reader) = reader {
                 reader.stop();

@@ -17,7 +17,7 @@ use crate::metrics::{Cache, Loss, Metrics};
 use crate::model::{
     self, LockWait, OffCpu, OffState, ProfileKind, PyFrameRef, PyWalk, Sample, StackEnd,
 };
-use crate::process::registry::{Named, Processes, StackAsk, Touch};
+use crate::process::registry::{Exit, Named, Processes, StackAsk, Touch};
 use crate::process::table::UserAddr;
 
 mod closes;
@@ -434,7 +434,7 @@ impl Aggregator {
             self.off.windows.add(kind, v, &self.metrics);
         }
         self.end_accounting();
-        self.gate.end_window(gone);
+        self.gate.end_window(gone.into_iter().map(|e| e.pid));
         self.take_windows(stacks, off_due)
     }
 
@@ -485,7 +485,7 @@ impl Aggregator {
     fn stacks_of(
         &mut self,
         kept: Vec<(Key, Tally, Judged)>,
-    ) -> (Vec<Stack>, HashMap<ProfileKind, Vec<Stack>>, Vec<u32>) {
+    ) -> (Vec<Stack>, HashMap<ProfileKind, Vec<Stack>>, Vec<Exit>) {
         let mut plans = Vec::with_capacity(kept.len());
         let asks = kept
             .iter()

@@ -1,9 +1,17 @@
-//! The process registry: the one thread (`ember-process`) that owns the process table.
+//! The process registry: the one owner of what ember knows of each process.
 //!
-//! Every `/proc` read, process-memory read (Python names), perf map and jitdump read for
-//! naming runs here, never on the counting thread: the aggregator only counts, and asks.
-//! What it asks comes in one queue, in the order it was sent, beside what the unwind
-//! loader read of a process ([`Snapshot`]s):
+//! One thread writes it: the unwind loader's (`ember-unwind`), which already follows the
+//! kernel's task records (exec, mmap, fork, exit), serves the sampler's asks and reads
+//! `/proc`; the [`Registry`] is served on that thread between two pieces of the loader's
+//! work ([`Registry::serve`]), and what the loader reads of a process goes straight into the
+//! table ([`Registry::adopt`]). Without a loader (tables off) the registry runs on a thread
+//! of its own ([`Registry::spawn`], `ember-process`). Either way, exits and PID reuse are
+//! decided on one thread, once: the task records' exits, the sweeps' and the window ends'
+//! come back as exit events ([`Exit`], by pid and start time) that free the process's
+//! Python attach state, its Python names and its JIT tables.
+//!
+//! The aggregator only counts, and asks ([`Processes`]); its asks come in one queue, in the
+//! order they were sent:
 //! - [`Processes::touch`]: a thread of a process was sampled (batched, sent at the end of
 //!   each batch). The registry decides here, once, whether the pid is a process it knows,
 //!   a new one, one that exec'd, or another process on a reused pid (its start time).
@@ -11,22 +19,21 @@
 //!   judges them).
 //! - [`Processes::close`]: every user address and interpreter frame of the window's stacks,
 //!   named against the table in the order asked, and the window's end: the processes gone
-//!   (exited, or their pid taken by another) come back as exit events, their JIT tables and
-//!   Python names freed with them.
+//!   (exited, or their pid taken by another) come back as exit events.
 //!
 //! The aggregator is held back while the registry works through its touches: at most
 //! [`TOUCHES_OUT`] messages of [`TOUCH_BATCH`] touches wait, so a window's end (which waits
-//! behind them) is never late by more than those reads, as when the aggregator read `/proc`
-//! itself between two looks at the clock. A snapshot the loader cannot queue is dropped and
-//! counted (`ember_cache_drops_total{cache="process_snapshots"}`), as before.
+//! behind them) is never late by more than those reads. Each message wakes the loader's
+//! thread ([`Registry::wake_with`]) if it sleeps.
 
 use std::collections::HashSet;
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
+use crate::capture::{Work, WorkSender};
 use crate::config::{Jit, Limits, Python};
-use crate::metrics::{Cache, Metrics};
+use crate::metrics::Metrics;
 use crate::model::{PyFrameRef, Runtime};
 use crate::process::snapshot::Snapshot;
 use crate::process::table::{ProcessTable, UserAddr};
@@ -38,9 +45,9 @@ const TOUCH_BATCH: usize = 64;
 /// Messages of touches sent and not yet worked through, at most: the aggregator waits for
 /// the registry beyond.
 const TOUCHES_OUT: usize = 2;
-/// Messages queued to the registry: the unwind loader's snapshots (as many as their own
-/// queue held before the registry had one) and the aggregator's touches and windows.
-const QUEUE: usize = 1024;
+/// Messages queued to the registry: the aggregator's touches (at most [`TOUCHES_OUT`]) and
+/// one ask it waits for, with room to spare.
+const QUEUE: usize = 64;
 
 /// Distinct touches the aggregator remembers sending in a window, at most (then it forgets
 /// them and sends again: a touch sent twice changes nothing).
@@ -106,7 +113,7 @@ pub struct Closed {
     /// One per [`StackAsk`], in order.
     pub stacks: Vec<Named>,
     /// The processes the window's end forgot (exit events).
-    pub gone: Vec<u32>,
+    pub gone: Vec<Exit>,
 }
 
 /// A process's facts the gate judges by.
@@ -118,29 +125,21 @@ pub struct Facts {
     pub name: Arc<str>,
 }
 
+/// An exit event: the process `pid` started at `start_time` is gone (it exited, or its pid
+/// names another process now). Whatever is kept of it is freed by this event alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time (`/proc/PID/stat` field 22), 0 when it was never read.
+    pub start_time: u64,
+}
+
 /// What the registry's queue carries.
 enum Msg {
-    Snapshot(Box<Snapshot>),
     Touch(Vec<Touch>),
     Facts(Vec<u32>, SyncSender<Vec<Facts>>),
     Close(Vec<StackAsk>, SyncSender<Closed>),
-}
-
-/// The unwind loader's way in: what it read of a process.
-#[derive(Clone)]
-pub struct Inbox {
-    tx: SyncSender<Msg>,
-    metrics: Metrics,
-}
-
-impl Inbox {
-    /// Queues `snap` for the table; a full queue drops it, counted.
-    pub fn snapshot(&self, snap: Snapshot) {
-        match self.tx.try_send(Msg::Snapshot(Box::new(snap))) {
-            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
-            Err(TrySendError::Full(_)) => self.metrics.dropped(Cache::ProcessSnapshots, 1),
-        }
-    }
 }
 
 /// The aggregator's handle on the registry: it asks, the registry's thread reads.
@@ -156,52 +155,129 @@ pub struct Processes {
     /// the same again changes nothing (only the leader's name and the cgroup matter), so
     /// it is sent once a window, not once a sample.
     sent: HashSet<(u32, bool, [u8; 16], u64)>,
+    /// Wakes the thread that serves the registry, once it is set.
+    wake: Arc<OnceLock<WorkSender>>,
 }
 
-/// Starts the registry's thread (`ember-process`) with a process table capped by `limits`,
-/// naming JIT code as `jit` says and keeping `python.cache_bytes` of Python names. Returns
-/// the aggregator's handle, the unwind loader's, and the thread, which ends once both
-/// handles are dropped.
-pub fn start(
+/// The registry itself: the process table and the aggregator's queue into it. Whichever
+/// thread holds it is the one writer of every process's state.
+pub struct Registry {
+    table: ProcessTable,
+    rx: Receiver<Msg>,
+    /// One message per message of touches worked through.
+    done: SyncSender<()>,
+    wake: Arc<OnceLock<WorkSender>>,
+    /// Exit events decided since the last [`Registry::exits`].
+    exits: Vec<Exit>,
+}
+
+/// A registry with a process table capped by `limits`, naming JIT code as `jit` says and
+/// keeping `python.cache_bytes` of Python names, and the aggregator's handle on it. The
+/// registry is served by the unwind loader's thread ([`Registry::serve`]) or by a thread
+/// of its own ([`Registry::spawn`]).
+pub fn channel(
     limits: &Limits,
     jit: &Jit,
     python: &Python,
     metrics: Metrics,
-) -> std::io::Result<(Processes, Inbox, JoinHandle<()>)> {
-    let mut table = ProcessTable::new(limits, metrics.clone());
+) -> (Processes, Registry) {
+    let mut table = ProcessTable::new(limits, metrics);
     table.set_jit(jit.clone());
     table.set_python_cache(python.cache_bytes);
     let (tx, rx) = mpsc::sync_channel(QUEUE);
     let (done_tx, done) = mpsc::sync_channel(TOUCHES_OUT);
-    let thread = std::thread::Builder::new()
-        .name("ember-process".into())
-        .spawn(move || run(table, rx, done_tx))?;
-    let inbox = Inbox {
-        tx: tx.clone(),
-        metrics,
-    };
+    let wake = Arc::new(OnceLock::new());
     let processes = Processes {
         tx,
         done,
         out: 0,
         touches: Vec::new(),
         sent: HashSet::new(),
+        wake: wake.clone(),
     };
-    Ok((processes, inbox, thread))
+    let registry = Registry {
+        table,
+        rx,
+        done: done_tx,
+        wake,
+        exits: Vec::new(),
+    };
+    (processes, registry)
 }
 
-/// The registry's thread: takes every message in order until both handles are gone; tells
-/// `done` each message of touches worked through.
-fn run(mut table: ProcessTable, rx: Receiver<Msg>, done: SyncSender<()>) {
-    while let Ok(msg) = rx.recv() {
+/// [`channel`], served by a thread of its own (`ember-process`), which ends once the
+/// aggregator's handle is dropped: for tests, benches and agents without an unwind loader.
+pub fn start(
+    limits: &Limits,
+    jit: &Jit,
+    python: &Python,
+    metrics: Metrics,
+) -> std::io::Result<(Processes, JoinHandle<()>)> {
+    let (processes, registry) = channel(limits, jit, python, metrics);
+    Ok((processes, registry.spawn()?))
+}
+
+impl Registry {
+    /// Has the aggregator's messages wake the thread that serves this registry by sending
+    /// `tx` a [`Work::Wake`] (the loader sleeps on its work queue).
+    pub fn wake_with(&self, tx: WorkSender) {
+        let _ = self.wake.set(tx);
+    }
+
+    /// Serves the registry on a thread of its own (`ember-process`) until the aggregator's
+    /// handle is gone.
+    pub fn spawn(self) -> std::io::Result<JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("ember-process".into())
+            .spawn(move || self.run())
+    }
+
+    /// Serves every message until the aggregator's handle is gone (the loader's thread
+    /// does this once it stops following processes: the last window is still named).
+    pub fn run(mut self) {
+        while let Ok(msg) = self.rx.recv() {
+            self.handle(msg);
+        }
+    }
+
+    /// Serves the messages waiting, without waiting for more; false once the aggregator's
+    /// handle is gone.
+    pub fn serve(&mut self) -> bool {
+        loop {
+            match self.rx.try_recv() {
+                Ok(msg) => self.handle(msg),
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+
+    /// Takes what the unwind loader read of a process (on this same thread).
+    pub fn adopt(&mut self, snap: Snapshot) {
+        self.table.adopt(snap);
+    }
+
+    /// Notes an exit the loader learned of (a task record, or its sweep): the table keeps
+    /// the process's mappings until the window that sampled it is named, then forgets it.
+    pub fn exited(&mut self, pid: u32, start_time: Option<u64>) {
+        self.table.exited(pid, start_time);
+    }
+
+    /// The exit events decided since the last call (window ends), for the loader's own
+    /// per-process state.
+    pub fn exits(&mut self) -> Vec<Exit> {
+        std::mem::take(&mut self.exits)
+    }
+
+    fn handle(&mut self, msg: Msg) {
+        let table = &mut self.table;
         match msg {
-            Msg::Snapshot(snap) => table.adopt(*snap),
             Msg::Touch(touches) => {
                 for t in touches {
                     table.touch(t.pid, t.tid, &t.comm, t.cgroup_id);
                 }
                 // Never full: the aggregator has at most TOUCHES_OUT out.
-                let _ = done.try_send(());
+                let _ = self.done.try_send(());
             }
             Msg::Facts(pids, reply) => {
                 let facts = pids
@@ -214,11 +290,9 @@ fn run(mut table: ProcessTable, rx: Receiver<Msg>, done: SyncSender<()>) {
                 let _ = reply.send(facts);
             }
             Msg::Close(asks, reply) => {
-                let stacks = asks
-                    .into_iter()
-                    .map(|a| name_stack(&mut table, a))
-                    .collect();
+                let stacks = asks.into_iter().map(|a| name_stack(table, a)).collect();
                 let gone = table.end_window();
+                self.exits.extend_from_slice(&gone);
                 let _ = reply.send(Closed { stacks, gone });
             }
         }
@@ -281,9 +355,19 @@ impl Processes {
             }
         }
         let touches = std::mem::replace(&mut self.touches, Vec::with_capacity(TOUCH_BATCH));
-        if self.tx.send(Msg::Touch(touches)).is_ok() {
+        if self.send(Msg::Touch(touches)) {
             self.out += 1;
         }
+    }
+
+    /// Queues `msg` and wakes the registry's thread; false if the registry is gone.
+    fn send(&self, msg: Msg) -> bool {
+        let sent = self.tx.send(msg).is_ok();
+        if let Some(w) = self.wake.get() {
+            // A full work queue wakes the loader anyway.
+            let _ = w.try_send(Work::Wake);
+        }
+        sent
     }
 
     /// The facts of `pids`, in order (defaults if the registry is gone).
@@ -291,7 +375,7 @@ impl Processes {
         self.flush();
         let n = pids.len();
         let (reply, rx) = mpsc::sync_channel(1);
-        let got = self.tx.send(Msg::Facts(pids, reply)).ok();
+        let got = self.send(Msg::Facts(pids, reply)).then_some(());
         got.and_then(|()| rx.recv().ok())
             .filter(|f| f.len() == n)
             .unwrap_or_else(|| vec![Facts::default(); n])
@@ -304,7 +388,7 @@ impl Processes {
         self.sent.clear();
         let (reply, rx) = mpsc::sync_channel(1);
         let shape: Vec<usize> = asks.iter().map(|a| a.lookups.len()).collect();
-        match self.tx.send(Msg::Close(asks, reply)).ok() {
+        match self.send(Msg::Close(asks, reply)).then_some(()) {
             Some(()) => match rx.recv() {
                 Ok(c) if c.stacks.len() == shape.len() => c,
                 _ => gone_registry(&shape),

@@ -18,6 +18,7 @@ use crate::config::Limits;
 use crate::metrics::{Cache, Metrics, ProcRead};
 use crate::os::procfs::{self, MapsEntry, RegionKind};
 use crate::process::object::{Object, ObjectKey};
+use crate::process::registry::Exit;
 pub use crate::process::snapshot::Snapshot;
 use crate::process::snapshot::{self, exe_id, Mapped, ReadOptions, Region};
 use crate::workload::Cgroup;
@@ -68,6 +69,9 @@ struct Proc {
     exe: Option<(u64, u64)>,
     /// A kernel thread (or pid 0, the idle task): its renames are renames.
     kthread: bool,
+    /// Its exit record came: forgotten at the end of a window it was not sampled in,
+    /// without a look at `/proc`.
+    exited: bool,
 }
 
 /// Process table, owned by the process registry's thread ([`crate::process::registry`]).
@@ -224,12 +228,18 @@ impl ProcessTable {
                 return;
             }
             p.rescanned = window;
+            let old_start = p.start_time;
             if let Some(mut fresh) = self.read_process(pid) {
                 if let Some(cg) = Arc::get_mut(&mut fresh.cgroup) {
                     cg.v2_id = cgroup_id;
                 }
                 // A new program: whatever JIT symbols the old one had are meaningless.
                 self.jit.forget(pid);
+                if fresh.start_time != old_start {
+                    // Another process on this pid: the old one's Python names go (its
+                    // exec keeps them: the loader's read of the new program attaches).
+                    self.py_names.forget(pid);
+                }
                 self.jit.seen(pid, &fresh.jit, window);
                 self.put(pid, fresh);
                 self.gc_objects();
@@ -264,6 +274,7 @@ impl ProcessTable {
             exe: None,
             // The idle task has no /proc entry; it wakes threads from interrupts.
             kthread: pid == 0,
+            exited: false,
         });
         if let Some(cg) = Arc::get_mut(&mut proc.cgroup) {
             cg.v2_id = cgroup_id;
@@ -291,7 +302,15 @@ impl ProcessTable {
     }
 
     fn take(&mut self, snap: Snapshot) {
-        let has_python = snap.python.is_some();
+        if self
+            .procs
+            .get(&snap.pid)
+            .is_some_and(|p| p.start_time != snap.start_time)
+        {
+            // Another process on this pid (the registry decides reuse here, once): the old
+            // one's Python names go before the new one's interpreter is attached.
+            self.py_names.forget(snap.pid);
+        }
         if let Some(py) = &snap.python {
             // Also from a read that found nothing else new (an interpreter attached late).
             self.py_names.attach(snap.pid, snap.start_time, py.clone());
@@ -324,9 +343,6 @@ impl ProcessTable {
             // Another process on this pid (or the same one after exec): nothing of the old
             // one's JIT symbols applies.
             self.jit.forget(pid);
-            if !has_python {
-                self.py_names.forget(pid);
-            }
         }
         self.jit.seen(pid, &proc.jit, window);
         self.put(pid, proc);
@@ -445,24 +461,41 @@ impl ProcessTable {
         (UserAddr::Unknown(addr), None)
     }
 
+    /// Notes `pid`'s exit record (of the process started at `start_time`, when the loader
+    /// knew it): it is forgotten at the end of the first window that did not sample it,
+    /// without a look at `/proc`. A snapshot not sampled yet stays its window: the samples
+    /// of a process that lived 30 ms may still be on their way.
+    pub fn exited(&mut self, pid: u32, start_time: Option<u64>) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            if start_time.is_none_or(|t| t == p.start_time) {
+                p.exited = true;
+            }
+        }
+    }
+
     /// Closes the current window: forgets processes that were not sampled in it and have
     /// exited (or whose pid now belongs to another process), and the objects only they held.
-    /// Returns the pids forgotten.
-    pub fn end_window(&mut self) -> Vec<u32> {
+    /// Returns the exit events: the processes forgotten, whose JIT tables and Python names
+    /// are freed with them.
+    pub fn end_window(&mut self) -> Vec<Exit> {
         let window = self.window;
         let root = self.proc_root.clone();
         let mut evicted = Vec::new();
         self.procs.retain(|pid, p| {
             let keep = p.last_seen == window
-                || procfs::start_time(&root, *pid).is_some_and(|t| t == p.start_time);
+                || (!p.exited
+                    && procfs::start_time(&root, *pid).is_some_and(|t| t == p.start_time));
             if !keep {
-                evicted.push(*pid);
+                evicted.push(Exit {
+                    pid: *pid,
+                    start_time: p.start_time,
+                });
             }
             keep
         });
-        for pid in &evicted {
-            self.jit.forget(*pid);
-            self.py_names.forget(*pid);
+        for e in &evicted {
+            self.jit.forget(e.pid);
+            self.py_names.forget(e.pid);
         }
         self.pending.retain(|_, (_, w)| *w == window);
         self.metrics.processes_evicted.inc_by(evicted.len() as u64);
@@ -593,6 +626,7 @@ impl ProcessTable {
             jit,
             exe: snap.exe,
             kthread: snap.kthread,
+            exited: false,
         }
     }
 
@@ -670,6 +704,10 @@ mod tests {
     use super::*;
     use std::path::Path;
 
+    fn exits(e: Vec<Exit>) -> Vec<u32> {
+        e.into_iter().map(|e| e.pid).collect()
+    }
+
     fn table() -> ProcessTable {
         ProcessTable::new(
             &Limits {
@@ -717,7 +755,7 @@ mod tests {
         assert_eq!(t.name(pid).as_ref(), "sleep");
         assert!(t.end_window().is_empty());
         assert_eq!(t.len(), 1, "seen in the closing window: kept");
-        assert_eq!(t.end_window(), [pid]);
+        assert_eq!(exits(t.end_window()), [pid]);
         assert_eq!(t.len(), 0, "not seen, exited: evicted");
         assert_eq!(t.objects(), 0, "its objects are closed");
     }
@@ -741,7 +779,7 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
         assert!(t.end_window().is_empty());
-        assert_eq!(t.end_window(), [pid]);
+        assert_eq!(exits(t.end_window()), [pid]);
         assert!(
             t.objects() > 0,
             "the window's object stays open while it is held"

@@ -54,6 +54,7 @@ use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
 use crate::os::file_id::FileId;
 use crate::os::procfs::{self, RegionKind};
 use crate::process::python::Interp;
+use crate::process::registry::Registry;
 use crate::process::snapshot::{self, Mapped, ReadError, ReadOptions, Region, Snapshot};
 
 /// The loader's settings.
@@ -79,9 +80,10 @@ pub struct Loader<M: UnwindIo = MapIo> {
     pub(super) files: Files,
     pub(super) proc_root: PathBuf,
     vdso: Option<Option<TableKey>>,
-    /// Where what was read of each process goes, for the symbolizer (the process may be
-    /// gone before its samples are handled).
-    snapshots: Option<crate::process::registry::Inbox>,
+    /// The process registry, served on this thread ([`Loader::own_registry`]): what is
+    /// read of each process goes into its table here, for the symbolizer (the process may
+    /// be gone before its samples are handled).
+    pub(super) registry: Option<Registry>,
     /// Python processes and their `py_procs` entries (`None`: Python frames are off).
     pub(super) python: Option<Interp>,
     /// Set when the agent stops: `run` returns between two pieces of work.
@@ -123,7 +125,7 @@ impl<M: UnwindIo> Loader<M> {
             files: Files::default(),
             proc_root: PathBuf::from("/proc"),
             vdso: None,
-            snapshots: None,
+            registry: None,
             python,
             halt: Arc::new(AtomicBool::new(false)),
         }
@@ -134,9 +136,11 @@ impl<M: UnwindIo> Loader<M> {
         self.halt.clone()
     }
 
-    /// Sends what is read of each process to the process registry too.
-    pub fn send_snapshots(&mut self, inbox: crate::process::registry::Inbox) {
-        self.snapshots = Some(inbox);
+    /// Makes this loader's thread the one that owns every process: it serves `registry`
+    /// between two pieces of its own work, hands it what it reads of each process, and
+    /// keeps serving it after it stops following processes, until the aggregator is gone.
+    pub fn own_registry(&mut self, registry: Registry) {
+        self.registry = Some(registry);
     }
 
     /// Reads `pid`'s executable mappings and writes its ranges, loading the tables they need.
@@ -171,8 +175,8 @@ impl<M: UnwindIo> Loader<M> {
         let start_time = snap.start_time;
         let (ranges, files) = self.ranges_of(&snap);
         snap.python = self.attach_python(&snap);
-        if let Some(inbox) = &self.snapshots {
-            inbox.snapshot(snap);
+        if let Some(registry) = &mut self.registry {
+            registry.adopt(snap);
         }
         self.write_ranges(pid, (start_time, read_ns), ranges, files);
     }
