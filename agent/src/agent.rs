@@ -589,9 +589,6 @@ struct Pipeline {
     unwind: Option<(JoinHandle<()>, LoaderHalt)>,
     aggregate: JoinHandle<()>,
     output: JoinHandle<()>,
-    /// The process registry's own thread, when no unwind loader serves it: ends once the
-    /// aggregator is gone.
-    process: Option<JoinHandle<()>>,
 }
 
 /// Data pages of each CPU's task record ring (exec, mmap, exit; ~100 bytes a record).
@@ -699,13 +696,12 @@ impl Pipeline {
             encode::output::run(window_rx, symbolizer, m, on_window)
         })?;
 
-        let (unwind, process) = start_unwind(cfg, link, registry, metrics)?;
+        let unwind = start_unwind(cfg, link, registry, metrics)?;
         Ok(Self {
             capture,
             aggregate,
             output,
             unwind,
-            process,
         })
     }
 
@@ -722,30 +718,22 @@ impl Pipeline {
             let _ = unwind.join();
         }
         let _ = self.aggregate.join();
-        if let Some(process) = self.process {
-            let _ = process.join();
-        }
         let _ = self.output.join();
     }
 }
 
-/// The unwind loader and the process registry it serves, or the registry alone.
-type Followers = (Option<(JoinHandle<()>, LoaderHalt)>, Option<JoinHandle<()>>);
-
 /// The unwind loader (`ember-unwind`) and the task record reader that feeds it
 /// (`ember-tasks`), when the sampler walks tables (`link.maps`). The reader is not joined:
 /// it sleeps up to five seconds between records, and the loader stops it when it returns.
-/// The loader's thread owns the process `registry` (one writer of every process); without
-/// a loader the registry gets a thread of its own (`ember-process`), returned second.
+/// The loader's thread owns the process `registry`; without a loader the registry gets a
+/// thread of its own (`ember-process`, not joined: it ends with the aggregator's handle).
 fn start_unwind(
     cfg: &Config,
     link: UnwindLink,
     registry: Registry,
     metrics: Metrics,
-) -> Result<Followers, CaptureError> {
-    let alone = |r: Registry| -> Result<Followers, CaptureError> {
-        Ok((None, Some(r.spawn().map_err(|_| CaptureError::Thread)?)))
-    };
+) -> Result<Option<(JoinHandle<()>, LoaderHalt)>, CaptureError> {
+    let alone = |r: Registry| r.spawn().map(|_| None).map_err(|_| CaptureError::Thread);
     let Some(maps) = link.maps else {
         return alone(registry);
     };
@@ -793,7 +781,7 @@ fn start_unwind(
     match spawn("ember-unwind", move || {
         loader.run(&preload, link.work, tasks)
     }) {
-        Ok(thread) => Ok((Some((thread, halt)), None)),
+        Ok(thread) => Ok(Some((thread, halt))),
         Err(e) => {
             if let Some(reader) = reader {
                 reader.stop();

@@ -17,7 +17,7 @@ use crate::metrics::{Cache, Loss, Metrics};
 use crate::model::{
     self, LockWait, OffCpu, OffState, ProfileKind, PyFrameRef, PyWalk, Sample, StackEnd,
 };
-use crate::process::registry::{Exit, Named, Processes, StackAsk, Touch};
+use crate::process::registry::{Exit, Named, Processes, Touch};
 use crate::process::table::UserAddr;
 
 mod closes;
@@ -25,7 +25,7 @@ mod frames;
 mod offwindows;
 use closes::until_boundary;
 pub use closes::Closes;
-use frames::{frames_of, Slot};
+use frames::{frames_of, Lookups, Slot};
 use offwindows::OffWindows;
 
 /// How often the aggregator's loop goes round while no samples arrive (and no window is
@@ -486,25 +486,19 @@ impl Aggregator {
         &mut self,
         kept: Vec<(Key, Tally, Judged)>,
     ) -> (Vec<Stack>, HashMap<ProfileKind, Vec<Stack>>, Vec<Exit>) {
-        let mut plans = Vec::with_capacity(kept.len());
-        let asks = kept
+        let mut lookups = Lookups::default();
+        let plans: Vec<Vec<Slot>> = kept
             .iter()
-            .map(|(key, ..)| {
-                let (slots, lookups) = self.plan(key);
-                plans.push(slots);
-                StackAsk {
-                    pid: key.pid,
-                    lookups,
-                }
-            })
+            .map(|(key, ..)| self.plan(key, &mut lookups))
             .collect();
-        let closed = self.processes.close(asks);
+        let closed = self.processes.close(lookups.into_ask());
         let mut stacks = Vec::with_capacity(kept.len());
         let mut off_stacks: HashMap<ProfileKind, Vec<Stack>> = HashMap::new();
         for (((key, tally, labels), slots), named) in kept.into_iter().zip(plans).zip(closed.stacks)
         {
             let kind = key.kind;
-            let stack = self.stack_of(key, tally, labels, slots, named);
+            let frames = frames_of(slots, &closed.addrs);
+            let stack = self.stack_of(key, tally, labels, frames, named);
             if kind == ProfileKind::Cpu {
                 stacks.push(stack);
             } else {
@@ -523,13 +517,12 @@ impl Aggregator {
         key: Key,
         tally: Tally,
         labels: Judged,
-        slots: Vec<Slot>,
+        frames: Vec<Frame>,
         named: Named,
     ) -> Stack {
         let Named {
             runtime,
             name_before,
-            addrs,
             name,
         } = named;
         let count = tally.count;
@@ -556,7 +549,7 @@ impl Aggregator {
             comm: String::from_utf8_lossy(&key.comm[..comm_len]).into_owned(),
             process: name,
             labels,
-            frames: frames_of(slots, addrs),
+            frames,
             count,
             off_cpu,
             runtime,

@@ -13,7 +13,7 @@
 //! The aggregator only counts, and asks ([`Processes`]); its asks come in one queue, in the
 //! order they were sent:
 //! - [`Processes::touch`]: a thread of a process was sampled (batched, sent at the end of
-//!   each batch). The registry decides here, once, whether the pid is a process it knows,
+//!   each batch, or at once while the registry is idle). The registry decides here, once, whether the pid is a process it knows,
 //!   a new one, one that exec'd, or another process on a reused pid (its start time).
 //! - [`Processes::facts`]: the name and cgroup of the processes a window holds (the gate
 //!   judges them).
@@ -30,12 +30,14 @@ use std::collections::HashSet;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::capture::{Work, WorkSender};
 use crate::config::{Jit, Limits, Python};
 use crate::metrics::Metrics;
 use crate::model::{PyFrameRef, Runtime};
 use crate::process::snapshot::Snapshot;
+pub use crate::process::table::Exit;
 use crate::process::table::{ProcessTable, UserAddr};
 use crate::workload::Cgroup;
 
@@ -48,6 +50,12 @@ const TOUCHES_OUT: usize = 2;
 /// Messages queued to the registry: the aggregator's touches (at most [`TOUCHES_OUT`]) and
 /// one ask it waits for, with room to spare.
 const QUEUE: usize = 64;
+
+/// How long the registry's thread stays awake for the window's names after answering its
+/// facts (the aggregator plans its stacks meanwhile), and the aggregator for an answer,
+/// before either sleeps: a sleep and a wakeup each cost a scheduler round on a loaded host,
+/// and a window's end has two asks back to back. At most this much CPU a window, each.
+const LINGER: Duration = Duration::from_micros(500);
 
 /// Distinct touches the aggregator remembers sending in a window, at most (then it forgets
 /// them and sends again: a touch sent twice changes nothing).
@@ -85,11 +93,23 @@ pub enum Lookup {
     },
 }
 
-/// The lookups of one stack of process `pid`.
-#[derive(Debug, Clone)]
+/// One stack of a window, as the registry names it: its process, and how many of the
+/// window's lookups it adds (the next ones in [`WindowAsk::lookups`]; an address an earlier
+/// stack of the window asked for already is not asked again).
+#[derive(Debug, Clone, Copy)]
 pub struct StackAsk {
     /// The stack's process.
     pub pid: u32,
+    /// The lookups it adds, in order.
+    pub lookups: usize,
+}
+
+/// A window's stacks and what to name in them, each user address once per process: the
+/// window goes to the registry in one message and comes back in one.
+#[derive(Debug, Clone, Default)]
+pub struct WindowAsk {
+    /// The stacks, in order.
+    pub stacks: Vec<StackAsk>,
     /// What to name, in the order named.
     pub lookups: Vec<Lookup>,
 }
@@ -101,8 +121,6 @@ pub struct Named {
     pub runtime: Option<Runtime>,
     /// The process name before its lookups were named.
     pub name_before: Arc<str>,
-    /// One answer per lookup, in order.
-    pub addrs: Vec<UserAddr>,
     /// The process name after them (a lookup may have read the process again).
     pub name: Arc<str>,
 }
@@ -112,6 +130,8 @@ pub struct Named {
 pub struct Closed {
     /// One per [`StackAsk`], in order.
     pub stacks: Vec<Named>,
+    /// One answer per lookup of the [`WindowAsk`], in order.
+    pub addrs: Vec<UserAddr>,
     /// The processes the window's end forgot (exit events).
     pub gone: Vec<Exit>,
 }
@@ -125,21 +145,12 @@ pub struct Facts {
     pub name: Arc<str>,
 }
 
-/// An exit event: the process `pid` started at `start_time` is gone (it exited, or its pid
-/// names another process now). Whatever is kept of it is freed by this event alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Exit {
-    /// Its pid.
-    pub pid: u32,
-    /// Its start time (`/proc/PID/stat` field 22), 0 when it was never read.
-    pub start_time: u64,
-}
-
 /// What the registry's queue carries.
 enum Msg {
     Touch(Vec<Touch>),
-    Facts(Vec<u32>, SyncSender<Vec<Facts>>),
-    Close(Vec<StackAsk>, SyncSender<Closed>),
+    /// The touches not sent yet, then the facts of the pids.
+    Facts(Vec<Touch>, Vec<u32>, SyncSender<Vec<Facts>>),
+    Close(WindowAsk, SyncSender<Closed>),
 }
 
 /// The aggregator's handle on the registry: it asks, the registry's thread reads.
@@ -154,7 +165,7 @@ pub struct Processes {
     /// What this window's touches told the registry, by (pid, leader or not, comm, cgroup):
     /// the same again changes nothing (only the leader's name and the cgroup matter), so
     /// it is sent once a window, not once a sample.
-    sent: HashSet<(u32, bool, [u8; 16], u64)>,
+    sent: HashSet<(u32, bool, [u8; 16], u64), foldhash::fast::RandomState>,
     /// Wakes the thread that serves the registry, once it is set.
     wake: Arc<OnceLock<WorkSender>>,
 }
@@ -192,7 +203,7 @@ pub fn channel(
         done,
         out: 0,
         touches: Vec::new(),
-        sent: HashSet::new(),
+        sent: HashSet::default(),
         wake: wake.clone(),
     };
     let registry = Registry {
@@ -236,17 +247,26 @@ impl Registry {
     /// does this once it stops following processes: the last window is still named).
     pub fn run(mut self) {
         while let Ok(msg) = self.rx.recv() {
-            self.handle(msg);
+            if self.handle(msg) && !self.serve() {
+                return;
+            }
         }
     }
 
-    /// Serves the messages waiting, without waiting for more; false once the aggregator's
-    /// handle is gone.
+    /// Serves the messages waiting, without waiting for more (but [`LINGER`] after a
+    /// window's facts, for its names); false once the aggregator's handle is gone.
     pub fn serve(&mut self) -> bool {
+        let mut linger = None;
         loop {
             match self.rx.try_recv() {
-                Ok(msg) => self.handle(msg),
-                Err(TryRecvError::Empty) => return true,
+                Ok(msg) => {
+                    let more = self.handle(msg);
+                    linger = more.then(|| Instant::now() + LINGER);
+                }
+                Err(TryRecvError::Empty) => match linger {
+                    Some(until) if Instant::now() < until => std::hint::spin_loop(),
+                    _ => return true,
+                },
                 Err(TryRecvError::Disconnected) => return false,
             }
         }
@@ -269,7 +289,9 @@ impl Registry {
         std::mem::take(&mut self.exits)
     }
 
-    fn handle(&mut self, msg: Msg) {
+    /// Serves one message; true when another is due at once (a window's names follow its
+    /// facts).
+    fn handle(&mut self, msg: Msg) -> bool {
         let table = &mut self.table;
         match msg {
             Msg::Touch(touches) => {
@@ -279,7 +301,10 @@ impl Registry {
                 // Never full: the aggregator has at most TOUCHES_OUT out.
                 let _ = self.done.try_send(());
             }
-            Msg::Facts(pids, reply) => {
+            Msg::Facts(touches, pids, reply) => {
+                for t in touches {
+                    table.touch(t.pid, t.tid, &t.comm, t.cgroup_id);
+                }
                 let facts = pids
                     .into_iter()
                     .map(|pid| Facts {
@@ -288,39 +313,52 @@ impl Registry {
                     })
                     .collect();
                 let _ = reply.send(facts);
+                return true;
             }
-            Msg::Close(asks, reply) => {
-                let stacks = asks.into_iter().map(|a| name_stack(table, a)).collect();
+            Msg::Close(ask, reply) => {
+                let mut addrs = Vec::with_capacity(ask.lookups.len());
+                let mut lookups = ask.lookups.iter();
+                let stacks = ask
+                    .stacks
+                    .iter()
+                    .map(|a| name_stack(table, a, lookups.by_ref().take(a.lookups), &mut addrs))
+                    .collect();
                 let gone = table.end_window();
                 self.exits.extend_from_slice(&gone);
-                let _ = reply.send(Closed { stacks, gone });
+                let _ = reply.send(Closed {
+                    stacks,
+                    addrs,
+                    gone,
+                });
             }
         }
+        false
     }
 }
 
-/// Names one stack's lookups against `table`.
-fn name_stack(table: &mut ProcessTable, ask: StackAsk) -> Named {
+/// Names one stack's `lookups` against `table`, into `addrs`.
+fn name_stack<'a>(
+    table: &mut ProcessTable,
+    ask: &StackAsk,
+    lookups: impl Iterator<Item = &'a Lookup>,
+    addrs: &mut Vec<UserAddr>,
+) -> Named {
     let runtime = table.runtime(ask.pid);
     let name_before = table.name(ask.pid);
-    let addrs = ask
-        .lookups
-        .iter()
-        .map(|l| match l {
-            Lookup::Addr { pid, addr } => table.normalize(*pid, *addr),
-            Lookup::Python { pid, frame } => table.python(*pid, frame),
-        })
-        .collect();
+    addrs.extend(lookups.map(|l| match l {
+        Lookup::Addr { pid, addr } => table.normalize(*pid, *addr),
+        Lookup::Python { pid, frame } => table.python(*pid, frame),
+    }));
     Named {
         runtime,
         name_before,
-        addrs,
         name: table.name(ask.pid),
     }
 }
 
 impl Processes {
-    /// Notes a sampled thread; sent with the batch ([`Processes::flush`]).
+    /// Notes a sampled thread; sent with the batch ([`Processes::flush`]), or at once
+    /// when the registry is idle: a new process is read while the aggregator counts on.
     pub fn touch(&mut self, t: Touch) {
         if self.sent.len() >= SENT_CAP {
             self.sent.clear();
@@ -332,9 +370,17 @@ impl Processes {
             return;
         }
         self.touches.push(t);
-        if self.touches.len() >= TOUCH_BATCH {
+        if self.touches.len() >= TOUCH_BATCH || self.idle() {
             self.flush();
         }
+    }
+
+    /// Whether every message of touches sent has been worked through.
+    fn idle(&mut self) -> bool {
+        while self.out > 0 && self.done.try_recv().is_ok() {
+            self.out -= 1;
+        }
+        self.out == 0
     }
 
     /// Sends the touches buffered, first waiting while [`TOUCHES_OUT`] messages of them
@@ -344,9 +390,7 @@ impl Processes {
             return;
         }
         // Those the registry is done with, then (if still too many) wait for one.
-        while self.out > 0 && self.done.try_recv().is_ok() {
-            self.out -= 1;
-        }
+        self.idle();
         if self.out >= TOUCHES_OUT {
             match self.done.recv() {
                 Ok(()) => self.out -= 1,
@@ -372,47 +416,59 @@ impl Processes {
 
     /// The facts of `pids`, in order (defaults if the registry is gone).
     pub fn facts(&mut self, pids: Vec<u32>) -> Vec<Facts> {
-        self.flush();
         let n = pids.len();
         let (reply, rx) = mpsc::sync_channel(1);
-        let got = self.send(Msg::Facts(pids, reply)).then_some(());
-        got.and_then(|()| rx.recv().ok())
+        // The touches not sent yet go with the ask: one message, one wakeup.
+        let touches = std::mem::take(&mut self.touches);
+        let got = self.send(Msg::Facts(touches, pids, reply)).then_some(());
+        got.and_then(|()| answer(&rx))
             .filter(|f| f.len() == n)
             .unwrap_or_else(|| vec![Facts::default(); n])
     }
 
     /// Names the window's stacks and ends the window; the next touches are the next
     /// window's. A registry gone answers every address unknown.
-    pub fn close(&mut self, asks: Vec<StackAsk>) -> Closed {
+    pub fn close(&mut self, ask: WindowAsk) -> Closed {
         self.flush();
         self.sent.clear();
         let (reply, rx) = mpsc::sync_channel(1);
-        let shape: Vec<usize> = asks.iter().map(|a| a.lookups.len()).collect();
-        match self.send(Msg::Close(asks, reply)).then_some(()) {
-            Some(()) => match rx.recv() {
-                Ok(c) if c.stacks.len() == shape.len() => c,
-                _ => gone_registry(&shape),
+        let (stacks, lookups) = (ask.stacks.len(), ask.lookups.len());
+        match self.send(Msg::Close(ask, reply)).then_some(()) {
+            Some(()) => match answer(&rx) {
+                Some(c) if c.stacks.len() == stacks && c.addrs.len() == lookups => c,
+                _ => gone_registry(stacks, lookups),
             },
-            None => gone_registry(&shape),
+            None => gone_registry(stacks, lookups),
         }
     }
 }
 
+/// The registry's answer on `rx`, looked for during [`LINGER`] before sleeping until it
+/// comes; `None` if the registry is gone.
+fn answer<T>(rx: &Receiver<T>) -> Option<T> {
+    let until = Instant::now() + LINGER;
+    while Instant::now() < until {
+        match rx.try_recv() {
+            Ok(t) => return Some(t),
+            Err(TryRecvError::Empty) => std::hint::spin_loop(),
+            Err(TryRecvError::Disconnected) => return None,
+        }
+    }
+    rx.recv().ok()
+}
+
 /// A window's answer when the registry's thread is gone (it only ends with its handles):
-/// stacks of `shape[i]` lookups each, every one unknown.
-fn gone_registry(shape: &[usize]) -> Closed {
+/// `stacks` stacks and `lookups` lookups, every one unknown.
+fn gone_registry(stacks: usize, lookups: usize) -> Closed {
     tracing::error!("the process registry is gone: stacks go unnamed");
-    let stacks = shape
-        .iter()
-        .map(|&n| Named {
-            runtime: None,
-            name_before: Arc::from(""),
-            addrs: vec![UserAddr::Unknown(0); n],
-            name: Arc::from(""),
-        })
-        .collect();
+    let named = Named {
+        runtime: None,
+        name_before: Arc::from(""),
+        name: Arc::from(""),
+    };
     Closed {
-        stacks,
+        stacks: vec![named; stacks],
+        addrs: vec![UserAddr::Unknown(0); lookups],
         gone: Vec::new(),
     }
 }

@@ -18,7 +18,6 @@ use crate::config::Limits;
 use crate::metrics::{Cache, Metrics, ProcRead};
 use crate::os::procfs::{self, MapsEntry, RegionKind};
 use crate::process::object::{Object, ObjectKey};
-use crate::process::registry::Exit;
 pub use crate::process::snapshot::Snapshot;
 use crate::process::snapshot::{self, exe_id, Mapped, ReadOptions, Region};
 use crate::workload::Cgroup;
@@ -38,6 +37,16 @@ pub enum UserAddr {
     Jit(Arc<crate::process::jit::JitFrame>),
     /// An interpreter (Python) frame, named from the process's memory while it was alive.
     Python(Arc<crate::process::python::PyFrame>),
+}
+
+/// An exit event: the process `pid` started at `start_time` is gone (it exited, or its pid
+/// names another process now). Whatever is kept of it is freed by this event alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time (`/proc/PID/stat` field 22), 0 when it was never read.
+    pub start_time: u64,
 }
 
 #[derive(Debug, Clone)]
