@@ -183,9 +183,9 @@ impl<M: UnwindIo> Loader<M> {
         let lost = |t: &Option<TaskLink>| t.as_ref().is_some_and(TaskLink::take_lost);
         let _stop_reader = StopOnDrop(tasks.clone());
         let mut last_sweep = Instant::now();
+        // What the aggregator asked before this thread started (later asks wake it).
+        self.serve_registry();
         while !self.halted() {
-            // The aggregator's asks first: it waits for them (each one wakes this loop).
-            self.serve_registry();
             // Asleep until work comes or a sweep is due; never while asks wait.
             let wait = if q.asked.is_empty() && q.unread.is_empty() {
                 let sweep = every.saturating_sub(last_sweep.elapsed());
@@ -230,11 +230,13 @@ impl<M: UnwindIo> Loader<M> {
                 while let Ok(w) = work.try_recv() {
                     self.take(w, &mut q);
                 }
-                self.serve_registry();
-                // Then the processes being sampled: their samples are named from this read.
+                // Then the processes being sampled: their samples are named from this read
+                // (a 30 ms process is gone if it waits behind the aggregator's asks).
                 if !self.read_unread(&mut q) {
                     return;
                 }
+                // Then the aggregator's asks: it waits for them (each one wakes this loop).
+                self.serve_registry();
                 if q.dirty.is_empty() || !q.reads.try_take() {
                     break;
                 }
@@ -288,7 +290,6 @@ impl<M: UnwindIo> Loader<M> {
             if q.sampled.len() < MAX_ASKED {
                 q.sampled.insert(pid);
             }
-            self.serve_registry();
             self.load(pid);
         }
         true
