@@ -7,7 +7,8 @@
 #   make e2e                 the end-to-end test binary (tests/tests/e2e), with what its suites need (root for BPF)
 #   make test                all of it: check's steps, the Helm/deploy checks, then every test of the workspace
 #   make bench               criterion benches, then the overhead harness (root)
-#   make deps | build | clean
+#   make docs                regenerate docs/configuration.md and docs/metrics.md (checked by make check)
+#   make deps | test-deps | build | clean   (deps: what build and run need; test-deps: the rest)
 #
 # Everything is built once, with the release profile, and with frame pointers so
 # that ember can profile itself: every cargo call below sees the same RUSTFLAGS,
@@ -37,7 +38,11 @@ EMBER := $(TARGET_DIR)/release/ember
 PPROFCHECK := $(TARGET_DIR)/pprofcheck
 # A real OTLP/gRPC receiver for the OTLP metrics test: the official protos and grpcio.
 OTLP_VENV := $(TARGET_DIR)/otlp-venv
-OTLP_PIP_PINS := grpcio==1.85.1 opentelemetry-proto==1.45.2
+OTLP_PIP_PINS := grpcio==1.85.1 opentelemetry-proto==1.45.2 jsonschema==4.26.0
+# speedscope's own JSON schema of its file format (from its npm package), which `ember record
+# --format speedscope` is checked against.
+SPEEDSCOPE_VERSION := 1.25.0
+SPEEDSCOPE_SCHEMA := $(TARGET_DIR)/speedscope-$(SPEEDSCOPE_VERSION)/file-format-schema.json
 # py-spy, the reference the Python frame tests compare ember with (its wheel carries the binary).
 PYSPY_VENV := $(TARGET_DIR)/pyspy-venv
 PYSPY_PIP_PINS := py-spy==0.4.3
@@ -54,22 +59,26 @@ PYTHON_FT_DIR := $(TARGET_DIR)/python-ft
 # the tree, so that they outlive `make clean` and are shared by every checkout.
 EMBER_KERNEL_CACHE ?= /var/cache/ember-kernels
 
-# Debian/Ubuntu packages: build (clang, llvm, libelf, zlib, pkg-config, make),
-# the Go pprof tools the tests validate profiles with, and perf + bpftool for
-# the overhead benchmark.
-DEB_PKGS := clang llvm libelf-dev zlib1g-dev pkg-config make golang-go \
-	golang-github-google-pprof-dev linux-perf bpftool
+# Debian/Ubuntu packages, in two sets.
+# RUN_PKGS: what building and running ember need (`make run`, `make build`): clang for the BPF
+# programs, libelf and zlib for libbpf, pkg-config, and the C toolchain (gcc, make) that
+# libbpf-sys and Rust's linker use. deploy/Dockerfile builds with the first four; its
+# rust:1-bookworm base already has gcc and make.
+RUN_PKGS := clang libelf-dev zlib1g-dev pkg-config make gcc libc6-dev
+# TEST_PKGS: what only the tests use (`make test`, `make e2e`, `make bench`): llvm's binutils
+# for fixtures, the Go pprof tools the tests validate profiles with, perf and bpftool.
+TEST_PKGS := llvm golang-go golang-github-google-pprof-dev linux-perf bpftool
 # The JIT tests profile Node and a JVM (javac compiles their Java fixture at test time).
-DEB_PKGS += nodejs openjdk-17-jdk-headless
+TEST_PKGS += nodejs openjdk-17-jdk-headless
 # The OTLP metrics test's receiver runs in a Python venv (otlp-venv below).
-DEB_PKGS += python3-venv
+TEST_PKGS += python3-venv
 # The stack tests profile Debian's own python3 and the stripped xz against perf dwarf.
-DEB_PKGS += python3 xz-utils
+TEST_PKGS += python3 xz-utils
 # The DWARF test builds its inlining fixture with g++ and compares with binutils' addr2line.
-DEB_PKGS += g++ binutils
+TEST_PKGS += g++ binutils
 # The explorer's browser test drives Debian's chromium through chromedriver with Debian's
 # selenium (tests/browser/explorer.py, run by /usr/bin/python3); curl fetches profiles.
-DEB_PKGS += chromium chromium-driver python3-selenium curl
+TEST_PKGS += chromium chromium-driver python3-selenium curl
 # The kernel matrix boots Debian's kernels under qemu on a busybox initramfs (tests/kernels/):
 # installed by `make kernels` (part of `make test`), not by `make run`.
 KERNEL_PKGS := qemu-system-x86 busybox-static cpio
@@ -88,7 +97,7 @@ DAEMON_PKGS += containerd runc containernetworking-plugins buildah iptables conn
 # Ubuntu ships perf and bpftool in linux-tools-* instead.
 OS_ID := $(shell . /etc/os-release 2>/dev/null && echo $$ID)
 ifeq ($(OS_ID),ubuntu)
-DEB_PKGS := $(filter-out linux-perf bpftool,$(DEB_PKGS)) linux-tools-common linux-tools-$(shell uname -r)
+TEST_PKGS := $(filter-out linux-perf bpftool,$(TEST_PKGS)) linux-tools-common linux-tools-$(shell uname -r)
 endif
 
 # $(call ensure_pkgs,PACKAGES): a no-op when all are installed; as root, one
@@ -143,15 +152,21 @@ define ensure_daemon_pkgs
 	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends $$missing
 endef
 
-.PHONY: deps bench-deps rust-deps build run check check-only e2e e2e-deps e2e-only test bench clean \
+.PHONY: deps test-deps bench-deps rust-deps build run check docs check-only e2e e2e-deps e2e-only test bench clean \
+	speedscope-schema \
 	fmt-check modgraph clippy pprofcheck test-only bench-only k8s-apiserver k8s-node k8s-images deploy-check \
 	otlp-venv pyspy-venv python314-root python-musl python-ft fuzz kernels
 
+# What building and running need (make run, make build).
 deps: rust-deps
-	$(call ensure_pkgs,$(DEB_PKGS))
+	$(call ensure_pkgs,$(RUN_PKGS))
+
+# What the tests need besides (make test, make e2e, make bench).
+test-deps: deps
+	$(call ensure_pkgs,$(TEST_PKGS))
 	$(call ensure_daemon_pkgs,$(DAEMON_PKGS))
 
-bench-deps: deps
+bench-deps: test-deps
 	$(call ensure_pkgs,$(BENCH_PKGS))
 
 # Rust comes from rustup (Debian's cargo is older than ember's rust-version).
@@ -196,6 +211,21 @@ modgraph:
 clippy:
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
+# The generated reference pages; unit tests (config::reference, metrics::reference) fail when
+# the checked-in pages differ from what this writes.
+docs: rust-deps
+	$(CARGO_BUILD)
+	$(EMBER) docs --out docs
+
+speedscope-schema: $(SPEEDSCOPE_SCHEMA)
+$(SPEEDSCOPE_SCHEMA):
+	mkdir -p $(dir $@)
+	$(PYTHON) -c "import io, sys, tarfile, urllib.request; \
+		t = tarfile.open(fileobj=io.BytesIO(urllib.request.urlopen(sys.argv[1], timeout=60).read())); \
+		sys.stdout.buffer.write(t.extractfile('package/dist/release/file-format-schema.json').read())" \
+		https://registry.npmjs.org/speedscope/-/speedscope-$(SPEEDSCOPE_VERSION).tgz > $@.tmp
+	mv $@.tmp $@
+
 # Made once; remove the directory to re-install.
 otlp-venv: $(OTLP_VENV)/.installed
 $(OTLP_VENV)/.installed:
@@ -230,7 +260,7 @@ $(PYTHON_FT_DIR)%/.complete: tests/python-ft/build.sh
 E2E_ENV = EMBER_BIN=$(EMBER) EMBER_PPROFCHECK=$(PPROFCHECK) EMBER_OTLP_PYTHON=$(OTLP_VENV)/bin/python \
 	EMBER_PYSPY=$(PYSPY_VENV)/bin/py-spy EMBER_PYTHON314_ROOT=$(PYTHON314_DIR)/root \
 	EMBER_PYTHON_MUSL=$(PYTHON_MUSL_DIR) EMBER_PYTHON_FT=$(PYTHON_FT_DIR) \
-	EMBER_KERNEL_CACHE=$(EMBER_KERNEL_CACHE)
+	EMBER_KERNEL_CACHE=$(EMBER_KERNEL_CACHE) EMBER_SPEEDSCOPE_SCHEMA=$(SPEEDSCOPE_SCHEMA)
 
 # The end-to-end tests that need no root, no BPF and nothing `make e2e-deps` builds, by name in
 # the one binary (`suite::test`; a filter per entry): run by `make check`.
@@ -267,13 +297,14 @@ e2e-deps:
 	$(MAKE) --no-print-directory k8s-apiserver
 	$(MAKE) --no-print-directory k8s-node
 	$(MAKE) --no-print-directory otlp-venv
+	$(MAKE) --no-print-directory speedscope-schema
 	$(MAKE) --no-print-directory pyspy-venv
 	$(MAKE) --no-print-directory python314-root
 	$(MAKE) --no-print-directory python-musl
 	$(MAKE) --no-print-directory python-ft
 	$(MAKE) --no-print-directory kernels
 
-e2e: deps
+e2e: test-deps
 	$(CARGO_BUILD)
 	$(MAKE) --no-print-directory e2e-deps
 	$(MAKE) --no-print-directory e2e-only
@@ -305,7 +336,7 @@ k8s-images: k8s-node
 deploy-check:
 	EMBER_BIN=$(EMBER) tests/deploy/check.sh
 
-test: deps
+test: test-deps
 	$(MAKE) --no-print-directory fmt-check
 	$(MAKE) --no-print-directory modgraph
 	$(MAKE) --no-print-directory clippy

@@ -300,9 +300,9 @@ def main():
     text = table(res, args)
     print(text)
     if args.write:
-        path = os.path.join(ROOT, "BENCHMARKS.md")
-        doc = open(path).read()
         begin, end = "<!-- churn:begin -->", "<!-- churn:end -->"
+        path = oh.results_path(begin)
+        doc = open(path).read()
         block = f"{begin}\n{text}\n{end}"
         if begin in doc:
             doc = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, doc, flags=re.S)

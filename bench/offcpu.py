@@ -59,6 +59,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import overhead as oh  # noqa: E402  (results_path: where a section's table is written)
 EMBER = os.environ.get("EMBER_BIN", os.path.join(ROOT, "target/release/ember"))
 # bpftool shows the first 15 characters of a program's name.
 PROGS = {
@@ -405,9 +407,9 @@ def main():
     text = table(res, perf, pairs, args, service_pairs)
     print(text)
     if args.write:
-        path = os.path.join(ROOT, "BENCHMARKS.md")
-        doc = open(path).read()
         begin, end = "<!-- offcpu:begin -->", "<!-- offcpu:end -->"
+        path = oh.results_path(begin)
+        doc = open(path).read()
         block = f"{begin}\n{text}\n{end}"
         if begin in doc:
             doc = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, doc, flags=re.S)

@@ -569,9 +569,20 @@ def report(e, p, hz, seconds, hogs_n, load, pids_only, r=None):
     return head + "\n" + table(e, p, hz, pids_only, r) + "\n"
 
 
+def results_path(begin):
+    """The file that holds a section's begin marker: BENCHMARKS.md (the current headline
+    figures) or bench/results/current.md (the latest table of every other harness);
+    BENCHMARKS.md for a section not written before."""
+    for rel in ("BENCHMARKS.md", os.path.join("bench", "results", "current.md")):
+        path = os.path.join(ROOT, rel)
+        if os.path.exists(path) and begin in open(path).read():
+            return path
+    return os.path.join(ROOT, "BENCHMARKS.md")
+
+
 def write_benchmarks(section, mode):
-    path = os.path.join(ROOT, "BENCHMARKS.md")
     begin, end = markers(mode)
+    path = results_path(begin)
     block = f"{begin}\n{section}{end}\n"
     if os.path.exists(path):
         text = open(path).read()

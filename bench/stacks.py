@@ -33,6 +33,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import overhead as oh  # noqa: E402  (results_path: where a section's table is written)
 TARGET = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
 BEGIN = "<!-- stacks:begin (written by bench/stacks.py; edits inside are overwritten) -->"
 END = "<!-- stacks:end -->"
@@ -270,7 +272,7 @@ def main():
     print(section)
     if args.no_write:
         return
-    path = os.path.join(ROOT, "BENCHMARKS.md")
+    path = oh.results_path(BEGIN)
     text = open(path).read()
     block = f"{BEGIN}\n{section}{END}\n"
     if BEGIN in text and END in text:

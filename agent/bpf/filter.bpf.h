@@ -46,4 +46,30 @@ struct {
  */
 __u32 ember_deny_used = 0;
 
+/*
+ * `record -- CMD` and `--subprocesses`: a process forked by one on the allow-list joins
+ * it, so the command's children are sampled from their first instruction (an exec keeps
+ * the tgid). New threads share their process's tgid: nothing to add. Loaded only when
+ * asked; a full list is counted and the child goes unsampled.
+ */
+struct task_struct___fork {
+	int pid;
+	int tgid;
+} __attribute__((preserve_access_index));
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(ember_fork, struct task_struct *parent_, struct task_struct *child_)
+{
+	/* Direct loads: both are the tracepoint's own (BTF-typed) pointers. */
+	struct task_struct___fork *parent = (void *)parent_, *child = (void *)child_;
+	__u32 ptgid = parent->tgid, tgid = child->tgid;
+	__u8 one = 1;
+
+	if (!ember_cfg.follow_forks || child->pid != child->tgid || !bpf_map_lookup_elem(&pid_filter, &ptgid))
+		return 0;
+	if (bpf_map_update_elem(&pid_filter, &tgid, &one, 0 /* BPF_ANY */))
+		count(EMBER_CNT_FORK_FULL);
+	return 0;
+}
+
 #endif /* EMBER_FILTER_BPF_H */

@@ -41,6 +41,7 @@ use crate::encode::{self, Encoded};
 use crate::export::files::{FilesError, WindowDir};
 use crate::metrics::Metrics;
 use crate::os::privileges;
+use crate::os::signals::{runtime, stop_signal, StopSignals};
 use crate::process::registry::{self, Registry};
 use crate::process::unwind;
 use crate::readings::otlp::OtlpError;
@@ -59,11 +60,13 @@ pub enum Mode {
     /// [`Agent::wait`] returns on SIGTERM or SIGINT.
     Run,
     /// `ember record`: one unaligned window, closed when recording stops, goes to the
-    /// callback only; no files, sinks, readings or server. [`Agent::wait`] returns after
-    /// `duration`, or earlier on SIGTERM or SIGINT.
+    /// callback only; no files, sinks, readings or server. [`Agent::wait_until`] returns
+    /// when its future ends (the duration, the recorded processes' exit) or on SIGTERM or
+    /// SIGINT.
     Record {
-        /// How long to record.
-        duration: Duration,
+        /// How long the recording may last, when bounded: what the shutdown deadline
+        /// allows for the one window (unbounded: [`RECORD_STOP_WINDOW`]).
+        duration: Option<Duration>,
     },
 }
 
@@ -132,6 +135,10 @@ pub enum AgentError {
 /// poll), the readings thread, the server's in-flight requests.
 const STOP_MARGIN: Duration = Duration::from_secs(5);
 
+/// What the shutdown deadline allows for symbolizing and encoding `record`'s one window,
+/// at most (a recording bounded by less gets its own length).
+pub const RECORD_STOP_WINDOW: Duration = Duration::from_secs(60);
+
 /// A part that has a stop of its own, in the order started.
 enum Part {
     Sinks(crate::export::Shutdown),
@@ -186,6 +193,8 @@ pub struct Agent {
     parts: Vec<Part>,
     /// Total time [`Agent::stop`] may take.
     deadline: Duration,
+    /// The agent's metrics ([`Agent::progress`]).
+    metrics: Metrics,
 }
 
 impl Agent {
@@ -215,7 +224,7 @@ impl Agent {
         if run {
             add_health_checks(&health, cfg, &metrics, windows.as_ref(), &loading);
         }
-        let (rt, signals) = runtime()?;
+        let (rt, signals) = runtime().map_err(AgentError::Runtime)?;
         let listener = if run && cfg.server.enabled {
             Some(
                 rt.block_on(server::bind(&cfg.server))
@@ -263,17 +272,7 @@ impl Agent {
             }
             h.beat();
         };
-        // `record`'s one window closes when recording stops, never on a timer.
-        let (closes, deadline_window) = match mode {
-            Mode::Run => (
-                Closes::Every {
-                    window: cfg.window.duration,
-                    align: true,
-                },
-                cfg.window.duration,
-            ),
-            Mode::Record { duration } => (Closes::AtEnd, duration),
-        };
+        let (closes, deadline_window) = closes(mode, cfg);
         let pipeline = Pipeline::start(
             cfg,
             PipelineParts {
@@ -309,6 +308,7 @@ impl Agent {
             mode,
             parts,
             deadline: stop_deadline(cfg, run, deadline_window),
+            metrics,
         })
     }
 
@@ -321,23 +321,31 @@ impl Agent {
         })
     }
 
-    /// Blocks until SIGTERM or SIGINT (or, for `record`, until its duration has passed).
-    /// The pod watcher, OTLP metrics and the HTTP server run meanwhile.
+    /// Blocks until SIGTERM or SIGINT. The pod watcher, OTLP metrics and the HTTP server
+    /// run meanwhile.
     pub fn wait(&self) {
+        self.wait_until(std::future::pending());
+    }
+
+    /// Blocks until `until` ends (run on the agent's runtime: timers and fds work in it)
+    /// or SIGTERM or SIGINT comes.
+    pub fn wait_until(&self, until: impl std::future::Future<Output = ()>) {
         let signals = self
             .signals
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
         self.rt.block_on(async {
-            match self.mode {
-                Mode::Run => stop_signal(signals).await,
-                Mode::Record { duration } => tokio::select! {
-                    _ = tokio::time::sleep(duration) => {}
-                    _ = stop_signal(signals) => {}
-                },
+            tokio::select! {
+                _ = until => {}
+                _ = stop_signal(signals) => {}
             }
         });
+    }
+
+    /// Samples taken and samples lost so far (`record`'s progress line).
+    pub fn progress(&self) -> (u64, u64) {
+        (self.metrics.samples.get(), self.metrics.lost_total())
     }
 
     /// Stops every part in the reverse order of start, the pipeline handing out its last
@@ -350,6 +358,7 @@ impl Agent {
             parts,
             deadline,
             signals: _,
+            metrics: _,
         } = self;
         if mode == Mode::Run {
             tracing::info!("stopping: flushing the current window");
@@ -375,6 +384,24 @@ impl Agent {
         // stop (it ends at its next check) or a read stuck on a file: never wait long.
         rt.shutdown_timeout(Duration::from_secs(1));
         Ok(())
+    }
+}
+
+/// When windows close, and the window the shutdown deadline allows for: `record`'s one
+/// window closes when recording stops, never on a timer.
+fn closes(mode: Mode, cfg: &Config) -> (Closes, Duration) {
+    match mode {
+        Mode::Run => (
+            Closes::Every {
+                window: cfg.window.duration,
+                align: true,
+            },
+            cfg.window.duration,
+        ),
+        Mode::Record { duration } => (
+            Closes::AtEnd,
+            duration.map_or(RECORD_STOP_WINDOW, |d| d.min(RECORD_STOP_WINDOW)),
+        ),
     }
 }
 
@@ -506,49 +533,6 @@ fn serve(
         },
     ));
     Ok(Some(Part::Server { stop, task }))
-}
-
-/// SIGTERM and SIGINT handlers.
-struct StopSignals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-}
-
-/// The agent's runtime, with one worker thread so the server answers while the calling
-/// thread loads the sampler, and the stop signals' handlers, installed before anything
-/// starts: the server answers (and a probe or a client may send SIGTERM) from the first
-/// second, long before [`Agent::wait`]. None when they cannot be installed (the default
-/// action then still ends the process).
-fn runtime() -> Result<(tokio::runtime::Runtime, Option<StopSignals>), AgentError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .map_err(AgentError::Runtime)?;
-    let signals = {
-        let _in_rt = rt.enter();
-        match (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
-            (Ok(term), Ok(int)) => Some(StopSignals { term, int }),
-            _ => None,
-        }
-    };
-    Ok((rt, signals))
-}
-
-/// Until SIGTERM or SIGINT (forever without handlers).
-async fn stop_signal(signals: Option<StopSignals>) {
-    let Some(StopSignals { mut term, mut int }) = signals else {
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }
 
 /// Every source the readings thread reads each `readings.interval` (resource metrics shown

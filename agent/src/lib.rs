@@ -52,6 +52,8 @@ pub mod model;
 pub(crate) mod os;
 pub mod process;
 pub use os::one_malloc_arena;
+/// The processes `ember record` runs and follows.
+pub use os::watch;
 pub mod readings;
 pub(crate) mod server;
 pub mod symbolize;

@@ -1,18 +1,20 @@
-//! The `ember` command: `run` (the agent), `record` (one-shot), `features` and `check-config`.
+//! The `ember` command: `run` (the agent), `record` (one-shot), `features` and `check-config`
+//! (and the hidden `docs`, which prints the generated reference pages).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use ember::agent::{Agent, Mode};
 use ember::capture::{Feature, FeatureState, Reason};
 use ember::config::{Config, NodeName};
-use ember::encode::flamegraph;
 use ember::encode::Encoded;
+use ember::encode::{flamegraph, speedscope};
 use ember::model::ProfileKind;
+use ember::watch::{Exits, Held};
 
 /// ember: an always-on eBPF continuous profiler.
 #[derive(Parser)]
@@ -36,6 +38,30 @@ enum Command {
         /// The YAML file.
         file: PathBuf,
     },
+    /// Print the generated reference pages (docs/configuration.md, docs/metrics.md), or
+    /// write both into a directory (`make docs`); a unit test compares them with the
+    /// checked-in pages.
+    #[command(hide = true)]
+    Docs(DocsArgs),
+}
+
+#[derive(Args)]
+struct DocsArgs {
+    /// Which page to print: config or metrics.
+    #[arg(value_enum)]
+    page: Option<DocPage>,
+    /// Write every page into this directory instead.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// `ember docs PAGE`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DocPage {
+    /// docs/configuration.md, from config/ember.yaml.
+    Config,
+    /// docs/metrics.md, from the metric table.
+    Metrics,
 }
 
 /// Flags shared by `run` and `record`; each overrides the config key of the same meaning.
@@ -84,21 +110,37 @@ struct FeaturesArgs {
 }
 
 #[derive(Args)]
+#[command(after_help = "Examples:\n  \
+    ember record -o cpu.svg -- make -j2          run a command, profile it and its children\n  \
+    ember record --pid 4242 -o app.pb.gz          until pid 4242 exits (or Ctrl-C)\n  \
+    ember record -d 10s --format folded -o -      the whole host for 10 s, to stdout")]
 struct RecordArgs {
     #[command(flatten)]
     common: Common,
-    /// How long to record, e.g. 30s.
-    #[arg(long, short = 'd', default_value = "30s", value_parser = humantime::parse_duration)]
-    duration: Duration,
-    /// Output file: .pb.gz (pprof), .folded (collapsed stacks) or .svg (flame graph).
+    /// How long to record, e.g. 30s or 2m. Default: until the command or every --pid has
+    /// exited; the whole host: 30s. Ctrl-C ends any recording early (the profile is written).
+    #[arg(long, short = 'd', value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+    /// Output file, or - for standard output. Its format: --format, else the name's
+    /// extension (.pb.gz/.pprof, .folded, .svg, .speedscope.json); - defaults to folded.
     #[arg(long, short = 'o')]
     output: PathBuf,
+    /// Output format (overrides the extension).
+    #[arg(long, value_enum)]
+    format: Option<Format>,
+    /// Also profile the processes the --pid processes start from now on (and theirs).
+    /// Always on for a command given after --.
+    #[arg(long)]
+    subprocesses: bool,
     /// What to record: cpu (samples of running threads), offcpu (where threads wait, how
     /// long and why), offwake (blocked time under the stack of the thread that woke it) or
     /// lock (futex waits with their wakers, kernel lock contention); the last three turn on
     /// offcpu.enabled (and offcpu.wakers, offcpu.locks), cpu turns it off.
     #[arg(long = "type", value_enum, default_value_t = RecordType::Cpu)]
     kind: RecordType,
+    /// A command to run and profile, with its children, until it exits (after --).
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<String>,
 }
 
 /// `ember record --type`.
@@ -122,6 +164,7 @@ fn main() -> ExitCode {
         Command::Record(args) => record(args),
         Command::CheckConfig { file } => check_config(&file),
         Command::Features(args) => features(args),
+        Command::Docs(args) => docs(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -130,6 +173,26 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn docs(args: DocsArgs) -> Result<()> {
+    let pages = [
+        ("configuration.md", ember::config::reference::markdown()),
+        ("metrics.md", ember::metrics::reference::markdown()),
+    ];
+    match (args.out, args.page) {
+        (Some(dir), _) => {
+            for (name, text) in pages {
+                let path = dir.join(name);
+                std::fs::write(&path, text).with_context(|| format!("{}", path.display()))?;
+                println!("{}", path.display());
+            }
+        }
+        (None, Some(DocPage::Config)) => print!("{}", pages[0].1),
+        (None, Some(DocPage::Metrics)) => print!("{}", pages[1].1),
+        (None, None) => bail!("ember docs: name a page (config, metrics) or --out DIR"),
+    }
+    Ok(())
 }
 
 fn check_config(file: &Path) -> Result<()> {
@@ -307,15 +370,26 @@ fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// What `record` writes, chosen by the output file's name.
-#[derive(Clone, Copy)]
+/// What `record` writes: `--format`, or chosen by the output file's name.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 enum Format {
+    /// pprof, gzipped protobuf (go tool pprof, Pyroscope, Grafana).
     Pprof,
+    /// Collapsed stacks, one `a;b;c COUNT` line per stack (flamegraph.pl, inferno).
     Folded,
+    /// A flame graph.
     Svg,
+    /// speedscope's JSON (<https://www.speedscope.app>).
+    Speedscope,
 }
 
-fn format_of(path: &Path) -> Result<Format> {
+fn format_of(path: &Path, asked: Option<Format>) -> Result<Format> {
+    if let Some(f) = asked {
+        return Ok(f);
+    }
+    if path == Path::new("-") {
+        return Ok(Format::Folded);
+    }
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     Ok(if name.ends_with(".pb.gz") || name.ends_with(".pprof") {
         Format::Pprof
@@ -323,9 +397,11 @@ fn format_of(path: &Path) -> Result<Format> {
         Format::Folded
     } else if name.ends_with(".svg") {
         Format::Svg
+    } else if name.ends_with(".speedscope.json") || name.ends_with(".speedscope") {
+        Format::Speedscope
     } else {
         bail!(
-            "{}: the output name must end in .pb.gz, .pprof, .folded or .svg",
+            "{}: say --format, or end the name in .pb.gz, .pprof, .folded, .svg or .speedscope.json",
             path.display()
         )
     })
@@ -354,22 +430,38 @@ fn record(args: RecordArgs) -> Result<()> {
             ProfileKind::Lock
         }
     };
+    let format = format_of(&args.output, args.format)?;
+    if !args.command.is_empty() && !cfg.sampling.pids.is_empty() {
+        bail!("give a command after -- or --pid, not both");
+    }
+    // The command is forked and held before its exec: its pid goes to the sampler, which
+    // runs before the command's first instruction. Dropped unreleased, it is killed.
+    let mut held = None;
+    let exits = if let Some(program) = args.command.first() {
+        let h = Held::spawn(&args.command).with_context(|| format!("cannot run {program}"))?;
+        cfg.sampling.pids = vec![h.pid()];
+        cfg.sampling.subprocesses = true;
+        let exits = Exits::open(&[h.pid()])?;
+        held = Some(h);
+        Some(exits)
+    } else if !cfg.sampling.pids.is_empty() {
+        cfg.sampling.subprocesses |= args.subprocesses;
+        Some(Exits::open(&cfg.sampling.pids)?)
+    } else {
+        None
+    };
+    // The whole host has no end of its own: 30 s unless told.
+    let duration = args
+        .duration
+        .or_else(|| exits.is_none().then_some(Duration::from_secs(30)));
     cfg.validate("the command line")?;
-    let format = format_of(&args.output)?;
     init_logging(&cfg);
     let node = NodeName::resolve(&cfg.kubernetes);
     let (tx, rx) = std::sync::mpsc::channel::<(Encoded, u64)>();
-    let started = SystemTime::now();
-    let agent = Agent::start(
-        &cfg,
-        &node,
-        Mode::Record {
-            duration: args.duration,
-        },
-        move |enc, lost| {
-            let _ = tx.send((enc.clone(), lost));
-        },
-    )?;
+    let started = Instant::now();
+    let agent = Agent::start(&cfg, &node, Mode::Record { duration }, move |enc, lost| {
+        let _ = tx.send((enc.clone(), lost));
+    })?;
     // Off-CPU types need off-CPU: where this kernel cannot run it, say so and why, and stop.
     if kind != ProfileKind::Cpu {
         if let Some(f) = agent
@@ -383,55 +475,136 @@ fn record(args: RecordArgs) -> Result<()> {
         }
     }
     eprintln!(
-        "ember: recording {}{} for {:?} at {} Hz",
+        "ember: recording {}",
+        what(kind, &cfg, &args.command, duration)
+    );
+    if let Some(h) = &mut held {
+        h.release().context("starting the command")?;
+    }
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    agent.wait_until(recording(&agent, exits, duration, progress, started));
+    if progress {
+        eprintln!();
+    }
+    agent.stop()?;
+    if let Some(status) = held.as_mut().and_then(Held::try_wait) {
+        eprintln!("ember: `{}` exited: {status}", args.command.join(" "));
+    }
+    let (enc, lost) = rx
+        .iter()
+        .find(|(enc, _)| enc.window.kind == kind)
+        .context("the pipeline ended without a profile")?;
+    let bytes = encode(&enc, kind, format)?;
+    if args.output == Path::new("-") {
+        std::io::Write::write_all(&mut std::io::stdout().lock(), &bytes)
+            .context("writing to standard output")?;
+    } else {
+        std::fs::write(&args.output, bytes)
+            .with_context(|| format!("writing {}", args.output.display()))?;
+    }
+    eprintln!("{}", summary(&enc, lost, true));
+    eprintln!(
+        "ember: wrote {} ({:.1}s recorded, {} named / {} unnamed frames)",
+        if args.output == Path::new("-") {
+            "standard output".to_owned()
+        } else {
+            args.output.display().to_string()
+        },
+        started.elapsed().as_secs_f64(),
+        enc.frames.named,
+        enc.frames.unnamed
+    );
+    Ok(())
+}
+
+/// What is recorded, for how long, at what rate.
+fn what(kind: ProfileKind, cfg: &Config, command: &[String], duration: Option<Duration>) -> String {
+    let pids = &cfg.sampling.pids;
+    format!(
+        "{}{} {} at {} Hz",
         match kind {
             ProfileKind::Cpu => "",
             ProfileKind::OffCpu => "off-CPU time of ",
             ProfileKind::OffWake => "off-CPU time and wakers of ",
             ProfileKind::Lock => "lock waits of ",
         },
-        if cfg.sampling.pids.is_empty() {
-            "every process".to_owned()
-        } else {
-            format!("pids {:?}", cfg.sampling.pids)
+        match (command.is_empty(), pids.is_empty()) {
+            (false, _) => format!("`{}` (pid {pids:?}) and its children", command.join(" ")),
+            (true, true) => "every process".to_owned(),
+            (true, false) if cfg.sampling.subprocesses =>
+                format!("pids {pids:?} and their children"),
+            (true, false) => format!("pids {pids:?}"),
         },
-        args.duration,
+        match (duration, command.is_empty()) {
+            (Some(d), _) => format!("for {d:?}"),
+            (None, false) => "until it exits".to_owned(),
+            (None, true) => "until they exit".to_owned(),
+        },
         cfg.sampling.frequency_hz
-    );
-    agent.wait();
-    agent.stop()?;
-    let (enc, lost) = rx
-        .iter()
-        .find(|(enc, _)| enc.window.kind == kind)
-        .context("the pipeline ended without a profile")?;
-    let bytes = match format {
+    )
+}
+
+/// The recording in `format`.
+fn encode(enc: &Encoded, kind: ProfileKind, format: Format) -> Result<Vec<u8>> {
+    let title = match kind {
+        ProfileKind::Cpu => "ember record".to_owned(),
+        other => format!("ember record --type {}", other.as_str()),
+    };
+    Ok(match format {
         Format::Pprof => enc.gz.clone(),
         Format::Folded => {
             let mut text = flamegraph::folded(&enc.profile).join("\n");
             text.push('\n');
             text.into_bytes()
         }
-        Format::Svg => {
-            let title = match kind {
-                ProfileKind::Cpu => format!("ember record, {:?}", args.duration),
-                other => format!(
-                    "ember record --type {}, {:?}",
-                    other.as_str(),
-                    args.duration
-                ),
-            };
-            flamegraph::svg(&enc.profile, &title)?
+        Format::Svg => flamegraph::svg(&enc.profile, &title)?,
+        Format::Speedscope => speedscope::speedscope(&enc.profile, &title),
+    })
+}
+
+/// Until the recording ends: `duration` passes or every process in `exits` has exited.
+/// On a terminal, a progress line every two seconds (elapsed, samples, lost).
+async fn recording(
+    agent: &Agent,
+    exits: Option<Exits>,
+    duration: Option<Duration>,
+    progress: bool,
+    started: Instant,
+) {
+    let ended = async {
+        match exits {
+            Some(e) => {
+                if let Err(e) = e.all().await {
+                    eprintln!("ember: cannot watch the recorded processes: {e}");
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending().await,
         }
     };
-    std::fs::write(&args.output, bytes)
-        .with_context(|| format!("writing {}", args.output.display()))?;
-    eprintln!("{}", summary(&enc, lost, true));
-    eprintln!(
-        "ember: wrote {} ({:.1}s recorded, {} named / {} unnamed frames)",
-        args.output.display(),
-        started.elapsed().unwrap_or_default().as_secs_f64(),
-        enc.frames.named,
-        enc.frames.unnamed
-    );
-    Ok(())
+    let limit = async {
+        match duration {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    let ticks = async {
+        if !progress {
+            return std::future::pending().await;
+        }
+        let mut every = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            every.tick().await;
+            let (samples, lost) = agent.progress();
+            eprint!(
+                "\rember: {:.0}s, {samples} samples, {lost} lost ",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    };
+    tokio::select! {
+        _ = ended => {}
+        _ = limit => {}
+        _ = ticks => {}
+    }
 }

@@ -40,6 +40,30 @@ impl ReadAt for [u8] {
     }
 }
 
+/// A file read with `pread`, no further than `size` (its size when opened).
+#[derive(Debug, Clone, Copy)]
+pub struct FileAt<'a> {
+    file: &'a std::fs::File,
+    size: u64,
+}
+
+impl<'a> FileAt<'a> {
+    /// Reads `file`, no further than `size`.
+    pub fn new(file: &'a std::fs::File, size: u64) -> Self {
+        Self { file, size }
+    }
+}
+
+impl ReadAt for FileAt<'_> {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(self.file, buf, offset)
+    }
+}
+
 fn eof() -> std::io::Error {
     std::io::ErrorKind::UnexpectedEof.into()
 }
@@ -227,9 +251,9 @@ pub struct ObjectInfo {
 }
 
 /// Most sections ember looks at; more are malformed for its purposes.
-const MAX_SECTIONS: u64 = 1 << 16;
+pub const MAX_SECTIONS: u64 = 1 << 16;
 /// Most program headers read.
-const MAX_SEGMENTS: u64 = 1 << 12;
+pub const MAX_SEGMENTS: u64 = 1 << 12;
 /// Longest build id kept (SHA-1 is 20 bytes; some linkers write up to 32).
 const MAX_BUILD_ID: usize = 64;
 
@@ -244,11 +268,30 @@ pub struct ElfReader<'a, R: ReadAt + ?Sized> {
     segments: Vec<Segment>,
     shstrtab: Vec<u8>,
     info: ObjectInfo,
+    /// Every range read, `(file offset, bytes)` in the order read, when opened with
+    /// [`ElfReader::keeping`]; `None` otherwise.
+    kept: Option<Vec<(u64, Vec<u8>)>>,
 }
 
 impl<'a, R: ReadAt + ?Sized> ElfReader<'a, R> {
     /// Reads the file, section and program headers of `src`, within `limits`.
     pub fn new(src: &'a R, limits: Limits) -> Result<Self, ElfError> {
+        Self::open(src, limits, None)
+    }
+
+    /// As [`ElfReader::new`], and keeps every range it reads (headers, section names, and
+    /// what [`ElfReader::keep`] reads) for a reader that parses them again by file offset:
+    /// the unwind table compiler ([`crate::unwind::sparse`]). Headers are held twice while
+    /// the reader lives (parsed and kept), within the header caps.
+    pub fn keeping(src: &'a R, limits: Limits) -> Result<Self, ElfError> {
+        Self::open(src, limits, Some(Vec::new()))
+    }
+
+    fn open(
+        src: &'a R,
+        limits: Limits,
+        kept: Option<Vec<(u64, Vec<u8>)>>,
+    ) -> Result<Self, ElfError> {
         let mut ident = [0u8; 16];
         src.read_exact_at(&mut ident, 0)
             .map_err(|_| ElfError::Malformed("too short"))?;
@@ -265,6 +308,7 @@ impl<'a, R: ReadAt + ?Sized> ElfReader<'a, R> {
             segments: Vec::new(),
             shstrtab: Vec::new(),
             info: ObjectInfo::default(),
+            kept,
         };
         match ident[4] {
             elf::ELFCLASS64 => r.headers::<elf::FileHeader64<Endianness>>()?,
@@ -551,8 +595,32 @@ impl<'a, R: ReadAt + ?Sized> ElfReader<'a, R> {
         Ok(())
     }
 
-    /// Reads `len` bytes at `offset`, charged to the budget.
+    /// Reads `len` bytes at `offset`, charged to the budget, into the kept ranges (a
+    /// reader opened with [`ElfReader::keeping`]; others read and drop them).
+    pub fn keep(&mut self, offset: u64, len: u64) -> Result<(), ElfError> {
+        let buf = self.read_fresh(offset, len)?;
+        if let Some(kept) = &mut self.kept {
+            kept.push((offset, buf));
+        }
+        Ok(())
+    }
+
+    /// The ranges read, `(file offset, bytes)` in the order read (empty unless opened with
+    /// [`ElfReader::keeping`]).
+    pub fn into_kept(self) -> Vec<(u64, Vec<u8>)> {
+        self.kept.unwrap_or_default()
+    }
+
+    /// Reads `len` bytes at `offset`, charged to the budget (and kept when keeping).
     fn read(&mut self, offset: u64, len: u64) -> Result<Vec<u8>, ElfError> {
+        let buf = self.read_fresh(offset, len)?;
+        if let Some(kept) = &mut self.kept {
+            kept.push((offset, buf.clone()));
+        }
+        Ok(buf)
+    }
+
+    fn read_fresh(&mut self, offset: u64, len: u64) -> Result<Vec<u8>, ElfError> {
         let end = offset
             .checked_add(len)
             .ok_or(ElfError::Malformed("range"))?;

@@ -302,7 +302,7 @@ check "docker build context is a complete, locked workspace" docker_context
 # Prometheus alerting rules: syntax and semantics, then unit tests on synthetic series.
 # promtool comes with Debian's prometheus package (the Makefile's DAEMON_PKGS).
 promtool_rules() {
-    command -v promtool >/dev/null || { echo "promtool not found: apt-get install prometheus (make deps)"; return 1; }
+    command -v promtool >/dev/null || { echo "promtool not found: apt-get install prometheus (make test-deps)"; return 1; }
     promtool check rules deploy/alerts.yaml && promtool test rules "$HERE/alerts-test.yaml"
 }
 check "promtool check rules deploy/alerts.yaml, promtool test rules" promtool_rules

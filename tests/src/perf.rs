@@ -122,13 +122,13 @@ pub fn unavailable() -> Option<String> {
         Ok(o) if o.status.success() => None,
         Ok(o) => Some(format!(
             "`perf --version` failed: {}{} (on Debian, perf is in the linux-perf package: \
-             `make deps`)",
+             `make test-deps`)",
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
         )),
         Err(e) => Some(format!(
             "perf does not run ({e}); install it (Debian: `apt-get install linux-perf`, part \
-             of `make deps`)"
+             of `make test-deps`)"
         )),
     }
 }

@@ -41,6 +41,12 @@ struct ember_config {
 	 * user side by frame pointers (the verifier never sees that branch).
 	 */
 	__u32 task_regs;
+	/*
+	 * Non-zero (`record -- CMD`, `--subprocesses`): a process forked by one in
+	 * `pid_filter` joins it (`ember_fork`).
+	 */
+	__u32 follow_forks;
+	__u32 pad; /* explicit: the struct has no hidden padding (abi.rs) */
 };
 
 /* sampling.unwind: frame_pointer, auto (tables where an object has them, else the frame pointer), dwarf. */
@@ -118,7 +124,8 @@ enum ember_counter {
 	EMBER_CNT_ROW_EVICTED = 14, /* ... and took the cache entry of another row */
 	EMBER_CNT_PY_FRAMES = 15, /* interpreter frames recorded */
 	EMBER_CNT_ROW_LEAF = 16,  /* a first user frame in code no CFI covers, stepped as a leaf (return address at rsp) */
-	EMBER_CNT_MAX = 17,
+	EMBER_CNT_FORK_FULL = 17, /* a child of a profiled process not added: `pid_filter` full */
+	EMBER_CNT_MAX = 18,
 };
 
 #endif /* EMBER_CONTRACT_RECORD_H */

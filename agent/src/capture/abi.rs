@@ -62,12 +62,14 @@ macro_rules! shared_enum {
     };
 }
 
-shared_struct!(ember_config: size 24, align 8 {
+shared_struct!(ember_config: size 32, align 8 {
     filter_pids @ 0,
     include_idle @ 4,
     wakeup_bytes @ 8,
     unwind_mode @ 16,
     task_regs @ 20,
+    follow_forks @ 24,
+    pad @ 28,
 });
 
 shared_struct!(ember_record: size 56, align 8 {
@@ -250,7 +252,8 @@ shared_enum!(ember_counter {
     EMBER_CNT_ROW_EVICTED = 14,
     EMBER_CNT_PY_FRAMES = 15,
     EMBER_CNT_ROW_LEAF = 16,
-    EMBER_CNT_MAX = 17,
+    EMBER_CNT_FORK_FULL = 17,
+    EMBER_CNT_MAX = 18,
 });
 
 shared_enum!(ember_cfa_rule {

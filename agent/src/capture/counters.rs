@@ -77,6 +77,10 @@ impl CounterSync {
                 ember_counter::EMBER_CNT_ROW_EVICTED,
                 Counted::Dropped(Cache::UnwindRowCache),
             ),
+            (
+                ember_counter::EMBER_CNT_FORK_FULL,
+                Counted::Dropped(Cache::PidFilter),
+            ),
         ] {
             let i = idx.0 as usize;
             let Some(now) = read_counter(sampler, idx.0) else {

@@ -41,6 +41,8 @@ pub enum Feature {
     Python,
     /// The exec hook: a new program's ranges before its first instruction.
     ExecTracking,
+    /// The fork hook: children of the `--pid` processes join them (`sampling.subprocesses`).
+    Subprocesses,
     /// Off-CPU profiles (`ember_offcpu_switch` and the hooks of its path).
     OffCpu,
     /// Wakeups: runnable time and the wakers' stacks (`ember_offcpu_waking`).
@@ -53,11 +55,12 @@ pub enum Feature {
 
 impl Feature {
     /// Every feature, in the order they are reported.
-    pub const ALL: [Feature; 8] = [
+    pub const ALL: [Feature; 9] = [
         Feature::Sampler,
         Feature::UnwindTables,
         Feature::Python,
         Feature::ExecTracking,
+        Feature::Subprocesses,
         Feature::OffCpu,
         Feature::Wakers,
         Feature::KernelLocks,
@@ -71,6 +74,7 @@ impl Feature {
             Feature::UnwindTables => "unwind_tables",
             Feature::Python => "python",
             Feature::ExecTracking => "exec_tracking",
+            Feature::Subprocesses => "subprocesses",
             Feature::OffCpu => "offcpu",
             Feature::Wakers => "wakers",
             Feature::KernelLocks => "kernel_locks",

@@ -124,6 +124,8 @@ pub(super) fn upstream_version(release: &str, uname_v: &str, signature: Option<&
 pub(super) struct Plan {
     pub(super) walker: Walker,
     pub(super) exec: bool,
+    /// The fork hook (`ember_fork`): `sampling.subprocesses` with `sampling.pids`.
+    pub(super) forks: bool,
     pub(super) offcpu: Option<OffPath>,
     pub(super) wakers: bool,
     pub(super) klocks: bool,
@@ -145,6 +147,7 @@ impl Plan {
         let mut plan = Plan {
             walker: Walker::FramePointer,
             exec: false,
+            forks: false,
             offcpu: None,
             wakers: false,
             klocks: false,
@@ -186,6 +189,17 @@ impl Plan {
             } else {
                 plan.note(Feature::ExecTracking, Reason::Unsupported, "no kernel BTF");
             }
+        }
+        if !settings.subprocesses || settings.pids.is_empty() {
+            plan.note(
+                Feature::Subprocesses,
+                Reason::Config,
+                "sampling.subprocesses needs sampling.pids",
+            );
+        } else if !probes.btf {
+            plan.note(Feature::Subprocesses, Reason::Unsupported, "no kernel BTF");
+        } else {
+            plan.forks = true;
         }
         if !offcpu.enabled {
             plan.note(Feature::OffCpu, Reason::Config, "offcpu.enabled: false");
@@ -281,6 +295,10 @@ impl Plan {
                 "ember_exec" if self.exec => {
                     self.exec = false;
                     self.note(Feature::ExecTracking, Reason::Refused, refused(p));
+                }
+                "ember_fork" if self.forks => {
+                    self.forks = false;
+                    self.note(Feature::Subprocesses, Reason::Refused, refused(p));
                 }
                 "ember_offcpu_switch" => return self.offcpu_down(refused(p)),
                 "ember_offcpu_rseq" | "ember_offcpu_exit" => match self.offcpu {
@@ -407,6 +425,11 @@ impl Plan {
                 Feature::ExecTracking,
                 self.exec,
                 "tp_btf/sched_process_exec",
+            ),
+            state(
+                Feature::Subprocesses,
+                self.forks,
+                "tp_btf/sched_process_fork",
             ),
             state(
                 Feature::OffCpu,
@@ -547,7 +570,8 @@ mod tests {
         assert_eq!(tables.reason, Reason::Refused);
         assert!(tables.detail.contains("too large"), "{}", tables.detail);
         // Off-CPU was not touched.
-        assert!(report[4].enabled);
+        let offcpu = report.iter().find(|f| f.feature == Feature::OffCpu);
+        assert!(offcpu.is_some_and(|f| f.enabled));
     }
 
     #[test]

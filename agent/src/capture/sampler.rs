@@ -32,6 +32,8 @@ pub(super) struct Sampler<'obj> {
     pub(super) links: BTreeMap<u32, Link>,
     /// `ember_exec` on sched_process_exec, when unwinding by tables with kernel BTF.
     exec: Option<Link>,
+    /// `ember_fork` on sched_process_fork, for `sampling.subprocesses` (held to stay attached).
+    _forks: Option<Link>,
     /// The off-CPU programs on sched_switch, sched_waking, rseq_update, sys_exit and the
     /// lock contention tracepoints (`offcpu.enabled`).
     pub(super) offcpu_links: Vec<Link>,
@@ -135,6 +137,17 @@ impl Sampler<'static> {
         } else {
             None
         };
+        let forks = if plan.forks {
+            match skel.progs.ember_fork.attach() {
+                Ok(link) => Some(link),
+                Err(e) => {
+                    attach_errors.insert(Feature::Subprocesses, e.to_string());
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let mut offcpu_links = Vec::new();
         if let Some(path) = plan.offcpu {
             let (rseq, exit) = match path {
@@ -181,6 +194,7 @@ impl Sampler<'static> {
             skel,
             links: BTreeMap::new(),
             exec,
+            _forks: forks,
             offcpu_links,
             klocks_unsupported: offcpu.enabled && offcpu.locks && !plan.klocks,
             event: settings.event,
@@ -379,6 +393,7 @@ fn open_with(
             (true, UnwindMode::Dwarf) => 2,
         };
         cfg.task_regs = u32::from(plan.task_regs);
+        cfg.follow_forks = u32::from(plan.forks);
         rodata.ember_walk_no_python = u32::from(plan.walker != (Walker::Tables { python: true }));
         let cfg = &mut rodata.ember_offcpu_cfg;
         cfg.min_block_ns = u64::try_from(offcpu.min_block.as_nanos()).unwrap_or(u64::MAX);
@@ -402,6 +417,7 @@ fn open_with(
             "ember_sample" => !tables,
             "ember_sample_walk" | "ember_walk" => tables,
             "ember_exec" => plan.exec,
+            "ember_fork" => plan.forks,
             "ember_offcpu_switch" => on,
             "ember_offcpu_waking" => on && plan.wakers,
             "ember_offcpu_lock_begin" | "ember_offcpu_lock_end" => on && plan.klocks,

@@ -5,6 +5,7 @@
 
 pub mod otlp;
 pub mod pyroscope;
+pub mod reference;
 pub mod selector;
 pub mod sinks;
 mod symbols;
@@ -114,7 +115,7 @@ impl Default for Health {
     }
 }
 
-/// `offcpu:` keys: off-CPU profiles from `sched_switch` (see README "Off-CPU profiles").
+/// `offcpu:` keys: off-CPU profiles from `sched_switch` (see docs/offcpu.md).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct OffCpu {
@@ -203,7 +204,7 @@ pub struct Interpreters {
     pub python: Python,
 }
 
-/// `interpreters.python:` keys: CPython 3.8–3.13 frames (see README "Python").
+/// `interpreters.python:` keys: CPython 3.8–3.14 frames (see docs/python.md).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Python {
@@ -460,6 +461,8 @@ pub struct Sampling {
     pub ring_buffer_bytes: u32,
     /// Only these tgids; empty means all.
     pub pids: Vec<u32>,
+    /// With `pids`: the processes they fork join them (`record -- CMD`, `--subprocesses`).
+    pub subprocesses: bool,
     /// How user stacks are walked.
     pub unwind: UnwindMode,
     /// Cap on the kernel memory of unwind tables and per-process ranges, in bytes.
@@ -620,6 +623,7 @@ impl Default for Sampling {
             include_idle: false,
             ring_buffer_bytes: 1 << 20,
             pids: Vec::new(),
+            subprocesses: false,
             unwind: UnwindMode::Auto,
             unwind_max_bytes: 32 << 20,
             unwind_max_processes: 4096,
@@ -756,7 +760,7 @@ mod tests {
         // readings, jit, counters, otlp_metrics, symbols, health, interpreters.
         assert_eq!(
             count,
-            9 + 15 + 1 + 3 + 16 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 14 + 1 + 1
+            10 + 15 + 1 + 3 + 16 + 7 + 3 + 8 + 1 + 8 + 7 + 7 + 3 + 6 + 14 + 1 + 1
         );
         let python = &v["interpreters"]["python"];
         assert_eq!(python.as_mapping().map_or(0, |m| m.len()), 3);

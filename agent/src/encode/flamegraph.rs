@@ -219,9 +219,24 @@ fn sanitize(name: &str) -> String {
 /// `offcputime -f` does), and each stack's second frame is its `state` in brackets
 /// (`[sleep]`, `[disk]`, `[runnable]`), so the graph splits first by why threads waited.
 pub fn folded(profile: &Profile) -> Vec<String> {
+    // Sorted as joined stacks, not as frame lists ("a.b" before "a;x").
+    let mut lines: Vec<(String, u64)> = stacks(profile)
+        .into_iter()
+        .map(|(frames, n)| (frames.join(";"), n))
+        .collect();
+    lines.sort_unstable();
+    lines
+        .into_iter()
+        .map(|(stack, n)| format!("{stack} {n}"))
+        .collect()
+}
+
+/// The profile's stacks, root first, each with its weight as [`folded`] gives it (samples,
+/// or microseconds off CPU): the process, the off-CPU state, then the frames.
+pub fn stacks(profile: &Profile) -> BTreeMap<Vec<String>, u64> {
     let index = Index::new(profile);
     let off_cpu = is_off_cpu(profile);
-    let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
+    let mut stacks: BTreeMap<Vec<String>, u64> = BTreeMap::new();
     let mut frames = Vec::new();
     for sample in &profile.sample {
         let n = if off_cpu {
@@ -250,13 +265,10 @@ pub fn folded(profile: &Profile) -> Vec<String> {
         if frames.is_empty() {
             frames.push(UNKNOWN.to_string());
         }
-        let total = stacks.entry(frames.join(";")).or_insert(0);
+        let total = stacks.entry(frames.clone()).or_insert(0);
         *total = total.saturating_add(n);
     }
     stacks
-        .into_iter()
-        .map(|(stack, n)| format!("{stack} {n}"))
-        .collect()
 }
 
 /// An interactive flame graph (inferno's SVG, with search and zoom) of the

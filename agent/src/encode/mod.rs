@@ -11,6 +11,7 @@
 pub mod flamegraph;
 pub(crate) mod output;
 pub mod pprof;
+pub mod speedscope;
 
 #[cfg(test)]
 mod golden;

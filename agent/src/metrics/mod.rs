@@ -1,7 +1,8 @@
 //! Every metric ember exports about itself, declared once: in the `metric_table!` rows
 //! ([`table`]) of [`Metrics`] and the sets nested in it ([`containers::ContainerMetrics`],
-//! [`ExportMetrics`]), which make the fields, their registration and the list the README is
-//! checked against ([`Metrics::declared`]). The label values are the enums of [`reasons`].
+//! [`ExportMetrics`]), which make the fields, their registration and the list docs/metrics.md
+//! is generated from ([`Metrics::declared`], [`reference`]). The label values are the enums of
+//! [`reasons`].
 //!
 //! Stages get a clone of [`Metrics`] (its handles are cheap `Arc`s) and update
 //! their own series; the HTTP server encodes the registry on scrape.
@@ -9,6 +10,7 @@
 pub mod containers;
 pub mod progress;
 pub mod reasons;
+pub mod reference;
 pub mod snapshot;
 pub mod table;
 

@@ -3,7 +3,7 @@
 //!
 //! Each variant is rendered to its label value here and nowhere else ([`Loss::as_str`] and
 //! friends), and each variant's doc comment says what it counts: this file is the list that
-//! ties a reason to its help text (the README's metrics table repeats the values). The
+//! ties a reason to its help text (docs/metrics.md is generated from these comments). The
 //! [`super::Metrics`] methods take these enums, so a call site cannot invent a new value.
 
 use std::borrow::Cow;
@@ -142,9 +142,10 @@ label_enum! {
         /// Files beyond the sampler's `unwind_files` entries: a new process mapping them is
         /// walked by frame pointers until the loader has read it.
         UnwindFiles => "unwind_files",
-        /// Rows the walker's per-CPU row cache let go for another (direct-mapped, 1,024
-        /// entries per CPU): the next walk through that address searches its table again.
+        /// Rows the walker's per-CPU row cache (direct-mapped, 1,024 a CPU) let go for another.
         UnwindRowCache => "unwind_row_cache",
+        /// `--pid` processes' children left unsampled: the BPF pid list (4,096) was full.
+        PidFilter => "pid_filter",
         /// Requests from the sampler to load a process's ranges, dropped on a full queue.
         UnwindRequests => "unwind_requests",
         /// Object identities remembered by the unwind loader (`limits.max_objects`).
@@ -280,10 +281,9 @@ label_enum! {
         Unreadable => "unreadable",
         /// Larger than the object cap.
         TooLarge => "too_large",
-        /// Its headers give the CFI sections (together), the section headers or the
-        /// section names more bytes than ember reads of them (`.eh_frame` plus
-        /// `.debug_frame` 64 MiB, section headers 4 MiB, names 1 MiB): refused before
-        /// they are read, never parsed again.
+        /// Its headers give the CFI sections (together) or the section names more bytes
+        /// than ember reads of them (`.eh_frame` plus `.debug_frame` 64 MiB, names
+        /// 1 MiB): refused before they are read, never parsed again.
         SectionTooLarge => "section_too_large",
         /// The file opened (by its path inside the process's root, `map_files` refused) is
         /// not the inode the mapping names: replaced since, so not read.

@@ -1,6 +1,6 @@
 //! The one table a metric is declared in: [`metric_table!`] turns rows of name, help, unit
 //! and labels into the fields of a struct of handles and their registration, and lists the
-//! declarations for the checks (the README's metric list, the label names /metrics shows).
+//! declarations for the checks (the generated docs/metrics.md, the label names /metrics shows).
 //!
 //! A row is `/// help` `name: Type = metric("stem", unit Seconds, labels ["reason"]),`:
 //! its doc comment is both the field's doc and the `# HELP` text (lines joined, a final `.`

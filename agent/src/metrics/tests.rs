@@ -1,7 +1,7 @@
-//! The metrics table checked against what /metrics shows and what the README lists.
+//! The metrics table checked against what /metrics shows (docs/metrics.md is generated from
+//! it: `reference.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 
 use super::golden::touch_every_family;
 use super::*;
@@ -98,50 +98,6 @@ fn the_table_is_what_metrics_shows() {
     }
     let undeclared: Vec<_> = shown.keys().filter(|n| !names.contains(*n)).collect();
     assert!(undeclared.is_empty(), "not in the table: {undeclared:?}");
-}
-
-/// The metric names (with `{labels}`) the README's table of ember's own metrics lists, each
-/// cell of its first column holding one or more `` `name{labels}` `` separated by commas.
-fn readme_metrics(readme: &str) -> BTreeSet<String> {
-    let start = readme
-        .find("Metrics (all prefixed `ember_`):")
-        .expect("the README's metrics table");
-    let mut out = BTreeSet::new();
-    for line in readme[start..]
-        .lines()
-        .skip_while(|l| !l.starts_with('|'))
-        .take_while(|l| l.starts_with('|'))
-        .skip(2)
-    {
-        let cell = line.split('|').nth(1).expect("first column");
-        for name in cell.split('`').skip(1).step_by(2) {
-            out.insert(format!("ember_{name}"));
-        }
-    }
-    out
-}
-
-/// The README names every metric of the table, with its labels, and no metric the table
-/// does not declare.
-#[test]
-fn the_readme_lists_the_table() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    let readme = std::fs::read_to_string(&path).expect("README.md");
-    let listed = readme_metrics(&readme);
-    let declared: BTreeSet<String> = Metrics::declared()
-        .iter()
-        .map(|d| match d.labels {
-            [] => d.exposed(),
-            labels => format!("{}{{{}}}", d.exposed(), labels.join(",")),
-        })
-        .collect();
-    let missing: Vec<_> = declared.difference(&listed).collect();
-    let unknown: Vec<_> = listed.difference(&declared).collect();
-    assert!(
-        missing.is_empty() && unknown.is_empty(),
-        "README.md's metrics table misses {missing:?} and names {unknown:?}, which /metrics \
-         does not have"
-    );
 }
 
 #[test]

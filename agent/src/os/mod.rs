@@ -8,6 +8,8 @@ pub mod openat2;
 pub mod perf_event;
 pub mod privileges;
 pub mod procfs;
+pub(crate) mod signals;
+pub mod watch;
 
 /// Makes every thread allocate from one malloc arena. glibc gives each thread that
 /// allocates its own arena, and each keeps what its thread freed: on a build host, where

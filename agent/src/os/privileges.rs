@@ -69,7 +69,7 @@ pub fn check() -> Option<String> {
     (!missing.is_empty()).then(|| {
         format!(
             "missing the capabilities {} needed to load the BPF sampler and read process \
-             mappings; run ember as root or grant them (see README, \"Privileges\").",
+             mappings; run ember as root or grant them (see docs/security.md, \"Privileges\").",
             missing.join(", ")
         )
     })

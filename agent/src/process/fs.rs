@@ -27,7 +27,7 @@
 //! from 6.8 give every mount a 64-bit id that is never reused: its kind is remembered
 //! ([`MAX_KNOWN`] of them), so a process whose mounts are all known costs no mountinfo read.
 //!
-//! Left to a privileged pod (documented in the README): 9p answers `AT_STATX_DONT_SYNC` and
+//! Left to a privileged pod (documented in docs/security.md): 9p answers `AT_STATX_DONT_SYNC` and
 //! an `O_PATH` open's revalidation by asking its server, and an overlay mounted in another
 //! mount namespace names layer paths that do not resolve in the process's.
 

@@ -21,14 +21,15 @@
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::metrics::{Metrics, ObjectRefusal, SymbolSource};
+pub use crate::process::elf_file::FileAt;
 use crate::os::openat2::{open_path_in, reopen, stat_cached, RESOLVE_NO_XDEV};
 use crate::os::procfs::MapsEntry;
-use crate::process::elf_file::{ElfError, ElfReader, ReadAt};
+use crate::process::elf_file::{ElfError, ElfReader};
 use crate::process::fs::{Checked, Mounts, Refusal};
 
 // A file's identities are model types (a symbolized mapping carries them); the identity
@@ -60,10 +61,7 @@ impl Object {
 
     /// Random-access reads of the file, as big as it was when opened.
     pub fn reader(&self) -> FileAt<'_> {
-        FileAt {
-            file: &self.file,
-            size: self.id.size,
-        }
+        FileAt::new(&self.file, self.id.size)
     }
 
     /// The file name shown for unnamed frames (`libc.so.6`).
@@ -99,30 +97,6 @@ impl Object {
         let inode = file.metadata()?.ino();
         let key = ObjectKey { dev: (0, 0), inode };
         Ok(Self::new(key, path.display().to_string(), file, None))
-    }
-}
-
-/// A file read with `pread`, no bigger than `size` (its size when opened).
-#[derive(Debug, Clone, Copy)]
-pub struct FileAt<'a> {
-    file: &'a File,
-    size: u64,
-}
-
-impl<'a> FileAt<'a> {
-    /// Reads `file`, no further than `size`.
-    pub fn new(file: &'a File, size: u64) -> Self {
-        Self { file, size }
-    }
-}
-
-impl ReadAt for FileAt<'_> {
-    fn size(&self) -> u64 {
-        self.size
-    }
-
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        FileExt::read_exact_at(self.file, buf, offset)
     }
 }
 

@@ -236,7 +236,11 @@ pub async fn start(cfg: &config::Kubernetes, node: &str) -> Metadata {
     let node = node.to_owned();
     let kubeconfig = (!cfg.kubeconfig.as_os_str().is_empty()).then(|| cfg.kubeconfig.clone());
     install_crypto_provider();
-    info!("kubernetes metadata: watching the pods of node {node}");
+    if kubeconfig.is_some() || kubernetes_configured() {
+        info!("kubernetes metadata: watching the pods of node {node}");
+    } else {
+        debug!("kubernetes metadata: no cluster config; trying in the background for {node}");
+    }
     let metadata = Metadata::with_status(node.clone(), Status::Connecting);
     let weak = Arc::downgrade(&metadata.shared);
     tokio::spawn(Task::new(weak, node, kubeconfig).run());
@@ -403,6 +407,19 @@ impl Shared {
                 warn!("kubernetes metadata stale, serving the last pod list while retrying: {err}");
                 state.failure_logged = true;
             }
+            // Outside a cluster, with no Kubernetes config anywhere, nothing was asked for:
+            // host mode is the expected outcome, not a fault worth a line on every `record`.
+            Status::Connecting
+                if !state.failure_logged
+                    && matches!(err, Error::NoConfig { .. })
+                    && !kubernetes_configured() =>
+            {
+                debug!(
+                    "kubernetes metadata: not in a cluster, host mode: {}",
+                    causes(err)
+                );
+                state.failure_logged = true;
+            }
             Status::Connecting if !state.failure_logged => {
                 let err = causes(err);
                 warn!(
@@ -416,6 +433,17 @@ impl Shared {
             }
         }
     }
+}
+
+/// Whether any Kubernetes config exists besides `kubernetes.kubeconfig` (which is unset
+/// whenever [`Error::NoConfig`] is raised): a pod's service account environment, `KUBECONFIG`, or
+/// `~/.kube/config` (an empty variable counts as unset). If one does and still fails, that is
+/// worth a warning.
+fn kubernetes_configured() -> bool {
+    let set = |name| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+    let home_config =
+        std::env::var_os("HOME").is_some_and(|home| Path::new(&home).join(".kube/config").exists());
+    set("KUBERNETES_SERVICE_HOST") || set("KUBECONFIG") || home_config
 }
 
 /// An error and its causes on one line: kube's messages stop at "client error (Connect)",

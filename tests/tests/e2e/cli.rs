@@ -200,3 +200,40 @@ fn unprivileged_record_names_missing_capabilities() {
     );
     assert!(!out.exists(), "no output file should be written");
 }
+
+/// The usage block of docs/commands.md names every long flag each command's `--help` lists
+/// (it once lacked `--health-listen`), and no flag the commands do not take.
+#[test]
+fn the_usage_in_the_docs_names_every_flag() {
+    let doc = fs::read_to_string(workspace_root().join("docs/commands.md")).expect("commands.md");
+    let usage = doc
+        .split("```")
+        .nth(1)
+        .expect("docs/commands.md opens with its usage block");
+    let flags = |text: &str| -> std::collections::BTreeSet<String> {
+        text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .map(str::to_owned)
+            .collect()
+    };
+    for command in ["run", "record", "features"] {
+        let o = ember(&[command, "--help"]);
+        assert!(o.status.success(), "ember {command} --help:\n{}", text(&o));
+        let line = usage
+            .split("\nember ")
+            .find(|l| {
+                l.trim_start_matches("ember ")
+                    .trim_start_matches('[')
+                    .starts_with(command)
+            })
+            .unwrap_or_else(|| panic!("no `ember {command}` line in the usage block:\n{usage}"));
+        let mut helped = flags(&String::from_utf8_lossy(&o.stdout));
+        helped.remove("--help");
+        helped.remove("--version");
+        let documented = flags(line);
+        assert_eq!(
+            documented, helped,
+            "docs/commands.md's `ember {command}` usage against `ember {command} --help`"
+        );
+    }
+}

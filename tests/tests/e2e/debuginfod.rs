@@ -196,7 +196,7 @@ fn stripped_frames_are_named_from_debuginfod_past_hostile_servers() {
     {
         assert!(
             std::env::var("EMBER_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
-            "debuginfod is not installed (make deps installs it)"
+            "debuginfod is not installed (make test-deps installs it)"
         );
         println!("skipped: debuginfod is not installed");
         return;

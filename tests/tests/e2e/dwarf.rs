@@ -32,7 +32,7 @@ fn build_fixture(dir: &Path) -> (PathBuf, PathBuf) {
         .arg(&bin)
         .arg(&src)
         .output()
-        .expect("running g++ (`make deps` installs it)");
+        .expect("running g++ (`make test-deps` installs it)");
     assert!(
         out.status.success(),
         "g++: {}",
@@ -315,7 +315,7 @@ fn inline_chains_and_lines_match_addr2line_and_go_pprof_lists_them() {
         .env("PPROF_TMPDIR", dir.path())
         .env("HOME", dir.path());
     let res = output_with_timeout(&mut go, Duration::from_secs(120))
-        .expect("running `go tool pprof` (is golang-go installed? `make deps`)");
+        .expect("running `go tool pprof` (is golang-go installed? `make test-deps`)");
     let listing = String::from_utf8_lossy(&res.stdout);
     println!("{listing}");
     assert!(

@@ -371,7 +371,7 @@ fn the_page_in_chromium() {
             .arg(&shots),
         Duration::from_secs(240),
     )
-    .expect("running tests/browser/explorer.py (make deps installs chromium, chromium-driver, python3-selenium)");
+    .expect("running tests/browser/explorer.py (make test-deps installs chromium, chromium-driver, python3-selenium)");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -656,7 +656,7 @@ fn grafana_dashboards_query_a_real_prometheus() {
             .stdout(fs::File::create(&log).expect("log"))
             .stderr(fs::File::create(s.dir.path().join("prometheus.err")).expect("log"))
             .spawn()
-            .expect("starting prometheus (make deps installs it)"),
+            .expect("starting prometheus (make test-deps installs it)"),
     );
     // Enough scrapes for rates over 30 s windows.
     thread::sleep(Duration::from_secs(20));

@@ -360,7 +360,7 @@ fn compile_java(dir: &Path) {
         Command::new("javac").arg("-d").arg(dir).arg(&src),
         Duration::from_secs(60),
     )
-    .expect("running javac (install openjdk-17-jdk-headless: make deps)");
+    .expect("running javac (install openjdk-17-jdk-headless: make test-deps)");
     assert!(
         out.status.success(),
         "javac failed: {}",

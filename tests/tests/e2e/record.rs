@@ -381,7 +381,7 @@ fn pprof_output_passes_go_pprof() {
         .env("PPROF_TMPDIR", dir.path())
         .env("HOME", dir.path());
     let res = output_with_timeout(&mut go, Duration::from_secs(120))
-        .expect("running `go tool pprof` (is golang-go installed? `make deps`)");
+        .expect("running `go tool pprof` (is golang-go installed? `make test-deps`)");
     let stdout = String::from_utf8_lossy(&res.stdout);
     assert!(
         res.status.success(),
@@ -593,5 +593,181 @@ fn no_kernel_address_leaves_in_any_output() {
         let found = kernel_addresses(&body);
         assert!(found.is_empty(), "{path}: kernel addresses {found:?}");
     }
+    drop(hog);
+}
+
+/// `record -- CMD`: the command runs, its children are profiled with it (a grandchild that
+/// `sh` forks and execs does all the work here), and the recording ends when it exits,
+/// not after the 30 s a whole-host recording takes.
+#[test]
+fn a_command_and_its_children_are_recorded_until_it_exits() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("cmd.folded");
+    // `; true`: sh must fork the hog (a last command it would exec in place).
+    let script = format!("{CPU_HOG} --seconds 3; true");
+    let started = Instant::now();
+    let mut ember = EmberRun::record(dir.path())
+        .arg("-o")
+        .arg(&out)
+        .args(["--", "sh", "-c", script.as_str()])
+        .spawn();
+    let status = ember.wait(Duration::from_secs(60));
+    let took = started.elapsed();
+    let stderr = ember.stderr();
+    assert!(status.success(), "ember record exited {status}\n{stderr}");
+    assert!(
+        took < Duration::from_secs(20),
+        "the recording did not end with the command: {took:?}\n{stderr}"
+    );
+    assert!(stderr.contains("exited: exit status: 0"), "{stderr}");
+    let text = fs::read_to_string(&out).expect("reading the folded output");
+    let total: u64 = text
+        .lines()
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum();
+    let hog: u64 = text
+        .lines()
+        .filter(|l| l.contains("hot_a") || l.contains("hot_b"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum();
+    println!("{total} samples, {hog} in the grandchild's hot functions; took {took:?}");
+    // cpu_hog burns one CPU for 3 s: about 300 samples at 99 Hz.
+    assert!(
+        hog >= 150,
+        "the command's child was not profiled: {hog} of {total} samples in hot_a/hot_b\n{text}"
+    );
+}
+
+/// `--pid` of a process that does not exist is an error naming it, before anything loads
+/// (no root needed); `--pid` of a live one records until it exits, and `-o -` with
+/// `--format speedscope` writes a document speedscope's own schema accepts.
+#[test]
+fn pids_are_checked_and_followed_until_they_exit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut missing = EmberRun::record(dir.path())
+        .args(["--pid", "4194311", "-o", "-"])
+        .spawn();
+    let status = missing.wait(Duration::from_secs(20));
+    let stderr = missing.stderr();
+    assert!(!status.success(), "a missing pid was accepted\n{stderr}");
+    assert!(
+        stderr.contains("no process has pid 4194311"),
+        "the error does not name the pid:\n{stderr}"
+    );
+    if !require_privileged() {
+        return;
+    }
+    let (Some(python), Some(schema)) = (
+        std::env::var_os("EMBER_OTLP_PYTHON"),
+        std::env::var_os("EMBER_SPEEDSCOPE_SCHEMA"),
+    ) else {
+        skip("EMBER_OTLP_PYTHON (with jsonschema) and EMBER_SPEEDSCOPE_SCHEMA unset: `make e2e-deps`");
+        return;
+    };
+    let _lock = sampling_lock();
+    let mut hog = Fixture::spawn(CPU_HOG, &["--seconds", "3"]).expect("starting cpu_hog");
+    hog.wait_for("ready", Duration::from_secs(10))
+        .expect("ready");
+    let pid = hog.pid.to_string();
+    let started = Instant::now();
+    let mut ember = EmberRun::record(dir.path())
+        .args(["--pid", pid.as_str(), "--format", "speedscope", "-o", "-"])
+        .spawn();
+    let status = ember.wait(Duration::from_secs(60));
+    let took = started.elapsed();
+    assert!(
+        status.success(),
+        "ember record exited {status}\n{}",
+        ember.stderr()
+    );
+    assert!(
+        took < Duration::from_secs(20),
+        "the recording did not end with pid {pid}: {took:?}"
+    );
+    let json = ember.stdout();
+    let doc = dir.path().join("cpu.speedscope.json");
+    fs::write(&doc, &json).expect("writing the document");
+    let check = "import json, sys, jsonschema; \
+        jsonschema.validate(json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))); \
+        print('valid')";
+    let res = output_with_timeout(
+        Command::new(&python)
+            .args(["-c", check])
+            .arg(&doc)
+            .arg(&schema),
+        Duration::from_secs(60),
+    )
+    .expect("running jsonschema");
+    assert!(
+        res.status.success(),
+        "speedscope's schema refuses the document:\n{}\n{}",
+        String::from_utf8_lossy(&res.stderr),
+        &json[..json.len().min(2000)]
+    );
+    let v: serde_json::Value = serde_json::from_str(&json).expect("json");
+    let frames = v["shared"]["frames"].as_array().expect("frames");
+    assert!(
+        frames.iter().any(|f| f["name"] == "hot_a"),
+        "no hot_a frame in the speedscope document"
+    );
+    let weights: u64 = v["profiles"][0]["weights"]
+        .as_array()
+        .expect("weights")
+        .iter()
+        .filter_map(|w| w.as_u64())
+        .sum();
+    assert!(weights >= 150, "{weights} samples for 3 s of one CPU");
+}
+
+/// Outside a cluster, with no Kubernetes config anywhere (no service account environment, no
+/// `KUBECONFIG`, no `~/.kube/config`), `record` says nothing of Kubernetes: it used to print a
+/// 300-character WARN about a missing kubeconfig on every run. A kubeconfig the user named
+/// that cannot be read is still a warning, naming the file.
+#[test]
+fn no_kubernetes_warning_outside_a_cluster() {
+    if !require_privileged() {
+        return;
+    }
+    let _lock = sampling_lock();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path().join("home");
+    fs::create_dir(&home).expect("home");
+    let hog = Fixture::spawn(CPU_HOG, &["--seconds", "30"]).expect("starting cpu_hog");
+    let pid = hog.pid.to_string();
+    let record = |name: &str, config: Option<&str>| {
+        let out = dir.path().join(name);
+        let mut run = EmberRun::record(dir.path())
+            .env("HOME", &home)
+            .env("KUBECONFIG", "")
+            .env("KUBERNETES_SERVICE_HOST", "")
+            .args(["--duration", "2s", "--pid", pid.as_str(), "-o"])
+            .arg(&out);
+        if let Some(yaml) = config {
+            run = run.config(yaml);
+        }
+        let mut ember = run.spawn();
+        let status = ember.wait(Duration::from_secs(60));
+        let stderr = ember.stderr();
+        assert!(status.success(), "ember record: {status}\n{stderr}");
+        stderr
+    };
+    let quiet = record("quiet.folded", None);
+    let lower = quiet.to_lowercase();
+    assert!(
+        !lower.contains("kubeconfig") && !lower.contains("kubernetes"),
+        "record outside a cluster spoke of Kubernetes:\n{quiet}"
+    );
+    let named = record(
+        "named.folded",
+        Some("kubernetes:\n  kubeconfig: /nonexistent/ember-kubeconfig\n"),
+    );
+    assert!(
+        named.contains("WARN") && named.contains("/nonexistent/ember-kubeconfig"),
+        "a configured kubeconfig that fails should be a warning naming it:\n{named}"
+    );
     drop(hog);
 }

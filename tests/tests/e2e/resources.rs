@@ -41,7 +41,7 @@ fn daemon(bin: &str, args: &[String], log: &Path) -> Daemon {
         .stderr(err)
         .spawn()
         .unwrap_or_else(|e| {
-            panic!("starting {bin}: {e} (installed by `make deps`: Debian packages prometheus, prometheus-node-exporter)")
+            panic!("starting {bin}: {e} (installed by `make test-deps`: Debian packages prometheus, prometheus-node-exporter)")
         });
     Daemon(child)
 }
@@ -250,7 +250,7 @@ fn promtool_accepts_the_exposition() {
             .arg(&file),
         Duration::from_secs(60),
     )
-    .expect("running promtool (Debian package prometheus, installed by make deps)");
+    .expect("running promtool (Debian package prometheus, installed by make test-deps)");
     let code = out.status.code();
     let lints =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);

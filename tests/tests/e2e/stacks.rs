@@ -28,7 +28,7 @@
 //! samples must have a named leaf and reach main).
 //!
 //! Every test samples, so each holds [`sampling_lock`]; they need root (BPF, perf
-//! events) and perf (Debian: linux-perf, in `make deps`). About 100 s in all.
+//! events) and perf (Debian: linux-perf, in `make test-deps`). About 100 s in all.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -532,7 +532,7 @@ fn build_go_hot(dir: &Path) -> std::path::PathBuf {
         .env("GOCACHE", dir.join("gocache"))
         .env("GOPATH", dir.join("gopath"))
         .output()
-        .expect("running go (Debian: golang-go, in make deps)");
+        .expect("running go (Debian: golang-go, in make test-deps)");
     assert!(
         out.status.success(),
         "go build go_hot.go failed:\n{}",
@@ -955,7 +955,7 @@ fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
     if !ready_to_run() {
         return;
     }
-    let python = fs::canonicalize("/usr/bin/python3").expect("Debian's python3 (make deps)");
+    let python = fs::canonicalize("/usr/bin/python3").expect("Debian's python3 (make test-deps)");
     let _lock = sampling_lock();
     let dir = tempfile::tempdir().expect("tempdir");
     let cap: u64 = 1_310_720;

@@ -51,6 +51,7 @@ use crate::capture::unwind::{
     MapIo, TableImage, UnwindIo, UnwindMaps, RANGES,
 };
 use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
+use crate::process::elf_file::{ElfError, FileAt};
 use crate::os::file_id::FileId;
 use crate::os::procfs::{self, RegionKind};
 use crate::process::python::Interp;
@@ -336,7 +337,7 @@ impl<M: UnwindIo> Loader<M> {
         }
         // Headers and CFI only, each in a buffer of its own: the table of a 150 MB binary
         // costs its few MB of CFI, and a file whose headers claim more is refused.
-        let sparse = match Sparse::read(file, meta.len(), self.limits.max_cfi_bytes) {
+        let sparse = match Sparse::read(&FileAt::new(file, meta.len()), self.limits.max_cfi_bytes) {
             Ok(s) => s,
             Err(SparseError::Refused(e)) => {
                 debug!("unwind table refused: {e}");
@@ -344,8 +345,14 @@ impl<M: UnwindIo> Loader<M> {
                 self.files.remember(id, None, &self.metrics);
                 return None;
             }
-            Err(SparseError::Io(_)) => {
+            Err(SparseError::Elf(ElfError::Io)) => {
                 self.metrics.table_built(TableBuild::Unreadable);
+                return None;
+            }
+            Err(SparseError::Elf(e)) => {
+                debug!("unwind table refused: ELF headers: {e}");
+                self.metrics.table_built(elf_result(&e));
+                self.files.remember(id, None, &self.metrics);
                 return None;
             }
         };
@@ -566,6 +573,15 @@ pub(super) fn bias(segments: &[(u64, u64, u64)], start: u64, offset: u64) -> u64
             .wrapping_add(off)
             .wrapping_sub(vaddr),
         None => start.wrapping_sub(offset),
+    }
+}
+
+/// The ELF reader's refusal of an object's headers.
+fn elf_result(e: &ElfError) -> TableBuild {
+    match e {
+        ElfError::Io => TableBuild::Unreadable,
+        ElfError::TooLarge | ElfError::CompressedSize => TableBuild::SectionTooLarge,
+        ElfError::Malformed(_) | ElfError::Inflate | ElfError::Unsupported => TableBuild::BadElf,
     }
 }
 

@@ -137,7 +137,7 @@ impl Prometheus {
                 .arg(&cfg),
             Duration::from_secs(30),
         )
-        .expect("promtool (Debian package prometheus, installed by make deps)");
+        .expect("promtool (Debian package prometheus, installed by make test-deps)");
         assert!(
             check.status.success(),
             "promtool check config: {}{}",
@@ -158,7 +158,7 @@ impl Prometheus {
             .stdout(out.try_clone().expect("log"))
             .stderr(out)
             .spawn()
-            .expect("starting prometheus (Debian package prometheus, installed by make deps)");
+            .expect("starting prometheus (Debian package prometheus, installed by make test-deps)");
         let p = Prometheus { child, addr, log };
         let deadline = Instant::now() + Duration::from_secs(60);
         while !matches!(http_get(&p.addr, "/-/ready"), Ok((200, _))) {
