@@ -270,18 +270,21 @@ impl Aggregator {
             self.metrics.samples_filtered.inc();
             return;
         }
-        self.processes.touch(Touch {
-            pid: s.pid,
-            tid: s.tid,
-            comm: s.comm,
-            cgroup_id: s.cgroup_id,
-        });
+        let mut touches = [
+            Some(Touch {
+                pid: s.pid,
+                tid: s.tid,
+                comm: s.comm,
+                cgroup_id: s.cgroup_id,
+            }),
+            None,
+        ];
         if let Some(r) = s.py_result {
             self.metrics.python_walked(r, 1);
         }
         let (ns, blocks) = s.off_cpu.map_or((0, 1), |o| (o.ns, o.blocks.max(1)));
         let waker = s.waker.map(|w| {
-            self.processes.touch(Touch {
+            touches[1] = Some(Touch {
                 pid: w.pid,
                 tid: w.tid,
                 comm: w.comm,
@@ -320,7 +323,14 @@ impl Aggregator {
             lock: s.off_cpu.and(s.lock),
             waker,
         };
-        self.count(key, ns, blocks);
+        // Its threads are told to the registry with the first sample of a stack in the
+        // window, not with every sample: the same stack again names the same threads (and
+        // the registry hears of each thread once a window anyway).
+        if self.count(key, ns, blocks) {
+            for t in touches.into_iter().flatten() {
+                self.processes.touch(t);
+            }
+        }
     }
 
     /// The windows an off-CPU stack counted in `counts` goes to, and whether with its
@@ -387,8 +397,9 @@ impl Aggregator {
 
     /// Adds `blocks` samples of `key` (and their off-CPU nanoseconds), within the window's
     /// caps, which the off-CPU stacks summed since their window began count toward too:
-    /// everything the stage holds stays under one window's caps.
-    fn count(&mut self, key: Key, ns: u64, blocks: u64) {
+    /// everything the stage holds stays under one window's caps. Whether the stack is new
+    /// in the window (counted, or lost to a cap).
+    fn count(&mut self, key: Key, ns: u64, blocks: u64) -> bool {
         let bytes = stack_bytes(&key);
         let t = &mut self.tallies;
         let full = t.counts.len() + self.off.windows.len() >= t.max_stacks
@@ -400,6 +411,7 @@ impl Aggregator {
             Some(t) => {
                 t.count += blocks;
                 t.ns += ns;
+                return false;
             }
             None if full => self.metrics.lost(Loss::StackCap, blocks),
             None => {
@@ -407,6 +419,7 @@ impl Aggregator {
                 t.bytes += bytes;
             }
         }
+        true
     }
 
     /// Closes the window: normalizes its stacks and starts the next one. Returns the CPU

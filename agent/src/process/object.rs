@@ -26,9 +26,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::metrics::{Metrics, ObjectRefusal, SymbolSource};
-pub use crate::process::elf_file::FileAt;
 use crate::os::openat2::{open_path_in, reopen, stat_cached, RESOLVE_NO_XDEV};
 use crate::os::procfs::MapsEntry;
+pub use crate::process::elf_file::FileAt;
 use crate::process::elf_file::{ElfError, ElfReader};
 use crate::process::fs::{Checked, Mounts, Refusal};
 

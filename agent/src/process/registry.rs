@@ -10,16 +10,21 @@
 //! come back as exit events ([`Exit`], by pid and start time) that free the process's
 //! Python attach state, its Python names and its JIT tables.
 //!
-//! The aggregator only counts, and asks ([`Processes`]); its asks come in one queue, in the
-//! order they were sent:
+//! The aggregator only counts, reads, and asks ([`Processes`]). It reads the table through
+//! a read-only view (a read lock: the registry's thread is the only writer), which never
+//! reads `/proc` or a process's memory and never changes a process. Its asks come in one
+//! queue, in the order they were sent:
 //! - [`Processes::touch`]: a thread of a process was sampled (batched, sent at the end of
-//!   each batch, or at once while the registry is idle). The registry decides here, once, whether the pid is a process it knows,
-//!   a new one, one that exec'd, or another process on a reused pid (its start time).
+//!   each batch, or at once while the registry is idle). The registry decides here, once,
+//!   whether the pid is a process it knows, a new one, one that exec'd, or another process
+//!   on a reused pid (its start time).
 //! - [`Processes::facts`]: the name and cgroup of the processes a window holds (the gate
-//!   judges them).
-//! - [`Processes::close`]: every user address and interpreter frame of the window's stacks,
-//!   named against the table in the order asked, and the window's end: the processes gone
-//!   (exited, or their pid taken by another) come back as exit events.
+//!   judges them), read from the view once the touches sent are worked through.
+//! - [`Processes::close`]: the window's stacks named. An address in a file or a named
+//!   region is named from the view, a pure function of the process's mappings; only the
+//!   rest (JIT code, interpreter frames, an address a new mapping may hold) goes to the
+//!   registry, with the window's end: the processes gone (exited, or their pid taken by
+//!   another) come back as exit events.
 //!
 //! The aggregator is held back while the registry works through its touches: at most
 //! [`TOUCHES_OUT`] messages of [`TOUCH_BATCH`] touches wait, so a window's end (which waits
@@ -28,9 +33,8 @@
 
 use std::collections::HashSet;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use crate::capture::{Work, WorkSender};
 use crate::config::{Jit, Limits, Python};
@@ -50,12 +54,6 @@ const TOUCHES_OUT: usize = 2;
 /// Messages queued to the registry: the aggregator's touches (at most [`TOUCHES_OUT`]) and
 /// one ask it waits for, with room to spare.
 const QUEUE: usize = 64;
-
-/// How long the registry's thread stays awake for the window's names after answering its
-/// facts (the aggregator plans its stacks meanwhile), and the aggregator for an answer,
-/// before either sleeps: a sleep and a wakeup each cost a scheduler round on a loaded host,
-/// and a window's end has two asks back to back. At most this much CPU a window, each.
-const LINGER: Duration = Duration::from_micros(500);
 
 /// Distinct touches the aggregator remembers sending in a window, at most (then it forgets
 /// them and sends again: a touch sent twice changes nothing).
@@ -148,9 +146,37 @@ pub struct Facts {
 /// What the registry's queue carries.
 enum Msg {
     Touch(Vec<Touch>),
-    /// The touches not sent yet, then the facts of the pids.
-    Facts(Vec<Touch>, Vec<u32>, SyncSender<Vec<Facts>>),
-    Close(WindowAsk, SyncSender<Closed>),
+    /// What the view could not name, then the window's end.
+    Close(Misses, SyncSender<Resolved>),
+}
+
+/// The lookups of a window the view could not answer, and the processes whose names the
+/// registry tells after naming them (a miss may read a process again).
+#[derive(Debug, Default)]
+struct Misses {
+    lookups: Vec<Lookup>,
+    pids: Vec<u32>,
+}
+
+/// The registry's answer to [`Misses`].
+#[derive(Debug, Default)]
+struct Resolved {
+    /// One per lookup, in order.
+    addrs: Vec<UserAddr>,
+    /// One per pid, in order.
+    names: Vec<Arc<str>>,
+    /// The processes the window's end forgot.
+    gone: Vec<Exit>,
+}
+
+/// The process table, shared: changed by the registry's thread alone, read by the
+/// aggregator (only through `&ProcessTable`, see [`Processes::name_from_view`]). A mutex,
+/// not a read-write lock: two parties, and the table holds channel ends that are `Send`
+/// but not `Sync`. A panic while holding it (there should be none) leaves what was written.
+type Shared = Arc<Mutex<ProcessTable>>;
+
+fn write(table: &Shared) -> MutexGuard<'_, ProcessTable> {
+    table.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The aggregator's handle on the registry: it asks, the registry's thread reads.
@@ -168,12 +194,14 @@ pub struct Processes {
     sent: HashSet<(u32, bool, [u8; 16], u64), foldhash::fast::RandomState>,
     /// Wakes the thread that serves the registry, once it is set.
     wake: Arc<OnceLock<WorkSender>>,
+    /// The read-only view of the table.
+    table: Shared,
 }
 
 /// The registry itself: the process table and the aggregator's queue into it. Whichever
 /// thread holds it is the one writer of every process's state.
 pub struct Registry {
-    table: ProcessTable,
+    table: Shared,
     rx: Receiver<Msg>,
     /// One message per message of touches worked through.
     done: SyncSender<()>,
@@ -195,6 +223,7 @@ pub fn channel(
     let mut table = ProcessTable::new(limits, metrics);
     table.set_jit(jit.clone());
     table.set_python_cache(python.cache_bytes);
+    let table = Arc::new(Mutex::new(table));
     let (tx, rx) = mpsc::sync_channel(QUEUE);
     let (done_tx, done) = mpsc::sync_channel(TOUCHES_OUT);
     let wake = Arc::new(OnceLock::new());
@@ -205,6 +234,7 @@ pub fn channel(
         touches: Vec::new(),
         sent: HashSet::default(),
         wake: wake.clone(),
+        table: table.clone(),
     };
     let registry = Registry {
         table,
@@ -247,26 +277,17 @@ impl Registry {
     /// does this once it stops following processes: the last window is still named).
     pub fn run(mut self) {
         while let Ok(msg) = self.rx.recv() {
-            if self.handle(msg) && !self.serve() {
-                return;
-            }
+            self.handle(msg);
         }
     }
 
-    /// Serves the messages waiting, without waiting for more (but [`LINGER`] after a
-    /// window's facts, for its names); false once the aggregator's handle is gone.
+    /// Serves the messages waiting, without waiting for more; false once the aggregator's
+    /// handle is gone.
     pub fn serve(&mut self) -> bool {
-        let mut linger = None;
         loop {
             match self.rx.try_recv() {
-                Ok(msg) => {
-                    let more = self.handle(msg);
-                    linger = more.then(|| Instant::now() + LINGER);
-                }
-                Err(TryRecvError::Empty) => match linger {
-                    Some(until) if Instant::now() < until => std::hint::spin_loop(),
-                    _ => return true,
-                },
+                Ok(msg) => self.handle(msg),
+                Err(TryRecvError::Empty) => return true,
                 Err(TryRecvError::Disconnected) => return false,
             }
         }
@@ -274,13 +295,13 @@ impl Registry {
 
     /// Takes what the unwind loader read of a process (on this same thread).
     pub fn adopt(&mut self, snap: Snapshot) {
-        self.table.adopt(snap);
+        write(&self.table).adopt(snap);
     }
 
     /// Notes an exit the loader learned of (a task record, or its sweep): the table keeps
     /// the process's mappings until the window that sampled it is named, then forgets it.
     pub fn exited(&mut self, pid: u32, start_time: Option<u64>) {
-        self.table.exited(pid, start_time);
+        write(&self.table).exited(pid, start_time);
     }
 
     /// The exit events decided since the last call (window ends), for the loader's own
@@ -291,68 +312,34 @@ impl Registry {
 
     /// Serves one message; true when another is due at once (a window's names follow its
     /// facts).
-    fn handle(&mut self, msg: Msg) -> bool {
-        let table = &mut self.table;
+    fn handle(&mut self, msg: Msg) {
         match msg {
             Msg::Touch(touches) => {
+                let mut table = write(&self.table);
                 for t in touches {
                     table.touch(t.pid, t.tid, &t.comm, t.cgroup_id);
                 }
+                drop(table);
                 // Never full: the aggregator has at most TOUCHES_OUT out.
                 let _ = self.done.try_send(());
             }
-            Msg::Facts(touches, pids, reply) => {
-                for t in touches {
-                    table.touch(t.pid, t.tid, &t.comm, t.cgroup_id);
-                }
-                let facts = pids
-                    .into_iter()
-                    .map(|pid| Facts {
-                        cgroup: table.cgroup(pid),
-                        name: table.name(pid),
+            Msg::Close(misses, reply) => {
+                let mut table = write(&self.table);
+                let addrs = misses
+                    .lookups
+                    .iter()
+                    .map(|l| match l {
+                        Lookup::Addr { pid, addr } => table.normalize(*pid, *addr),
+                        Lookup::Python { pid, frame } => table.python(*pid, frame),
                     })
                     .collect();
-                let _ = reply.send(facts);
-                return true;
-            }
-            Msg::Close(ask, reply) => {
-                let mut addrs = Vec::with_capacity(ask.lookups.len());
-                let mut lookups = ask.lookups.iter();
-                let stacks = ask
-                    .stacks
-                    .iter()
-                    .map(|a| name_stack(table, a, lookups.by_ref().take(a.lookups), &mut addrs))
-                    .collect();
+                let names = misses.pids.iter().map(|&pid| table.name(pid)).collect();
                 let gone = table.end_window();
+                drop(table);
                 self.exits.extend_from_slice(&gone);
-                let _ = reply.send(Closed {
-                    stacks,
-                    addrs,
-                    gone,
-                });
+                let _ = reply.send(Resolved { addrs, names, gone });
             }
         }
-        false
-    }
-}
-
-/// Names one stack's `lookups` against `table`, into `addrs`.
-fn name_stack<'a>(
-    table: &mut ProcessTable,
-    ask: &StackAsk,
-    lookups: impl Iterator<Item = &'a Lookup>,
-    addrs: &mut Vec<UserAddr>,
-) -> Named {
-    let runtime = table.runtime(ask.pid);
-    let name_before = table.name(ask.pid);
-    addrs.extend(lookups.map(|l| match l {
-        Lookup::Addr { pid, addr } => table.normalize(*pid, *addr),
-        Lookup::Python { pid, frame } => table.python(*pid, frame),
-    }));
-    Named {
-        runtime,
-        name_before,
-        name: table.name(ask.pid),
     }
 }
 
@@ -414,61 +401,109 @@ impl Processes {
         sent
     }
 
-    /// The facts of `pids`, in order (defaults if the registry is gone).
+    /// Waits until every touch sent is worked through (or the registry is gone), so the
+    /// view knows every process sampled so far.
+    fn settle(&mut self) {
+        self.flush();
+        while self.out > 0 {
+            match self.done.recv() {
+                Ok(()) => self.out -= 1,
+                Err(_) => self.out = 0,
+            }
+        }
+    }
+
+    /// The facts of `pids`, in order, read from the view once the touches sent are worked
+    /// through.
     pub fn facts(&mut self, pids: Vec<u32>) -> Vec<Facts> {
-        let n = pids.len();
-        let (reply, rx) = mpsc::sync_channel(1);
-        // The touches not sent yet go with the ask: one message, one wakeup.
-        let touches = std::mem::take(&mut self.touches);
-        let got = self.send(Msg::Facts(touches, pids, reply)).then_some(());
-        got.and_then(|()| answer(&rx))
-            .filter(|f| f.len() == n)
-            .unwrap_or_else(|| vec![Facts::default(); n])
+        self.settle();
+        let guard = write(&self.table);
+        let table: &ProcessTable = &guard;
+        pids.into_iter()
+            .map(|pid| Facts {
+                cgroup: table.cgroup(pid),
+                name: table.name(pid),
+            })
+            .collect()
     }
 
     /// Names the window's stacks and ends the window; the next touches are the next
-    /// window's. A registry gone answers every address unknown.
+    /// window's. What the view names is named here; the rest goes to the registry. A
+    /// registry gone answers those unknown.
     pub fn close(&mut self, ask: WindowAsk) -> Closed {
-        self.flush();
+        self.settle();
         self.sent.clear();
+        let (mut closed, misses, missed) = self.name_from_view(ask);
+        let (n_lookups, n_pids) = (misses.lookups.len(), misses.pids.len());
         let (reply, rx) = mpsc::sync_channel(1);
-        let (stacks, lookups) = (ask.stacks.len(), ask.lookups.len());
-        match self.send(Msg::Close(ask, reply)).then_some(()) {
-            Some(()) => match answer(&rx) {
-                Some(c) if c.stacks.len() == stacks && c.addrs.len() == lookups => c,
-                _ => gone_registry(stacks, lookups),
-            },
-            None => gone_registry(stacks, lookups),
+        let resolved = self
+            .send(Msg::Close(misses, reply))
+            .then(|| answer(&rx))
+            .flatten()
+            .filter(|r| r.addrs.len() == n_lookups && r.names.len() == n_pids);
+        let Some(resolved) = resolved else {
+            tracing::error!("the process registry is gone: stacks go unnamed");
+            return closed;
+        };
+        for (&i, a) in missed.addrs.iter().zip(resolved.addrs) {
+            closed.addrs[i] = a;
         }
+        for (&i, name) in missed.stacks.iter().zip(resolved.names) {
+            closed.stacks[i].name = name;
+        }
+        closed.gone = resolved.gone;
+        closed
+    }
+
+    /// What the view names of `ask` (the misses standing as unknown addresses), the
+    /// misses to ask the registry, and where their answers go.
+    fn name_from_view(&self, ask: WindowAsk) -> (Closed, Misses, Missed) {
+        let guard = write(&self.table);
+        let table: &ProcessTable = &guard;
+        let mut closed = Closed {
+            stacks: Vec::with_capacity(ask.stacks.len()),
+            addrs: Vec::with_capacity(ask.lookups.len()),
+            gone: Vec::new(),
+        };
+        let (mut misses, mut missed) = (Misses::default(), Missed::default());
+        let mut lookups = ask.lookups.into_iter();
+        for a in &ask.stacks {
+            let before = misses.lookups.len();
+            for l in lookups.by_ref().take(a.lookups) {
+                let found = match &l {
+                    Lookup::Addr { pid, addr } => table.find(*pid, *addr),
+                    Lookup::Python { .. } => None,
+                };
+                closed.addrs.push(found.unwrap_or_else(|| {
+                    missed.addrs.push(closed.addrs.len());
+                    misses.lookups.push(l);
+                    UserAddr::Unknown(0)
+                }));
+            }
+            if misses.lookups.len() > before {
+                missed.stacks.push(closed.stacks.len());
+                misses.pids.push(a.pid);
+            }
+            let name = table.name(a.pid);
+            closed.stacks.push(Named {
+                runtime: table.runtime(a.pid),
+                name_before: name.clone(),
+                name,
+            });
+        }
+        (closed, misses, missed)
     }
 }
 
-/// The registry's answer on `rx`, looked for during [`LINGER`] before sleeping until it
-/// comes; `None` if the registry is gone.
+/// Where the registry's answers to [`Misses`] go in a [`Closed`]: the index of each
+/// lookup's answer, and of each stack whose name it tells.
+#[derive(Debug, Default)]
+struct Missed {
+    addrs: Vec<usize>,
+    stacks: Vec<usize>,
+}
+
+/// The registry's answer on `rx`; `None` if the registry is gone.
 fn answer<T>(rx: &Receiver<T>) -> Option<T> {
-    let until = Instant::now() + LINGER;
-    while Instant::now() < until {
-        match rx.try_recv() {
-            Ok(t) => return Some(t),
-            Err(TryRecvError::Empty) => std::hint::spin_loop(),
-            Err(TryRecvError::Disconnected) => return None,
-        }
-    }
     rx.recv().ok()
-}
-
-/// A window's answer when the registry's thread is gone (it only ends with its handles):
-/// `stacks` stacks and `lookups` lookups, every one unknown.
-fn gone_registry(stacks: usize, lookups: usize) -> Closed {
-    tracing::error!("the process registry is gone: stacks go unnamed");
-    let named = Named {
-        runtime: None,
-        name_before: Arc::from(""),
-        name: Arc::from(""),
-    };
-    Closed {
-        stacks: vec![named; stacks],
-        addrs: vec![UserAddr::Unknown(0); lookups],
-        gone: Vec::new(),
-    }
 }

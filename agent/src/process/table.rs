@@ -434,6 +434,22 @@ impl ProcessTable {
         }
     }
 
+    /// `addr` of `pid` normalized without a read or a change, when that is the whole answer:
+    /// in a file or a named region, or nowhere when `pid` is unknown or its mappings were
+    /// read again this window already. `None` when [`ProcessTable::normalize`] has more to
+    /// do (JIT code, or a miss that rereads the mappings).
+    pub fn find(&self, pid: u32, addr: u64) -> Option<UserAddr> {
+        let Some(p) = self.procs.get(&pid) else {
+            return Some(UserAddr::Unknown(addr));
+        };
+        match find_map(&p.maps, addr) {
+            Some(m) if m.kind == RegionKind::Anon => None,
+            Some(m) => Some(m.addr(addr)),
+            None if p.rescanned >= self.window => Some(UserAddr::Unknown(addr)),
+            None => None,
+        }
+    }
+
     /// What `addr` of `pid` is, with the kind of mapping it is in.
     fn normalize_mapped(&mut self, pid: u32, addr: u64) -> (UserAddr, Option<RegionKind>) {
         if let Some(m) = self.procs.get(&pid).and_then(|p| find_map(&p.maps, addr)) {
@@ -750,6 +766,31 @@ mod tests {
         }
         assert!(matches!(t.normalize(pid, 8), UserAddr::Unknown(8)));
         assert!(!t.name(pid).is_empty());
+    }
+
+    /// The aggregator's view names what the mappings read name, reads nothing, and leaves
+    /// a miss (a mapping read later may hold it) to the registry, unless this window read
+    /// the mappings already.
+    #[test]
+    fn find_names_from_the_mappings_and_leaves_misses() {
+        let mut t = table();
+        let pid = std::process::id();
+        assert!(matches!(t.find(pid, 8), Some(UserAddr::Unknown(8))));
+        t.touch(pid, pid, &[0; 16], 1);
+        let reads = t.reads;
+        let Some(UserAddr::Object(o, off)) = t.find(pid, own_code_addr()) else {
+            panic!("own code is in the executable");
+        };
+        match t.normalize(pid, own_code_addr()) {
+            UserAddr::Object(n, noff) => assert_eq!((n.path.clone(), noff), (o.path.clone(), off)),
+            other => panic!("expected an object, got {other:?}"),
+        }
+        // Read this window already: a miss is unknown at once.
+        assert!(matches!(t.find(pid, 8), Some(UserAddr::Unknown(8))));
+        t.end_window();
+        // A new window: the miss is the registry's to read again.
+        assert!(t.find(pid, 8).is_none());
+        assert_eq!(t.reads, reads, "find reads nothing");
     }
 
     #[test]

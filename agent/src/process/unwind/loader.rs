@@ -51,9 +51,9 @@ use crate::capture::unwind::{
     MapIo, TableImage, UnwindIo, UnwindMaps, RANGES,
 };
 use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
-use crate::process::elf_file::{ElfError, FileAt};
 use crate::os::file_id::FileId;
 use crate::os::procfs::{self, RegionKind};
+use crate::process::elf_file::{ElfError, FileAt};
 use crate::process::python::Interp;
 use crate::process::registry::Registry;
 use crate::process::snapshot::{self, Mapped, ReadError, ReadOptions, Region, Snapshot};
