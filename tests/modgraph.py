@@ -17,12 +17,13 @@ Three checks:
      and a stage never imports the one after it.
 
 And one check of what a room's code does rather than imports:
-  4. the aggregator thread never opens a file: the `aggregate` room's code (tests left
-     out) names no file API (`std::fs`, `File`, `OpenOptions`, `read_dir`, `.exists()`,
-     `/proc` paths) and none of the crate's file readers (`os::procfs`, `os::openat2`,
-     `workload::cgroup`, `workload::walk`, `normalize::fs`). The process table it
-     normalizes against (`normalize::process`) still reads `/proc` on the first sample of a
-     process: that is the process registry's to take over, not a file open in `aggregate`.
+  4. the aggregator thread never opens a file and keeps no process: the `aggregate` room's
+     code (tests left out) names no file API (`std::fs`, `File`, `OpenOptions`, `read_dir`,
+     `.exists()`, `/proc` paths), none of the crate's file readers (`os::procfs`,
+     `os::openat2`, `workload::cgroup`, `workload::walk`, `process::fs`,
+     `process::snapshot`) and not the process table (`ProcessTable`,
+     `process::table::ProcessTable`): what a process is it asks of the process registry
+     (`process::registry`), whose thread reads `/proc`.
 
 Every file ranks with its room: no file is ranked apart from its folder (a sink's
 settings live in the config room, which imports no stage; the sink converts them).
@@ -44,7 +45,7 @@ from collections import defaultdict
 ROOMS = [
     "proto", "push_proto", "os", "tls", "model", "config", "metrics",
     "workload",
-    "capture", "normalize", "aggregate", "symbolize", "encode", "export",
+    "capture", "process", "aggregate", "symbolize", "encode", "export",
     "readings",
     "server",
     "agent",
@@ -76,7 +77,7 @@ NO_FILES = {"aggregate"}
 FILE_APIS = re.compile(
     r"\bstd::fs\b|\bfs::|\bFile::|\bOpenOptions\b|\bread_dir\b|\.exists\(\)|\"/proc"
     r"|\bos::procfs\b|\bos::openat2\b|\bworkload::cgroup\b|\bworkload::walk\b"
-    r"|\bnormalize::fs\b")
+    r"|\bprocess::fs\b|\bprocess::snapshot\b|\bProcessTable\b")
 
 PATH_RE = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
 USE_RE = re.compile(r"\buse\s+(crate|super|self)::(\{.*?\}|[^;]*);", re.S)

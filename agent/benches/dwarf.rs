@@ -71,7 +71,14 @@ fn window(pid: u32, (lo, hi): (u64, u64)) -> Window {
     let mut agg = Aggregator::new(Parts {
         frequency_hz: 99,
         limits: Limits::default(),
-        jit: Jit::default(),
+        processes: ember::process::registry::start(
+            &Limits::default(),
+            &Jit::default(),
+            &Default::default(),
+            Metrics::new(),
+        )
+        .expect("the process registry's thread")
+        .0,
         offcpu: false,
         offwake: false,
         lock: false,

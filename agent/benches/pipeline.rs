@@ -28,7 +28,14 @@ fn aggregator_with(offcpu: bool) -> Aggregator {
     Aggregator::new(Parts {
         frequency_hz: 99,
         limits: limits(),
-        jit: Jit::default(),
+        processes: ember::process::registry::start(
+            &limits(),
+            &Jit::default(),
+            &Default::default(),
+            Metrics::new(),
+        )
+        .expect("the process registry's thread")
+        .0,
         offcpu,
         offwake: offcpu,
         lock: offcpu,
@@ -136,6 +143,26 @@ fn benches(c: &mut Criterion) {
                     agg.add(s);
                 }
                 black_box(agg.close())
+            },
+            BatchSize::LargeInput,
+        )
+    });
+
+    // The steady state: one aggregator (and process table) for every window, as the agent
+    // runs; the bench above pays a new table's first read of the process each time.
+    let mut warm = aggregator();
+    for s in samples() {
+        warm.add(s);
+    }
+    black_box(warm.close());
+    c.bench_function("aggregate 2000 samples + normalize, warm table", |b| {
+        b.iter_batched(
+            samples,
+            |samples| {
+                for s in samples {
+                    warm.add(s);
+                }
+                black_box(warm.close())
             },
             BatchSize::LargeInput,
         )

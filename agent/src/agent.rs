@@ -27,7 +27,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, SyncSender};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -40,10 +40,10 @@ use crate::config::{Config, NodeName};
 use crate::encode::{self, Encoded};
 use crate::export::files::{FilesError, WindowDir};
 use crate::metrics::Metrics;
-use crate::normalize::process::Snapshot;
-use crate::normalize::unwind;
 use crate::os::privileges;
 use crate::os::signals::{runtime, stop_signal, StopSignals};
+use crate::process::registry::{self, Registry};
+use crate::process::unwind;
 use crate::readings::otlp::OtlpError;
 use crate::readings::{self, Readings};
 use crate::server::{self, Health};
@@ -568,7 +568,8 @@ fn reading_sources(
 /// The capture → aggregate → output threads.
 struct Pipeline {
     capture: Capture,
-    /// The unwind loader's thread and its halt flag (it also ends when capture stops asking).
+    /// The unwind loader's thread and its halt flag (it also ends when capture stops asking,
+    /// after serving the process registry until the aggregator is gone).
     unwind: Option<(JoinHandle<()>, LoaderHalt)>,
     aggregate: JoinHandle<()>,
     output: JoinHandle<()>,
@@ -576,8 +577,6 @@ struct Pipeline {
 
 /// Data pages of each CPU's task record ring (exec, mmap, exit; ~100 bytes a record).
 const TASK_RING_PAGES: usize = 16;
-/// Process snapshots queued from the unwind loader to the process table.
-const SNAPSHOT_QUEUE: usize = 1024;
 
 /// What stops the unwind loader: its halt flag, and its queue to wake it.
 type LoaderHalt = (Arc<AtomicBool>, WorkSender);
@@ -629,10 +628,13 @@ impl Pipeline {
             cfg.limits.max_processes,
             crate::workload::accounting::MAX_BYTES,
         );
+        let python = &cfg.interpreters.python;
+        let (processes, registry) =
+            registry::channel(&cfg.limits, &cfg.jit, python, metrics.clone());
         let agg = Aggregator::new(aggregate::Parts {
             frequency_hz: cfg.sampling.frequency_hz,
             limits: cfg.limits.clone(),
-            jit: cfg.jit.clone(),
+            processes,
             offcpu: cfg.offcpu.enabled,
             offwake: cfg.offcpu.wakers,
             lock: cfg.offcpu.locks,
@@ -664,9 +666,8 @@ impl Pipeline {
             control: control_rx,
             metrics: metrics.clone(),
         })?;
-        let (snap_tx, snap_rx) = mpsc::sync_channel(SNAPSHOT_QUEUE);
         let aggregate = spawn("ember-aggregate", move || {
-            agg.run(batch_rx, snap_rx, window_tx, closes)
+            agg.run(batch_rx, window_tx, closes)
         })?;
 
         let (m, cache) = (metrics.clone(), cfg.limits.symbol_cache_entries);
@@ -679,7 +680,7 @@ impl Pipeline {
             encode::output::run(window_rx, symbolizer, m, on_window)
         })?;
 
-        let unwind = start_unwind(cfg, link, snap_tx, metrics)?;
+        let unwind = start_unwind(cfg, link, registry, metrics)?;
         Ok(Self {
             capture,
             aggregate,
@@ -708,14 +709,17 @@ impl Pipeline {
 /// The unwind loader (`ember-unwind`) and the task record reader that feeds it
 /// (`ember-tasks`), when the sampler walks tables (`link.maps`). The reader is not joined:
 /// it sleeps up to five seconds between records, and the loader stops it when it returns.
+/// The loader's thread owns the process `registry`; without a loader the registry gets a
+/// thread of its own (`ember-process`, not joined: it ends with the aggregator's handle).
 fn start_unwind(
     cfg: &Config,
     link: UnwindLink,
-    snapshots: SyncSender<Snapshot>,
+    registry: Registry,
     metrics: Metrics,
 ) -> Result<Option<(JoinHandle<()>, LoaderHalt)>, CaptureError> {
+    let alone = |r: Registry| r.spawn().map(|_| None).map_err(|_| CaptureError::Thread);
     let Some(maps) = link.maps else {
-        return Ok(None);
+        return alone(registry);
     };
     let settings = unwind::Settings {
         max_bytes: cfg.sampling.unwind_max_bytes,
@@ -727,10 +731,11 @@ fn start_unwind(
         Ok(loader) => loader,
         Err(e) => {
             tracing::warn!("unwind tables disabled: {e}; stacks use frame pointers");
-            return Ok(None);
+            return alone(registry);
         }
     };
-    loader.send_snapshots(snapshots);
+    registry.wake_with(link.sender.clone());
+    loader.own_registry(registry);
     let tasks = match TaskWatch::open_online(TASK_RING_PAGES) {
         Ok(watch) => {
             let tasks = TaskLink::default();

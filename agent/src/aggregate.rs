@@ -1,35 +1,38 @@
-//! Aggregation stage: counts samples per (process, thread, stack) for one window,
-//! then normalizes every distinct stack against the process table.
+//! Aggregation stage: counts samples per (process, thread, stack) for one window, then
+//! has the process registry name every distinct stack's user addresses.
 //!
 //! In: sample batches from capture. Out: one [`Window`] per window length (to symbolize)
 //! and [`Control`] orders back to capture. [`Aggregator::run`] is the stage's thread loop.
+//! It only counts: it opens no file and holds no process table; what a process is (its
+//! name, cgroup, mappings, runtime) it asks of [`crate::process::registry`], whose thread
+//! reads `/proc` (`tests/modgraph.py` checks that this room names no file API).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::capture::{Batch, Control, QueueBytes, CGROUP_DENY_ENTRIES};
-use crate::config::{Jit, Limits, Python};
+use crate::config::{Limits, Python};
 use crate::metrics::{Cache, Loss, Metrics};
 use crate::model::{
     self, LockWait, OffCpu, OffState, ProfileKind, PyFrameRef, PyWalk, Sample, StackEnd,
-    WAKE_SEPARATOR,
 };
-use crate::normalize::process::{ProcessTable, Snapshot, UserAddr};
+use crate::process::registry::{Exit, Named, Processes, Touch};
+use crate::process::table::UserAddr;
 
 mod closes;
+mod frames;
 mod offwindows;
 use closes::until_boundary;
 pub use closes::Closes;
+use frames::{frames_of, Lookups, Slot};
 use offwindows::OffWindows;
 
-/// How often the aggregator looks for process snapshots while no samples arrive (it takes
-/// them before each batch, and batches come every second while anything is sampled): only
-/// bounds how long they wait in their queue on an idle host.
-const SNAPSHOT_POLL: Duration = Duration::from_secs(2);
+/// How often the aggregator's loop goes round while no samples arrive (and no window is
+/// due): it tells the progress watch it is alive.
+const IDLE_POLL: Duration = Duration::from_secs(2);
 /// Samples of a batch added between two looks at the window's deadline (a look is one
-/// clock read; a sample of a new process may cost a `/proc` read).
+/// clock read).
 const CLOSE_CHECK: usize = 64;
 use crate::workload::gate::{Candidate, Gate, Judged, Order, Orders};
 use crate::workload::kube::Metadata;
@@ -113,14 +116,14 @@ pub struct Workloads {
     pub control: Option<SyncSender<Control>>,
 }
 
-/// Per-window sample counts plus the process table they are normalized against.
+/// Per-window sample counts, named at the window's end by the process registry.
 ///
 /// Each field has one job: the counting is `tallies` (the CPU window) and `off` (the
 /// off-CPU windows), the verdicts and BPF orders are the `gate`'s (`crate::workload`), the
-/// per-container series `accounting`'s.
+/// per-container series `accounting`'s, what a process is the registry's (`processes`).
 pub struct Aggregator {
-    /// The processes the stacks are normalized against.
-    table: ProcessTable,
+    /// The registry that names the stacks' processes and addresses (on its own thread).
+    processes: Processes,
     /// The current window's counts, under the stack and byte caps.
     tallies: Tallies,
     /// The off-CPU kinds made beside the CPU windows, and their stacks until their window
@@ -169,10 +172,10 @@ struct Period {
 pub struct Parts {
     /// `sampling.frequency_hz`: the CPU time one sample stands for.
     pub frequency_hz: u64,
-    /// `limits:`: the stacks of a window, and the process table's caps.
+    /// `limits:`: the stacks of a window.
     pub limits: Limits,
-    /// `jit:`, for the process table.
-    pub jit: Jit,
+    /// The process registry's handle ([`crate::process::registry::start`]).
+    pub processes: Processes,
     /// `offcpu.enabled`: an off-CPU window is made beside each CPU window.
     pub offcpu: bool,
     /// `offcpu.wakers` (with `offcpu`): an `offwake` window too.
@@ -181,7 +184,7 @@ pub struct Parts {
     pub lock: bool,
     /// `offcpu.window`: the off-CPU windows' length.
     pub offcpu_window: Duration,
-    /// `interpreters.python`: eval loop frames kept or not, the names' cache.
+    /// `interpreters.python`: eval loop frames kept or not.
     pub python: Python,
     /// The sample queue's byte budget, given back as batches arrive (see [`QueueBytes`]).
     pub queue_bytes: Option<QueueBytes>,
@@ -193,12 +196,12 @@ pub struct Parts {
 
 impl Aggregator {
     /// A new aggregator for samples taken at `parts.frequency_hz`, keeping at most
-    /// `limits.max_stacks_per_window` stacks (its process table capped by `limits` too).
+    /// `limits.max_stacks_per_window` stacks.
     pub fn new(parts: Parts) -> Self {
         let Parts {
             frequency_hz,
             limits,
-            jit,
+            processes,
             offcpu,
             offwake,
             lock,
@@ -208,9 +211,6 @@ impl Aggregator {
             metrics,
             workloads,
         } = parts;
-        let mut table = ProcessTable::new(&limits, metrics.clone());
-        table.set_jit(jit);
-        table.set_python_cache(python.cache_bytes);
         let Workloads {
             metadata,
             filter,
@@ -227,7 +227,7 @@ impl Aggregator {
             metrics.clone(),
         );
         Self {
-            table,
+            processes,
             tallies: Tallies {
                 counts: HashMap::default(),
                 max_stacks: limits.max_stacks_per_window,
@@ -263,19 +263,33 @@ impl Aggregator {
         }
     }
 
-    /// Counts one sample; the first sample of a process reads its mappings.
+    /// Counts one sample; its thread (and its waker's) is told to the process registry,
+    /// which reads a process it does not know.
     pub fn add(&mut self, s: Sample) {
         if self.gate.denied(s.pid) {
             self.metrics.samples_filtered.inc();
             return;
         }
-        self.table.touch(s.pid, s.tid, &s.comm, s.cgroup_id);
+        let mut touches = [
+            Some(Touch {
+                pid: s.pid,
+                tid: s.tid,
+                comm: s.comm,
+                cgroup_id: s.cgroup_id,
+            }),
+            None,
+        ];
         if let Some(r) = s.py_result {
             self.metrics.python_walked(r, 1);
         }
         let (ns, blocks) = s.off_cpu.map_or((0, 1), |o| (o.ns, o.blocks.max(1)));
         let waker = s.waker.map(|w| {
-            self.table.touch(w.pid, w.tid, &w.comm, w.cgroup_id);
+            touches[1] = Some(Touch {
+                pid: w.pid,
+                tid: w.tid,
+                comm: w.comm,
+                cgroup_id: w.cgroup_id,
+            });
             Box::new(WakerKey {
                 pid: w.pid,
                 comm: w.comm,
@@ -309,7 +323,14 @@ impl Aggregator {
             lock: s.off_cpu.and(s.lock),
             waker,
         };
-        self.count(key, ns, blocks);
+        // Its threads are told to the registry with the first sample of a stack in the
+        // window, not with every sample: the same stack again names the same threads (and
+        // the registry hears of each thread once a window anyway).
+        if self.count(key, ns, blocks) {
+            for t in touches.into_iter().flatten() {
+                self.processes.touch(t);
+            }
+        }
     }
 
     /// The windows an off-CPU stack counted in `counts` goes to, and whether with its
@@ -376,8 +397,9 @@ impl Aggregator {
 
     /// Adds `blocks` samples of `key` (and their off-CPU nanoseconds), within the window's
     /// caps, which the off-CPU stacks summed since their window began count toward too:
-    /// everything the stage holds stays under one window's caps.
-    fn count(&mut self, key: Key, ns: u64, blocks: u64) {
+    /// everything the stage holds stays under one window's caps. Whether the stack is new
+    /// in the window (counted, or lost to a cap).
+    fn count(&mut self, key: Key, ns: u64, blocks: u64) -> bool {
         let bytes = stack_bytes(&key);
         let t = &mut self.tallies;
         let full = t.counts.len() + self.off.windows.len() >= t.max_stacks
@@ -389,6 +411,7 @@ impl Aggregator {
             Some(t) => {
                 t.count += blocks;
                 t.ns += ns;
+                return false;
             }
             None if full => self.metrics.lost(Loss::StackCap, blocks),
             None => {
@@ -396,6 +419,7 @@ impl Aggregator {
                 t.bytes += bytes;
             }
         }
+        true
     }
 
     /// Closes the window: normalizes its stacks and starts the next one. Returns the CPU
@@ -417,13 +441,13 @@ impl Aggregator {
     fn close_period(&mut self, off_due: bool) -> Vec<Window> {
         let counts = self.take_counts();
         let verdicts = self.judge(&counts);
-        let (stacks, off_stacks) = self.stacks_of(counts, &verdicts);
+        let kept = self.keep(counts, &verdicts);
+        let (stacks, off_stacks, gone) = self.stacks_of(kept);
         for (kind, v) in off_stacks {
             self.off.windows.add(kind, v, &self.metrics);
         }
         self.end_accounting();
-        let gone = self.table.end_window();
-        self.gate.end_window(gone);
+        self.gate.end_window(gone.into_iter().map(|e| e.pid));
         self.take_windows(stacks, off_due)
     }
 
@@ -435,33 +459,59 @@ impl Aggregator {
         self.fan_out(counts)
     }
 
-    /// The gate's verdict on every process with a stack in `counts`.
+    /// The gate's verdict on every process with a stack in `counts`, judged by what the
+    /// registry knows of it.
     fn judge(&mut self, counts: &Counts) -> HashMap<u32, Option<Judged>> {
         let pids: HashSet<u32> = counts.keys().map(|k| k.pid).collect();
-        let table = &self.table;
-        self.gate.judge(pids.into_iter().map(|pid| Candidate {
-            pid,
-            cgroup: table.cgroup(pid),
-            name: table.name(pid),
-        }))
+        let pids: Vec<u32> = pids.into_iter().collect();
+        let facts = self.processes.facts(pids.clone());
+        self.gate
+            .judge(pids.into_iter().zip(facts).map(|(pid, f)| Candidate {
+                pid,
+                cgroup: f.cgroup,
+                name: f.name,
+            }))
     }
 
-    /// The stacks of `counts` the gate let through, normalized and labelled: the CPU ones in
-    /// a stable order, the off-CPU ones by kind. The others' samples count as filtered.
-    fn stacks_of(
-        &mut self,
+    /// The stacks of `counts` the gate let through, with their labels; the others' samples
+    /// count as filtered.
+    fn keep(
+        &self,
         counts: Counts,
         verdicts: &HashMap<u32, Option<Judged>>,
-    ) -> (Vec<Stack>, HashMap<ProfileKind, Vec<Stack>>) {
-        let mut stacks = Vec::with_capacity(counts.len());
-        let mut off_stacks: HashMap<ProfileKind, Vec<Stack>> = HashMap::new();
+    ) -> Vec<(Key, Tally, Judged)> {
+        let mut kept = Vec::with_capacity(counts.len());
         for (key, tally) in counts {
-            let Some(Some(labels)) = verdicts.get(&key.pid) else {
-                self.metrics.samples_filtered.inc_by(tally.count);
-                continue;
-            };
+            match verdicts.get(&key.pid) {
+                Some(Some(labels)) => kept.push((key, tally, labels.clone())),
+                _ => {
+                    self.metrics.samples_filtered.inc_by(tally.count);
+                }
+            }
+        }
+        kept
+    }
+
+    /// The `kept` stacks, their user frames named by the registry (which ends its window
+    /// with them) and labelled: the CPU ones in a stable order, the off-CPU ones by kind;
+    /// and the processes the registry's window end forgot.
+    fn stacks_of(
+        &mut self,
+        kept: Vec<(Key, Tally, Judged)>,
+    ) -> (Vec<Stack>, HashMap<ProfileKind, Vec<Stack>>, Vec<Exit>) {
+        let mut lookups = Lookups::default();
+        let plans: Vec<Vec<Slot>> = kept
+            .iter()
+            .map(|(key, ..)| self.plan(key, &mut lookups))
+            .collect();
+        let closed = self.processes.close(lookups.into_ask());
+        let mut stacks = Vec::with_capacity(kept.len());
+        let mut off_stacks: HashMap<ProfileKind, Vec<Stack>> = HashMap::new();
+        for (((key, tally, labels), slots), named) in kept.into_iter().zip(plans).zip(closed.stacks)
+        {
             let kind = key.kind;
-            let stack = self.stack_of(key, tally, labels);
+            let frames = frames_of(slots, &closed.addrs);
+            let stack = self.stack_of(key, tally, labels, frames, named);
             if kind == ProfileKind::Cpu {
                 stacks.push(stack);
             } else {
@@ -470,31 +520,37 @@ impl Aggregator {
         }
         // Stable order makes output deterministic and diffable.
         stacks.sort_by(|a, b| (a.pid, a.tid, b.count).cmp(&(b.pid, b.tid, a.count)));
-        (stacks, off_stacks)
+        (stacks, off_stacks, closed.gone)
     }
 
-    /// One distinct stack of the window: counted toward its container and the stack-end
-    /// metrics, its frames normalized.
-    fn stack_of(&mut self, key: Key, tally: Tally, labels: &Judged) -> Stack {
+    /// One distinct stack of the window, made of `slots` with the registry's answers
+    /// (`named`): counted toward its container and the stack-end metrics.
+    fn stack_of(
+        &mut self,
+        key: Key,
+        tally: Tally,
+        labels: Judged,
+        frames: Vec<Frame>,
+        named: Named,
+    ) -> Stack {
+        let Named {
+            runtime,
+            name_before,
+            name,
+        } = named;
         let count = tally.count;
-        let runtime = self.table.runtime(key.pid);
         let off_cpu = key.off.map(|state| OffCpu {
             state,
             ns: tally.ns,
             blocks: count,
         });
-        self.account(&key, count, off_cpu, labels, runtime.as_ref());
-        let mut frames = Vec::with_capacity(key.kernel.len() + key.user.len());
-        if let Some(w) = &key.waker {
-            self.waker_frames(w, &mut frames);
-        }
-        frames.extend(
-            key.kernel
-                .iter()
-                .enumerate()
-                .map(|(i, &a)| Frame::Kernel(caller(i, a, false))),
+        self.account(
+            &key,
+            (count, off_cpu),
+            &labels,
+            runtime.as_ref(),
+            &name_before,
         );
-        self.user_frames(&key, &mut frames);
         let comm_len = key
             .comm
             .iter()
@@ -504,8 +560,8 @@ impl Aggregator {
             pid: key.pid,
             tid: key.tid,
             comm: String::from_utf8_lossy(&key.comm[..comm_len]).into_owned(),
-            process: self.table.name(key.pid),
-            labels: labels.clone(),
+            process: name,
+            labels,
             frames,
             count,
             off_cpu,
@@ -513,24 +569,23 @@ impl Aggregator {
         }
     }
 
-    /// Counts a stack toward its container's series (CPU seconds, off-CPU and lock time)
-    /// and, for CPU stacks, the stack-end metrics.
+    /// Counts a stack (`count` samples, off-CPU or not) toward its container's series (CPU
+    /// seconds, off-CPU and lock time) and, for CPU stacks, the stack-end metrics of its
+    /// process `name`.
     fn account(
         &mut self,
         key: &Key,
-        count: u64,
-        off_cpu: Option<OffCpu>,
+        (count, off_cpu): (u64, Option<OffCpu>),
         labels: &Judged,
         runtime: Option<&crate::model::Runtime>,
+        name: &str,
     ) {
         match off_cpu {
             None => {
                 if let Some(acc) = &mut self.accounting {
                     acc.add(labels, (count * self.period.ns) as f64 / 1e9);
                 }
-                let workload = self
-                    .metrics
-                    .workload_label(labels.workload(&self.table.name(key.pid)));
+                let workload = self.metrics.workload_label(labels.workload(name));
                 self.metrics.stacks_ended(&workload, key.end, count);
                 if let (Some(rt), Some(r)) = (runtime, key.py) {
                     self.metrics
@@ -583,53 +638,6 @@ impl Aggregator {
 }
 
 impl Aggregator {
-    /// Appends a waker's framesimpl Aggregator {
-    /// Appends a waker's frames, outermost first, then the separator: read leaf first, the
-    /// waker's stack stands upside down on the blocked one (bcc's offwaketime), so a flame
-    /// graph shows the waker's leaf (the wakeup) right above the blocked thread's wait.
-    fn waker_frames(&mut self, w: &WakerKey, frames: &mut Vec<Frame>) {
-        let start = frames.len();
-        frames.extend(
-            w.kernel
-                .iter()
-                .enumerate()
-                .map(|(i, &a)| Frame::Kernel(caller(i, a, false))),
-        );
-        for (i, &a) in w.user.iter().enumerate() {
-            let exact = i < 128 && w.user_exact >> i & 1 == 1;
-            frames.push(Frame::User(
-                self.table.normalize(w.pid, caller(i, a, exact)),
-            ));
-        }
-        frames[start..].reverse();
-        frames.push(Frame::User(UserAddr::Region(Arc::from(WAKE_SEPARATOR), 0)));
-    }
-
-    /// Appends the user side of `key` to `frames`, normalized: each native frame, after the
-    /// interpreter frames placed before it; eval loop frames left out where interpreter
-    /// frames stand for them (unless `keep_eval_frames`).
-    fn user_frames(&mut self, key: &Key, frames: &mut Vec<Frame>) {
-        let hide_eval = !self.keep_eval_frames && !key.python.is_empty();
-        let mut py = key.python.iter().peekable();
-        for i in 0..=key.user.len() {
-            while let Some(f) = py.next_if(|f| usize::from(f.before) <= i) {
-                frames.push(Frame::User(self.table.python(key.pid, f)));
-            }
-            let Some(&a) = key.user.get(i) else {
-                break;
-            };
-            if hide_eval && i < 128 && key.user_eval >> i & 1 == 1 {
-                continue;
-            }
-            let exact = i < 128 && key.user_exact >> i & 1 == 1;
-            frames.push(Frame::User(
-                self.table.normalize(key.pid, caller(i, a, exact)),
-            ));
-        }
-    }
-}
-
-impl Aggregator {
     /// The stage's thread: adds every batch from `rx` and sends the windows of a period
     /// (CPU, then the off-CPU kinds) into `tx` at each boundary `closes` sets, together, so
     /// they are named in one pass (a full queue drops them and counts them); when capture
@@ -639,16 +647,11 @@ impl Aggregator {
     /// A window closes at its boundary whatever waits in `rx`: the deadline is checked
     /// before each receive and every [`CLOSE_CHECK`] samples of a batch, never only when the
     /// queue runs dry. A host that keeps this thread busy (a spawn storm: every new process
-    /// sampled is a `/proc` read here, and under a CPU limit the queue never empties) used to
-    /// hold the window until the queue drained, for over a minute; now samples that arrive
-    /// late go to the next window and the window closes on time.
-    pub fn run(
-        mut self,
-        rx: Receiver<Batch>,
-        snapshots: Receiver<Snapshot>,
-        tx: SyncSender<Vec<Window>>,
-        closes: Closes,
-    ) {
+    /// sampled was a `/proc` read here before the registry took them, and under a CPU limit
+    /// the queue never empties) used to hold the window until the queue drained, for over a
+    /// minute; now samples that arrive late go to the next window and the window closes on
+    /// time.
+    pub fn run(mut self, rx: Receiver<Batch>, tx: SyncSender<Vec<Window>>, closes: Closes) {
         self.period.align = matches!(closes, Closes::Every { align: true, .. });
         let mut deadline = closes.next();
         self.off.windows.deadline =
@@ -661,22 +664,16 @@ impl Aggregator {
         };
         loop {
             self.metrics.progress.tick(crate::metrics::Stage::Aggregate);
-            // Snapshots of processes come from the unwind loader's thread: taken before each
-            // batch (a process read while its samples were on their way is known when they
-            // are added), and every SNAPSHOT_POLL while none arrive.
-            self.adopt_snapshots(&snapshots);
             if let Some(window) = due(deadline) {
                 self.close_into(&tx, window);
                 deadline = closes.next();
                 continue;
             }
-            let left = deadline.map_or(SNAPSHOT_POLL, |d| {
-                d.saturating_duration_since(Instant::now())
-                    .min(SNAPSHOT_POLL)
+            let left = deadline.map_or(IDLE_POLL, |d| {
+                d.saturating_duration_since(Instant::now()).min(IDLE_POLL)
             });
             match rx.recv_timeout(left) {
                 Ok(batch) => {
-                    self.adopt_snapshots(&snapshots);
                     if let Some(budget) = &self.queue_bytes {
                         budget.give(crate::capture::batch_bytes(&batch));
                     }
@@ -689,21 +686,16 @@ impl Aggregator {
                         }
                         self.add(s);
                     }
+                    // The batch's new processes are read now, while they live.
+                    self.processes.flush();
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     // Capture has stopped and drained: the last window is complete.
-                    self.adopt_snapshots(&snapshots);
                     let _ = tx.send(self.close_windows());
                     return;
                 }
             }
-        }
-    }
-
-    fn adopt_snapshots(&mut self, snapshots: &Receiver<Snapshot>) {
-        while let Ok(snap) = snapshots.try_recv() {
-            self.table.adopt(snap);
         }
     }
 
@@ -793,8 +785,8 @@ mod tests {
     fn parts(limits: Limits, workloads: Workloads) -> Parts {
         Parts {
             frequency_hz: 99,
+            processes: processes(&limits),
             limits,
-            jit: Jit::default(),
             offcpu: false,
             offwake: false,
             lock: false,
@@ -804,6 +796,13 @@ mod tests {
             metrics: Metrics::new(),
             workloads,
         }
+    }
+
+    /// A process registry within `limits` (its own thread, ending with the aggregator).
+    fn processes(limits: &Limits) -> Processes {
+        let (jit, python) = (crate::config::Jit::default(), Python::default());
+        let started = crate::process::registry::start(limits, &jit, &python, Metrics::new());
+        started.expect("registry thread").0
     }
 
     fn agg(max_stacks: usize) -> Aggregator {
@@ -1146,7 +1145,6 @@ mod tests {
         assert!(budget.try_take(400));
         // The aggregator gives a batch's bytes back as it arrives.
         let (tx, rx) = std::sync::mpsc::sync_channel(4);
-        let (_stx, srx) = std::sync::mpsc::sync_channel(1);
         let (wtx, _wrx) = std::sync::mpsc::sync_channel(4);
         let budget = crate::capture::QueueBytes::new(1 << 20);
         let batch = vec![sample(1, 1, &[0x10; 100])];
@@ -1159,7 +1157,7 @@ mod tests {
             queue_bytes: Some(budget.clone()),
             ..parts(limits(10), Workloads::default())
         });
-        a.run(rx, srx, wtx, every(Duration::from_secs(60)));
+        a.run(rx, wtx, every(Duration::from_secs(60)));
         assert_eq!(budget.held(), 0);
     }
 
@@ -1174,10 +1172,9 @@ mod tests {
     fn a_recording_closes_its_one_window_when_capture_stops() {
         // `record`: no boundary, however long it runs; the one window holds every sample.
         let (tx, rx) = std::sync::mpsc::sync_channel(4);
-        let (_stx, srx) = std::sync::mpsc::sync_channel(1);
         let (wtx, wrx) = std::sync::mpsc::sync_channel(16);
         let a = agg(1 << 20);
-        let stage = std::thread::spawn(move || a.run(rx, srx, wtx, Closes::AtEnd));
+        let stage = std::thread::spawn(move || a.run(rx, wtx, Closes::AtEnd));
         tx.send(vec![sample(1, 1, &[0x10])]).expect("send");
         std::thread::sleep(Duration::from_millis(300));
         tx.send(vec![sample(1, 1, &[0x10])]).expect("send");
@@ -1199,7 +1196,6 @@ mod tests {
         // once at the end.
         let batches = 600u32;
         let (tx, rx) = std::sync::mpsc::sync_channel(batches as usize);
-        let (_stx, srx) = std::sync::mpsc::sync_channel(1);
         let (wtx, wrx) = std::sync::mpsc::sync_channel(4096);
         for b in 0..batches {
             // Pids above the kernel's limit (2^22): never a process, read and not found.
@@ -1210,7 +1206,7 @@ mod tests {
         }
         drop(tx);
         let started = Instant::now();
-        agg(1 << 20).run(rx, srx, wtx, every(Duration::from_millis(100)));
+        agg(1 << 20).run(rx, wtx, every(Duration::from_millis(100)));
         let took = started.elapsed();
         // One period (the CPU window, and the off-CPU kinds when on) per boundary.
         let periods: Vec<Vec<Window>> = wrx.try_iter().collect();

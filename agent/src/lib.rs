@@ -5,15 +5,15 @@
 //!
 //! ```text
 //!  capture ──▶ aggregate ──────────────▶ symbolize ──▶ encode ──▶ export
-//!  (BPF →      (per window; normalize      (ELF/DWARF,   (pprof,     (window files,
-//!   samples)    owns the process table:     kallsyms)     flame       Pyroscope,
-//!   │  ▲        objects, JIT frames)                      graphs)     OTLP profiles)
-//!   │  │           ▲            ▲
-//!   │  │           │            workload (cgroup → container, pod, filters,
-//!   │  │           │ process    per-container CPU)
-//!   │  │ tables,   │ snapshots
-//!   │  │ ranges    │
-//!   │  └────────── unwind loader (normalize::unwind: reads /proc, builds tables,
+//!  (BPF →      (per window; counts      (ELF/DWARF,   (pprof,     (window files,
+//!   samples)    only: asks process)       kallsyms)     flame       Pyroscope,
+//!   │  ▲         │ touches,    ▲                        graphs)     OTLP profiles)
+//!   │  │         ▼ windows     │ names, exits
+//!   │  │        process registry (process::registry, ember-process: the process table,
+//!   │  │         ▲ snapshots    objects, JIT frames, Python names; reads /proc)
+//!   │  │ tables, │              workload (cgroup → container, pod, filters,
+//!   │  │ ranges  │              per-container CPU; judged in aggregate)
+//!   │  └────────── unwind loader (process::unwind: reads /proc, builds tables,
 //!   │ asks          ▲  ▲          fills the sampler's maps through capture::unwind)
 //!   └───────────────┘  │ exec, mmap, fork, exit
 //!                      tasks (capture::tasks: the kernel's task records)
@@ -21,7 +21,7 @@
 //!  readings (USE, perf counters, run-queue latency) ──▶ snapshot ──▶ /metrics, OTLP metrics
 //!  server (/metrics, /healthz, windows, flame graphs)
 //!  agent: the one place that starts and stops every thread, in order (ember-capture,
-//!         ember-aggregate, ember-output, ember-unwind, ember-tasks, ...)
+//!         ember-process, ember-aggregate, ember-output, ember-unwind, ember-tasks, ...)
 //! ```
 //!
 //! What the stages hand each other (samples, windows of stacks, symbolized frames, labels)
@@ -29,7 +29,7 @@
 //!
 //! Leaves that import no stage: [`model`], [`config`], [`metrics`], [`os`], `tls`. A module
 //! imports only modules before it in this order, and no two rooms import each other
-//! (checked by `tests/modgraph.py` in `make test`): leaves, workload, capture, normalize,
+//! (checked by `tests/modgraph.py` in `make test`): leaves, workload, capture, process,
 //! aggregate, symbolize, encode, export, readings, server, agent.
 //!
 //! Each network sink keeps its code in one folder, `export/<sink>/`: encoding, transport
@@ -39,7 +39,7 @@
 //! The parsers of bytes a container can write (perf maps, jitdump, perf task records, call
 //! frame information, ELF objects and their symbol tables, mountinfo) are the workspace
 //! crate `ember-parse` (`parse/`): pure, tested and fuzzed without BPF or Kubernetes; the
-//! stages re-export them where they use them (`normalize::elf_file`, `os::mountinfo`, ...).
+//! stages re-export them where they use them (`process::elf_file`, `os::mountinfo`, ...).
 
 pub mod agent;
 pub mod aggregate;
@@ -49,8 +49,8 @@ pub mod encode;
 pub(crate) mod export;
 pub mod metrics;
 pub mod model;
-pub mod normalize;
 pub(crate) mod os;
+pub mod process;
 pub use os::one_malloc_arena;
 /// The processes `ember record` runs and follows.
 pub use os::watch;

@@ -7,7 +7,7 @@
 //! Data only: no stage is imported here (a leaf, checked by `tests/modgraph.py`), so every
 //! stage can name these types, and the types say what flows, not how it is made. What makes
 //! them lives with its stage: [`Labels`] are built from a cgroup and a pod in
-//! `workload::labels`, a [`FileId`] is read from an open file in `normalize::object`.
+//! `workload::labels`, a [`FileId`] is read from an open file in `process::object`.
 //!
 //! A window is generic over its frame type: aggregation's frames (`aggregate::Frame`) are
 //! kernel addresses and normalized user addresses, which hold the open object files the

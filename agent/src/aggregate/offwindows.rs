@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::{Frame, Stack, Window};
 use crate::metrics::{Loss, Metrics};
 use crate::model::ProfileKind;
-use crate::normalize::process::UserAddr;
+use crate::process::table::UserAddr;
 
 /// The off-CPU stacks of the current off-CPU window, summed by stack, one table per kind.
 pub(super) struct OffWindows {

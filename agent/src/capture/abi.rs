@@ -8,7 +8,7 @@
 //! a change to the header fails the build here, pointing at the code that relies on it.
 //! Each struct is also checked to have no hidden padding (every byte a named field), so
 //! no uninitialized byte is ever copied to or from the kernel. The Rust mirrors of the
-//! unwind rows and pages are checked against these types in `normalize/unwind/abi.rs`;
+//! unwind rows and pages are checked against these types in `process/unwind/abi.rs`;
 //! `struct ember_rq_hist` (runqlat's skeleton) in `readings/runqlat.rs`.
 
 use std::mem::{align_of, offset_of, size_of};

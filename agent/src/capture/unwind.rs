@@ -1,6 +1,6 @@
 //! The sampler's unwind maps, and the one place that writes them.
 //!
-//! The unwind loader ([`crate::normalize::unwind`]) decides what the sampler holds (which
+//! The unwind loader ([`crate::process::unwind`]) decides what the sampler holds (which
 //! tables, in which slots, which processes' ranges); this file turns those decisions into
 //! map updates, behind [`UnwindIo`] so the decisions are tested against an in-memory fake.
 //! Values are the skeleton's types, generated from `agent/bpf/ember.h` ([`ember_unwind_proc`],

@@ -16,9 +16,9 @@ use prost::Message;
 use crate::aggregate::{Frame, Stack, Window};
 use crate::encode::Encoded;
 use crate::model::{Func, JitSource, Labels};
-use crate::normalize::jit::JitFrame;
-use crate::normalize::object::Object;
-use crate::normalize::process::UserAddr;
+use crate::process::jit::JitFrame;
+use crate::process::object::Object;
+use crate::process::table::UserAddr;
 use crate::push_proto::PushRequest;
 use crate::symbolize::{assemble, FrameKey, Resolved};
 

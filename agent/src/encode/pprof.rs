@@ -457,7 +457,7 @@ mod tests {
     use super::*;
     use crate::aggregate::{Frame, Stack, Window};
     use crate::model::{FrameCounts, KERNEL_MAPPING};
-    use crate::normalize::process::UserAddr;
+    use crate::process::table::UserAddr;
     use crate::symbolize::{assemble, FrameKey, Resolved};
     use std::collections::HashMap;
     use std::sync::Arc;

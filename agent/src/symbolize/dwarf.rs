@@ -24,8 +24,8 @@ use ember_parse::dwarf::{Dwarf, DwarfError, InlineFrame, Looked};
 use crate::config::Symbols;
 use crate::metrics::{Cache, DwarfRead, DwarfSkip, Metrics};
 use crate::model::{FileId, Func};
-use crate::normalize::elf_file::{offset_to_vaddr, ElfReader, Limits};
-use crate::normalize::object::{find_debug_file, FileAt, Object};
+use crate::process::elf_file::{offset_to_vaddr, ElfReader, Limits};
+use crate::process::object::{find_debug_file, FileAt, Object};
 use crate::symbolize::demangle_counted;
 
 /// Files remembered as giving no lines; past it the memory starts afresh.

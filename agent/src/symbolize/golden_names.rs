@@ -13,8 +13,8 @@ use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer as Blaze};
 
 use super::*;
-use crate::normalize::elf_file::{ReadAt, DEFAULT_LIMITS};
-use crate::normalize::object::{debug_file_path, FileAt};
+use crate::process::elf_file::{ReadAt, DEFAULT_LIMITS};
+use crate::process::object::{debug_file_path, FileAt};
 use crate::symbolize::table_cache::build_table;
 
 /// Offsets compared per binary.

@@ -9,7 +9,7 @@
 //! once per file (by `fstat` identity of the file opened, [`FileId`]: device, inode, size,
 //! mtime and ctime — a container can write any build id, not another file's inode, and a
 //! file on a freed and reused inode has a new ctime) through the safe reader of
-//! [`crate::normalize::object`], kept between windows under `symbols.cache_bytes` and shared
+//! [`crate::process::object`], kept between windows under `symbols.cache_bytes` and shared
 //! by every process that maps the file. `.symtab` comes from the object itself or from a
 //! debug file found by build id in `symbols.debug_dirs` on the host, else in
 //! `symbols.root_debug_dirs` inside the root of the process the object came from (opened
@@ -48,11 +48,11 @@ use crate::model::{
     FileId, Func, JitSource, Mapping, ObjectFile, SymFrame, Symbolized, KERNEL_MAPPING,
     PYTHON_MAPPING, WAKE_SEPARATOR,
 };
-use crate::normalize::elf_file::{ElfReader, Limits};
-use crate::normalize::object::{refusal, Object};
-use crate::normalize::process::UserAddr;
-use crate::normalize::python::PyFrame;
 use crate::os::file_id::FileTime;
+use crate::process::elf_file::{ElfReader, Limits};
+use crate::process::object::{refusal, Object};
+use crate::process::python::PyFrame;
+use crate::process::table::UserAddr;
 use crate::symbolize::debuginfod::Debuginfod;
 use crate::symbolize::demangle::Outcome;
 use crate::symbolize::kallsyms::Kallsyms;
@@ -755,7 +755,7 @@ mod tests {
     use super::*;
     use crate::aggregate::Stack;
     use crate::model::{FrameCounts, ObjectKey, ProfileKind};
-    use crate::normalize::jit;
+    use crate::process::jit;
     use crate::symbolize::table_cache::{NEGATIVE_BYTES, OVER_BUDGET_WINDOWS};
     use std::time::{Duration, SystemTime};
 
@@ -798,7 +798,7 @@ mod tests {
             libc::dlsym(h, c"__vdso_clock_gettime".as_ptr()) as u64
         };
         assert_ne!(f, 0);
-        let mut table = crate::normalize::process::ProcessTable::new(
+        let mut table = crate::process::table::ProcessTable::new(
             &crate::config::Limits::default(),
             Metrics::new(),
         );
@@ -825,7 +825,7 @@ mod tests {
     #[test]
     fn names_own_function_once_per_file() {
         let _ = a_very_distinct_function_name();
-        let mut table = crate::normalize::process::ProcessTable::new(
+        let mut table = crate::process::table::ProcessTable::new(
             &crate::config::Limits {
                 max_processes: 4,
                 max_objects: 64,
@@ -868,7 +868,7 @@ mod tests {
     #[test]
     fn a_periods_windows_are_named_in_one_pass() {
         let _ = a_very_distinct_function_name();
-        let mut table = crate::normalize::process::ProcessTable::new(
+        let mut table = crate::process::table::ProcessTable::new(
             &crate::config::Limits::default(),
             Metrics::new(),
         );
@@ -1060,7 +1060,7 @@ mod tests {
     fn a_table_over_the_budget_is_not_parsed_in_every_window() {
         let _ = a_very_distinct_function_name();
         let metrics = Metrics::new();
-        let mut table = crate::normalize::process::ProcessTable::new(
+        let mut table = crate::process::table::ProcessTable::new(
             &crate::config::Limits::default(),
             metrics.clone(),
         );

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use crate::config::Symbols;
 use crate::metrics::{Cache, Metrics, NameCap, ObjectRefusal, SymbolSource};
 use crate::model::FileId;
-use crate::normalize::elf_file::{ElfError, ElfReader, Limits};
-use crate::normalize::object::{find_debug_file, refusal, FileAt, Object};
+use crate::process::elf_file::{ElfError, ElfReader, Limits};
+use crate::process::object::{find_debug_file, refusal, FileAt, Object};
 use crate::symbolize::table::SymTable;
 use crate::symbolize::Symbolizer;
 

@@ -19,8 +19,8 @@ use super::store::Store;
 use super::{hex, BuildId, Done};
 use crate::config::Symbols;
 use crate::metrics::{Cache, DebuginfodResult, Metrics};
-use crate::normalize::elf_file::{ElfReader, Limits};
-use crate::normalize::object::FileAt;
+use crate::process::elf_file::{ElfReader, Limits};
+use crate::process::object::FileAt;
 
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>;
 

@@ -11,7 +11,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use crate::normalize::object::debug_file_path;
+use crate::process::object::debug_file_path;
 
 /// Files indexed at start (a cache directory filled by someone else is not ours to scan
 /// without end).

@@ -183,7 +183,7 @@ fn file_value(id: TableId, p: &Published, segments: &[(u64, u64, u64)]) -> ember
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::normalize::unwind::fake::FakeMaps;
+    use crate::process::unwind::fake::FakeMaps;
 
     #[test]
     fn kernel_dev_is_mkdev() {

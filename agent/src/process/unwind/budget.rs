@@ -112,7 +112,7 @@ pub(super) fn now_ns() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::normalize::unwind::fake::FakeMaps;
+    use crate::process::unwind::fake::FakeMaps;
 
     #[test]
     fn the_cap_and_its_share() {

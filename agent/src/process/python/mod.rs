@@ -1,11 +1,12 @@
-//! Python frames: which processes run a CPython the sampler can walk (`attach`, on the
-//! unwind loader's thread, which writes the sampler's `py_procs` entry), and the names of
-//! the frames it recorded, read from the process's memory while it lives (`names`, on the
-//! aggregation thread, beside the process table). The pure parsing of what both read
+//! Python frames: which processes run a CPython the sampler can walk (`attach`, which
+//! writes the sampler's `py_procs` entry), and the names of the frames it recorded, read
+//! from the process's memory while it lives (`names`, kept by the process table). Both run
+//! on the process registry's thread (the unwind loader's), and both are freed by the
+//! registry's exit events ([`crate::process::registry::Exit`]) alone. The pure parsing of what both read
 //! (ELF symbols, layouts per version, code objects, strings, line tables) is
 //! [`ember_parse::python`]'s; here are the reads, the caches and their counts.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -70,8 +71,9 @@ pub struct Interp {
     pub(crate) attacher: Attacher,
     /// Processes to look at again: when, and how many looks so far.
     pub(crate) pending: HashMap<u32, (Instant, u32)>,
-    /// Processes with a `py_procs` entry.
-    pub(crate) attached: HashSet<u32>,
+    /// Processes with a `py_procs` entry, with their start time: an exit event of another
+    /// process on the pid leaves the entry alone.
+    pub(crate) attached: HashMap<u32, u64>,
     pub(crate) metrics: Metrics,
 }
 
@@ -81,7 +83,7 @@ impl Interp {
         Self {
             attacher: Attacher::new(metrics.clone()),
             pending: HashMap::new(),
-            attached: HashSet::new(),
+            attached: HashMap::new(),
             metrics,
         }
     }

@@ -25,7 +25,7 @@
 //! start time (and the `SigCgt` mask) are read again, and the signal goes through the pidfd,
 //! which can only reach the process it was opened for. The JVM's root and `/tmp` must be on
 //! local file systems (a FUSE `/tmp` whose daemon never answers would hold this thread; see
-//! `normalize::fs`). The socket is opened `O_PATH|O_NOFOLLOW` inside the JVM's `/tmp`,
+//! `process::fs`). The socket is opened `O_PATH|O_NOFOLLOW` inside the JVM's `/tmp`,
 //! checked (from the kernel's cache) to be a socket on `/tmp`'s own mount, and connected to
 //! through `/proc/self/fd/N`, so a socket swapped for a symlink or a mount is never followed.
 
@@ -38,8 +38,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::metrics::{Cache, JvmRefresh, Metrics, ObjectRefusal};
-use crate::normalize::fs::{Checked, Mounts};
-use crate::normalize::object::open_dir_in_process;
+use crate::process::fs::{Checked, Mounts};
+use crate::process::object::open_dir_in_process;
 
 /// One JVM to ask.
 #[derive(Debug, Clone)]

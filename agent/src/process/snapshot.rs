@@ -8,15 +8,15 @@
 //! per-process facts (the runtime a process embeds) read the same snapshot.
 //!
 //! Mapping kinds come parsed from [`crate::os::procfs`] ([`RegionKind`]); files are opened
-//! only through [`crate::normalize::object::open_mapped`], inside the process's root.
+//! only through [`crate::process::object::open_mapped`], inside the process's root.
 
 use std::fs::File;
 use std::path::Path;
 
 use crate::metrics::{Metrics, ObjectRefusal, ProcRead};
-use crate::normalize::fs::Mounts;
-use crate::normalize::object::{open_mapped, open_root};
 use crate::os::procfs::{self, MapsEntry};
+use crate::process::fs::Mounts;
+use crate::process::object::{open_mapped, open_root};
 use crate::workload::Cgroup;
 
 /// `/proc/PID/maps` can be megabytes for a JVM; read no more than this.
@@ -39,12 +39,12 @@ pub struct Snapshot {
     pub maps_read: bool,
     /// Its executable mappings, in the order the kernel lists them.
     pub regions: Vec<Region>,
-    /// Its root directory ([`crate::normalize::object::open_root`]), for debug files.
+    /// Its root directory ([`crate::process::object::open_root`]), for debug files.
     pub root: Option<File>,
     /// `(device, inode)` of its executable, when asked for ([`ReadOptions::exe`]).
     pub exe: Option<(u64, u64)>,
     /// Its CPython interpreter, when the unwind loader attached to it.
-    pub python: Option<std::sync::Arc<crate::normalize::python::PyProcess>>,
+    pub python: Option<std::sync::Arc<crate::process::python::PyProcess>>,
 }
 
 /// One executable mapping and, for a file, what came of opening it.
@@ -120,7 +120,7 @@ pub fn read(
         }
     };
     // Held while this process is read, no longer: keeps the opens off FUSE and network
-    // file systems (normalize::fs).
+    // file systems (process::fs).
     let mut mounts = Mounts::new(&dir, metrics);
     let regions = entries
         .into_iter()

@@ -253,7 +253,7 @@ impl<'a> Cursor<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::normalize::unwind::{compile, DEFAULT_LIMITS};
+    use crate::process::unwind::{compile, DEFAULT_LIMITS};
 
     fn libc_table() -> (TableKey, UnwindTable) {
         let bytes = fs::read("/proc/self/exe").expect("own binary");

@@ -9,7 +9,7 @@
 //! and checked (type, mount) before any file system `open` runs: only regular files on
 //! local file systems are opened for reading, never one on FUSE or a network file system,
 //! whose daemon or server could leave the open (or any later read) waiting forever, and
-//! never a device, whose driver's `open` could do anything ([`crate::normalize::fs`]).
+//! never a device, whose driver's `open` could do anything ([`crate::process::fs`]).
 //! Always `O_NONBLOCK`. Bytes are read with `pread` into buffers ember owns ([`FileAt`]),
 //! never mmapped, so a container truncating the file makes a short read, not a `SIGBUS`.
 //! Every refusal is counted in `ember_object_refusals_total{reason}`.
@@ -26,11 +26,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::metrics::{Metrics, ObjectRefusal, SymbolSource};
-pub use crate::normalize::elf_file::FileAt;
-use crate::normalize::elf_file::{ElfError, ElfReader};
-use crate::normalize::fs::{Checked, Mounts, Refusal};
 use crate::os::openat2::{open_path_in, reopen, stat_cached, RESOLVE_NO_XDEV};
 use crate::os::procfs::MapsEntry;
+pub use crate::process::elf_file::FileAt;
+use crate::process::elf_file::{ElfError, ElfReader};
+use crate::process::fs::{Checked, Mounts, Refusal};
 
 // A file's identities are model types (a symbolized mapping carries them); the identity
 // of an open file is read by `FileId::of_file` (`os::file_id`).
@@ -101,7 +101,7 @@ impl Object {
 }
 
 /// Caps of ember's build-id read: headers and small note sections only.
-const BUILD_ID_LIMITS: crate::normalize::elf_file::Limits = crate::normalize::elf_file::Limits {
+const BUILD_ID_LIMITS: crate::process::elf_file::Limits = crate::process::elf_file::Limits {
     max_read_bytes: 1 << 20,
     max_section_bytes: 1 << 20,
 };
@@ -134,7 +134,7 @@ pub fn refusal(e: &ElfError) -> ObjectRefusal {
 /// `/proc` directory), counting a refusal in `metrics`: `map_files`, else the path inside
 /// the process's root (not for a deleted file: its path names something else now).
 /// Regular files on local file systems only, checked before any file system `open` runs
-/// ([`crate::normalize::fs`]); non-blocking. The path fallback must lead to the very file
+/// ([`crate::process::fs`]); non-blocking. The path fallback must lead to the very file
 /// the maps entry names (its device and inode), or it is refused as a mismatch.
 pub fn open_mapped(
     mounts: &mut Mounts,

@@ -1,6 +1,9 @@
 //! The loader's thread (`ember-unwind`): follows processes as the kernel's task records
 //! (exec, mmap, fork, exit; read by `ember-tasks`, [`crate::capture::tasks::forward`]) and
-//! the sampler's asks arrive on one queue, and sweeps out processes that are gone.
+//! the sampler's asks arrive on one queue, and sweeps out processes that are gone. It is
+//! the process registry's thread too ([`crate::process::registry`]): the aggregator's asks
+//! are served between two pieces of work, and every exit (a record, a sweep, a window's
+//! end) goes through [`Loader::exited`] or the registry's exit events, once.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::Ordering;
@@ -141,7 +144,30 @@ impl<M: UnwindIo> Loader<M> {
     /// first sample) and serves the sampler's asks (processes that were running before
     /// the agent), until capture stops or [`Loader::halt_handle`] is set.
     pub fn run(mut self, preload: &[u32], work: WorkReceiver, tasks: Option<TaskLink>) {
+        self.follow(preload, work, tasks);
+        // Capture has stopped: the aggregator's last window is still to be named.
+        if let Some(registry) = self.registry.take() {
+            registry.run();
+        }
+    }
+
+    /// Serves the process registry's waiting asks (this thread is its one writer) and
+    /// applies the exit events its window ends decided to the loader's own state.
+    pub(super) fn serve_registry(&mut self) {
+        let Some(registry) = self.registry.as_mut() else {
+            return;
+        };
+        // The aggregator gone (the agent stopping) leaves nothing to serve.
+        let _ = registry.serve();
+        for e in registry.exits() {
+            self.drop_python(e.pid, Some(e.start_time));
+        }
+    }
+
+    /// [`Loader::run`] until capture stops or the loader is halted.
+    fn follow(&mut self, preload: &[u32], work: WorkReceiver, tasks: Option<TaskLink>) {
         for &pid in preload {
+            self.serve_registry();
             self.load(pid);
         }
         let mut q = Queued {
@@ -157,6 +183,8 @@ impl<M: UnwindIo> Loader<M> {
         let lost = |t: &Option<TaskLink>| t.as_ref().is_some_and(TaskLink::take_lost);
         let _stop_reader = StopOnDrop(tasks.clone());
         let mut last_sweep = Instant::now();
+        // What the aggregator asked before this thread started (later asks wake it).
+        self.serve_registry();
         while !self.halted() {
             // Asleep until work comes or a sweep is due; never while asks wait.
             let wait = if q.asked.is_empty() && q.unread.is_empty() {
@@ -202,10 +230,13 @@ impl<M: UnwindIo> Loader<M> {
                 while let Ok(w) = work.try_recv() {
                     self.take(w, &mut q);
                 }
-                // Then the processes being sampled: their samples are named from this read.
+                // Then the processes being sampled: their samples are named from this read
+                // (a 30 ms process is gone if it waits behind the aggregator's asks).
                 if !self.read_unread(&mut q) {
                     return;
                 }
+                // Then the aggregator's asks: it waits for them (each one wakes this loop).
+                self.serve_registry();
                 if q.dirty.is_empty() || !q.reads.try_take() {
                     break;
                 }
@@ -224,6 +255,7 @@ impl<M: UnwindIo> Loader<M> {
                 let Some(pid) = q.asked.pop_first() else {
                     break;
                 };
+                self.serve_registry();
                 self.load(pid);
             }
             self.retry_python();
@@ -324,8 +356,7 @@ impl<M: UnwindIo> Loader<M> {
                     // Exited while the rate held its read back.
                     self.metrics.dropped(Cache::ProcessReads, 1);
                 }
-                self.forget(pid);
-                self.drop_python(pid);
+                self.exited(pid, None);
                 if self.io.exec_hook() {
                     // The exec hook may have made an entry this loader never read.
                     self.io.delete_proc(pid);
@@ -400,6 +431,19 @@ impl<M: UnwindIo> Loader<M> {
         }
     }
 
+    /// The one way an exit is applied, decided by an exit record (`start_time` `None`: of
+    /// whichever process runs on `pid`) or a sweep (of the process started at
+    /// `start_time`, whose pid names another or none now): its ranges, its Python attach
+    /// state, and the registry's table, which forgets it after its last window.
+    pub(super) fn exited(&mut self, pid: u32, start_time: Option<u64>) {
+        let known = self.procs.get(pid).map(|p| p.start_time);
+        self.forget(pid);
+        self.drop_python(pid, start_time);
+        if let Some(registry) = self.registry.as_mut() {
+            registry.exited(pid, start_time.or(known));
+        }
+    }
+
     /// Drops a process's ranges (it exited, or exec'd into another program).
     pub(super) fn forget(&mut self, pid: u32) {
         self.procs.forget_empty(pid);
@@ -462,10 +506,8 @@ impl<M: UnwindIo> Loader<M> {
     /// Forgets processes that exited (or whose pid now names another process).
     pub fn sweep(&mut self) {
         let root = self.proc_root.clone();
-        for pid in self.procs.gone(&root) {
-            self.procs.take(pid);
-            self.io.delete_proc(pid);
-            self.drop_python(pid);
+        for (pid, start_time) in self.procs.gone(&root) {
+            self.exited(pid, Some(start_time));
         }
         if self.io.exec_hook() {
             // Entries the exec hook made for processes that ended before this loader read

@@ -6,7 +6,7 @@
 //! objects are shared by `(device, inode)` across processes. Addresses are turned
 //! into `(object, file offset)` here, while the mapping is known ("normalized").
 
-use crate::normalize::python::names::PyNames;
+use crate::process::python::names::PyNames;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -16,10 +16,10 @@ use std::sync::Arc;
 
 use crate::config::Limits;
 use crate::metrics::{Cache, Metrics, ProcRead};
-use crate::normalize::object::{Object, ObjectKey};
-pub use crate::normalize::snapshot::Snapshot;
-use crate::normalize::snapshot::{self, exe_id, Mapped, ReadOptions, Region};
 use crate::os::procfs::{self, MapsEntry, RegionKind};
+use crate::process::object::{Object, ObjectKey};
+pub use crate::process::snapshot::Snapshot;
+use crate::process::snapshot::{self, exe_id, Mapped, ReadOptions, Region};
 use crate::workload::Cgroup;
 
 /// Where a user address points, after normalization.
@@ -34,9 +34,19 @@ pub enum UserAddr {
     Unknown(u64),
     /// In JIT code (an anonymous executable region), named from the process's perf map
     /// or jitdump while it was alive.
-    Jit(Arc<crate::normalize::jit::JitFrame>),
+    Jit(Arc<crate::process::jit::JitFrame>),
     /// An interpreter (Python) frame, named from the process's memory while it was alive.
-    Python(Arc<crate::normalize::python::PyFrame>),
+    Python(Arc<crate::process::python::PyFrame>),
+}
+
+/// An exit event: the process `pid` started at `start_time` is gone (it exited, or its pid
+/// names another process now). Whatever is kept of it is freed by this event alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time (`/proc/PID/stat` field 22), 0 when it was never read.
+    pub start_time: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -63,14 +73,17 @@ struct Proc {
     last_seen: u64,
     rescanned: u64,
     /// What the JIT stage needs: a JVM? a jitdump?
-    jit: crate::normalize::jit::Hints,
+    jit: crate::process::jit::Hints,
     /// `(device, inode)` of the executable when read, to tell an exec from a rename.
     exe: Option<(u64, u64)>,
     /// A kernel thread (or pid 0, the idle task): its renames are renames.
     kthread: bool,
+    /// Its exit record came: forgotten at the end of a window it was not sampled in,
+    /// without a look at `/proc`.
+    exited: bool,
 }
 
-/// Process table, owned by the aggregation stage.
+/// Process table, owned by the process registry's thread ([`crate::process::registry`]).
 pub struct ProcessTable {
     procs: HashMap<u32, Proc>,
     objects: HashMap<ObjectKey, Arc<Object>>,
@@ -80,7 +93,7 @@ pub struct ProcessTable {
     window: u64,
     metrics: Metrics,
     /// JIT symbol tables of the processes above, freed with them.
-    jit: crate::normalize::jit::JitTables,
+    jit: crate::process::jit::JitTables,
     /// Names of Python frames, per attached process.
     py_names: PyNames,
     /// Snapshots of processes not sampled yet, by pid with the window they came in: taken
@@ -112,7 +125,7 @@ impl ProcessTable {
             limits: limits.clone(),
             proc_root: PathBuf::from("/proc"),
             window: 1,
-            jit: crate::normalize::jit::JitTables::new(
+            jit: crate::process::jit::JitTables::new(
                 crate::config::Jit::default(),
                 metrics.clone(),
             ),
@@ -166,7 +179,7 @@ impl ProcessTable {
 
     /// Replaces the JIT settings (the default reads perf maps and jitdumps, no JVM refresh).
     pub fn set_jit(&mut self, settings: crate::config::Jit) {
-        self.jit = crate::normalize::jit::JitTables::new(settings, self.metrics.clone());
+        self.jit = crate::process::jit::JitTables::new(settings, self.metrics.clone());
     }
 
     /// Notes that thread `tid` of `pid` was sampled in the current window (named `comm`, in
@@ -224,12 +237,18 @@ impl ProcessTable {
                 return;
             }
             p.rescanned = window;
+            let old_start = p.start_time;
             if let Some(mut fresh) = self.read_process(pid) {
                 if let Some(cg) = Arc::get_mut(&mut fresh.cgroup) {
                     cg.v2_id = cgroup_id;
                 }
                 // A new program: whatever JIT symbols the old one had are meaningless.
                 self.jit.forget(pid);
+                if fresh.start_time != old_start {
+                    // Another process on this pid: the old one's Python names go (its
+                    // exec keeps them: the loader's read of the new program attaches).
+                    self.py_names.forget(pid);
+                }
                 self.jit.seen(pid, &fresh.jit, window);
                 self.put(pid, fresh);
                 self.gc_objects();
@@ -260,10 +279,11 @@ impl ProcessTable {
             maps: Vec::new(),
             last_seen: window,
             rescanned: window,
-            jit: crate::normalize::jit::Hints::default(),
+            jit: crate::process::jit::Hints::default(),
             exe: None,
             // The idle task has no /proc entry; it wakes threads from interrupts.
             kthread: pid == 0,
+            exited: false,
         });
         if let Some(cg) = Arc::get_mut(&mut proc.cgroup) {
             cg.v2_id = cgroup_id;
@@ -291,7 +311,15 @@ impl ProcessTable {
     }
 
     fn take(&mut self, snap: Snapshot) {
-        let has_python = snap.python.is_some();
+        if self
+            .procs
+            .get(&snap.pid)
+            .is_some_and(|p| p.start_time != snap.start_time)
+        {
+            // Another process on this pid (the registry decides reuse here, once): the old
+            // one's Python names go before the new one's interpreter is attached.
+            self.py_names.forget(snap.pid);
+        }
         if let Some(py) = &snap.python {
             // Also from a read that found nothing else new (an interpreter attached late).
             self.py_names.attach(snap.pid, snap.start_time, py.clone());
@@ -324,9 +352,6 @@ impl ProcessTable {
             // Another process on this pid (or the same one after exec): nothing of the old
             // one's JIT symbols applies.
             self.jit.forget(pid);
-            if !has_python {
-                self.py_names.forget(pid);
-            }
         }
         self.jit.seen(pid, &proc.jit, window);
         self.put(pid, proc);
@@ -409,6 +434,22 @@ impl ProcessTable {
         }
     }
 
+    /// `addr` of `pid` normalized without a read or a change, when that is the whole answer:
+    /// in a file or a named region, or nowhere when `pid` is unknown or its mappings were
+    /// read again this window already. `None` when [`ProcessTable::normalize`] has more to
+    /// do (JIT code, or a miss that rereads the mappings).
+    pub fn find(&self, pid: u32, addr: u64) -> Option<UserAddr> {
+        let Some(p) = self.procs.get(&pid) else {
+            return Some(UserAddr::Unknown(addr));
+        };
+        match find_map(&p.maps, addr) {
+            Some(m) if m.kind == RegionKind::Anon => None,
+            Some(m) => Some(m.addr(addr)),
+            None if p.rescanned >= self.window => Some(UserAddr::Unknown(addr)),
+            None => None,
+        }
+    }
+
     /// What `addr` of `pid` is, with the kind of mapping it is in.
     fn normalize_mapped(&mut self, pid: u32, addr: u64) -> (UserAddr, Option<RegionKind>) {
         if let Some(m) = self.procs.get(&pid).and_then(|p| find_map(&p.maps, addr)) {
@@ -445,24 +486,41 @@ impl ProcessTable {
         (UserAddr::Unknown(addr), None)
     }
 
+    /// Notes `pid`'s exit record (of the process started at `start_time`, when the loader
+    /// knew it): it is forgotten at the end of the first window that did not sample it,
+    /// without a look at `/proc`. A snapshot not sampled yet stays its window: the samples
+    /// of a process that lived 30 ms may still be on their way.
+    pub fn exited(&mut self, pid: u32, start_time: Option<u64>) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            if start_time.is_none_or(|t| t == p.start_time) {
+                p.exited = true;
+            }
+        }
+    }
+
     /// Closes the current window: forgets processes that were not sampled in it and have
     /// exited (or whose pid now belongs to another process), and the objects only they held.
-    /// Returns the pids forgotten.
-    pub fn end_window(&mut self) -> Vec<u32> {
+    /// Returns the exit events: the processes forgotten, whose JIT tables and Python names
+    /// are freed with them.
+    pub fn end_window(&mut self) -> Vec<Exit> {
         let window = self.window;
         let root = self.proc_root.clone();
         let mut evicted = Vec::new();
         self.procs.retain(|pid, p| {
             let keep = p.last_seen == window
-                || procfs::start_time(&root, *pid).is_some_and(|t| t == p.start_time);
+                || (!p.exited
+                    && procfs::start_time(&root, *pid).is_some_and(|t| t == p.start_time));
             if !keep {
-                evicted.push(*pid);
+                evicted.push(Exit {
+                    pid: *pid,
+                    start_time: p.start_time,
+                });
             }
             keep
         });
-        for pid in &evicted {
-            self.jit.forget(*pid);
-            self.py_names.forget(*pid);
+        for e in &evicted {
+            self.jit.forget(e.pid);
+            self.py_names.forget(e.pid);
         }
         self.pending.retain(|_, (_, w)| *w == window);
         self.metrics.processes_evicted.inc_by(evicted.len() as u64);
@@ -562,7 +620,7 @@ impl ProcessTable {
     fn proc_from(&mut self, snap: Snapshot) -> Proc {
         let root = self.share_root(snap.root);
         let mut maps = Vec::with_capacity(snap.regions.len());
-        let mut jit = crate::normalize::jit::Hints::default();
+        let mut jit = crate::process::jit::Hints::default();
         for r in snap.regions {
             let Region { map, file } = r;
             let target = match file {
@@ -593,6 +651,7 @@ impl ProcessTable {
             jit,
             exe: snap.exe,
             kthread: snap.kthread,
+            exited: false,
         }
     }
 
@@ -618,13 +677,13 @@ fn region(e: &MapsEntry) -> Target {
 /// Adds an executable mapping, noting what the JIT stage needs (a JVM, a jitdump).
 fn push_map(
     maps: &mut Vec<ExecMap>,
-    jit: &mut crate::normalize::jit::Hints,
+    jit: &mut crate::process::jit::Hints,
     e: &MapsEntry,
     target: Target,
 ) {
     if let Target::File(o) = &target {
         jit.jvm |= o.base_name() == "libjvm.so";
-        if crate::normalize::jit::is_jitdump_path(&o.path) {
+        if crate::process::jit::is_jitdump_path(&o.path) {
             jit.jitdump = Some(o.clone());
         }
     }
@@ -670,6 +729,10 @@ mod tests {
     use super::*;
     use std::path::Path;
 
+    fn exits(e: Vec<Exit>) -> Vec<u32> {
+        e.into_iter().map(|e| e.pid).collect()
+    }
+
     fn table() -> ProcessTable {
         ProcessTable::new(
             &Limits {
@@ -705,6 +768,31 @@ mod tests {
         assert!(!t.name(pid).is_empty());
     }
 
+    /// The aggregator's view names what the mappings read name, reads nothing, and leaves
+    /// a miss (a mapping read later may hold it) to the registry, unless this window read
+    /// the mappings already.
+    #[test]
+    fn find_names_from_the_mappings_and_leaves_misses() {
+        let mut t = table();
+        let pid = std::process::id();
+        assert!(matches!(t.find(pid, 8), Some(UserAddr::Unknown(8))));
+        t.touch(pid, pid, &[0; 16], 1);
+        let reads = t.reads;
+        let Some(UserAddr::Object(o, off)) = t.find(pid, own_code_addr()) else {
+            panic!("own code is in the executable");
+        };
+        match t.normalize(pid, own_code_addr()) {
+            UserAddr::Object(n, noff) => assert_eq!((n.path.clone(), noff), (o.path.clone(), off)),
+            other => panic!("expected an object, got {other:?}"),
+        }
+        // Read this window already: a miss is unknown at once.
+        assert!(matches!(t.find(pid, 8), Some(UserAddr::Unknown(8))));
+        t.end_window();
+        // A new window: the miss is the registry's to read again.
+        assert!(t.find(pid, 8).is_none());
+        assert_eq!(t.reads, reads, "find reads nothing");
+    }
+
     #[test]
     fn exited_process_keeps_its_mappings_until_the_window_after() {
         let mut child = spawn_sleep();
@@ -717,7 +805,7 @@ mod tests {
         assert_eq!(t.name(pid).as_ref(), "sleep");
         assert!(t.end_window().is_empty());
         assert_eq!(t.len(), 1, "seen in the closing window: kept");
-        assert_eq!(t.end_window(), [pid]);
+        assert_eq!(exits(t.end_window()), [pid]);
         assert_eq!(t.len(), 0, "not seen, exited: evicted");
         assert_eq!(t.objects(), 0, "its objects are closed");
     }
@@ -741,7 +829,7 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
         assert!(t.end_window().is_empty());
-        assert_eq!(t.end_window(), [pid]);
+        assert_eq!(exits(t.end_window()), [pid]);
         assert!(
             t.objects() > 0,
             "the window's object stays open while it is held"

@@ -817,3 +817,63 @@ fn a_range_miss_rereads_only_what_task_records_may_have_missed() {
     assert!(q.asked.contains(&pid), "records not followed: served");
     assert_eq!(l.metrics.unwind_remaps_skipped.get(), 1);
 }
+
+/// Python attach state is freed by the registry's exit events (by pid and start time), not
+/// by a judgement of its own: an event of another process on the pid leaves the entry, the
+/// window end that forgets the process takes it.
+#[test]
+fn python_attach_state_goes_with_the_registrys_exit_events() {
+    use crate::config::{Jit, Limits, Python};
+    use crate::process::registry::{self, Exit, Touch, WindowAsk};
+    let settings = Settings {
+        max_bytes: 1 << 20,
+        cache_dir: None,
+        python: true,
+    };
+    let mut l = Loader::with_io(FakeMaps::default(), settings, Metrics::new());
+    let (mut processes, registry) = registry::channel(
+        &Limits::default(),
+        &Jit::default(),
+        &Python::default(),
+        Metrics::new(),
+    );
+    l.own_registry(registry);
+    // Pids above the kernel's limit (2^22): never a process, read and not found.
+    let (gone, other) = (5_000_001, 5_000_002);
+    let py = l.python.as_mut().expect("python on");
+    py.attached.insert(gone, 0);
+    py.attached.insert(other, 7);
+    // An exit event of the process before it on the pid: the entry stays.
+    l.drop_python(gone, Some(99));
+    assert!(l.python_attached(gone));
+    // The aggregator samples `gone` in one window, not in the next: that window's end
+    // forgets it, once, and its exit event frees the attach state on this thread.
+    let asker = std::thread::spawn(move || {
+        let comm = *b"py\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
+        processes.touch(Touch {
+            pid: gone,
+            tid: gone,
+            comm,
+            cgroup_id: 0,
+        });
+        let first = processes.close(WindowAsk::default());
+        let second = processes.close(WindowAsk::default());
+        (first.gone, second.gone)
+    });
+    while !asker.is_finished() {
+        l.serve_registry();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let (first, second) = asker.join().expect("asker");
+    l.serve_registry();
+    assert!(first.is_empty(), "sampled in the first window: {first:?}");
+    assert_eq!(
+        second,
+        [Exit {
+            pid: gone,
+            start_time: 0
+        }]
+    );
+    assert!(!l.python_attached(gone), "freed by the exit event");
+    assert!(l.python_attached(other), "no event, no change");
+}

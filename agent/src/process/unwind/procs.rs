@@ -147,12 +147,13 @@ impl Procs {
         self.empty.remove(&pid);
     }
 
-    /// The processes with ranges whose pid no longer names them in `proc_root`.
-    pub(super) fn gone(&self, proc_root: &Path) -> Vec<u32> {
+    /// The processes with ranges whose pid no longer names them in `proc_root`, with their
+    /// start times.
+    pub(super) fn gone(&self, proc_root: &Path) -> Vec<(u32, u64)> {
         self.procs
             .iter()
             .filter(|(&pid, p)| procfs::start_time(proc_root, pid) != Some(p.start_time))
-            .map(|(&pid, _)| pid)
+            .map(|(&pid, p)| (pid, p.start_time))
             .collect()
     }
 

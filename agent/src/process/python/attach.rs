@@ -26,11 +26,11 @@ use super::memory::ProcMem;
 pub use super::PyProcess;
 use crate::capture::unwind::{ember_py_limit, ember_py_model, ember_py_proc, ember_py_tls};
 use crate::metrics::{Metrics, PyAttach};
-use crate::normalize::elf_file::{ElfReader, Limits};
-use crate::normalize::object::FileAt;
-use crate::normalize::snapshot::{Mapped, Snapshot};
 use crate::os::file_id::FileId;
 use crate::os::procfs::RegionKind;
+use crate::process::elf_file::{ElfReader, Limits};
+use crate::process::object::FileAt;
+use crate::process::snapshot::{Mapped, Snapshot};
 
 /// `offsetof(struct pthread, specific_1stblock)` in glibc 2.27+ (x86-64).
 const GLIBC_SPECIFIC: u64 = 0x310;

@@ -13,7 +13,7 @@
 //!   RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS)`, so no symlink is followed, in or out of the
 //!   container, and each directory checked to be on a local file system before a name is
 //!   looked up in it (a FUSE `/tmp` whose daemon never answers would hold the aggregator;
-//!   see `normalize::fs`);
+//!   see `process::fs`);
 //! - the jitdump is the very file the process maps (through `/proc/PID/map_files`);
 //! - a file is used only when owned by the process's uid or by root (perf's rule), when it
 //!   is a regular file, and when it is no larger than `jit.max_file_bytes`;
@@ -40,11 +40,11 @@ use std::time::Instant;
 use prometheus_client::metrics::counter::Counter;
 
 use crate::config::Jit;
-use crate::normalize::jit::jitdump::JitDump;
+use crate::process::jit::jitdump::JitDump;
 
 use crate::metrics::{JitReject, Metrics, ObjectRefusal};
 use crate::model::JitSource;
-use crate::normalize::object::Object;
+use crate::process::object::Object;
 use names::Names;
 use perfmap::PerfMap;
 
@@ -371,9 +371,9 @@ fn read_perf_map(
     // Walked one checked component at a time inside the process's root: never onto a FUSE
     // or network file system (a /tmp there would hold the aggregator), never a FIFO.
     let dir = std::path::PathBuf::from(format!("/proc/{pid}"));
-    let mut mounts = crate::normalize::fs::Mounts::new(&dir, metrics);
+    let mut mounts = crate::process::fs::Mounts::new(&dir, metrics);
     let rel = format!("tmp/perf-{}.map", p.nspid);
-    let file = match crate::normalize::object::open_file_in_process(&mut mounts, &rel) {
+    let file = match crate::process::object::open_file_in_process(&mut mounts, &rel) {
         Ok(Some(f)) => f,
         Ok(None) => return,
         Err(r) => return rejects.push(jit_refusal(r)),
@@ -852,7 +852,7 @@ mod tests {
 
     #[test]
     fn jitdump_is_read_incrementally_and_a_truncated_tail_counted() {
-        use crate::normalize::jit::jitdump::build;
+        use crate::process::jit::jitdump::build;
         let v = Victim::new();
         let m = Metrics::new();
         let mut t = JitTables::new(Jit::default(), m.clone());
@@ -894,7 +894,7 @@ mod tests {
     /// every process mapping it (44 % of a core at 30 processes and a 64 MiB file).
     #[test]
     fn a_jitdump_tail_that_never_completes_is_not_read_again() {
-        use crate::normalize::jit::jitdump::build;
+        use crate::process::jit::jitdump::build;
         let v = Victim::new();
         let m = Metrics::new();
         let mut t = JitTables::new(Jit::default(), m.clone());

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use super::loader::Loader;
 use crate::capture::unwind::UnwindIo;
 use crate::metrics::PyAttach;
-use crate::normalize::python::attach::{Attach, PyProcess};
-use crate::normalize::snapshot::Snapshot;
+use crate::process::python::attach::{Attach, PyProcess};
+use crate::process::snapshot::Snapshot;
 
 /// How long after a look that found the runtime not initialized the process is read again.
 const RETRY_EVERY: Duration = Duration::from_millis(200);
@@ -35,7 +35,7 @@ impl<M: UnwindIo> Loader<M> {
                     py.metrics.python_attached(PyAttach::MapFull);
                     return None;
                 }
-                py.attached.insert(pid);
+                py.attached.insert(pid, snap.start_time);
                 py.metrics.python_processes.set(py.attached.len() as i64);
                 Some(process)
             }
@@ -52,7 +52,7 @@ impl<M: UnwindIo> Loader<M> {
             }
             Attach::NotPython | Attach::Refused(_) => {
                 py.pending.remove(&pid);
-                if py.attached.remove(&pid) {
+                if py.attached.remove(&pid).is_some() {
                     // It exec'd into another program.
                     self.io.delete_py(pid);
                 }
@@ -65,16 +65,22 @@ impl<M: UnwindIo> Loader<M> {
     pub(super) fn python_attached(&self, pid: u32) -> bool {
         self.python
             .as_ref()
-            .is_some_and(|py| py.attached.contains(&pid))
+            .is_some_and(|py| py.attached.contains_key(&pid))
     }
 
-    /// Forgets `pid`'s interpreter (it exited).
-    pub(super) fn drop_python(&mut self, pid: u32) {
+    /// Forgets `pid`'s interpreter on an exit event: of the process started at
+    /// `start_time` when the event names one (a window's end), else whichever runs on the
+    /// pid (an exit record, or a sweep that found the pid gone).
+    pub(super) fn drop_python(&mut self, pid: u32, start_time: Option<u64>) {
         let Some(py) = self.python.as_mut() else {
             return;
         };
+        let other = |t: &u64| start_time.is_some_and(|s| s != *t);
+        if py.attached.get(&pid).is_some_and(other) {
+            return;
+        }
         py.pending.remove(&pid);
-        if py.attached.remove(&pid) {
+        if py.attached.remove(&pid).is_some() {
             self.io.delete_py(pid);
             py.metrics.python_processes.set(py.attached.len() as i64);
         }

@@ -1,5 +1,5 @@
-//! Names of Python frames, read from the process's memory by the aggregation thread at
-//! window close (while the process lives): each code object once, checked against the
+//! Names of Python frames, read from the process's memory by the process registry's thread
+//! at window close (while the process lives): each code object once, checked against the
 //! type and first line the walker saw, kept in a cache bounded in bytes and keyed by
 //! (pid, start time, code address, first line), so a freed and reused address never names
 //! another function and an exited process's entries go with it.
@@ -75,11 +75,9 @@ impl PyNames {
         }
     }
 
-    /// `pid` (started at `start_time`) runs the interpreter `process`.
+    /// `pid` (started at `start_time`) runs the interpreter `process`. A process gone or
+    /// replaced on its pid is [`PyNames::forget`]ed by the registry's exit events first.
     pub fn attach(&mut self, pid: u32, start_time: u64, process: Arc<PyProcess>) {
-        if self.procs.get(&pid).is_some_and(|(t, _)| *t != start_time) {
-            self.forget(pid);
-        }
         self.procs.insert(pid, (start_time, process));
     }
 

@@ -4,13 +4,13 @@
 //! first time it samples one it has no ranges for ([`Ask::Process`]), and again when a pc
 //! falls outside them ([`Ask::Remap`], a library loaded since); the kernel's task records
 //! tell it of every exec, mmap, fork and exit ([`super::follow`]). The loader reads the
-//! process ([`crate::normalize::snapshot`]), finds or builds each object's table and writes
+//! process ([`crate::process::snapshot`]), finds or builds each object's table and writes
 //! the process's ranges in one map update.
 //!
 //! The decisions live in a file each, tested against an in-memory fake of the maps
 //! ([`UnwindIo`], written by [`crate::capture::unwind`]):
 //! - [`super::files`]: file identity. Objects are read inside the process's root
-//!   ([`crate::normalize::object::open_mapped`]), at most `Limits::max_object_bytes`, only
+//!   ([`crate::process::object::open_mapped`]), at most `Limits::max_object_bytes`, only
 //!   if the file opened is the inode the mapping names, and a file seen before is not read
 //!   again. What is read of it is its headers and CFI, each part capped ([`super::sparse`]).
 //! - [`super::procs`]: processes, and the files by inode they map.
@@ -31,7 +31,6 @@
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -52,11 +51,12 @@ use crate::capture::unwind::{
     MapIo, TableImage, UnwindIo, UnwindMaps, RANGES,
 };
 use crate::metrics::{Cache, Metrics, ProcRead, TableBuild};
-use crate::normalize::elf_file::{ElfError, FileAt};
-use crate::normalize::python::Interp;
-use crate::normalize::snapshot::{self, Mapped, ReadError, ReadOptions, Region, Snapshot};
 use crate::os::file_id::FileId;
 use crate::os::procfs::{self, RegionKind};
+use crate::process::elf_file::{ElfError, FileAt};
+use crate::process::python::Interp;
+use crate::process::registry::Registry;
+use crate::process::snapshot::{self, Mapped, ReadError, ReadOptions, Region, Snapshot};
 
 /// The loader's settings.
 #[derive(Debug, Clone)]
@@ -81,9 +81,10 @@ pub struct Loader<M: UnwindIo = MapIo> {
     pub(super) files: Files,
     pub(super) proc_root: PathBuf,
     vdso: Option<Option<TableKey>>,
-    /// Where what was read of each process goes, for the symbolizer (the process may be
-    /// gone before its samples are handled).
-    snapshots: Option<SyncSender<Snapshot>>,
+    /// The process registry, served on this thread ([`Loader::own_registry`]): what is
+    /// read of each process goes into its table here, for the symbolizer (the process may
+    /// be gone before its samples are handled).
+    pub(super) registry: Option<Registry>,
     /// Python processes and their `py_procs` entries (`None`: Python frames are off).
     pub(super) python: Option<Interp>,
     /// Set when the agent stops: `run` returns between two pieces of work.
@@ -125,7 +126,7 @@ impl<M: UnwindIo> Loader<M> {
             files: Files::default(),
             proc_root: PathBuf::from("/proc"),
             vdso: None,
-            snapshots: None,
+            registry: None,
             python,
             halt: Arc::new(AtomicBool::new(false)),
         }
@@ -136,9 +137,11 @@ impl<M: UnwindIo> Loader<M> {
         self.halt.clone()
     }
 
-    /// Sends what is read of each process to the process table too.
-    pub fn send_snapshots(&mut self, tx: SyncSender<Snapshot>) {
-        self.snapshots = Some(tx);
+    /// Makes this loader's thread the one that owns every process: it serves `registry`
+    /// between two pieces of its own work, hands it what it reads of each process, and
+    /// keeps serving it after it stops following processes, until the aggregator is gone.
+    pub fn own_registry(&mut self, registry: Registry) {
+        self.registry = Some(registry);
     }
 
     /// Reads `pid`'s executable mappings and writes its ranges, loading the tables they need.
@@ -173,10 +176,8 @@ impl<M: UnwindIo> Loader<M> {
         let start_time = snap.start_time;
         let (ranges, files) = self.ranges_of(&snap);
         snap.python = self.attach_python(&snap);
-        if let Some(tx) = &self.snapshots {
-            if tx.try_send(snap).is_err() {
-                self.metrics.dropped(Cache::ProcessSnapshots, 1);
-            }
+        if let Some(registry) = &mut self.registry {
+            registry.adopt(snap);
         }
         self.write_ranges(pid, (start_time, read_ns), ranges, files);
     }
