@@ -169,8 +169,8 @@ pub fn report(args: ReportArgs) -> Result<()> {
     eprintln!(
         "ember: {} windows from {} to {}: {samples} samples; top: {}",
         merged.read,
-        picked.first().map_or_else(String::new, |w| stamp(w.start)),
-        picked.last().map_or_else(String::new, |w| stamp(w.start)),
+        merged.first.map_or_else(String::new, stamp),
+        merged.last.map_or_else(String::new, stamp),
         if top.is_empty() {
             "-".to_owned()
         } else {
@@ -314,6 +314,9 @@ enum Skip {
 struct Merged {
     profile: Profile,
     read: usize,
+    /// The start of the first and of the last window read.
+    first: Option<SystemTime>,
+    last: Option<SystemTime>,
     skipped: usize,
     /// The first [`NAMED_SKIPS`] skipped files and why.
     named: Vec<(String, Skip)>,
@@ -357,6 +360,8 @@ fn merge(dir: &Path, picked: &[Picked], filter: &LabelFilter, caps: Caps) -> Res
     let mut out = Merged {
         profile: Profile::default(),
         read: 0,
+        first: None,
+        last: None,
         skipped: 0,
         named: Vec::new(),
     };
@@ -371,7 +376,11 @@ fn merge(dir: &Path, picked: &[Picked], filter: &LabelFilter, caps: Caps) -> Res
             }
         };
         match merger.add(&profile, filter, &work) {
-            Ok(()) => out.read += 1,
+            Ok(()) => {
+                out.read += 1;
+                out.first = out.first.or(Some(w.start));
+                out.last = Some(w.start);
+            }
             Err(e @ MergeError::SampleTypes) => out.skip(&w.name, Skip::SampleTypes(e)),
             // The cap: the report cannot go on (a narrower range or a filter can).
             Err(e) => bail!("{}: {e}", w.name),
