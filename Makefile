@@ -79,6 +79,8 @@ TEST_PKGS += g++ binutils
 # The explorer's browser test drives Debian's chromium through chromedriver with Debian's
 # selenium (tests/browser/explorer.py, run by /usr/bin/python3); curl fetches profiles.
 TEST_PKGS += chromium chromium-driver python3-selenium curl
+# `ember top`'s test runs it in tmux and reads the screen (capture-pane).
+TEST_PKGS += tmux
 # The kernel matrix boots Debian's kernels under qemu on a busybox initramfs (tests/kernels/):
 # installed by `make kernels` (part of `make test`), not by `make run`.
 KERNEL_PKGS := qemu-system-x86 busybox-static cpio
