@@ -484,7 +484,7 @@ mod tests {
         assert_eq!((rec.own, rec.total, rec.container.as_str()), (5, 5, "api"));
         let text = lines("head", &rows, samples, 3, 200);
         assert_eq!(text.len(), 6, "{text:?}");
-        assert!(text[3].starts_with("  66.7%   66.7%  hog[10]"), "{text:?}");
+        assert!(text[3].starts_with(" 66.7%   66.7%  hog[10]"), "{text:?}");
         assert!(text[3].ends_with("hot_a"), "{text:?}");
         assert!(lines("head", &rows, samples, 3, 10)
             .iter()
