@@ -84,6 +84,8 @@ TEST_PKGS += chromium chromium-driver python3-selenium curl
 # checks values.schema.json with; python3-yaml for tests/deploy/chart_docs.py (`make docs`).
 TEST_PKGS += golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev golang-gopkg-yaml.v3-dev \
 	golang-github-xeipuuv-gojsonschema-dev python3-yaml
+# `ember top`'s test runs it in tmux and reads the screen (capture-pane).
+TEST_PKGS += tmux
 # The kernel matrix boots Debian's kernels under qemu on a busybox initramfs (tests/kernels/):
 # installed by `make kernels` (part of `make test`), not by `make run`.
 KERNEL_PKGS := qemu-system-x86 busybox-static cpio

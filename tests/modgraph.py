@@ -49,6 +49,7 @@ ROOMS = [
     "readings",
     "server",
     "agent",
+    "cli",
 ]
 # Rooms that are leaves: they may import other leaves only (those before them in ROOMS).
 # `model` holds the stage contracts, and metrics label some of its values.

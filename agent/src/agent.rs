@@ -68,6 +68,12 @@ pub enum Mode {
         /// allows for the one window (unbounded: [`RECORD_STOP_WINDOW`]).
         duration: Option<Duration>,
     },
+    /// `ember top`: windows of `window`, unaligned, go to the callback only, as for
+    /// `Record`; [`Agent::wait_until`] returns as it does for `Record`.
+    Live {
+        /// The window length (the screen's refresh).
+        window: Duration,
+    },
 }
 
 /// Why the agent could not start, or did not stop cleanly.
@@ -397,6 +403,13 @@ fn closes(mode: Mode, cfg: &Config) -> (Closes, Duration) {
                 align: true,
             },
             cfg.window.duration,
+        ),
+        Mode::Live { window } => (
+            Closes::Every {
+                window,
+                align: false,
+            },
+            window,
         ),
         Mode::Record { duration } => (
             Closes::AtEnd,

@@ -44,6 +44,7 @@
 pub mod agent;
 pub mod aggregate;
 pub mod capture;
+pub mod cli;
 pub mod config;
 pub mod encode;
 pub(crate) mod export;

@@ -1,4 +1,5 @@
-//! The `ember` command: `run` (the agent), `record` (one-shot), `features` and `check-config`
+//! The `ember` command: `run` (the agent), `record` (one-shot), `report` and `top` (in
+//! `ember::cli`), `features` and `check-config`
 //! (and the hidden `docs`, which prints the generated reference pages).
 
 use std::net::SocketAddr;
@@ -10,9 +11,11 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use ember::agent::{Agent, Mode};
 use ember::capture::{Feature, FeatureState, Reason};
+use ember::cli::output::{self, format_of, Format};
+use ember::cli::target::{self, Target};
 use ember::config::{Config, NodeName};
+use ember::encode::flamegraph;
 use ember::encode::Encoded;
-use ember::encode::{flamegraph, speedscope};
 use ember::model::ProfileKind;
 use ember::watch::{Exits, Held};
 
@@ -30,6 +33,12 @@ enum Command {
     Run(RunArgs),
     /// Profile once for a while and write one profile (.pb.gz, .folded or .svg).
     Record(RecordArgs),
+    /// Merge the window files of a data directory (a time range, a container, a process)
+    /// into one profile in any format, as `perf report` reads `perf.data`.
+    Report(ember::cli::report::ReportArgs),
+    /// A live view of the hottest functions per process and container, refreshed in the
+    /// terminal (q or Ctrl-C quits), as `py-spy top` and `perf top`.
+    Top(ember::cli::top::TopArgs),
     /// Say what runs on this kernel: every feature, the path chosen and why, and what each
     /// BPF program cost the verifier (loads the programs as `run` would, samples nothing).
     Features(FeaturesArgs),
@@ -162,6 +171,8 @@ fn main() -> ExitCode {
     let result = match cli.command.unwrap_or(Command::Run(RunArgs::default())) {
         Command::Run(args) => run(args),
         Command::Record(args) => record(args),
+        Command::Report(args) => ember::cli::report::report(args),
+        Command::Top(args) => top(args),
         Command::CheckConfig { file } => check_config(&file),
         Command::Features(args) => features(args),
         Command::Docs(args) => docs(args),
@@ -193,6 +204,17 @@ fn docs(args: DocsArgs) -> Result<()> {
         (None, None) => bail!("ember docs: name a page (config, metrics) or --out DIR"),
     }
     Ok(())
+}
+
+fn top(args: ember::cli::top::TopArgs) -> Result<()> {
+    let cfg = load(&Common {
+        config: args.config.clone(),
+        frequency: args.frequency,
+        pids: args.pids.clone(),
+    })?;
+    init_logging(&cfg);
+    let node = NodeName::resolve(&cfg.kubernetes);
+    ember::cli::top::top(args, cfg, &node)
 }
 
 fn check_config(file: &Path) -> Result<()> {
@@ -370,43 +392,6 @@ fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// What `record` writes: `--format`, or chosen by the output file's name.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
-enum Format {
-    /// pprof, gzipped protobuf (go tool pprof, Pyroscope, Grafana).
-    Pprof,
-    /// Collapsed stacks, one `a;b;c COUNT` line per stack (flamegraph.pl, inferno).
-    Folded,
-    /// A flame graph.
-    Svg,
-    /// speedscope's JSON (<https://www.speedscope.app>).
-    Speedscope,
-}
-
-fn format_of(path: &Path, asked: Option<Format>) -> Result<Format> {
-    if let Some(f) = asked {
-        return Ok(f);
-    }
-    if path == Path::new("-") {
-        return Ok(Format::Folded);
-    }
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    Ok(if name.ends_with(".pb.gz") || name.ends_with(".pprof") {
-        Format::Pprof
-    } else if name.ends_with(".folded") {
-        Format::Folded
-    } else if name.ends_with(".svg") {
-        Format::Svg
-    } else if name.ends_with(".speedscope.json") || name.ends_with(".speedscope") {
-        Format::Speedscope
-    } else {
-        bail!(
-            "{}: say --format, or end the name in .pb.gz, .pprof, .folded, .svg or .speedscope.json",
-            path.display()
-        )
-    })
-}
-
 fn record(args: RecordArgs) -> Result<()> {
     let mut cfg = load(&args.common)?;
     let kind = match args.kind {
@@ -431,29 +416,11 @@ fn record(args: RecordArgs) -> Result<()> {
         }
     };
     let format = format_of(&args.output, args.format)?;
-    if !args.command.is_empty() && !cfg.sampling.pids.is_empty() {
-        bail!("give a command after -- or --pid, not both");
-    }
-    // The command is forked and held before its exec: its pid goes to the sampler, which
-    // runs before the command's first instruction. Dropped unreleased, it is killed.
-    let mut held = None;
-    let exits = if let Some(program) = args.command.first() {
-        let h = Held::spawn(&args.command).with_context(|| format!("cannot run {program}"))?;
-        cfg.sampling.pids = vec![h.pid()];
-        cfg.sampling.subprocesses = true;
-        let exits = Exits::open(&[h.pid()])?;
-        held = Some(h);
-        Some(exits)
-    } else if !cfg.sampling.pids.is_empty() {
-        cfg.sampling.subprocesses |= args.subprocesses;
-        Some(Exits::open(&cfg.sampling.pids)?)
-    } else {
-        None
-    };
+    let mut target = Target::prepare(&mut cfg, &args.command, args.subprocesses)?;
     // The whole host has no end of its own: 30 s unless told.
     let duration = args
         .duration
-        .or_else(|| exits.is_none().then_some(Duration::from_secs(30)));
+        .or_else(|| target.exits.is_none().then_some(Duration::from_secs(30)));
     cfg.validate("the command line")?;
     init_logging(&cfg);
     let node = NodeName::resolve(&cfg.kubernetes);
@@ -478,38 +445,35 @@ fn record(args: RecordArgs) -> Result<()> {
         "ember: recording {}",
         what(kind, &cfg, &args.command, duration)
     );
-    if let Some(h) = &mut held {
-        h.release().context("starting the command")?;
-    }
+    target.release()?;
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    agent.wait_until(recording(&agent, exits, duration, progress, started));
+    agent.wait_until(recording(
+        &agent,
+        target.exits.take(),
+        duration,
+        progress,
+        started,
+    ));
     if progress {
         eprintln!();
     }
     agent.stop()?;
-    if let Some(status) = held.as_mut().and_then(Held::try_wait) {
+    if let Some(status) = target.held.as_mut().and_then(Held::try_wait) {
         eprintln!("ember: `{}` exited: {status}", args.command.join(" "));
     }
     let (enc, lost) = rx
         .iter()
         .find(|(enc, _)| enc.window.kind == kind)
         .context("the pipeline ended without a profile")?;
-    let bytes = encode(&enc, kind, format)?;
-    if args.output == Path::new("-") {
-        std::io::Write::write_all(&mut std::io::stdout().lock(), &bytes)
-            .context("writing to standard output")?;
-    } else {
-        std::fs::write(&args.output, bytes)
-            .with_context(|| format!("writing {}", args.output.display()))?;
-    }
+    let title = match kind {
+        ProfileKind::Cpu => "ember record".to_owned(),
+        other => format!("ember record --type {}", other.as_str()),
+    };
+    let bytes = output::render(&enc.profile, Some(&enc.gz), &title, format)?;
+    let written = output::write(&args.output, &bytes)?;
     eprintln!("{}", summary(&enc, lost, true));
     eprintln!(
-        "ember: wrote {} ({:.1}s recorded, {} named / {} unnamed frames)",
-        if args.output == Path::new("-") {
-            "standard output".to_owned()
-        } else {
-            args.output.display().to_string()
-        },
+        "ember: wrote {written} ({:.1}s recorded, {} named / {} unnamed frames)",
         started.elapsed().as_secs_f64(),
         enc.frames.named,
         enc.frames.unnamed
@@ -544,24 +508,6 @@ fn what(kind: ProfileKind, cfg: &Config, command: &[String], duration: Option<Du
     )
 }
 
-/// The recording in `format`.
-fn encode(enc: &Encoded, kind: ProfileKind, format: Format) -> Result<Vec<u8>> {
-    let title = match kind {
-        ProfileKind::Cpu => "ember record".to_owned(),
-        other => format!("ember record --type {}", other.as_str()),
-    };
-    Ok(match format {
-        Format::Pprof => enc.gz.clone(),
-        Format::Folded => {
-            let mut text = flamegraph::folded(&enc.profile).join("\n");
-            text.push('\n');
-            text.into_bytes()
-        }
-        Format::Svg => flamegraph::svg(&enc.profile, &title)?,
-        Format::Speedscope => speedscope::speedscope(&enc.profile, &title),
-    })
-}
-
 /// Until the recording ends: `duration` passes or every process in `exits` has exited.
 /// On a terminal, a progress line every two seconds (elapsed, samples, lost).
 async fn recording(
@@ -571,17 +517,7 @@ async fn recording(
     progress: bool,
     started: Instant,
 ) {
-    let ended = async {
-        match exits {
-            Some(e) => {
-                if let Err(e) = e.all().await {
-                    eprintln!("ember: cannot watch the recorded processes: {e}");
-                    std::future::pending::<()>().await;
-                }
-            }
-            None => std::future::pending().await,
-        }
-    };
+    let ended = target::ended(exits);
     let limit = async {
         match duration {
             Some(d) => tokio::time::sleep(d).await,

@@ -69,6 +69,32 @@ impl EmberRun {
         Self::new("record", dir)
     }
 
+    /// `ember report`, its files in `dir`.
+    pub fn report(dir: &Path) -> Self {
+        Self::new("report", dir)
+    }
+
+    /// `ember top`, its files in `dir`.
+    pub fn top(dir: &Path) -> Self {
+        Self::new("top", dir)
+    }
+
+    /// The whole command line, binary first, quoted for `sh` (for a terminal multiplexer
+    /// that runs it: `ember top` needs a terminal, so the test does not spawn it itself).
+    /// The environment of [`EmberRun::env`] goes first, as `KEY=VALUE`.
+    pub fn shell_line(&self) -> Result<String> {
+        let quote =
+            |a: &std::ffi::OsStr| format!("'{}'", a.to_string_lossy().replace('\'', "'\\''"));
+        let mut words: Vec<String> = self
+            .env
+            .iter()
+            .map(|(k, v)| format!("{}={}", k.to_string_lossy(), quote(v)))
+            .collect();
+        words.push(quote(ember_bin().as_os_str()));
+        words.extend(self.argv()?.iter().map(|a| quote(a)));
+        Ok(words.join(" "))
+    }
+
     /// One more argument.
     pub fn arg(mut self, a: impl Into<OsString>) -> Self {
         self.args.push(a.into());

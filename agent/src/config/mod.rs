@@ -9,12 +9,15 @@ pub mod reference;
 pub mod selector;
 pub mod sinks;
 mod symbols;
+pub mod units;
 mod validate;
 pub mod values;
 
 pub use sinks::{OtlpSink, PyroscopeApi, PyroscopeSink, ResourcePer, Sinks};
 pub use symbols::Symbols;
 pub use values::{Secret, Url};
+
+use units::{duration, size};
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -166,6 +169,7 @@ pub struct OffCpu {
     /// each); threads past it are not profiled, and counted.
     pub max_tasks: u32,
     /// The off-CPU ring buffer, in bytes (power of two).
+    #[serde(deserialize_with = "size")]
     pub ring_buffer_bytes: u32,
     /// Distinct off-CPU records (a thread's stacks, state and waker) counted in the kernel
     /// between two reads a second apart (BPF hash entries, ~100 bytes of kernel memory
@@ -215,6 +219,7 @@ pub struct Python {
     pub keep_eval_frames: bool,
     /// Bytes of named code objects kept (per-process names, lines and line tables); the
     /// least recently used go first, counted.
+    #[serde(deserialize_with = "size")]
     pub cache_bytes: u64,
 }
 
@@ -293,14 +298,17 @@ pub struct Jit {
     /// Name frames in JIT code from `/tmp/perf-<pid>.map` and `jit-<pid>.dump`.
     pub enabled: bool,
     /// Largest perf map or jitdump read, in bytes; larger files are refused (counted).
+    #[serde(deserialize_with = "size")]
     pub max_file_bytes: u64,
     /// JIT symbols kept per process (perf map and jitdump each).
     pub max_entries_per_process: usize,
     /// JIT symbols kept across all processes.
     pub max_total_entries: usize,
     /// Bytes of JIT symbols (names, ranges, debug lines) kept per process.
+    #[serde(deserialize_with = "size")]
     pub max_bytes_per_process: usize,
     /// Bytes of JIT symbols kept across all processes.
+    #[serde(deserialize_with = "size")]
     pub max_total_bytes: usize,
     /// Ask each JVM to rewrite its perf map (like `jcmd PID Compiler.perfmap`) at most this
     /// often; `0s` = never.
@@ -458,6 +466,7 @@ pub struct Sampling {
     /// Sample the idle task too.
     pub include_idle: bool,
     /// BPF ring buffer size in bytes.
+    #[serde(deserialize_with = "size")]
     pub ring_buffer_bytes: u32,
     /// Only these tgids; empty means all.
     pub pids: Vec<u32>,
@@ -466,6 +475,7 @@ pub struct Sampling {
     /// How user stacks are walked.
     pub unwind: UnwindMode,
     /// Cap on the kernel memory of unwind tables and per-process ranges, in bytes.
+    #[serde(deserialize_with = "size")]
     pub unwind_max_bytes: u64,
     /// Processes whose ranges the sampler holds at most.
     pub unwind_max_processes: u32,
@@ -513,6 +523,7 @@ pub struct Output {
     /// Window files kept at most.
     pub keep_windows: usize,
     /// Bytes of window files kept at most.
+    #[serde(deserialize_with = "size")]
     pub keep_bytes: u64,
 }
 
@@ -561,12 +572,14 @@ pub struct Server {
     #[serde(deserialize_with = "duration")]
     pub request_timeout: Duration,
     /// Largest window file served or merged, in bytes.
+    #[serde(deserialize_with = "size")]
     pub max_file_bytes: u64,
     /// Distinct samples (stack + labels) a merged profile may hold.
     pub max_merge_samples: usize,
     /// Nodes a flame graph (`/api/flamegraph`) may hold; more get 413 (counted).
     pub max_flame_nodes: usize,
     /// Bytes of one API response body (JSON, merged pprof, SVG); more get 413 (counted).
+    #[serde(deserialize_with = "size")]
     pub max_response_bytes: u64,
 }
 
@@ -586,8 +599,10 @@ pub struct Limits {
     pub sample_queue_batches: usize,
     /// Bytes of sample batches queued between capture and aggregation (a batch holds up to
     /// a ring buffer's worth of stacks).
+    #[serde(deserialize_with = "size")]
     pub sample_queue_bytes: u64,
     /// Bytes of distinct stacks held per window (a stack may have 254 frames).
+    #[serde(deserialize_with = "size")]
     pub max_stack_bytes_per_window: u64,
 }
 
@@ -608,11 +623,6 @@ fn optional_addr<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, 
     s.parse()
         .map(Some)
         .map_err(|e| serde::de::Error::custom(format!("{s:?}: {e}")))
-}
-
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    humantime::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("{s:?}: {e}")))
 }
 
 impl Default for Sampling {
@@ -848,6 +858,39 @@ mod tests {
         assert!(err.to_string().contains("readings.interval"), "{err}");
         let err = Config::from_yaml("limits:\n  max_objects: 0\n", "t.yaml").unwrap_err();
         assert!(err.to_string().contains("limits.max_objects"), "{err}");
+    }
+
+    /// Issue 54: every size key takes `32MiB` as well as bytes; a bad size or a duration
+    /// without its unit is reported at its line and column, naming the key.
+    #[test]
+    fn sizes_and_durations_take_units_and_bad_ones_name_their_line() {
+        let c = Config::from_yaml(
+            "sampling:\n  ring_buffer_bytes: 2MiB\n  unwind_max_bytes: 1048576\nsymbols:\n  debuginfod_cache_bytes: 2GiB\nsinks:\n  queue_bytes: 512KiB\n  timeout: 1m\n",
+            "t.yaml",
+        )
+        .expect("valid");
+        assert_eq!(c.sampling.ring_buffer_bytes, 2 << 20);
+        assert_eq!(c.sampling.unwind_max_bytes, 1 << 20);
+        assert_eq!(c.symbols.debuginfod_cache_bytes, 2 << 30);
+        assert_eq!(c.sinks.queue_bytes, 512 << 10);
+        assert_eq!(c.sinks.timeout, Duration::from_secs(60));
+        let err = Config::from_yaml(
+            "output:\n  keep_windows: 3\n  keep_bytes: 12 parsecs\n",
+            "t.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("t.yaml:3:15: output.keep_bytes: \"12 parsecs\" is not a size"),
+            "{err}"
+        );
+        let err = Config::from_yaml("\nwindow:\n  duration: 10\n", "t.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("t.yaml:3:13: window.duration: \"10\" is not a duration"),
+            "{err}"
+        );
     }
 
     #[test]

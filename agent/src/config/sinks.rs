@@ -10,8 +10,8 @@ use serde::Deserialize;
 pub use super::otlp::{OtlpSink, ResourcePer};
 pub use super::pyroscope::{PyroscopeApi, PyroscopeSink};
 
-use super::duration;
 use super::values::Invalid;
+use super::{duration, size};
 
 /// `sinks:` keys: the network backends windows are shipped to, each with its own
 /// bounded queue and delivery task (see `crate::export`).
@@ -19,6 +19,7 @@ use super::values::Invalid;
 #[serde(default, deny_unknown_fields)]
 pub struct Sinks {
     /// Bytes of encoded requests each network sink may hold; beyond this the oldest are dropped.
+    #[serde(deserialize_with = "size")]
     pub queue_bytes: u64,
     /// Time limit for one request: connect, send and the reply.
     #[serde(deserialize_with = "duration")]

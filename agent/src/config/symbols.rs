@@ -5,17 +5,20 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::duration;
+use super::{duration, size};
 
 /// `symbols:` keys: how object files are read for names.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Symbols {
     /// Memory of the parsed symbol tables kept between windows; the least recently used go.
+    #[serde(deserialize_with = "size")]
     pub cache_bytes: u64,
     /// Bytes read from one object (headers, symbol and string tables, inflated sections).
+    #[serde(deserialize_with = "size")]
     pub max_read_bytes: u64,
     /// Bytes of one section, as stored and as declared when compressed.
+    #[serde(deserialize_with = "size")]
     pub max_section_bytes: u64,
     /// Host directories searched by build id (`DIR/.build-id/ab/cdef….debug`) for the
     /// symbols of stripped objects; debug links named inside objects are never followed.
@@ -41,8 +44,10 @@ pub struct Symbols {
     pub debuginfod_timeout: Duration,
     /// Bytes of fetched debug files kept on disk (under `output.data_dir`/debuginfod);
     /// the oldest go first.
+    #[serde(deserialize_with = "size")]
     pub debuginfod_cache_bytes: u64,
     /// Bytes of one fetched debug file: a larger answer is cut off and refused.
+    #[serde(deserialize_with = "size")]
     pub debuginfod_max_file_bytes: u64,
     /// The debuginfod disk cache, searched after the debug directories (set by the agent
     /// when servers are configured; not a key).
@@ -53,6 +58,7 @@ pub struct Symbols {
     /// DWARF held between windows, all objects together: the units loaded (only those
     /// holding sampled addresses) and an estimate of what was parsed of them; the least
     /// recently used object is let go first.
+    #[serde(deserialize_with = "size")]
     pub dwarf_bytes: u64,
 }
 

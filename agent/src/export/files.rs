@@ -609,6 +609,11 @@ pub fn is_window_name(name: &str) -> bool {
     parse_name(name).is_some()
 }
 
+/// What the window file `name` measures, or `None` if it is not a window name.
+pub fn window_kind(name: &str) -> Option<ProfileKind> {
+    parse_name(name).map(|(_, _, kind)| kind)
+}
+
 /// Sorts windows by start time, then collision number (plain string order
 /// would put `…Z-1.pb.gz` before `…Z.pb.gz`), CPU first, then the off-CPU kinds.
 fn sort_key(name: &str) -> (String, u32, usize) {

@@ -216,7 +216,7 @@ fn parse_time(text: &str, now: SystemTime) -> Result<SystemTime, &'static str> {
 }
 
 /// The start of the window named `name`, from its `20261122T031500.123Z` stamp.
-pub(super) fn window_start(name: &str) -> Option<SystemTime> {
+pub(crate) fn window_start(name: &str) -> Option<SystemTime> {
     let s = name.get(..20)?;
     let rfc = format!(
         "{}-{}-{}T{}:{}:{}Z",

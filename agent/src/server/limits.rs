@@ -443,7 +443,7 @@ pub(super) async fn in_time(
 
 /// Why heavy work did not run or stopped before its end.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub(super) enum Stopped {
+pub(crate) enum Stopped {
     /// Every heavy slot is taken.
     #[error("busy with other profile requests (server.max_concurrent_requests), retry shortly")]
     Busy,
@@ -568,7 +568,7 @@ impl Drop for CancelOnDrop {
 }
 
 /// What heavy blocking work polls, inside its loops, to know whether to go on.
-pub(super) struct Work {
+pub(crate) struct Work {
     deadline: Instant,
     cancelled: Arc<AtomicBool>,
     stopping: Arc<AtomicBool>,
@@ -626,11 +626,14 @@ impl Work {
         }
     }
 
-    /// Work for unit tests: no deadline to speak of, never cancelled.
-    #[cfg(test)]
-    pub(super) fn unlimited() -> Self {
+    /// Work with no deadline to speak of, never cancelled: unit tests, and `ember report`
+    /// (a command a person stops with Ctrl-C).
+    pub(crate) fn unlimited() -> Self {
+        let now = Instant::now();
         Self {
-            deadline: Instant::now() + Duration::from_secs(3600),
+            deadline: now
+                .checked_add(Duration::from_secs(100 * 365 * 86_400))
+                .unwrap_or(now + Duration::from_secs(3600)),
             cancelled: Arc::new(AtomicBool::new(false)),
             stopping: Arc::new(AtomicBool::new(false)),
             decoded: Arc::new(Semaphore::new(1)),

@@ -13,7 +13,7 @@ use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, Va
 
 /// Why a merge stopped.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub(super) enum MergeError {
+pub(crate) enum MergeError {
     /// The merged profile would hold more distinct samples than allowed.
     #[error(
         "the range holds more than {cap} distinct samples (server.max_merge_samples): \
@@ -34,10 +34,10 @@ pub(super) enum MergeError {
 /// Which samples to keep: every `(key, value)` must match one label of the sample
 /// (numeric labels compare by their decimal text).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(super) struct LabelFilter(pub(super) Vec<(String, String)>);
+pub(crate) struct LabelFilter(pub(crate) Vec<(String, String)>);
 
 impl LabelFilter {
-    pub(super) fn keeps(&self, p: &Profile, s: &Sample) -> bool {
+    pub(crate) fn keeps(&self, p: &Profile, s: &Sample) -> bool {
         self.0.iter().all(|(key, want)| {
             s.label.iter().any(|l| {
                 str_at(p, l.key) == key
@@ -65,7 +65,7 @@ type LabelKey = (i64, i64, i64, i64);
 type LocationKey = (u64, u64, Vec<(u64, i64)>);
 
 /// A merged profile under construction.
-pub(super) struct Merger {
+pub(crate) struct Merger {
     out: Profile,
     max_samples: usize,
     strings: HashMap<String, i64>,
@@ -83,7 +83,7 @@ pub(super) struct Merger {
 
 impl Merger {
     /// An empty merge that holds at most `max_samples` distinct samples.
-    pub(super) fn new(max_samples: usize) -> Self {
+    pub(crate) fn new(max_samples: usize) -> Self {
         let mut m = Self {
             out: Profile::default(),
             max_samples,
@@ -117,7 +117,7 @@ impl Merger {
     }
 
     /// Adds the samples of `p` that `filter` keeps, polling `work` as it goes.
-    pub(super) fn add(
+    pub(crate) fn add(
         &mut self,
         p: &Profile,
         filter: &LabelFilter,
@@ -309,7 +309,7 @@ impl Merger {
 
     /// The merged profile. With no window added it has no sample types; callers give
     /// such a range the header of an empty CPU profile.
-    pub(super) fn finish(self) -> Profile {
+    pub(crate) fn finish(self) -> Profile {
         self.out
     }
 }

@@ -21,13 +21,13 @@
 //! inside the work's loops, cancellation when the client leaves, and size caps on
 //! files, merges, flame graphs and responses.
 
-mod api;
+pub(crate) mod api;
 mod auth;
 mod flame;
 mod health;
 mod host;
-mod limits;
-mod merge;
+pub(crate) mod limits;
+pub(crate) mod merge;
 mod ui;
 mod use_api;
 mod windows;

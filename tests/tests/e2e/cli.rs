@@ -216,7 +216,7 @@ fn the_usage_in_the_docs_names_every_flag() {
             .map(str::to_owned)
             .collect()
     };
-    for command in ["run", "record", "features"] {
+    for command in ["run", "record", "report", "top", "features"] {
         let o = ember(&[command, "--help"]);
         assert!(o.status.success(), "ember {command} --help:\n{}", text(&o));
         let line = usage
