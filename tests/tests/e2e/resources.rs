@@ -388,9 +388,10 @@ fn prometheus_scrapes_ember_and_evaluates_the_alert_rules() {
     }
 }
 
-/// Metrics of the alert rules whose series appear at their first event (a failed read):
+/// Metrics of the alert rules whose series appear at their first event (a failed read), or
+/// per network sink (none is configured here; `sinks::` asserts the export series):
 /// declared, but without a series on a healthy host.
-const EVENT_ONLY: &[&str] = &["ember_readings_errors_total"];
+const EVENT_ONLY: &[&str] = &["ember_readings_errors_total", "ember_export_dropped_total"];
 
 /// Metrics of the alert rules whose families exist only once a container or pod does (none
 /// runs here): `containers_in_v1_and_v2_cgroups_get_cadvisor_series` asserts the CFS series,
