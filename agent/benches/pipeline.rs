@@ -168,26 +168,6 @@ fn benches(c: &mut Criterion) {
         )
     });
 
-    // The steady state: one aggregator (and process table) for every window, as the agent
-    // runs; the bench above pays a new table's first read of the process each time.
-    let mut warm = aggregator();
-    for s in samples() {
-        warm.add(s);
-    }
-    black_box(warm.close());
-    c.bench_function("aggregate 2000 samples + normalize, warm table", |b| {
-        b.iter_batched(
-            samples,
-            |samples| {
-                for s in samples {
-                    warm.add(s);
-                }
-                black_box(warm.close())
-            },
-            BatchSize::LargeInput,
-        )
-    });
-
     c.bench_function(
         "aggregate 2000 off-CPU samples (wakers, futex) + normalize",
         |b| {
