@@ -304,6 +304,28 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Result<Option<ExitS
     }
 }
 
+/// What the JSON Schema `schema` has against the JSON document `doc`, as the `jsonschema`
+/// package of `python` (a reader of the schema's own project, not ours) says it; `None` when
+/// the document is valid.
+pub fn json_schema_refusal(
+    python: impl AsRef<std::ffi::OsStr>,
+    doc: &Path,
+    schema: impl AsRef<std::ffi::OsStr>,
+) -> Option<String> {
+    let check = "import json, sys, jsonschema; \
+        jsonschema.validate(json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))); \
+        print('valid')";
+    let res = output_with_timeout(
+        Command::new(python)
+            .args(["-c", check])
+            .arg(doc)
+            .arg(schema),
+        Duration::from_secs(60),
+    )
+    .expect("running jsonschema");
+    (!res.status.success()).then(|| String::from_utf8_lossy(&res.stderr).into_owned())
+}
+
 /// Runs `cmd` to completion, killing it after `timeout`.
 pub fn output_with_timeout(cmd: &mut Command, timeout: Duration) -> Result<Output> {
     let mut child = cmd
