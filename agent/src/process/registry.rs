@@ -278,6 +278,8 @@ impl Registry {
     pub fn run(mut self) {
         while let Ok(msg) = self.rx.recv() {
             self.handle(msg);
+            // No loader reads them here ([`Registry::exits`]): kept, they would pile up.
+            self.exits.clear();
         }
     }
 
@@ -310,8 +312,7 @@ impl Registry {
         std::mem::take(&mut self.exits)
     }
 
-    /// Serves one message; true when another is due at once (a window's names follow its
-    /// facts).
+    /// Serves one message.
     fn handle(&mut self, msg: Msg) {
         match msg {
             Msg::Touch(touches) => {
