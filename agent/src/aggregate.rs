@@ -266,6 +266,9 @@ impl Aggregator {
     /// Counts one sample; its thread (and its waker's) is told to the process registry,
     /// which reads a process it does not know.
     pub fn add(&mut self, s: Sample) {
+        if let Some(gone) = self.processes.tick() {
+            self.gate.allow_gone(gone.into_iter().map(|e| e.pid));
+        }
         if self.gate.denied(s.pid) {
             self.metrics.samples_filtered.inc();
             return;
@@ -1253,5 +1256,43 @@ mod tests {
             2,
             "in-flight samples are dropped too"
         );
+    }
+
+    #[test]
+    fn an_excluded_process_pid_is_allowed_again_once_it_exits() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let pid = child.id();
+        let (tx, rx) = std::sync::mpsc::sync_channel(8);
+        let rules = crate::config::Filters {
+            exclude_processes: vec!["sleep".into()],
+            ..Default::default()
+        };
+        let workloads = Workloads {
+            filter: Filter::new(&rules).expect("filter"),
+            control: Some(tx),
+            ..Default::default()
+        };
+        let mut a = Aggregator::new(parts(limits(100), workloads));
+        a.add(sample(pid, pid, &[0x10]));
+        assert!(a.close().stacks.is_empty());
+        assert_eq!(rx.try_recv(), Ok(Control::DenyPid(pid)));
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        // The registry forgets it at the end of a window that did not sample it; the gate
+        // hears of it at a later close, or sooner, from the samples counted meanwhile.
+        let own = std::process::id();
+        let mut orders = Vec::new();
+        for _ in 0..4 {
+            for _ in 0..crate::process::registry::TICK {
+                a.add(sample(own, own, &[0x10]));
+            }
+            a.close();
+            std::thread::sleep(Duration::from_millis(20));
+            orders.extend(rx.try_iter());
+        }
+        assert_eq!(orders, [Control::AllowPid(pid)]);
     }
 }

@@ -23,8 +23,10 @@
 //! - [`Processes::close`]: the window's stacks named. An address in a file or a named
 //!   region is named from the view, a pure function of the process's mappings; only the
 //!   rest (JIT code, interpreter frames, an address a new mapping may hold) goes to the
-//!   registry, with the window's end: the processes gone (exited, or their pid taken by
-//!   another) come back as exit events.
+//!   registry, with the window's end, and the aggregator waits for the answer; a window
+//!   the view named whole ends without a wait. The processes gone (exited, or their pid
+//!   taken by another) come back as exit events, taken at the next close or
+//!   [`Processes::tick`].
 //!
 //! The aggregator is held back while the registry works through its touches: at most
 //! [`TOUCHES_OUT`] messages of [`TOUCH_BATCH`] touches wait, so a window's end (which waits
@@ -130,7 +132,8 @@ pub struct Closed {
     pub stacks: Vec<Named>,
     /// One answer per lookup of the [`WindowAsk`], in order.
     pub addrs: Vec<UserAddr>,
-    /// The processes the window's end forgot (exit events).
+    /// Exit events of window ends not taken yet: this window's end's when the registry
+    /// named the misses (the aggregator waited), else earlier ends' (this one's come later).
     pub gone: Vec<Exit>,
 }
 
@@ -148,6 +151,8 @@ enum Msg {
     Touch(Vec<Touch>),
     /// What the view could not name, then the window's end.
     Close(Misses, SyncSender<Resolved>),
+    /// The window's end, when the view named everything: nobody waits for it.
+    End,
 }
 
 /// The lookups of a window the view could not answer, and the processes whose names the
@@ -165,8 +170,6 @@ struct Resolved {
     addrs: Vec<UserAddr>,
     /// One per pid, in order.
     names: Vec<Arc<str>>,
-    /// The processes the window's end forgot.
-    gone: Vec<Exit>,
 }
 
 /// The process table, shared: changed by the registry's thread alone, read by the
@@ -175,9 +178,15 @@ struct Resolved {
 /// but not `Sync`. A panic while holding it (there should be none) leaves what was written.
 type Shared = Arc<Mutex<ProcessTable>>;
 
-fn write(table: &Shared) -> MutexGuard<'_, ProcessTable> {
-    table.lock().unwrap_or_else(|e| e.into_inner())
+fn write<T>(shared: &Mutex<T>) -> MutexGuard<'_, T> {
+    shared.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// The exit events of window ends, from the registry to the aggregator, which takes them
+/// at its next look ([`Processes::tick`]) or close. Bounded by what one window's end
+/// forgets (at most the table's `max_processes`): the aggregator takes them all at every
+/// close, and a window's end comes only with a close.
+type Gone = Arc<Mutex<Vec<Exit>>>;
 
 /// The aggregator's handle on the registry: it asks, the registry's thread reads.
 pub struct Processes {
@@ -196,6 +205,10 @@ pub struct Processes {
     wake: Arc<OnceLock<WorkSender>>,
     /// The read-only view of the table.
     table: Shared,
+    /// Exit events not taken yet.
+    gone: Gone,
+    /// Samples since the last look at the registry's acknowledgements ([`Processes::tick`]).
+    ticks: u32,
 }
 
 /// The registry itself: the process table and the aggregator's queue into it. Whichever
@@ -208,6 +221,8 @@ pub struct Registry {
     wake: Arc<OnceLock<WorkSender>>,
     /// Exit events decided since the last [`Registry::exits`].
     exits: Vec<Exit>,
+    /// Exit events for the aggregator.
+    gone: Gone,
 }
 
 /// A registry with a process table capped by `limits`, naming JIT code as `jit` says and
@@ -227,6 +242,7 @@ pub fn channel(
     let (tx, rx) = mpsc::sync_channel(QUEUE);
     let (done_tx, done) = mpsc::sync_channel(TOUCHES_OUT);
     let wake = Arc::new(OnceLock::new());
+    let gone = Gone::default();
     let processes = Processes {
         tx,
         done,
@@ -235,6 +251,8 @@ pub fn channel(
         sent: HashSet::default(),
         wake: wake.clone(),
         table: table.clone(),
+        gone: gone.clone(),
+        ticks: 0,
     };
     let registry = Registry {
         table,
@@ -242,6 +260,7 @@ pub fn channel(
         done: done_tx,
         wake,
         exits: Vec::new(),
+        gone,
     };
     (processes, registry)
 }
@@ -335,16 +354,52 @@ impl Registry {
                     })
                     .collect();
                 let names = misses.pids.iter().map(|&pid| table.name(pid)).collect();
-                let gone = table.end_window();
                 drop(table);
-                self.exits.extend_from_slice(&gone);
-                let _ = reply.send(Resolved { addrs, names, gone });
+                self.end_window();
+                let _ = reply.send(Resolved { addrs, names });
             }
+            Msg::End => self.end_window(),
         }
+    }
+
+    /// Ends the registry's window: its exit events go to the loader's state and to the
+    /// aggregator (the gate allows again the pids it denied).
+    fn end_window(&mut self) {
+        let gone = write(&self.table).end_window();
+        if gone.is_empty() {
+            return;
+        }
+        self.exits.extend_from_slice(&gone);
+        write(&self.gone).extend(gone);
     }
 }
 
+/// Samples between two looks at the registry's acknowledgements ([`Processes::tick`]).
+pub const TICK: u32 = 64;
+
 impl Processes {
+    /// Called once per sample: every [`TICK`] samples, sends the touches buffered if the
+    /// registry is idle (so a window's close rarely waits for them), and returns the exit
+    /// events of a window end not taken yet (the gate allows those pids again at once, not
+    /// a window later).
+    pub fn tick(&mut self) -> Option<Vec<Exit>> {
+        self.ticks += 1;
+        if self.ticks < TICK {
+            return None;
+        }
+        self.ticks = 0;
+        if !self.touches.is_empty() && self.idle() {
+            self.flush();
+        }
+        self.take_gone()
+    }
+
+    /// The exit events not taken yet, if any.
+    fn take_gone(&self) -> Option<Vec<Exit>> {
+        let mut gone = write(&self.gone);
+        (!gone.is_empty()).then(|| std::mem::take(&mut *gone))
+    }
+
     /// Notes a sampled thread; sent with the batch ([`Processes::flush`]), or at once
     /// when the registry is idle: a new process is read while the aggregator counts on.
     pub fn touch(&mut self, t: Touch) {
@@ -429,12 +484,23 @@ impl Processes {
     }
 
     /// Names the window's stacks and ends the window; the next touches are the next
-    /// window's. What the view names is named here; the rest goes to the registry. A
-    /// registry gone answers those unknown.
+    /// window's. What the view names is named here; the rest goes to the registry, with
+    /// the window's end, and the aggregator waits for the answer. When the view named it
+    /// all, the window's end is sent and not waited for: its exit events come at the next
+    /// [`Processes::tick`] or close (the steady state of a host: a round trip to the
+    /// registry's thread per window saved). A registry gone answers unknown.
     pub fn close(&mut self, ask: WindowAsk) -> Closed {
         self.settle();
         self.sent.clear();
         let (mut closed, misses, missed) = self.name_from_view(ask);
+        if misses.lookups.is_empty() && misses.pids.is_empty() {
+            // Exit events of an earlier window's end not taken yet.
+            closed.gone = self.take_gone().unwrap_or_default();
+            if !self.send(Msg::End) {
+                tracing::error!("the process registry is gone");
+            }
+            return closed;
+        }
         let (n_lookups, n_pids) = (misses.lookups.len(), misses.pids.len());
         let (reply, rx) = mpsc::sync_channel(1);
         let resolved = self
@@ -452,7 +518,7 @@ impl Processes {
         for (&i, name) in missed.stacks.iter().zip(resolved.names) {
             closed.stacks[i].name = name;
         }
-        closed.gone = resolved.gone;
+        closed.gone = self.take_gone().unwrap_or_default();
         closed
     }
 

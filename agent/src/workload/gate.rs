@@ -132,12 +132,18 @@ impl Gate {
     /// At a window's close: allows the pids of processes that are `gone` if they were
     /// denied, then reviews the denied cgroups ([`Gate::review_denied_cgroups`]).
     pub fn end_window(&mut self, gone: impl IntoIterator<Item = u32>) {
+        self.allow_gone(gone);
+        self.review_denied_cgroups();
+    }
+
+    /// Allows the pids of processes that are `gone` if they were denied: another process
+    /// may take the pid.
+    pub fn allow_gone(&mut self, gone: impl IntoIterator<Item = u32>) {
         for pid in gone {
             if self.denied.remove(&pid) {
                 self.send(Order::AllowPid(pid));
             }
         }
-        self.review_denied_cgroups();
     }
 
     /// Denies an excluded process in BPF: its whole container (`whole`, the workload rules
