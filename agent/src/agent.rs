@@ -739,6 +739,7 @@ fn start_unwind(
         cache_dir: Some(cfg.sampling.unwind_cache_dir.clone())
             .filter(|d| !d.as_os_str().is_empty()),
         python: cfg.interpreters.python.enabled,
+        subprocesses: cfg.sampling.subprocesses,
     };
     let mut loader = match unwind::Loader::new(maps, settings, metrics.clone()) {
         Ok(loader) => loader,

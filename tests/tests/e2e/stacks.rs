@@ -34,7 +34,7 @@ use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::fs;
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -950,6 +950,69 @@ while time.monotonic() < end:
 /// `ember_unwind_map_bytes` and the evictions. Tables walked in the last 500 ms are never
 /// evicted, so a new one that does not fit beside them is refused (`over_budget`) rather
 /// than evicting the hot ones.
+/// A shell that runs each of `copies` (python3 copies) with [`PYTHON_SECOND`], one after
+/// another, once a line comes on its stdin, printing each one's pid.
+fn copies_launcher(copies: &[String]) -> std::process::Child {
+    let script = r#"read go; for c in "$@"; do "$c" -c "$PROG" & p=$!; echo "$p"; wait "$p" || exit 1; done"#;
+    std::process::Command::new("sh")
+        .args(["-c", script, "sh"])
+        .args(copies)
+        .env("PROG", PYTHON_SECOND)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting the copies' launcher")
+}
+
+/// Starts the copies of [`copies_launcher`] and waits for the last one: their pids.
+fn run_copies(mut launcher: std::process::Child) -> HashSet<u32> {
+    use std::io::BufRead as _;
+    let mut stdin = launcher.stdin.take().expect("launcher stdin");
+    writeln!(stdin, "go").expect("starting the copies");
+    let out = launcher.stdout.take().expect("launcher stdout");
+    let pids: HashSet<u32> = std::io::BufReader::new(out)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    let status = wait_timeout(&mut launcher, Duration::from_secs(30))
+        .expect("waiting for the launcher")
+        .expect("the python copies did not finish");
+    assert!(status.success(), "a python copy failed: {status}");
+    pids
+}
+
+/// Waits (at most `limit`) for a CPU window of `data` in which `pid`'s samples reach `main`
+/// (its unwind table is loaded); the windows written until then.
+fn hot_windows_reaching_main(data: &Path, pid: u32, limit: Duration) -> HashSet<PathBuf> {
+    let deadline = Instant::now() + limit;
+    let mut seen = HashSet::new();
+    loop {
+        let mut fresh: Vec<PathBuf> = fs::read_dir(data)
+            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        fresh.retain(|p| ember_tests::is_cpu_window(p) && !seen.contains(p));
+        for w in fresh {
+            let hot: Vec<_> = read_profile(&w)
+                .map(|p| stacks(&p))
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|s| s.pid == Some(i64::from(pid)))
+                .collect();
+            seen.insert(w);
+            let m = measure(&from_ember(&hot), START_ROOTS, &[]);
+            if m.samples >= 20 && m.pct(m.reach) >= 95.0 {
+                return seen;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no window in {limit:?} where the hot process reaches main: its table never loaded"
+        );
+        thread::sleep(Duration::from_millis(250));
+    }
+}
+
 #[test]
 fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
     if !ready_to_run() {
@@ -959,27 +1022,38 @@ fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
     let _lock = sampling_lock();
     let dir = tempfile::tempdir().expect("tempdir");
     let cap: u64 = 1_310_720;
-    let copies: Vec<String> = (0..6)
+    let copies: Vec<String> = (0..6u8)
         .map(|i| {
             let path = dir.path().join(format!("python3-copy{i}"));
             let mut bytes = fs::read(&python).expect("reading python3");
-            // Trailing bytes after the last section: the ELF is unchanged, its hash is not.
-            bytes.extend_from_slice(format!("ember-cap-test-{i}").as_bytes());
+            // A padding byte of the ELF header (e_ident[EI_NIDENT - 1], ignored by the
+            // kernel): the program is unchanged, but the header is an input of its unwind
+            // table's key, so each copy needs a table of its own.
+            bytes[15] = i + 1;
             fs::write(&path, bytes).expect("writing a python copy");
             fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
                 .expect("chmod");
             path.to_str().expect("utf-8").to_string()
         })
         .collect();
+    let hot = start_fixture(NOFP_QSORT, &["--seconds", "60"]);
+    let launcher = copies_launcher(&copies);
+    // Only the hot process and the copies (children of the launcher): the other processes
+    // of a busy host, this test's included, would hold tables of their own under so small
+    // a cap.
     let config = dir.path().join("ember.yaml");
     fs::write(
         &config,
-        format!("sampling:\n  unwind_max_bytes: {cap}\n  unwind_cache_dir: \"\"\n"),
+        format!(
+            "sampling:\n  unwind_max_bytes: {cap}\n  unwind_cache_dir: \"\"\n  pids: [{}, {}]\n  \
+             subprocesses: true\n",
+            hot.pid,
+            launcher.id()
+        ),
     )
     .expect("writing the config");
     let data = dir.path().join("data");
     let addr = format!("127.0.0.1:{}", free_port());
-    let hot = start_fixture(NOFP_QSORT, &["--seconds", "60"]);
     let mut ember = EmberRun::run(dir.path())
         .args([
             "--config",
@@ -1017,19 +1091,10 @@ fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
             (max_bytes, scrapes, last)
         })
     };
-    thread::sleep(Duration::from_secs(2));
-    let mut cold_pids = HashSet::new();
-    for copy in &copies {
-        let mut child = std::process::Command::new(copy)
-            .args(["-c", PYTHON_SECOND])
-            .spawn()
-            .expect("starting a python copy");
-        cold_pids.insert(child.id());
-        let status = wait_timeout(&mut child, Duration::from_secs(30))
-            .expect("waiting for python")
-            .expect("python copy did not finish in 30 s");
-        assert!(status.success(), "python copy exited {status}");
-    }
+    // The hot process's table loads first (on a loaded host the loader's first reads of
+    // every process take a while): the cap is then tested against tables it already holds.
+    let warm = hot_windows_reaching_main(&data, hot.pid, Duration::from_secs(30));
+    let cold_pids = run_copies(launcher);
     // Two more windows of the hot process alone.
     thread::sleep(Duration::from_secs(4));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -1054,6 +1119,7 @@ fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
     let refused = counter("ember_unwind_tables_built_total", "result=\"over_budget\"");
     let cached = counter("ember_unwind_row_lookups_total", "result=\"cached\"");
     let searched = counter("ember_unwind_row_lookups_total", "result=\"searched\"");
+    let procs = metric_value(&metrics, "ember_unwind_processes").unwrap_or(0.0);
     let mut hot_stacks = Vec::new();
     let mut cold_stacks = Vec::new();
     let mut windows: Vec<_> = fs::read_dir(&data)
@@ -1066,7 +1132,7 @@ fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
         let p = read_profile(w).expect("reading a window");
         for s in stacks(&p) {
             match s.pid.and_then(|p| u32::try_from(p).ok()) {
-                Some(p) if p == hot.pid => hot_stacks.push(s),
+                Some(p) if p == hot.pid && !warm.contains(w) => hot_stacks.push(s),
                 Some(p) if cold_pids.contains(&p) => cold_stacks.push(s),
                 _ => {}
             }
@@ -1077,7 +1143,8 @@ fn table_byte_cap_keeps_hot_tables_and_evicts_cold_ones() {
     let cold_side = measure(&from_ember(&cold_stacks), &cold_roots, &[]);
     let summary = format!(
         "cap {cap} B: map bytes at most {max_bytes} over {scrapes} scrapes; tables evicted \
-         {evicted}, refused {refused}; rows {cached} cached, {searched} searched; hot nofp_qsort {} samples, {:.2} % reach main; the \
+         {evicted}, refused {refused}; rows {cached} cached, {searched} searched; {procs} processes \
+         with ranges at the end; hot nofp_qsort {} samples, {:.2} % reach main; the \
          python copies {} samples, {:.2} % reach Py_BytesMain / libc start",
         hot_side.samples,
         hot_side.pct(hot_side.reach),

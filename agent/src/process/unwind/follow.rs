@@ -116,8 +116,12 @@ pub(super) struct Queued {
     /// Processes read from `unread` since their exec (at most [`MAX_ASKED`]): a library
     /// they map later is read at once too, not at the rate.
     pub(super) sampled: HashSet<u32>,
-    /// The processes named in the config, if any: only they are followed.
+    /// The processes named in the config, if any: only they (and with
+    /// `sampling.subprocesses`, their `children`) are followed.
     pub(super) only: HashSet<u32>,
+    /// Processes forked by followed ones, followed too with `sampling.subprocesses` (at
+    /// most [`MAX_CHILDREN`]; each leaves with its exit).
+    pub(super) children: HashSet<u32>,
     /// The rate of full reads of `dirty` processes.
     pub(super) reads: Bucket,
     /// Since when (CLOCK_MONOTONIC ns) every executable mapping has come as a task record:
@@ -125,7 +129,17 @@ pub(super) struct Queued {
     pub(super) whole_since: Option<u64>,
 }
 
+/// Children of the processes named in the config followed at most (the sampler's
+/// `pid_filter` holds as many).
+const MAX_CHILDREN: usize = 65_536;
+
 impl Queued {
+    /// Whether `pid`'s records and asks are followed: every process, or only those named in
+    /// the config and their children.
+    fn follows(&self, pid: u32) -> bool {
+        self.only.is_empty() || self.only.contains(&pid) || self.children.contains(&pid)
+    }
+
     /// Whether a read of `pid` would tell nothing its last one did not: it was read in full
     /// since task records are whole, so a new executable mapping would have come as one
     /// (mmap and mprotect both write it). Asks for a pc outside its ranges are then a
@@ -311,7 +325,7 @@ impl<M: UnwindIo> Loader<M> {
                 }
             }
             Work::Ask(Ask::Unread { pid, at }) => {
-                if !q.only.is_empty() && !q.only.contains(&pid) {
+                if !q.follows(pid) {
                     return;
                 }
                 if q.unread.len() < MAX_ASKED || q.unread.contains_key(&pid) {
@@ -335,7 +349,10 @@ impl<M: UnwindIo> Loader<M> {
             | TaskEvent::Exit { pid, .. } => *pid,
             TaskEvent::Mmap(m) => m.pid,
         };
-        if pid == std::process::id() || (!q.only.is_empty() && !q.only.contains(&pid)) {
+        if let TaskEvent::Fork { pid, ppid, .. } = &ev {
+            self.adopt_child(*pid, *ppid, q);
+        }
+        if pid == std::process::id() || !q.follows(pid) {
             return;
         }
         // A record older than the loader's last full read of the process (an ask for it
@@ -350,6 +367,7 @@ impl<M: UnwindIo> Loader<M> {
         }
         match ev {
             TaskEvent::Exit { pid, .. } => {
+                q.children.remove(&pid);
                 q.unread.remove(&pid);
                 q.sampled.remove(&pid);
                 if q.dirty.remove(&pid) && q.reads.next() > Duration::ZERO {
@@ -391,6 +409,19 @@ impl<M: UnwindIo> Loader<M> {
                     }
                 }
             }
+        }
+    }
+
+    /// With `sampling.subprocesses`, follows `pid` if its parent `ppid` is followed and
+    /// not every process is (the sampler samples it: `ember_fork` put it in `pid_filter`).
+    fn adopt_child(&self, pid: u32, ppid: u32, q: &mut Queued) {
+        if !self.subprocesses || q.only.is_empty() || !q.follows(ppid) || q.follows(pid) {
+            return;
+        }
+        if q.children.len() < MAX_CHILDREN {
+            q.children.insert(pid);
+        } else {
+            self.metrics.dropped(Cache::UnwindProcesses, 1);
         }
     }
 

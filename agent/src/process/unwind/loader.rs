@@ -67,6 +67,9 @@ pub struct Settings {
     pub cache_dir: Option<PathBuf>,
     /// `interpreters.python.enabled`: Python processes get their `py_procs` entries.
     pub python: bool,
+    /// `sampling.subprocesses`: with `sampling.pids`, a child forked by a followed process
+    /// is followed too (the sampler samples it: `ember_fork`).
+    pub subprocesses: bool,
 }
 
 /// The loader's state; see the module documentation. `M` writes the sampler's maps.
@@ -89,6 +92,8 @@ pub struct Loader<M: UnwindIo = MapIo> {
     pub(super) python: Option<Interp>,
     /// Set when the agent stops: `run` returns between two pieces of work.
     pub(super) halt: Arc<AtomicBool>,
+    /// [`Settings::subprocesses`].
+    pub(super) subprocesses: bool,
 }
 
 impl Loader<MapIo> {
@@ -129,6 +134,7 @@ impl<M: UnwindIo> Loader<M> {
             registry: None,
             python,
             halt: Arc::new(AtomicBool::new(false)),
+            subprocesses: settings.subprocesses,
         }
     }
 

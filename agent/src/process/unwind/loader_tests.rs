@@ -30,6 +30,7 @@ fn fake_loader(max_bytes: u64) -> Loader<FakeMaps> {
         max_bytes,
         cache_dir: None,
         python: false,
+        subprocesses: false,
     };
     Loader::with_io(FakeMaps::default(), settings, Metrics::new())
 }
@@ -388,6 +389,49 @@ fn forks_and_mmaps_follow_the_records() {
     assert!(q.dirty.contains(&child), "read in full once it settles");
 }
 
+/// With `sampling.pids` and `subprocesses`, a child of a followed process is followed from
+/// its fork to its exit; a child of another process is not, nor any without `subprocesses`.
+#[test]
+fn children_of_followed_processes_are_followed_with_subprocesses() {
+    let host = Host::new();
+    let (sleep, _) = two_programs();
+    host.write("prog", &sleep);
+    let (parent, child, stranger, other) = (4_000_016, 4_000_017, 4_000_018, 4_000_019);
+    for (pid, start) in [(parent, 100), (child, 101), (stranger, 102), (other, 103)] {
+        host.process(pid, start, "prog");
+    }
+    let fork = |pid, ppid| TaskEvent::Fork {
+        pid,
+        ppid,
+        time_ns: 0,
+    };
+    for subprocesses in [true, false] {
+        let mut l = host.loader();
+        l.subprocesses = subprocesses;
+        l.load(parent);
+        l.load(stranger);
+        let mut q = Queued {
+            only: [parent].into(),
+            ..Default::default()
+        };
+        l.on_task(fork(child, parent), &mut q);
+        l.on_task(fork(other, stranger), &mut q);
+        let followed = l.io.range_tables(child).is_some();
+        assert_eq!(followed, subprocesses, "subprocesses: {subprocesses}");
+        assert_eq!(q.children.contains(&child), subprocesses);
+        assert!(l.io.range_tables(other).is_none() && !q.children.contains(&other));
+        l.on_task(
+            TaskEvent::Exit {
+                pid: child,
+                time_ns: 0,
+            },
+            &mut q,
+        );
+        assert!(q.children.is_empty(), "the exit ends it");
+        assert!(l.io.range_tables(child).is_none());
+    }
+}
+
 #[test]
 fn bias_maps_pc_to_object_address() {
     // A PIE's text: file offset 0x1000 at address 0x1000, mapped at 0x5555_0000_1000.
@@ -529,6 +573,7 @@ fn an_inode_reused_by_another_file_gets_its_own_table() {
             max_bytes: 32 << 20,
             cache_dir: None,
             python: false,
+            subprocesses: false,
         },
         metrics.clone(),
     )
@@ -829,6 +874,7 @@ fn python_attach_state_goes_with_the_registrys_exit_events() {
         max_bytes: 1 << 20,
         cache_dir: None,
         python: true,
+        subprocesses: false,
     };
     let mut l = Loader::with_io(FakeMaps::default(), settings, Metrics::new());
     let (mut processes, registry) = registry::channel(
@@ -870,7 +916,10 @@ fn python_attach_state_goes_with_the_registrys_exit_events() {
     // next close.
     let third = processes.close(WindowAsk::default()).gone;
     assert!(first.is_empty(), "sampled in the first window: {first:?}");
-    assert!(second.is_empty(), "the second window's end not waited for: {second:?}");
+    assert!(
+        second.is_empty(),
+        "the second window's end not waited for: {second:?}"
+    );
     assert_eq!(
         third,
         [Exit {
