@@ -1017,6 +1017,42 @@ mod tests {
         assert!(third[1].stacks.is_empty());
     }
 
+    /// Issue 53: two processes on one pid in a window are two stacks, each named from its
+    /// own process: the one the registry holds (this one) from its mappings, the one it
+    /// replaced (an older start time) unknown and unnamed, never from this one's.
+    #[test]
+    fn a_pid_two_processes_had_in_a_window_is_two_stacks() {
+        let mut a = agg(100);
+        let pid = std::process::id();
+        let start = crate::os::procfs::start_time(std::path::Path::new("/proc"), pid)
+            .expect("/proc/self/stat");
+        let here = sample as *const () as u64;
+        for start_time in [start, start - 1, start] {
+            a.add(Sample {
+                start_time,
+                ..sample(pid, pid, &[here])
+            });
+        }
+        let w = a.close();
+        assert_eq!(w.stacks.len(), 2, "{:?}", w.stacks);
+        let of = |n: u64| w.stacks.iter().find(|s| s.count == n).expect("a stack");
+        let (this, replaced) = (of(2), of(1));
+        assert!(matches!(
+            this.frames.last(),
+            Some(Frame::User(UserAddr::Object(..)))
+        ));
+        assert!(!this.process.is_empty());
+        assert!(
+            matches!(
+                replaced.frames.last(),
+                Some(Frame::User(UserAddr::Unknown(_)))
+            ),
+            "{:?}",
+            replaced.frames
+        );
+        assert_eq!(replaced.process.as_ref(), "");
+    }
+
     #[test]
     fn counts_identical_stacks_together() {
         let mut a = agg(100);
