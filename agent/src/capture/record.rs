@@ -456,7 +456,7 @@ mod tests {
             0x403000,
         ];
         let mut r = record_ended(ember_unwind_result::EMBER_UNWIND_COMPLETE, &[1], &user);
-        r[50] = ember_py_result::EMBER_PY_OK.0 as u8;
+        r[std::mem::offset_of!(ember_record, py_result)] = ember_py_result::EMBER_PY_OK.0 as u8;
         for word in [0b1010u64, 0, 1 << 5, 0] {
             r.extend_from_slice(&word.to_ne_bytes());
         }
@@ -487,7 +487,7 @@ mod tests {
         assert_eq!(parse_record(&r), None);
         assert_eq!(parse_record(&[0u8; 10]), None);
         let mut r = record(&[], &[]);
-        r[28] = 200; // kern_frames > MAX_FRAMES
+        r[std::mem::offset_of!(ember_record, kern_frames)] = 200; // > MAX_FRAMES
         assert_eq!(parse_record(&r), None);
     }
 
