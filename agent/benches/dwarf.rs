@@ -95,6 +95,7 @@ fn window(pid: u32, (lo, hi): (u64, u64)) -> Window {
             time_ns: i,
             cgroup_id: 1,
             pid,
+            start_time: 0,
             tid: pid,
             cpu: 0,
             comm: *b"inline_hot\0\0\0\0\0\0",

@@ -63,9 +63,22 @@ fn own_addresses() -> Vec<u64> {
         .collect()
 }
 
+/// This process's start time as the sampler records it (`/proc/self/stat` field 22), so
+/// the bench names stacks by pid and start time as the agent does.
+fn own_start_time() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // After the name's closing parenthesis, field 3 (the state) is the first.
+    let (_, rest) = stat.rsplit_once(')').expect("stat: name");
+    rest.split_whitespace()
+        .nth(22 - 3)
+        .and_then(|f| f.parse().ok())
+        .expect("stat: field 22")
+}
+
 /// 2000 samples (10 s × 99 Hz × 2 CPUs) over 200 distinct 20-frame stacks of this process.
 fn samples() -> Vec<Sample> {
     let pid = std::process::id();
+    let start_time = own_start_time();
     let addrs = own_addresses();
     (0..2000u64)
         .map(|i| {
@@ -74,6 +87,7 @@ fn samples() -> Vec<Sample> {
                 time_ns: i,
                 cgroup_id: 1,
                 pid,
+                start_time,
                 tid: pid + (i % 4) as u32,
                 cpu: (i % 2) as u32,
                 comm: *b"bench\0\0\0\0\0\0\0\0\0\0\0",

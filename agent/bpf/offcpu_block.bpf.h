@@ -235,6 +235,7 @@ static __always_inline void offcpu_in_kthread(struct task_struct *next, struct o
 	s->rec.cgroup_id = r->cgroup_id;
 	s->rec.pid = n->tgid;
 	s->rec.tid = n->pid;
+	s->rec.start_ns = process_start_ns(next);
 	s->rec.cpu = bpf_get_smp_processor_id();
 	s->rec.user_result = EMBER_UNWIND_FRAME_POINTER;
 	s->rec.user_flags = 0;

@@ -45,6 +45,7 @@ static __always_inline __u64 offcpu_key(struct offcpu_thread *t, __u32 words)
 	c.h = offcpu_mix(c.h, t->head.waker_key);
 	c.h = offcpu_mix(c.h, rec->cgroup_id);
 	c.h = offcpu_mix(c.h, (__u64)rec->pid << 32 | rec->tid);
+	c.h = offcpu_mix(c.h, rec->start_ns);
 	c.h = offcpu_mix(c.h, comm[0]);
 	c.h = offcpu_mix(c.h, comm[1]);
 	c.h = offcpu_mix(c.h, (__u64)rec->kern_frames | (__u64)rec->user_frames << 16 | (__u64)rec->user_result << 32 |

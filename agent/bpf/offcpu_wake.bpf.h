@@ -104,6 +104,7 @@ static __always_inline void offcpu_waker(void *ctx, struct task_struct *p, struc
 		s->rec.cgroup_id = 0;
 		s->rec.pid = 0;
 		s->rec.tid = 0;
+		s->rec.start_ns = 0;
 		__builtin_memset(s->rec.comm, 0, sizeof(s->rec.comm));
 		__builtin_memcpy(s->rec.comm, "[interrupt]", sizeof("[interrupt]"));
 	}

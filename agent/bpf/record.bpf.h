@@ -93,9 +93,23 @@ static __always_inline void count(__u32 which)
 struct task_struct {
 	int pid;
 	unsigned int flags;
+	struct task_struct *group_leader;
+	__u64 start_boottime; /* 5.5+ */
 } __attribute__((preserve_access_index));
 
 #define PF_KTHREAD 0x00200000
+
+/*
+ * The start time of `task`'s process (its group leader's start_boottime, ns), as the
+ * record's start_ns carries it; 0 where the kernel lacks the field. One CO-RE read per
+ * record, outside every loop.
+ */
+static __always_inline __u64 process_start_ns(struct task_struct *task)
+{
+	if (!bpf_core_field_exists(task->start_boottime))
+		return 0;
+	return BPF_CORE_READ(task, group_leader, start_boottime);
+}
 
 /*
  * A kernel thread (kworker, kdamond, ...): no user stack to walk, and no memory map

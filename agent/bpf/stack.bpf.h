@@ -25,6 +25,7 @@ static __always_inline void capture_current(struct scratch *s, __u64 id, __u64 c
 	s->rec.cgroup_id = cgroup_id;
 	s->rec.pid = id >> 32;
 	s->rec.tid = (__u32)id;
+	s->rec.start_ns = process_start_ns((struct task_struct *)bpf_get_current_task());
 	s->rec.cpu = bpf_get_smp_processor_id();
 	s->rec.user_result = EMBER_UNWIND_FRAME_POINTER;
 	s->rec.user_flags = 0;

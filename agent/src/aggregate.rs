@@ -57,6 +57,8 @@ pub type Window = model::Window<Frame>;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
     pid: u32,
+    /// [`Sample::start_time`]: two processes on one pid in a window are two stacks.
+    start_time: u64,
     tid: u32,
     comm: [u8; 16],
     kernel: Box<[u64]>,
@@ -89,6 +91,7 @@ type Counts = HashMap<Key, Tally, foldhash::quality::RandomState>;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct WakerKey {
     pid: u32,
+    start_time: u64,
     comm: [u8; 16],
     kernel: Box<[u64]>,
     user: Box<[u64]>,
@@ -279,6 +282,7 @@ impl Aggregator {
                 tid: s.tid,
                 comm: s.comm,
                 cgroup_id: s.cgroup_id,
+                start_time: s.start_time,
             }),
             None,
         ];
@@ -292,9 +296,11 @@ impl Aggregator {
                 tid: w.tid,
                 comm: w.comm,
                 cgroup_id: w.cgroup_id,
+                start_time: w.start_time,
             });
             Box::new(WakerKey {
                 pid: w.pid,
+                start_time: w.start_time,
                 comm: w.comm,
                 kernel: w.kernel.into_boxed_slice(),
                 user: w.user.into_boxed_slice(),
@@ -312,6 +318,7 @@ impl Aggregator {
         };
         let key = Key {
             pid: s.pid,
+            start_time: s.start_time,
             tid: s.tid,
             comm: s.comm,
             kernel: s.kernel.into_boxed_slice(),
@@ -462,18 +469,20 @@ impl Aggregator {
         self.fan_out(counts)
     }
 
-    /// The gate's verdict on every process with a stack in `counts`, judged by what the
-    /// registry knows of it.
-    fn judge(&mut self, counts: &Counts) -> HashMap<u32, Option<Judged>> {
-        let pids: HashSet<u32> = counts.keys().map(|k| k.pid).collect();
-        let pids: Vec<u32> = pids.into_iter().collect();
-        let facts = self.processes.facts(pids.clone());
-        self.gate
-            .judge(pids.into_iter().zip(facts).map(|(pid, f)| Candidate {
+    /// The gate's verdict on every process (pid and start time) with a stack in `counts`,
+    /// judged by what the registry knows of it.
+    fn judge(&mut self, counts: &Counts) -> HashMap<(u32, u64), Option<Judged>> {
+        let procs: HashSet<(u32, u64)> = counts.keys().map(|k| (k.pid, k.start_time)).collect();
+        let procs: Vec<(u32, u64)> = procs.into_iter().collect();
+        let facts = self.processes.facts(procs.clone());
+        let verdicts = self
+            .gate
+            .judge(procs.iter().zip(facts).map(|(&(pid, _), f)| Candidate {
                 pid,
                 cgroup: f.cgroup,
                 name: f.name,
-            }))
+            }));
+        procs.into_iter().zip(verdicts).collect()
     }
 
     /// The stacks of `counts` the gate let through, with their labels; the others' samples
@@ -481,11 +490,11 @@ impl Aggregator {
     fn keep(
         &self,
         counts: Counts,
-        verdicts: &HashMap<u32, Option<Judged>>,
+        verdicts: &HashMap<(u32, u64), Option<Judged>>,
     ) -> Vec<(Key, Tally, Judged)> {
         let mut kept = Vec::with_capacity(counts.len());
         for (key, tally) in counts {
-            match verdicts.get(&key.pid) {
+            match verdicts.get(&(key.pid, key.start_time)) {
                 Some(Some(labels)) => kept.push((key, tally, labels.clone())),
                 _ => {
                     self.metrics.samples_filtered.inc_by(tally.count);
@@ -759,6 +768,7 @@ mod tests {
             time_ns: 0,
             cgroup_id: 1,
             pid,
+            start_time: 0,
             tid,
             cpu: 0,
             comm: *b"worker\0\0\0\0\0\0\0\0\0\0",
@@ -1005,6 +1015,42 @@ mod tests {
         // The next off-CPU window starts empty.
         let third = a.close_period(true);
         assert!(third[1].stacks.is_empty());
+    }
+
+    /// Issue 53: two processes on one pid in a window are two stacks, each named from its
+    /// own process: the one the registry holds (this one) from its mappings, the one it
+    /// replaced (an older start time) unknown and unnamed, never from this one's.
+    #[test]
+    fn a_pid_two_processes_had_in_a_window_is_two_stacks() {
+        let mut a = agg(100);
+        let pid = std::process::id();
+        let start = crate::os::procfs::start_time(std::path::Path::new("/proc"), pid)
+            .expect("/proc/self/stat");
+        let here = sample as *const () as u64;
+        for start_time in [start, start - 1, start] {
+            a.add(Sample {
+                start_time,
+                ..sample(pid, pid, &[here])
+            });
+        }
+        let w = a.close();
+        assert_eq!(w.stacks.len(), 2, "{:?}", w.stacks);
+        let of = |n: u64| w.stacks.iter().find(|s| s.count == n).expect("a stack");
+        let (this, replaced) = (of(2), of(1));
+        assert!(matches!(
+            this.frames.last(),
+            Some(Frame::User(UserAddr::Object(..)))
+        ));
+        assert!(!this.process.is_empty());
+        assert!(
+            matches!(
+                replaced.frames.last(),
+                Some(Frame::User(UserAddr::Unknown(_)))
+            ),
+            "{:?}",
+            replaced.frames
+        );
+        assert_eq!(replaced.process.as_ref(), "");
     }
 
     #[test]

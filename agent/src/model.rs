@@ -65,6 +65,10 @@ pub struct Sample {
     pub cgroup_id: u64,
     /// Thread group id (process id) in the host pid namespace.
     pub pid: u32,
+    /// The process's start time in clock ticks since boot, as `/proc/PID/stat` field 22
+    /// shows it (the kernel's own, recorded with the sample): with `pid`, names the
+    /// process, whose pid may be another's by the time the sample is named. 0: unknown.
+    pub start_time: u64,
     /// Thread id.
     pub tid: u32,
     /// CPU the sample was taken on.

@@ -82,7 +82,7 @@ enum ember_offcpu_kind {
  * switch-out; a waker's record describes the waker (time_ns the wakeup).
  *
  * Records are counted in the kernel: `key` hashes everything the agent counts a
- * record by (kind, state, path, syscall, waker_key, cgroup, pid, tid, name, both
+ * record by (kind, state, path, syscall, waker_key, cgroup, pid and its start, tid, name, both
  * stacks, the interpreter tail; not the times or the CPU). The first record of a
  * key since the agent last drained `offcpu_sums` is sent whole, with its own
  * times, and leaves an entry under its key; later ones only add their times to

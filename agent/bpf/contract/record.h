@@ -63,6 +63,12 @@ enum ember_unwind_mode {
 struct ember_record {
 	__u64 time_ns;   /* bpf_ktime_get_ns() (CLOCK_MONOTONIC) */
 	__u64 cgroup_id; /* v2 cgroup id of the task */
+	/*
+	 * The thread group leader's start_boottime (ns since boot, suspend included), which
+	 * /proc/PID/stat field 22 shows in clock ticks: with pid, names the process (a pid is
+	 * reused). 0: unknown (a kernel without the field, an interrupt's waker record).
+	 */
+	__u64 start_ns;
 	__u32 pid;       /* thread group id, as the host sees it */
 	__u32 tid;
 	__u32 cpu;

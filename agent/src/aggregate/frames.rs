@@ -26,18 +26,26 @@ pub(super) enum Slot {
 #[derive(Default)]
 pub(super) struct Lookups {
     ask: WindowAsk,
-    /// The index of each (pid, address) asked.
-    addrs: HashMap<(u32, u64), usize, foldhash::fast::RandomState>,
+    /// The index of each (pid, start time, address) asked.
+    addrs: HashMap<(u32, u64, u64), usize, foldhash::fast::RandomState>,
 }
 
 impl Lookups {
-    /// The index of the lookup of `addr` of `pid`, asked now if not yet.
-    fn addr(&mut self, pid: u32, addr: u64) -> usize {
+    /// The index of the lookup of `addr` of `pid` started at `start_time`, asked now if not
+    /// yet.
+    fn addr(&mut self, (pid, start_time): (u32, u64), addr: u64) -> usize {
         let lookups = &mut self.ask.lookups;
-        *self.addrs.entry((pid, addr)).or_insert_with(|| {
-            lookups.push(Lookup::Addr { pid, addr });
-            lookups.len() - 1
-        })
+        *self
+            .addrs
+            .entry((pid, start_time, addr))
+            .or_insert_with(|| {
+                lookups.push(Lookup::Addr {
+                    pid,
+                    start_time,
+                    addr,
+                });
+                lookups.len() - 1
+            })
     }
 
     /// The index of a lookup asked every time.
@@ -74,6 +82,7 @@ impl Aggregator {
         self.user_slots(key, &mut slots, lookups);
         lookups.ask.stacks.push(StackAsk {
             pid: key.pid,
+            start_time: key.start_time,
             lookups: lookups.ask.lookups.len() - before,
         });
         slots
@@ -89,6 +98,7 @@ impl Aggregator {
             while let Some(f) = py.next_if(|f| usize::from(f.before) <= i) {
                 slots.push(Slot::User(lookups.push(Lookup::Python {
                     pid: key.pid,
+                    start_time: key.start_time,
                     frame: *f,
                 })));
             }
@@ -99,7 +109,8 @@ impl Aggregator {
                 continue;
             }
             let exact = i < 128 && key.user_exact >> i & 1 == 1;
-            slots.push(Slot::User(lookups.addr(key.pid, caller(i, a, exact))));
+            let at = caller(i, a, exact);
+            slots.push(Slot::User(lookups.addr((key.pid, key.start_time), at)));
         }
     }
 }
@@ -116,7 +127,9 @@ fn waker_slots(w: &WakerKey, slots: &mut Vec<Slot>, lookups: &mut Lookups) {
     );
     for (i, &a) in w.user.iter().enumerate() {
         let exact = i < 128 && w.user_exact >> i & 1 == 1;
-        slots.push(Slot::User(lookups.addr(w.pid, caller(i, a, exact))));
+        slots.push(Slot::User(
+            lookups.addr((w.pid, w.start_time), caller(i, a, exact)),
+        ));
     }
     slots[start..].reverse();
     slots.push(Slot::Separator);

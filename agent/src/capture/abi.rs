@@ -72,21 +72,22 @@ shared_struct!(ember_config: size 32, align 8 {
     pad @ 28,
 });
 
-shared_struct!(ember_record: size 56, align 8 {
+shared_struct!(ember_record: size 64, align 8 {
     time_ns @ 0,
     cgroup_id @ 8,
-    pid @ 16,
-    tid @ 20,
-    cpu @ 24,
-    kern_frames @ 28,
-    user_frames @ 30,
-    comm @ 32,
-    user_result @ 48,
-    user_flags @ 49,
-    py_result @ 50,
-    pad0 @ 51,
-    pad1 @ 52,
-    ips @ 56,
+    start_ns @ 16,
+    pid @ 24,
+    tid @ 28,
+    cpu @ 32,
+    kern_frames @ 36,
+    user_frames @ 38,
+    comm @ 40,
+    user_result @ 56,
+    user_flags @ 57,
+    py_result @ 58,
+    pad0 @ 59,
+    pad1 @ 60,
+    ips @ 64,
 });
 
 shared_struct!(ember_unwind_row: size 8, align 2 {

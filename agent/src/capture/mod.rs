@@ -549,6 +549,88 @@ mod tests {
         assert_eq!(ms(next_drain(short, at(490))), 490);
     }
 
+    /// Issue 53: the sampler's records carry their process's start time as
+    /// `/proc/PID/stat` field 22 shows it: the thread group leader's (not the sampled
+    /// thread's, started later), in clock ticks. Needs root (the sampler is loaded).
+    #[test]
+    fn records_carry_the_start_time_proc_shows() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(
+                std::env::var("EMBER_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+                "needs root (the sampler) and EMBER_REQUIRE_PRIVILEGED=1 forbids skipping"
+            );
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let pid = std::process::id();
+        let (batches_tx, batches) = mpsc::sync_channel(1024);
+        let (_control_tx, control) = mpsc::sync_channel(1);
+        let parts = Parts {
+            sampling: Sampling {
+                frequency_hz: 997,
+                pids: vec![pid],
+                unwind: crate::config::UnwindMode::FramePointer,
+                ..Default::default()
+            },
+            offcpu: OffCpuSettings {
+                enabled: false,
+                ..Default::default()
+            },
+            windows: None,
+            batches: batches_tx,
+            budget: QueueBytes::new(256 << 20),
+            control,
+            metrics: Metrics::new(),
+        };
+        let (capture, _link) = Capture::start(parts).expect("the sampler loads");
+        // A thread started well after its process (ticks are 10 ms), spinning.
+        std::thread::sleep(Duration::from_millis(50));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let spin = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                let _ = tid_tx.send(unsafe { libc::gettid() } as u32);
+                let mut x = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+                }
+            })
+        };
+        let tid = tid_rx.recv().expect("the spinning thread's id");
+        let task_dir = format!("/proc/{pid}/task");
+        let thread_start = crate::os::procfs::start_time(std::path::Path::new(&task_dir), tid);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = Vec::new();
+        while seen.len() < 5 && Instant::now() < deadline {
+            if let Ok(batch) = batches.recv_timeout(Duration::from_millis(200)) {
+                seen.extend(
+                    batch
+                        .iter()
+                        .filter(|s| s.pid == pid && s.tid == tid)
+                        .map(|s| s.start_time),
+                );
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let _ = spin.join();
+        capture.stop();
+        let proc_start = crate::os::procfs::start_time(std::path::Path::new("/proc"), pid)
+            .expect("/proc/self/stat");
+        assert_ne!(thread_start, Some(proc_start), "the thread started later");
+        assert!(seen.len() >= 5, "samples of the spinning thread: {seen:?}");
+        let other: Vec<u64> = seen.iter().copied().filter(|&t| t != proc_start).collect();
+        assert!(
+            other.is_empty(),
+            "{} of {} records: start time {:?}, /proc/{pid}/stat: {proc_start}",
+            other.len(),
+            seen.len(),
+            other.first()
+        );
+    }
+
     #[test]
     fn reads_the_sums_once_a_window_at_its_last_drain() {
         let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(1_800_000_000_000 + ms);

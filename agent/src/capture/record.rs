@@ -56,6 +56,11 @@ pub fn parse_record(data: &[u8]) -> Option<(Sample, u8)> {
         time_ns: hdr.time_ns,
         cgroup_id: hdr.cgroup_id,
         pid: hdr.pid,
+        // Pid 0 is every CPU's idle task, each started on its own: one process to ember.
+        start_time: match hdr.pid {
+            0 => 0,
+            _ => crate::os::procfs::start_ticks(hdr.start_ns),
+        },
         tid: hdr.tid,
         cpu: hdr.cpu,
         comm: hdr.comm.map(|c| c as u8),
@@ -372,6 +377,7 @@ mod tests {
             user_result: result.0 as u8,
             time_ns: 7,
             cgroup_id: 9,
+            start_ns: 12_345_678_901,
             pid: 100,
             tid: 101,
             cpu: 1,
@@ -406,6 +412,8 @@ mod tests {
             (s.pid, s.tid, s.cpu, s.cgroup_id, s.time_ns),
             (100, 101, 1, 9, 7)
         );
+        // Nanoseconds since boot in /proc's clock ticks (USER_HZ 100 on x86-64), truncated.
+        assert_eq!(s.start_time, 1234);
         assert_eq!(&s.comm[..3], b"hog");
     }
 
@@ -448,7 +456,7 @@ mod tests {
             0x403000,
         ];
         let mut r = record_ended(ember_unwind_result::EMBER_UNWIND_COMPLETE, &[1], &user);
-        r[50] = ember_py_result::EMBER_PY_OK.0 as u8;
+        r[std::mem::offset_of!(ember_record, py_result)] = ember_py_result::EMBER_PY_OK.0 as u8;
         for word in [0b1010u64, 0, 1 << 5, 0] {
             r.extend_from_slice(&word.to_ne_bytes());
         }
@@ -479,7 +487,7 @@ mod tests {
         assert_eq!(parse_record(&r), None);
         assert_eq!(parse_record(&[0u8; 10]), None);
         let mut r = record(&[], &[]);
-        r[28] = 200; // kern_frames > MAX_FRAMES
+        r[std::mem::offset_of!(ember_record, kern_frames)] = 200; // > MAX_FRAMES
         assert_eq!(parse_record(&r), None);
     }
 
@@ -628,8 +636,11 @@ mod tests {
 
     #[test]
     fn header_matches_c_layout() {
-        // time_ns, cgroup_id, pid, tid, cpu, kern_frames, user_frames, comm[16],
+        // time_ns, cgroup_id, start_ns, pid, tid, cpu, kern_frames, user_frames, comm[16],
         // user_result, user_flags, py_result, pad0, pad1
-        assert_eq!(HEADER, 8 + 8 + 4 + 4 + 4 + 2 + 2 + 16 + 1 + 1 + 1 + 1 + 4);
+        assert_eq!(
+            HEADER,
+            8 + 8 + 8 + 4 + 4 + 4 + 2 + 2 + 16 + 1 + 1 + 1 + 1 + 4
+        );
     }
 }

@@ -94,8 +94,7 @@ label_enum! {
 }
 
 label_enum! {
-    /// `ember_cache_dropped_total{cache}`: which bounded cache or queue dropped entries because
-    /// it was full.
+    /// `ember_cache_dropped_total{cache}`: which bounded cache or queue dropped entries (full).
     pub enum Cache {
         /// The process table (`limits.max_processes`): the least recently seen process.
         Processes => "processes",
@@ -304,8 +303,7 @@ label_enum! {
 }
 
 label_enum! {
-    /// `ember_proc_read_errors_total{reason}`: which `/proc` entry was unreadable or
-    /// malformed (counted and skipped).
+    /// `ember_proc_read_errors_total{reason}`: `/proc` entries unreadable, malformed or reused.
     pub enum ProcRead {
         /// `/proc/<pid>/stat`: the process is not tracked.
         Stat => "stat",
@@ -321,6 +319,8 @@ label_enum! {
         Kallsyms => "kallsyms",
         /// A kernel task record (perf mmap2/comm/task) that did not parse.
         TaskRecord => "task_record",
+        /// A sample's pid names another process now (reused): each address left unknown.
+        Replaced => "replaced",
     }
 }
 

@@ -172,6 +172,24 @@ pub fn start_time(proc_root: &Path, pid: u32) -> Option<u64> {
 /// `/proc/PID/stat` is read up to this many bytes (a name is at most 15 bytes).
 pub const STAT_CAP: u64 = 4096;
 
+/// Clock ticks per second of `/proc` (USER_HZ, `sysconf(_SC_CLK_TCK)`; 100 on every Linux
+/// ABI ember runs on), asked once.
+pub fn clock_ticks_per_second() -> u64 {
+    static HZ: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *HZ.get_or_init(|| {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        u64::try_from(hz).ok().filter(|&h| h > 0).unwrap_or(100)
+    })
+}
+
+/// A process start time the kernel keeps in nanoseconds since boot (`start_boottime`), in
+/// the clock ticks `/proc/PID/stat` field 22 shows: the kernel's own `nsec_to_clock_t`
+/// (a division by the nanoseconds of one tick, truncating). 0 stays 0 (unknown).
+pub fn start_ticks(start_ns: u64) -> u64 {
+    start_ns / (1_000_000_000 / clock_ticks_per_second().min(1_000_000_000))
+}
+
 /// Parses a CPU list such as `0-3,8,10-11` (as in `/sys/devices/system/cpu/online`).
 pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
     let mut cpus = Vec::new();

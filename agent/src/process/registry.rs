@@ -72,6 +72,8 @@ pub struct Touch {
     pub comm: [u8; 16],
     /// The sample's cgroup v2 id (0 when unknown).
     pub cgroup_id: u64,
+    /// The process's start time (`/proc/PID/stat` field 22, the sample's; 0 when unknown).
+    pub start_time: u64,
 }
 
 /// One thing to name in a stack, with the process it belongs to.
@@ -81,6 +83,8 @@ pub enum Lookup {
     Addr {
         /// Process id.
         pid: u32,
+        /// The process's start time (0: whichever process has the pid).
+        start_time: u64,
         /// The address.
         addr: u64,
     },
@@ -88,6 +92,8 @@ pub enum Lookup {
     Python {
         /// Process id.
         pid: u32,
+        /// The process's start time (0: whichever process has the pid).
+        start_time: u64,
         /// The frame as the sampler recorded it.
         frame: PyFrameRef,
     },
@@ -100,6 +106,8 @@ pub enum Lookup {
 pub struct StackAsk {
     /// The stack's process.
     pub pid: u32,
+    /// Its start time (0: whichever process has the pid).
+    pub start_time: u64,
     /// The lookups it adds, in order.
     pub lookups: usize,
 }
@@ -160,7 +168,8 @@ enum Msg {
 #[derive(Debug, Default)]
 struct Misses {
     lookups: Vec<Lookup>,
-    pids: Vec<u32>,
+    /// Each by pid and start time.
+    pids: Vec<(u32, u64)>,
 }
 
 /// The registry's answer to [`Misses`].
@@ -197,10 +206,10 @@ pub struct Processes {
     out: usize,
     /// Touches not sent yet.
     touches: Vec<Touch>,
-    /// What this window's touches told the registry, by (pid, leader or not, comm, cgroup):
-    /// the same again changes nothing (only the leader's name and the cgroup matter), so
-    /// it is sent once a window, not once a sample.
-    sent: HashSet<(u32, bool, [u8; 16], u64), foldhash::fast::RandomState>,
+    /// What this window's touches told the registry, by (pid, start time, leader or not,
+    /// comm, cgroup): the same again changes nothing (only the leader's name, the cgroup and
+    /// the process matter), so it is sent once a window, not once a sample.
+    sent: HashSet<(u32, u64, bool, [u8; 16], u64), foldhash::fast::RandomState>,
     /// Wakes the thread that serves the registry, once it is set.
     wake: Arc<OnceLock<WorkSender>>,
     /// The read-only view of the table.
@@ -337,7 +346,7 @@ impl Registry {
             Msg::Touch(touches) => {
                 let mut table = write(&self.table);
                 for t in touches {
-                    table.touch(t.pid, t.tid, &t.comm, t.cgroup_id);
+                    table.touch(t.pid, t.tid, &t.comm, t.cgroup_id, t.start_time);
                 }
                 drop(table);
                 // Never full: the aggregator has at most TOUCHES_OUT out.
@@ -349,11 +358,23 @@ impl Registry {
                     .lookups
                     .iter()
                     .map(|l| match l {
-                        Lookup::Addr { pid, addr } => table.normalize(*pid, *addr),
-                        Lookup::Python { pid, frame } => table.python(*pid, frame),
+                        Lookup::Addr {
+                            pid,
+                            start_time,
+                            addr,
+                        } => table.normalize(*pid, *start_time, *addr),
+                        Lookup::Python {
+                            pid,
+                            start_time,
+                            frame,
+                        } => table.python(*pid, *start_time, frame),
                     })
                     .collect();
-                let names = misses.pids.iter().map(|&pid| table.name(pid)).collect();
+                let names = misses
+                    .pids
+                    .iter()
+                    .map(|&(pid, start_time)| table.name(pid, start_time))
+                    .collect();
                 drop(table);
                 self.end_window();
                 let _ = reply.send(Resolved { addrs, names });
@@ -408,7 +429,7 @@ impl Processes {
         }
         if !self
             .sent
-            .insert((t.pid, t.tid == t.pid, t.comm, t.cgroup_id))
+            .insert((t.pid, t.start_time, t.tid == t.pid, t.comm, t.cgroup_id))
         {
             return;
         }
@@ -469,16 +490,17 @@ impl Processes {
         }
     }
 
-    /// The facts of `pids`, in order, read from the view once the touches sent are worked
-    /// through.
-    pub fn facts(&mut self, pids: Vec<u32>) -> Vec<Facts> {
+    /// The facts of `procs` (each by pid and start time), in order, read from the view
+    /// once the touches sent are worked through.
+    pub fn facts(&mut self, procs: Vec<(u32, u64)>) -> Vec<Facts> {
         self.settle();
         let guard = write(&self.table);
         let table: &ProcessTable = &guard;
-        pids.into_iter()
-            .map(|pid| Facts {
-                cgroup: table.cgroup(pid),
-                name: table.name(pid),
+        procs
+            .into_iter()
+            .map(|(pid, start_time)| Facts {
+                cgroup: table.cgroup(pid, start_time),
+                name: table.name(pid, start_time),
             })
             .collect()
     }
@@ -538,7 +560,11 @@ impl Processes {
             let before = misses.lookups.len();
             for l in lookups.by_ref().take(a.lookups) {
                 let found = match &l {
-                    Lookup::Addr { pid, addr } => table.find(*pid, *addr),
+                    Lookup::Addr {
+                        pid,
+                        start_time,
+                        addr,
+                    } => table.find(*pid, *start_time, *addr),
                     Lookup::Python { .. } => None,
                 };
                 closed.addrs.push(found.unwrap_or_else(|| {
@@ -549,11 +575,11 @@ impl Processes {
             }
             if misses.lookups.len() > before {
                 missed.stacks.push(closed.stacks.len());
-                misses.pids.push(a.pid);
+                misses.pids.push((a.pid, a.start_time));
             }
-            let name = table.name(a.pid);
+            let name = table.name(a.pid, a.start_time);
             closed.stacks.push(Named {
-                runtime: table.runtime(a.pid),
+                runtime: table.runtime(a.pid, a.start_time),
                 name_before: name.clone(),
                 name,
             });

@@ -105,6 +105,9 @@ pub struct ProcessTable {
     recency: VecDeque<(u64, u32)>,
     /// `/proc/PID` reads done (a rename or a move must not make every window pay one).
     reads: u64,
+    /// `/proc/PID/stat` reads done by touches to tell a reused pid (only for samples that
+    /// carry no start time).
+    stat_reads: u64,
     /// Process roots the objects hold, one handle per directory (`st_dev`, `st_ino`): most
     /// processes share a few roots (the host's, one per container).
     roots: HashMap<(u64, u64), Arc<File>>,
@@ -137,6 +140,7 @@ impl ProcessTable {
             pending: HashMap::new(),
             recency: VecDeque::new(),
             reads: 0,
+            stat_reads: 0,
             roots: HashMap::new(),
             own_root: std::fs::metadata("/proc/self/root")
                 .ok()
@@ -183,10 +187,17 @@ impl ProcessTable {
     }
 
     /// Notes that thread `tid` of `pid` was sampled in the current window (named `comm`, in
-    /// cgroup v2 `cgroup_id`), reading the process if it is new or has exec'd since.
-    pub fn touch(&mut self, pid: u32, tid: u32, comm: &[u8; 16], cgroup_id: u64) {
+    /// cgroup v2 `cgroup_id`, its process started at `start_time`, 0 when unknown), reading
+    /// the process if it is new, has exec'd since, or is another process on the pid.
+    pub fn touch(&mut self, pid: u32, tid: u32, comm: &[u8; 16], cgroup_id: u64, start_time: u64) {
         let window = self.window;
         if let Some(p) = self.procs.get_mut(&pid) {
+            // A sample of a process older than the table's on this pid: a late sample of
+            // the process the pid's new one replaced. It is named unknown ([`Self::find`]);
+            // nothing of the new one changes.
+            if start_time != 0 && start_time < p.start_time {
+                return;
+            }
             let first_this_window = p.last_seen != window;
             p.last_seen = window;
             // A sample from another cgroup than the one this pid was read in is another
@@ -194,11 +205,21 @@ impl ProcessTable {
             let moved = p.cgroup.v2_id != 0 && cgroup_id != 0 && p.cgroup.v2_id != cgroup_id;
             // A process is its pid and its start time: a pid reused in the same cgroup (or
             // on cgroup v1, where samples carry no cgroup id) under the same name is another
-            // process all the same. Its start time is read once a window (a /proc/PID/stat
-            // read), not at every sample.
-            let reused = first_this_window
-                && !moved
-                && procfs::start_time(&self.proc_root, pid).is_some_and(|t| t != p.start_time);
+            // process all the same. The sample carries its process's start time (the
+            // kernel's): a newer one than the table's is another process on the pid, read
+            // again now, without a look at /proc/PID/stat. A sample without one (a kernel
+            // that lacks it) has the start time read once a window, not at every sample.
+            let reused = if start_time != 0 {
+                start_time != p.start_time
+            } else {
+                first_this_window && !moved && {
+                    self.stat_reads += 1;
+                    procfs::start_time(&self.proc_root, pid).is_some_and(|t| t != p.start_time)
+                }
+            };
+            // Another process for certain (both start times known): read even if this
+            // window read the pid already (the old one's), once per process on the pid.
+            let replaced = reused && start_time != 0 && p.start_time != 0;
             let moved = moved || reused;
             // The leader renamed may be an exec (a new program with new mappings) or just
             // a rename (prctl, which a process may do at will, so it must stay cheap): the
@@ -233,7 +254,7 @@ impl ProcessTable {
             let Some(p) = self.procs.get_mut(&pid) else {
                 return;
             };
-            if !reread || (p.rescanned == window && !exec) {
+            if !reread || (p.rescanned == window && !exec && !replaced) {
                 return;
             }
             p.rescanned = window;
@@ -382,30 +403,56 @@ impl ProcessTable {
         Target::File(obj)
     }
 
-    /// The process name (`comm` of the thread group leader), empty if unknown.
-    pub fn name(&self, pid: u32) -> Arc<str> {
+    /// The table's process on `pid` if it is the one started at `start_time`: `None` when
+    /// the pid is unknown, or names another process than the sample's (both start times
+    /// known and different: the sample's process is gone, its pid reused). A start time of
+    /// 0 (unknown) is whichever process the table has.
+    fn proc_of(&self, pid: u32, start_time: u64) -> Option<&Proc> {
         self.procs
             .get(&pid)
+            .filter(|p| !other_process(p.start_time, start_time))
+    }
+
+    /// Whether the table's process on `pid` is another than the one started at
+    /// `start_time`; if so, an address of it left unknown is counted.
+    fn replaced(&self, pid: u32, start_time: u64) -> bool {
+        let other = self
+            .procs
+            .get(&pid)
+            .is_some_and(|p| other_process(p.start_time, start_time));
+        if other {
+            self.metrics.proc_read_error(ProcRead::Replaced, 1);
+        }
+        other
+    }
+
+    /// The name (`comm` of the thread group leader) of `pid` started at `start_time`,
+    /// empty if unknown (or its pid names another process now).
+    pub fn name(&self, pid: u32, start_time: u64) -> Arc<str> {
+        self.proc_of(pid, start_time)
             .map(|p| p.name.clone())
             .unwrap_or_else(|| Arc::from(""))
     }
 
-    /// The cgroup `pid` was in when first seen.
-    pub fn cgroup(&self, pid: u32) -> Arc<Cgroup> {
-        self.procs
-            .get(&pid)
+    /// The cgroup `pid` started at `start_time` was in when first seen (none if unknown).
+    pub fn cgroup(&self, pid: u32, start_time: u64) -> Arc<Cgroup> {
+        self.proc_of(pid, start_time)
             .map(|p| p.cgroup.clone())
             .unwrap_or_default()
     }
 
-    /// Names the interpreter frame `f` of process `pid` (unnamed when its process or code
-    /// object cannot be read).
-    pub fn python(&mut self, pid: u32, f: &crate::model::PyFrameRef) -> UserAddr {
+    /// Names the interpreter frame `f` of process `pid` started at `start_time` (unnamed
+    /// when its process or code object cannot be read, or its pid names another process).
+    pub fn python(&mut self, pid: u32, start_time: u64, f: &crate::model::PyFrameRef) -> UserAddr {
+        if self.replaced(pid, start_time) {
+            return UserAddr::Python(Arc::new(crate::process::python::PyFrame::unnamed(f.code)));
+        }
         UserAddr::Python(Arc::new(self.py_names.frame(pid, f)))
     }
 
-    /// The interpreter `pid` runs, if its frames are walked.
-    pub fn runtime(&self, pid: u32) -> Option<crate::model::Runtime> {
+    /// The interpreter `pid` started at `start_time` runs, if its frames are walked.
+    pub fn runtime(&self, pid: u32, start_time: u64) -> Option<crate::model::Runtime> {
+        self.proc_of(pid, start_time)?;
         self.py_names.runtime(pid)
     }
 
@@ -414,9 +461,13 @@ impl ProcessTable {
         self.py_names = PyNames::new(bytes, self.metrics.clone());
     }
 
-    /// Normalizes a user address of `pid`; rereads the mappings once per window on a miss,
-    /// since libraries loaded later (dlopen) were not there at first sight.
-    pub fn normalize(&mut self, pid: u32, addr: u64) -> UserAddr {
+    /// Normalizes a user address of `pid` started at `start_time`; rereads the mappings
+    /// once per window on a miss, since libraries loaded later (dlopen) were not there at
+    /// first sight. Unknown when the pid names another process now.
+    pub fn normalize(&mut self, pid: u32, start_time: u64, addr: u64) -> UserAddr {
+        if self.replaced(pid, start_time) {
+            return UserAddr::Unknown(addr);
+        }
         let (found, kind) = self.normalize_mapped(pid, addr);
         match &found {
             UserAddr::Region(..) if kind == Some(RegionKind::Anon) => {
@@ -437,8 +488,12 @@ impl ProcessTable {
     /// `addr` of `pid` normalized without a read or a change, when that is the whole answer:
     /// in a file or a named region, or nowhere when `pid` is unknown or its mappings were
     /// read again this window already. `None` when [`ProcessTable::normalize`] has more to
-    /// do (JIT code, or a miss that rereads the mappings).
-    pub fn find(&self, pid: u32, addr: u64) -> Option<UserAddr> {
+    /// do (JIT code, or a miss that rereads the mappings). Unknown, never another process's
+    /// mapping, when `pid` names another process than the one started at `start_time`.
+    pub fn find(&self, pid: u32, start_time: u64, addr: u64) -> Option<UserAddr> {
+        if self.replaced(pid, start_time) {
+            return Some(UserAddr::Unknown(addr));
+        }
         let Some(p) = self.procs.get(&pid) else {
             return Some(UserAddr::Unknown(addr));
         };
@@ -669,6 +724,12 @@ impl ProcessTable {
     }
 }
 
+/// Whether a process the table holds, started at `held`, is another than a sample's,
+/// started at `sampled`: both known and different.
+fn other_process(held: u64, sampled: u64) -> bool {
+    held != 0 && sampled != 0 && held != sampled
+}
+
 /// A mapping without a usable file, named by its path column (`[vdso]`, `[anon]`, ...).
 fn region(e: &MapsEntry) -> Target {
     Target::Region(Arc::from(e.label()))
@@ -753,8 +814,8 @@ mod tests {
     fn normalizes_own_code_to_file_offset() {
         let mut t = table();
         let pid = std::process::id();
-        t.touch(pid, pid, &[0; 16], 1);
-        match t.normalize(pid, own_code_addr()) {
+        t.touch(pid, pid, &[0; 16], 1, 0);
+        match t.normalize(pid, 0, own_code_addr()) {
             UserAddr::Object(o, off) => {
                 assert!(off > 0);
                 let exe = std::fs::read_link("/proc/self/exe").expect("exe");
@@ -764,8 +825,8 @@ mod tests {
             }
             other => panic!("expected an object, got {other:?}"),
         }
-        assert!(matches!(t.normalize(pid, 8), UserAddr::Unknown(8)));
-        assert!(!t.name(pid).is_empty());
+        assert!(matches!(t.normalize(pid, 0, 8), UserAddr::Unknown(8)));
+        assert!(!t.name(pid, 0).is_empty());
     }
 
     /// The aggregator's view names what the mappings read name, reads nothing, and leaves
@@ -775,21 +836,21 @@ mod tests {
     fn find_names_from_the_mappings_and_leaves_misses() {
         let mut t = table();
         let pid = std::process::id();
-        assert!(matches!(t.find(pid, 8), Some(UserAddr::Unknown(8))));
-        t.touch(pid, pid, &[0; 16], 1);
+        assert!(matches!(t.find(pid, 0, 8), Some(UserAddr::Unknown(8))));
+        t.touch(pid, pid, &[0; 16], 1, 0);
         let reads = t.reads;
-        let Some(UserAddr::Object(o, off)) = t.find(pid, own_code_addr()) else {
+        let Some(UserAddr::Object(o, off)) = t.find(pid, 0, own_code_addr()) else {
             panic!("own code is in the executable");
         };
-        match t.normalize(pid, own_code_addr()) {
+        match t.normalize(pid, 0, own_code_addr()) {
             UserAddr::Object(n, noff) => assert_eq!((n.path.clone(), noff), (o.path.clone(), off)),
             other => panic!("expected an object, got {other:?}"),
         }
         // Read this window already: a miss is unknown at once.
-        assert!(matches!(t.find(pid, 8), Some(UserAddr::Unknown(8))));
+        assert!(matches!(t.find(pid, 0, 8), Some(UserAddr::Unknown(8))));
         t.end_window();
         // A new window: the miss is the registry's to read again.
-        assert!(t.find(pid, 8).is_none());
+        assert!(t.find(pid, 0, 8).is_none());
         assert_eq!(t.reads, reads, "find reads nothing");
     }
 
@@ -798,11 +859,11 @@ mod tests {
         let mut child = spawn_sleep();
         let pid = child.id();
         let mut t = table();
-        t.touch(pid, pid, &[0; 16], 1);
+        t.touch(pid, pid, &[0; 16], 1, 0);
         let _ = child.kill();
         let _ = child.wait();
         // Still known in the window it was seen in, even though it is gone.
-        assert_eq!(t.name(pid).as_ref(), "sleep");
+        assert_eq!(t.name(pid, 0).as_ref(), "sleep");
         assert!(t.end_window().is_empty());
         assert_eq!(t.len(), 1, "seen in the closing window: kept");
         assert_eq!(exits(t.end_window()), [pid]);
@@ -815,7 +876,7 @@ mod tests {
         let mut child = spawn_sleep();
         let pid = child.id();
         let mut t = table();
-        t.touch(pid, pid, &[0; 16], 1);
+        t.touch(pid, pid, &[0; 16], 1, 0);
         // A frame of it in a window still open (an off-CPU window lasts a minute).
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
         let addr = maps
@@ -824,7 +885,7 @@ mod tests {
             .and_then(|l| l.split('-').next())
             .and_then(|a| u64::from_str_radix(a, 16).ok())
             .expect("an executable mapping");
-        let held = t.normalize(pid, addr);
+        let held = t.normalize(pid, 0, addr);
         assert!(matches!(held, UserAddr::Object(..)), "{held:?}");
         let _ = child.kill();
         let _ = child.wait();
@@ -895,12 +956,12 @@ mod tests {
         let mut child = sh_then_sleep();
         let pid = child.id();
         let mut t = table();
-        t.touch(pid, pid, b"sh\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 1);
-        assert_eq!(t.name(pid).as_ref(), "sh");
+        t.touch(pid, pid, b"sh\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 1, 0);
+        assert_eq!(t.name(pid, 0).as_ref(), "sh");
         exec_now(&mut child);
         // In the same window as the first read (a recording is one window).
-        t.touch(pid, pid, b"sleep\0\0\0\0\0\0\0\0\0\0\0", 1);
-        assert_eq!(t.name(pid).as_ref(), "sleep");
+        t.touch(pid, pid, b"sleep\0\0\0\0\0\0\0\0\0\0\0", 1, 0);
+        assert_eq!(t.name(pid, 0).as_ref(), "sleep");
         assert!(maps_sleep(&t, pid), "the new program's mappings were read");
         let _ = child.kill();
         let _ = child.wait();
@@ -912,7 +973,7 @@ mod tests {
         let mut child = sh_then_sleep();
         let pid = child.id();
         let mut t = table();
-        t.touch(pid, pid, b"sh\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 1);
+        t.touch(pid, pid, b"sh\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 1, 0);
         exec_now(&mut child);
         let metrics = Metrics::new();
         let snap = snapshot::read(
@@ -924,7 +985,7 @@ mod tests {
         )
         .expect("snapshot of sleep");
         t.adopt(snap);
-        assert_eq!(t.name(pid).as_ref(), "sleep");
+        assert_eq!(t.name(pid, 0).as_ref(), "sleep");
         assert!(
             maps_sleep(&t, pid),
             "the loader's read of the new program was taken"
@@ -937,12 +998,12 @@ mod tests {
     fn process_cap_evicts_least_recent() {
         let mut t = table();
         for pid in [1, 2, 3, 4] {
-            t.touch(pid, pid, &[0; 16], 1);
+            t.touch(pid, pid, &[0; 16], 1, 0);
         }
         t.end_window();
-        t.touch(1, 1, &[0; 16], 1);
+        t.touch(1, 1, &[0; 16], 1, 0);
         let me = std::process::id();
-        t.touch(me, me, &[0; 16], 1);
+        t.touch(me, me, &[0; 16], 1, 0);
         assert_eq!(t.len(), 4);
     }
 
@@ -975,12 +1036,12 @@ mod tests {
         let (mut child, _dir) = renamed_sleep(b"bad\xff\xfename");
         let pid = child.id();
         let mut t = table();
-        t.touch(pid, pid, &comm(b"bad\xff\xfename"), 1);
+        t.touch(pid, pid, &comm(b"bad\xff\xfename"), 1, 0);
         let p = t.procs.get(&pid).expect("known");
         assert!(p.start_time > 0, "stat was read");
         assert!(!p.maps.is_empty(), "maps were read");
         assert!(!p.cgroup.info.path.is_empty(), "cgroup was read");
-        assert_eq!(t.name(pid).as_ref(), "bad\u{fffd}\u{fffd}name");
+        assert_eq!(t.name(pid, 0).as_ref(), "bad\u{fffd}\u{fffd}name");
         let _ = child.kill();
         let _ = child.wait();
     }
@@ -990,14 +1051,14 @@ mod tests {
         let (mut child, _dir) = renamed_sleep(b"churn0");
         let pid = child.id();
         let mut t = table();
-        t.touch(pid, pid, &comm(b"churn0"), 1);
+        t.touch(pid, pid, &comm(b"churn0"), 1, 0);
         let reads = t.reads;
         // Samples name the thread as the kernel saw it: a process that renames itself
         // (prctl) every few milliseconds shows a new name in every window.
         for i in 1..=20u8 {
             let name = format!("churn{i}");
-            t.touch(pid, pid, &comm(name.as_bytes()), 1);
-            assert_eq!(t.name(pid).as_ref(), name, "the new name is taken");
+            t.touch(pid, pid, &comm(name.as_bytes()), 1, 0);
+            assert_eq!(t.name(pid, 0).as_ref(), name, "the new name is taken");
             t.end_window();
         }
         assert_eq!(t.reads, reads, "renames reread nothing");
@@ -1018,17 +1079,17 @@ mod tests {
             return;
         }
         let mut t = table();
-        t.touch(2, 2, &comm(b"kthreadd"), 0);
-        t.touch(0, 0, &comm(b"swapper/0"), 0);
+        t.touch(2, 2, &comm(b"kthreadd"), 0, 0);
+        t.touch(0, 0, &comm(b"swapper/0"), 0, 0);
         let reads = t.reads;
         // A kworker's name changes with its work queue, and wakeups from interrupts are
         // the idle task's (pid 0, no /proc entry), several times in each window.
         for i in 1..=5u8 {
             for n in 0..50u8 {
                 let name = format!("kworker/{i}:{n}");
-                t.touch(2, 2, &comm(name.as_bytes()), 0);
-                t.touch(0, 0, &comm(name.as_bytes()), 0);
-                assert_eq!(t.name(2).as_ref(), name);
+                t.touch(2, 2, &comm(name.as_bytes()), 0, 0);
+                t.touch(0, 0, &comm(name.as_bytes()), 0, 0);
+                assert_eq!(t.name(2, 0).as_ref(), name);
             }
             t.end_window();
         }
@@ -1039,23 +1100,23 @@ mod tests {
     fn eviction_takes_the_least_recently_seen() {
         let mut t = table();
         for pid in [1, 2, 3, 4] {
-            t.touch(pid, pid, &[0; 16], 1);
+            t.touch(pid, pid, &[0; 16], 1, 0);
         }
         t.end_window();
         // 1 and 3 seen again: 2 then 4 are the least recent.
-        t.touch(3, 3, &[0; 16], 1);
-        t.touch(1, 1, &[0; 16], 1);
-        t.touch(5, 5, &[0; 16], 1);
+        t.touch(3, 3, &[0; 16], 1, 0);
+        t.touch(1, 1, &[0; 16], 1, 0);
+        t.touch(5, 5, &[0; 16], 1, 0);
         let mut left: Vec<u32> = t.procs.keys().copied().collect();
         left.sort();
         assert_eq!(left, [1, 3, 4, 5]);
-        t.touch(6, 6, &[0; 16], 1);
+        t.touch(6, 6, &[0; 16], 1, 0);
         let mut left: Vec<u32> = t.procs.keys().copied().collect();
         left.sort();
         assert_eq!(left, [1, 3, 5, 6]);
         // Many pids through a full table: the queue stays bounded.
         for pid in 3_000_000..3_010_000 {
-            t.touch(pid, pid, &[0; 16], 1);
+            t.touch(pid, pid, &[0; 16], 1, 0);
         }
         assert_eq!(t.len(), 4);
         assert!(t.recency.len() <= 2 * 4 + 1024 + 1, "{}", t.recency.len());
@@ -1110,29 +1171,124 @@ mod tests {
         t.proc_root = proc_root.clone();
         let comm = comm(b"same");
         fake_process(&proc_root, &root, pid, 100, "/bin/old", 0x10000);
-        t.touch(pid, pid, &comm, 0);
-        match t.normalize(pid, 0x10100) {
+        t.touch(pid, pid, &comm, 0, 0);
+        match t.normalize(pid, 0, 0x10100) {
             UserAddr::Object(o, 0x100) => assert_eq!(o.path, "/bin/old"),
             other => panic!("{other:?}"),
         }
         t.end_window();
         // The old process is gone; a new one has its pid, cgroup and name.
         fake_process(&proc_root, &root, pid, 200, "/bin/new", 0x20000);
-        t.touch(pid, pid, &comm, 0);
+        t.touch(pid, pid, &comm, 0, 0);
         assert_eq!(t.procs.get(&pid).map(|p| p.start_time), Some(200));
-        match t.normalize(pid, 0x20100) {
+        match t.normalize(pid, 0, 0x20100) {
             UserAddr::Object(o, 0x100) => assert_eq!(o.path, "/bin/new"),
             other => panic!("the new process's code: {other:?}"),
         }
         assert!(
-            matches!(t.normalize(pid, 0x10100), UserAddr::Unknown(_)),
+            matches!(t.normalize(pid, 0, 0x10100), UserAddr::Unknown(_)),
             "the old process's mappings are gone"
         );
         // The same process seen again: no read.
         let reads = t.reads;
         t.end_window();
-        t.touch(pid, pid, &comm, 0);
+        t.touch(pid, pid, &comm, 0, 0);
         assert_eq!(t.reads, reads);
+    }
+
+    /// Issue 53: samples carry their process's start time. Two processes on one pid in one
+    /// window are each named from their own mappings or unknown, never from the other's; a
+    /// sample of a newer process reads it again without a look at `/proc/PID/stat`, and a
+    /// late sample of the old one changes nothing.
+    #[test]
+    fn two_processes_on_one_pid_are_named_by_their_start_times() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (proc_root, root) = (dir.path().join("proc"), dir.path().join("root"));
+        std::fs::create_dir_all(root.join("bin")).expect("mkdir");
+        std::fs::write(root.join("bin/old"), b"\x7fELF old").expect("write");
+        std::fs::write(root.join("bin/new"), b"\x7fELF new").expect("write");
+        let pid = 3_999_998;
+        let mut t = table();
+        t.proc_root = proc_root.clone();
+        let comm = comm(b"same");
+        let replaced = |t: &ProcessTable| {
+            t.metrics
+                .proc_read_errors
+                .get_or_create(&crate::metrics::ReasonLabel {
+                    reason: ProcRead::Replaced,
+                })
+                .get()
+        };
+        fake_process(&proc_root, &root, pid, 100, "/bin/old", 0x10000);
+        t.touch(pid, pid, &comm, 0, 100);
+        let object = |a: Option<UserAddr>| match a {
+            Some(UserAddr::Object(o, off)) => Some((o.path.clone(), off)),
+            _ => None,
+        };
+        assert_eq!(
+            object(t.find(pid, 100, 0x10100)),
+            Some(("/bin/old".into(), 0x100))
+        );
+        // In the same window, the old process exits and a new one takes its pid.
+        fake_process(&proc_root, &root, pid, 200, "/bin/new", 0x20000);
+        let (reads, stat_reads) = (t.reads, t.stat_reads);
+        t.touch(pid, pid, &comm, 0, 200);
+        assert_eq!(
+            t.reads,
+            reads + 1,
+            "the new process is read at its first sample"
+        );
+        assert_eq!(
+            t.stat_reads, stat_reads,
+            "its start time came with the sample"
+        );
+        assert_eq!(t.procs.get(&pid).map(|p| p.start_time), Some(200));
+        // The new process's stacks: its own mappings.
+        assert_eq!(
+            object(t.find(pid, 200, 0x20100)),
+            Some(("/bin/new".into(), 0x100))
+        );
+        assert_eq!(t.name(pid, 200).as_ref(), "same");
+        // The old process's stacks of this window: unknown, even where the new one maps code.
+        let before = replaced(&t);
+        for addr in [0x10100, 0x20100] {
+            assert!(matches!(t.find(pid, 100, addr), Some(UserAddr::Unknown(_))));
+            assert!(matches!(t.normalize(pid, 100, addr), UserAddr::Unknown(_)));
+        }
+        assert_eq!(t.name(pid, 100).as_ref(), "", "not the new process's name");
+        assert!(
+            !Arc::ptr_eq(&t.cgroup(pid, 100), &t.cgroup(pid, 200)),
+            "nor its cgroup"
+        );
+        assert!(t.runtime(pid, 100).is_none());
+        assert_eq!(
+            replaced(&t),
+            before + 4,
+            "each address left unknown is counted"
+        );
+        // A late sample of the old process: nothing changes, nothing is read.
+        let (reads, stat_reads) = (t.reads, t.stat_reads);
+        t.touch(pid, pid, &comm, 0, 100);
+        assert_eq!((t.reads, t.stat_reads), (reads, stat_reads));
+        assert_eq!(
+            object(t.find(pid, 200, 0x20100)),
+            Some(("/bin/new".into(), 0x100))
+        );
+        // The same process in the next windows: no read at all.
+        for _ in 0..3 {
+            t.end_window();
+            t.touch(pid, pid, &comm, 0, 200);
+        }
+        assert_eq!((t.reads, t.stat_reads), (reads, stat_reads));
+        // A sample without a start time (a kernel without the field) answers for whichever
+        // process has the pid, and pays the stat read once a window, as before.
+        assert!(t
+            .find(pid, 0, 0x20100)
+            .is_some_and(|a| object(Some(a)).is_some()));
+        t.end_window();
+        t.touch(pid, pid, &comm, 0, 0);
+        t.touch(pid, pid, &comm, 0, 0);
+        assert_eq!(t.stat_reads, stat_reads + 1);
     }
 
     #[test]

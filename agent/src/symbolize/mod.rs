@@ -803,9 +803,9 @@ mod tests {
             Metrics::new(),
         );
         let pid = std::process::id();
-        table.touch(pid, pid, &[0; 16], 1);
+        table.touch(pid, pid, &[0; 16], 1, 0);
         // A few bytes into the function, as a sampled instruction pointer is.
-        let ua = table.normalize(pid, f + 4);
+        let ua = table.normalize(pid, 0, f + 4);
         let UserAddr::Region(ref label, off) = ua else {
             panic!("not the vDSO: {ua:?}")
         };
@@ -834,9 +834,9 @@ mod tests {
             Metrics::new(),
         );
         let pid = std::process::id();
-        table.touch(pid, pid, &[0; 16], 1);
+        table.touch(pid, pid, &[0; 16], 1, 0);
         let addr = a_very_distinct_function_name as *const () as u64;
-        let ua = table.normalize(pid, addr);
+        let ua = table.normalize(pid, 0, addr);
         let UserAddr::Object(obj, off) = ua.clone() else {
             panic!("not normalized: {ua:?}")
         };
@@ -873,9 +873,12 @@ mod tests {
             Metrics::new(),
         );
         let pid = std::process::id();
-        table.touch(pid, pid, &[0; 16], 1);
+        table.touch(pid, pid, &[0; 16], 1, 0);
         let addr = a_very_distinct_function_name as *const () as u64;
-        let (ua, ua2) = (table.normalize(pid, addr), table.normalize(pid, addr + 1));
+        let (ua, ua2) = (
+            table.normalize(pid, 0, addr),
+            table.normalize(pid, 0, addr + 1),
+        );
         let kinds = [ProfileKind::Cpu, ProfileKind::OffCpu, ProfileKind::OffWake];
         let windows: Vec<Window> = kinds
             .iter()
@@ -1065,8 +1068,8 @@ mod tests {
             metrics.clone(),
         );
         let pid = std::process::id();
-        table.touch(pid, pid, &[0; 16], 1);
-        let ua = table.normalize(pid, a_very_distinct_function_name as *const () as u64);
+        table.touch(pid, pid, &[0; 16], 1, 0);
+        let ua = table.normalize(pid, 0, a_very_distinct_function_name as *const () as u64);
         let UserAddr::Object(obj, off) = ua.clone() else {
             panic!("not normalized: {ua:?}")
         };

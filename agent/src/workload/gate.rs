@@ -106,24 +106,24 @@ impl Gate {
         self.denied.contains(&pid)
     }
 
-    /// Labels of every process in the window, `None` for the ones the filter excludes
-    /// (those are also denied in BPF from now on).
+    /// Labels of every process in the window, in the order of `candidates`, `None` for the
+    /// ones the filter excludes (those are also denied in BPF from now on).
     pub fn judge(
         &mut self,
         candidates: impl IntoIterator<Item = Candidate>,
-    ) -> HashMap<u32, Option<Judged>> {
+    ) -> Vec<Option<Judged>> {
         let fresh = self.metadata.as_ref().is_some_and(|m| m.fresh());
         self.metrics.kubernetes_fresh.set(i64::from(fresh));
-        let mut out = HashMap::new();
+        let mut out = Vec::new();
         for c in candidates {
             let labels = labels_for(&c.cgroup, self.metadata.as_ref());
             if self.filter.verdict(&c.name, &labels) == Verdict::Exclude {
                 // Excluded by its process name: its container's other processes may be wanted.
                 let whole = self.filter.workload_verdict(&labels) == Verdict::Exclude;
                 self.deny(c.pid, &c.cgroup, whole);
-                out.insert(c.pid, None);
+                out.push(None);
             } else {
-                out.insert(c.pid, Some(Arc::new(labels)));
+                out.push(Some(Arc::new(labels)));
             }
         }
         out
@@ -302,8 +302,7 @@ mod tests {
                 name: "web".into(),
             },
         ]);
-        assert!(matches!(judged.get(&1), Some(None)));
-        assert!(matches!(judged.get(&2), Some(Some(_))));
+        assert!(matches!(judged.as_slice(), [None, Some(_)]));
         assert!(g.denied(1) && !g.denied(2));
         assert_eq!(rx.try_recv(), Ok(Order::DenyPid(1)));
         g.end_window([]);

@@ -901,6 +901,7 @@ fn python_attach_state_goes_with_the_registrys_exit_events() {
             tid: gone,
             comm,
             cgroup_id: 0,
+            start_time: 0,
         });
         let first = processes.close(WindowAsk::default());
         let second = processes.close(WindowAsk::default());

@@ -57,9 +57,7 @@ impl Options {
 
 /// Seconds per clock tick of `/proc/stat` (USER_HZ).
 pub(super) fn tick_seconds() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    1.0 / if hz > 0 { hz as f64 } else { 100.0 }
+    1.0 / crate::os::procfs::clock_ticks_per_second() as f64
 }
 
 pub(super) fn gauge(name: &'static str, help: &'static str, unit: Option<Unit>) -> Family {
