@@ -1277,12 +1277,11 @@ mod tests {
         );
     }
 
-    #[test]
-    fn excluded_processes_are_dropped_and_denied_in_bpf() {
+    /// An aggregator excluding processes named `name`, and the BPF orders its gate sends.
+    fn excluding(name: String) -> (Aggregator, std::sync::mpsc::Receiver<Control>) {
         let (tx, rx) = std::sync::mpsc::sync_channel(8);
-        let stat = std::fs::read_to_string("/proc/self/stat").expect("stat");
         let rules = crate::config::Filters {
-            exclude_processes: vec![crate::os::procfs::parse_stat(&stat).expect("parse").comm],
+            exclude_processes: vec![name],
             ..Default::default()
         };
         let workloads = Workloads {
@@ -1290,7 +1289,14 @@ mod tests {
             control: Some(tx),
             ..Default::default()
         };
-        let mut a = Aggregator::new(parts(limits(100), workloads));
+        (Aggregator::new(parts(limits(100), workloads)), rx)
+    }
+
+    #[test]
+    fn excluded_processes_are_dropped_and_denied_in_bpf() {
+        let stat = std::fs::read_to_string("/proc/self/stat").expect("stat");
+        let own = crate::os::procfs::parse_stat(&stat).expect("parse").comm;
+        let (mut a, rx) = excluding(own);
         let pid = std::process::id();
         a.add(sample(pid, pid, &[0x10]));
         let w = a.close();
@@ -1311,17 +1317,7 @@ mod tests {
             .spawn()
             .expect("sleep");
         let pid = child.id();
-        let (tx, rx) = std::sync::mpsc::sync_channel(8);
-        let rules = crate::config::Filters {
-            exclude_processes: vec!["sleep".into()],
-            ..Default::default()
-        };
-        let workloads = Workloads {
-            filter: Filter::new(&rules).expect("filter"),
-            control: Some(tx),
-            ..Default::default()
-        };
-        let mut a = Aggregator::new(parts(limits(100), workloads));
+        let (mut a, rx) = excluding("sleep".into());
         a.add(sample(pid, pid, &[0x10]));
         assert!(a.close().stacks.is_empty());
         assert_eq!(rx.try_recv(), Ok(Control::DenyPid(pid)));

@@ -928,13 +928,20 @@ mod tests {
         child
     }
 
-    /// Waits until `pid` runs `sleep`.
+    /// Waits until `pid` runs `sleep` with its code mapped (the exec renames the process
+    /// before it maps the new program).
     fn wait_for_sleep(pid: u32) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mapped = || {
+            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+            maps.lines()
+                .any(|l| l.contains(" r-xp ") && l.trim_end().ends_with("/sleep"))
+        };
         while std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .unwrap_or_default()
             .trim()
             != "sleep"
+            || !mapped()
         {
             assert!(std::time::Instant::now() < deadline, "no exec of sleep");
             std::thread::sleep(std::time::Duration::from_millis(10));
@@ -1154,6 +1161,17 @@ mod tests {
         std::fs::write(dir.join("maps"), maps).expect("maps");
     }
 
+    /// A fake host with two programs, `/bin/old` and `/bin/new`: its directory, its
+    /// `/proc` and its root.
+    fn old_and_new_programs() -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (proc_root, root) = (dir.path().join("proc"), dir.path().join("root"));
+        std::fs::create_dir_all(root.join("bin")).expect("mkdir");
+        std::fs::write(root.join("bin/old"), b"\x7fELF old").expect("write");
+        std::fs::write(root.join("bin/new"), b"\x7fELF new").expect("write");
+        (dir, proc_root, root)
+    }
+
     /// Issue 25: a pid reused by another process in the same cgroup (or on cgroup v1, where
     /// samples carry no cgroup id), under the same name, is another process all the same:
     /// its start time tells. The table reads the new one's mappings (on main it kept the
@@ -1161,11 +1179,7 @@ mod tests {
     /// same, so the new process's code stayed unknown for as long as it was sampled).
     #[test]
     fn a_pid_reused_in_the_same_cgroup_under_the_same_name_is_read_again() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let (proc_root, root) = (dir.path().join("proc"), dir.path().join("root"));
-        std::fs::create_dir_all(root.join("bin")).expect("mkdir");
-        std::fs::write(root.join("bin/old"), b"\x7fELF old").expect("write");
-        std::fs::write(root.join("bin/new"), b"\x7fELF new").expect("write");
+        let (_dir, proc_root, root) = old_and_new_programs();
         let pid = 3_999_999;
         let mut t = table();
         t.proc_root = proc_root.clone();
@@ -1202,11 +1216,7 @@ mod tests {
     /// late sample of the old one changes nothing.
     #[test]
     fn two_processes_on_one_pid_are_named_by_their_start_times() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let (proc_root, root) = (dir.path().join("proc"), dir.path().join("root"));
-        std::fs::create_dir_all(root.join("bin")).expect("mkdir");
-        std::fs::write(root.join("bin/old"), b"\x7fELF old").expect("write");
-        std::fs::write(root.join("bin/new"), b"\x7fELF new").expect("write");
+        let (_dir, proc_root, root) = old_and_new_programs();
         let pid = 3_999_998;
         let mut t = table();
         t.proc_root = proc_root.clone();
